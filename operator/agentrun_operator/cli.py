@@ -1,0 +1,73 @@
+"""The `agentrun` command (also installed as `kubectl-agentrun`, so `kubectl agentrun` works)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentrun_operator import __version__
+
+
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from agentrun_operator.api.crd import render_crds_yaml, write_crds
+
+    if args.write:
+        for path in write_crds(Path(args.write)):
+            print(path)
+        return 0
+    sys.stdout.write(render_crds_yaml())
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from agentrun_operator.devcluster import dev, toolchain
+    from agentrun_operator.devcluster.controlplane import ControlPlaneError
+
+    try:
+        if args.dev_command == "up":
+            return dev.up()
+        if args.dev_command == "down":
+            return dev.down(purge=args.purge)
+        if args.dev_command == "status":
+            return dev.status()
+        if args.dev_command == "env":
+            return dev.env()
+        if args.dev_command == "tools":
+            print(toolchain.ensure_tools())
+            return 0
+    except (toolchain.ToolchainError, ControlPlaneError) as exc:
+        print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
+        return 1
+    raise AssertionError(args.dev_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    crds = sub.add_parser("crds", help="print the CRDs generated from the API models")
+    crds.add_argument("--write", metavar="DIR", help="write one file per CRD into DIR instead")
+    crds.set_defaults(func=_cmd_crds)
+
+    dev = sub.add_parser("dev", help="the local control plane for development and tests")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    down = dev_sub.add_parser("down", help="stop everything `up` started")
+    down.add_argument("--purge", action="store_true", help="also delete the state directory")
+    dev_sub.add_parser("status", help="show each component, its pid and health")
+    dev_sub.add_parser("env", help='print shell exports: eval "$(agentrun dev env)"')
+    dev_sub.add_parser("tools", help="build (or reuse) the control plane tools and print their directory")
+    dev.set_defaults(func=_cmd_dev)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

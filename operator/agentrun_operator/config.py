@@ -1,0 +1,85 @@
+"""Operator configuration from the environment (SPEC §6), mapped from Helm values.
+
+Every `AGENTS_…` variable is also accepted with the `JANGAR_` prefix the reference note uses; when
+both are set the `AGENTS_` one wins. Bad values are refused at start-up with the variable named.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+PREFIXES = ("AGENTS_", "JANGAR_AGENTS_")
+
+DEFAULT_RUNNER_IMAGE = "ghcr.io/proompteng/agentrun-runner:latest"
+DEFAULT_REPORTER_IMAGE = "ghcr.io/proompteng/agentrun-operator:0.1.0"
+
+
+class ConfigError(ValueError):
+    """A configuration variable has a value the operator cannot use."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the planner and the shell need to know about this installation."""
+
+    loops_enabled: bool = False
+    loop_max_iterations: int = 20
+    loop_status_history_limit: int = 50
+    watched_namespaces: tuple[str, ...] = field(default_factory=tuple)  # empty: cluster-wide
+    runner_image: str = DEFAULT_RUNNER_IMAGE
+    reporter_image: str = DEFAULT_REPORTER_IMAGE
+    job_ttl_seconds_after_recorded: int = 300
+    resync_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        source = os.environ if env is None else env
+
+        def raw(name: str) -> tuple[str, str] | None:
+            for prefix in PREFIXES:
+                key = prefix + name
+                if key in source and source[key].strip() != "":
+                    return key, source[key].strip()
+            return None
+
+        def boolean(name: str, default: bool) -> bool:
+            found = raw(name)
+            if found is None:
+                return default
+            key, value = found
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{key}={value!r}: expected true or false")
+
+        def integer(name: str, default: int, low: int, high: int) -> int:
+            found = raw(name)
+            if found is None:
+                return default
+            key, value = found
+            try:
+                number = int(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r}: expected an integer in {low}..{high}") from None
+            if not low <= number <= high:
+                raise ConfigError(f"{key}={value!r}: expected an integer in {low}..{high}")
+            return number
+
+        def text(name: str, default: str) -> str:
+            found = raw(name)
+            return default if found is None else found[1]
+
+        namespaces = text("CONTROLLER_NAMESPACES", "")
+        return cls(
+            loops_enabled=boolean("CONTROLLER_WORKFLOW_LOOPS_ENABLED", False),
+            loop_max_iterations=integer("CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS", 20, 1, 1000),
+            loop_status_history_limit=integer("CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT", 50, 1, 1000),
+            watched_namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
+            runner_image=text("AGENT_RUNNER_IMAGE", DEFAULT_RUNNER_IMAGE),
+            reporter_image=text("REPORTER_IMAGE", DEFAULT_REPORTER_IMAGE),
+            job_ttl_seconds_after_recorded=integer("CONTROLLER_JOB_TTL_SECONDS", 300, 0, 7 * 24 * 3600),
+            resync_seconds=float(integer("CONTROLLER_RESYNC_SECONDS", 30, 1, 3600)),
+        )

@@ -1,0 +1,330 @@
+"""Build the local control plane's tools from upstream Go modules, once, into a cache.
+
+Nothing prebuilt is downloaded: `kube-apiserver`, `kube-controller-manager` and `kubectl` come from
+`k8s.io/kubernetes` (each staging module mapped to its published `v0.X.Y`), `etcd` from
+`go.etcd.io/etcd/server/v3` at the version that Kubernetes release pins, and `helm` from
+`helm.sh/helm/v3`. The cache lives outside the repository and is reused when present.
+See docs/development.md#local-control-plane for why these versions.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KUBERNETES_VERSION = "1.36.3"
+ETCD_VERSION = "3.6.8"  # the etcd k8s.io/kubernetes v1.36.3 pins in its go.mod
+HELM_VERSION = "3.21.4"  # the Helm v3 release built against k8s.io v0.36
+MIN_GO = (1, 26)  # k8s.io/kubernetes v1.36 declares `go 1.26.0`
+
+Progress = Callable[[str], None]
+
+
+class ToolchainError(RuntimeError):
+    """A tool could not be built; the message names the command and the log."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One Go build: a throwaway module that requires upstream and builds some packages."""
+
+    name: str
+    binaries: tuple[str, ...]
+    packages: tuple[str, ...]
+    version: str
+    go_mod: Callable[[], str]
+    extra_files: dict[str, str] = field(default_factory=dict)
+    ldflags: str = "-s -w"
+
+
+def cache_root() -> Path:
+    """The tool cache: `$AGENTRUN_CACHE_DIR` or `~/.cache/agentrun-operator`."""
+    base = os.environ.get("AGENTRUN_CACHE_DIR")
+    if base:
+        return Path(base).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "agentrun-operator"
+
+
+def toolchain_dir() -> Path:
+    return cache_root() / "controlplane" / f"v{KUBERNETES_VERSION}"
+
+
+def bin_dir() -> Path:
+    return toolchain_dir() / "bin"
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    env.setdefault("CGO_ENABLED", "0")
+    env["GOTOOLCHAIN"] = "local"
+    return env
+
+
+def find_go() -> str:
+    """Return the `go` binary or explain exactly what is missing."""
+    go = shutil.which("go")
+    if go is None:
+        raise ToolchainError(
+            "Go toolchain not found: `go` is not on PATH. The local control plane builds "
+            f"kube-apiserver, kube-controller-manager, kubectl, etcd and helm from source and needs "
+            f"Go >= {MIN_GO[0]}.{MIN_GO[1]}. Install Go (https://go.dev/doc/install) and retry."
+        )
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False)
+    raw = out.stdout.strip().removeprefix("go")
+    try:
+        major, minor = (int(p) for p in raw.split(".")[:2])
+    except ValueError as exc:
+        raise ToolchainError(f"cannot read the Go version from `{go} env GOVERSION`: {raw!r}") from exc
+    if (major, minor) < MIN_GO:
+        raise ToolchainError(
+            f"Go {raw} at {go} is too old: Kubernetes v{KUBERNETES_VERSION} needs Go >= "
+            f"{MIN_GO[0]}.{MIN_GO[1]}. Install a newer Go and retry."
+        )
+    return go
+
+
+def _kubernetes_go_mod() -> str:
+    """A go.mod mapping every staging module of k8s.io/kubernetes to its published v0.X.Y."""
+    go = find_go()
+    proc = subprocess.run(
+        [go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"],
+        capture_output=True,
+        text=True,
+        env=_go_env(),
+        cwd=cache_root(),
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ToolchainError(
+            f"`go mod download k8s.io/kubernetes@v{KUBERNETES_VERSION}` failed:\n{proc.stderr.strip()}"
+        )
+    upstream = Path(json.loads(proc.stdout)["GoMod"]).read_text()
+    staging = staging_modules(upstream)
+    staging_version = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
+    lines = [
+        "module agentrun.local/controlplane/kubernetes",
+        "",
+        "go 1.26.0",
+        "",
+        f"require k8s.io/kubernetes v{KUBERNETES_VERSION}",
+        "",
+        "replace (",
+        *(f"\t{mod} => {mod} {staging_version}" for mod in staging),
+        ")",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def staging_modules(upstream_go_mod: str) -> list[str]:
+    """The modules k8s.io/kubernetes replaces with its own ./staging directories."""
+    modules: list[str] = []
+    for line in upstream_go_mod.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "=>" and parts[2].startswith("./staging/"):
+            modules.append(parts[0])
+        elif len(parts) == 4 and parts[0] == "replace" and parts[3].startswith("./staging/"):
+            modules.append(parts[1])
+    return sorted(set(modules))
+
+
+_K8S_LDFLAGS = " ".join(
+    [
+        "-s -w",
+        f"-X k8s.io/component-base/version.gitVersion=v{KUBERNETES_VERSION}",
+        f"-X k8s.io/component-base/version.gitMajor={KUBERNETES_VERSION.split('.')[0]}",
+        f"-X k8s.io/component-base/version.gitMinor={KUBERNETES_VERSION.split('.')[1]}",
+        "-X k8s.io/component-base/version.gitTreeState=clean",
+        f"-X k8s.io/client-go/pkg/version.gitVersion=v{KUBERNETES_VERSION}",
+    ]
+)
+
+_ETCD_MAIN = """// Command etcd is upstream etcd's own entry point, built from go.etcd.io/etcd/server/v3.
+package main
+
+import (
+\t"os"
+
+\t"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+"""
+
+TOOLS: tuple[Tool, ...] = (
+    Tool(
+        name="kubernetes",
+        binaries=("kube-apiserver", "kube-controller-manager", "kubectl"),
+        packages=(
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kubectl",
+        ),
+        version=KUBERNETES_VERSION,
+        go_mod=_kubernetes_go_mod,
+        ldflags=_K8S_LDFLAGS,
+    ),
+    Tool(
+        name="etcd",
+        binaries=("etcd",),
+        packages=(".",),
+        version=ETCD_VERSION,
+        go_mod=lambda: (
+            "module agentrun.local/controlplane/etcd\n\ngo 1.24.0\n\n"
+            f"require go.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n"
+        ),
+        extra_files={"main.go": _ETCD_MAIN},
+    ),
+    Tool(
+        name="helm",
+        binaries=("helm",),
+        packages=("helm.sh/helm/v3/cmd/helm",),
+        version=HELM_VERSION,
+        go_mod=lambda: (
+            "module agentrun.local/controlplane/helm\n\ngo 1.26.0\n\n"
+            f"require helm.sh/helm/v3 v{HELM_VERSION}\n"
+        ),
+        ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}",
+    ),
+)
+
+
+def _stamp(tool: Tool) -> Path:
+    return bin_dir() / f".{tool.name}.built"
+
+
+def _stamp_text(tool: Tool) -> str:
+    return f"{tool.name} {tool.version} {' '.join(tool.binaries)}\n"
+
+
+def is_built(tool: Tool) -> bool:
+    stamp = _stamp(tool)
+    if not stamp.exists() or stamp.read_text() != _stamp_text(tool):
+        return False
+    return all(os.access(bin_dir() / b, os.X_OK) for b in tool.binaries)
+
+
+@contextmanager
+def _build_lock() -> Iterator[None]:
+    """Serialise builds across processes (pytest and `agentrun dev up` may race)."""
+    toolchain_dir().mkdir(parents=True, exist_ok=True)
+    with open(toolchain_dir() / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label: str) -> None:
+    """Run a long build, streaming to a log file and printing a heartbeat with what it is doing."""
+    started = time.monotonic()
+    counts = {"packages": 0, "downloads": 0}
+    last = [""]
+    with log.open("a") as out:
+        out.write(f"$ (cd {cwd} && {' '.join(cmd)})\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(30):
+                progress(
+                    f"  {label}: {time.monotonic() - started:5.0f}s, {counts['downloads']} modules "
+                    f"downloaded, {counts['packages']} packages compiled (last: {last[0]})"
+                )
+
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            text = line.strip()
+            if text.startswith("go: downloading"):
+                counts["downloads"] += 1
+            elif text and not text.startswith("go:") and " " not in text:
+                counts["packages"] += 1
+                last[0] = text
+        rc = proc.wait()
+        stop.set()
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
+        raise ToolchainError(
+            f"building {label} failed (exit {rc}).\n  command: (cd {cwd} && {' '.join(cmd)})\n"
+            f"  full log: {log}\n  last lines:\n{tail}"
+        )
+
+
+def build_tool(tool: Tool, progress: Progress) -> None:
+    go = find_go()
+    work = toolchain_dir() / "src" / tool.name
+    logs = toolchain_dir() / "logs"
+    work.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    bin_dir().mkdir(parents=True, exist_ok=True)
+    (work / "go.mod").write_text(tool.go_mod())
+    for name, text in tool.extra_files.items():
+        (work / name).write_text(text)
+    log = logs / f"{tool.name}.log"
+    log.write_text("")
+    out_dir = work / "out"
+    out_dir.mkdir(exist_ok=True)
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags", tool.ldflags, "-o", f"{out_dir}/", *tool.packages]
+    if tool.packages == (".",):
+        cmd = [
+            go,
+            "build",
+            "-v",
+            "-trimpath",
+            "-ldflags",
+            tool.ldflags,
+            "-o",
+            str(out_dir / tool.binaries[0]),
+        ]
+        _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)")
+    started = time.monotonic()
+    _run_logged(cmd, work, log, progress, f"{tool.name} v{tool.version}")
+    for binary in tool.binaries:
+        built = out_dir / binary
+        if not built.exists():
+            raise ToolchainError(f"building {tool.name} produced no {binary}; see {log}")
+        os.replace(built, bin_dir() / binary)
+    _stamp(tool).write_text(_stamp_text(tool))
+    progress(f"built {tool.name} v{tool.version} in {time.monotonic() - started:.0f}s -> {bin_dir()}")
+
+
+def ensure_tools(progress: Progress | None = None) -> Path:
+    """Build whatever is missing and return the bin directory; reuse the cache when complete."""
+    say: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if all(is_built(t) for t in TOOLS):
+        say(f"control plane tools: reusing cache at {bin_dir()} (Kubernetes v{KUBERNETES_VERSION})")
+        return bin_dir()
+    with _build_lock():
+        for tool in TOOLS:
+            if is_built(tool):
+                say(f"control plane tools: {tool.name} v{tool.version} cached")
+                continue
+            say(
+                f"control plane tools: building {tool.name} v{tool.version} from upstream Go modules "
+                f"(first run only; log: {toolchain_dir() / 'logs' / (tool.name + '.log')})"
+            )
+            build_tool(tool, say)
+    return bin_dir()
+
+
+def tool_path(binary: str) -> Path:
+    return bin_dir() / binary

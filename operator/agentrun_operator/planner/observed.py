@@ -1,0 +1,86 @@
+"""What the shell observed about one AgentRun's world, reduced to what the planner needs.
+
+The shell turns Kubernetes objects into these plain values; the planner never sees a Kubernetes
+object, so every rule can be unit-tested with literals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+JobOutcome = Literal["Active", "Succeeded", "Failed", "DeadlineExceeded"]
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """A pod of an iteration Job. `terminal` means none of its containers can still touch the volume."""
+
+    name: str
+    job_name: str
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    deleting: bool = False
+    # The reporter sidecar's termination message (the control envelope JSON), once it has ended.
+    reporter_message: str | None = None
+    main_exit_code: int | None = None
+    main_reason: str | None = None  # e.g. OOMKilled, Error, ContainerCannotRun
+    main_message: str | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """An iteration attempt Job, found by its labels."""
+
+    name: str
+    uid: str
+    step_index: int  # 1-based, from the step-index label
+    iteration: int  # 1-based
+    attempt: int  # 1-based
+    outcome: JobOutcome
+    deleting: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    message: str | None = None  # the Job's Failed condition message, when it failed
+    ttl_seconds_after_finished: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome != "Active"
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """The claim object for (namespace, agentRef, idempotencyKey), when one exists."""
+
+    name: str
+    holder_uid: str
+    holder_name: str
+    holder_finished: bool = False  # the holder run has reached a terminal phase (or is gone)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything observed for one reconcile of one AgentRun."""
+
+    jobs: tuple[ObservedJob, ...] = ()
+    pods: tuple[ObservedPod, ...] = ()
+    claim: IdempotencyClaim | None = None
+    claim_checked: bool = False  # the shell looked the claim up (so None means "no claim")
+    # Referenced read-only objects by name (raw spec dicts; None when looked up and not found).
+    agents: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # PVC claim names that exist in the namespace (None: not checked).
+    pvc_names: frozenset[str] | None = None
+
+    def pods_of(self, job_name: str) -> tuple[ObservedPod, ...]:
+        return tuple(p for p in self.pods if p.job_name == job_name)
+
+    def job(self, name: str) -> ObservedJob | None:
+        return next((j for j in self.jobs if j.name == name), None)

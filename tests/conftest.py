@@ -1,0 +1,51 @@
+"""Shared fixtures. The control plane is real (SPEC §8): built once from upstream, started per session."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by directory, so `-m "not integration"` selects the fast tiers."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "integration" in parts:
+            item.add_marker(pytest.mark.integration)
+        if "e2e" in parts:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A running etcd + kube-apiserver + kube-controller-manager with our CRDs installed."""
+    from agentrun_operator.devcluster import toolchain
+    from agentrun_operator.devcluster.controlplane import ControlPlane
+
+    if not all(toolchain.is_built(t) for t in toolchain.TOOLS) and shutil.which("go") is None:
+        pytest.skip(
+            "the local control plane is not built and Go is not on PATH to build it "
+            f"(cache: {toolchain.bin_dir()}); install Go >= 1.26 or run `agentrun dev tools`"
+        )
+    bin_dir = toolchain.ensure_tools(print)
+    home = tmp_path_factory.mktemp("controlplane")
+    plane = ControlPlane(home, bin_dir, progress=print)
+    atexit.register(plane.stop)  # even if the session dies between yield and teardown
+    try:
+        plane.start(crds_dir=REPO / "crds")
+        os.environ.setdefault("AGENTRUN_TEST_KUBECONFIG", str(plane.kubeconfig))
+        yield plane
+    finally:
+        plane.stop()
