@@ -43,6 +43,40 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     raise AssertionError(args.dev_command)
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from agentrun_operator.config import ConfigError
+    from agentrun_operator.shell.main import run_operator
+
+    try:
+        return run_operator(
+            kubeconfig=args.kubeconfig,
+            metrics_port=args.metrics_port,
+            liveness_port=args.liveness_port,
+            log_format=args.log_format,
+            workers=args.workers,
+            standalone=not args.peering,
+        )
+    except ConfigError as exc:
+        print(f"agentrun operator: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_reporter(args: argparse.Namespace) -> int:
+    from agentrun_operator.control.reporter import main as reporter_main
+
+    return int(reporter_main(list(args.reporter_args)))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from agentrun_operator.validation_cli import main as validate_main
+
+    return int(
+        validate_main(
+            list(args.files), loops_enabled=not args.loops_disabled, max_iterations=args.max_iterations
+        )
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
@@ -51,6 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     crds = sub.add_parser("crds", help="print the CRDs generated from the API models")
     crds.add_argument("--write", metavar="DIR", help="write one file per CRD into DIR instead")
     crds.set_defaults(func=_cmd_crds)
+
+    op = sub.add_parser("operator", help="run the operator (configuration from the environment)")
+    op.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    op.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
+    op.add_argument("--liveness-port", type=int, default=0, help="serve /healthz on this port")
+    op.add_argument("--log-format", choices=["json", "text"], default="json")
+    op.add_argument("--workers", type=int, default=8, help="concurrent reconciles (one per run at a time)")
+    op.add_argument("--peering", action="store_true", help="use kopf peering (hot standby replicas)")
+    op.set_defaults(func=_cmd_operator)
+
+    rep = sub.add_parser("reporter", help="the in-pod reporter of the loop-control file", add_help=False)
+    rep.add_argument("reporter_args", nargs=argparse.REMAINDER)
+    rep.set_defaults(func=_cmd_reporter)
+
+    val = sub.add_parser("validate", help="validate AgentRun manifests offline, as the operator would")
+    val.add_argument("files", nargs="+", metavar="FILE")
+    val.add_argument("--loops-disabled", action="store_true", help="validate as if loops were switched off")
+    val.add_argument("--max-iterations", type=int, default=None, help="the installation's iteration cap")
+    val.set_defaults(func=_cmd_validate)
 
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)

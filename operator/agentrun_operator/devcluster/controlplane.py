@@ -71,6 +71,7 @@ class ControlPlane:
         self.run_dir = home / "run"
         self.log_dir = home / "logs"
         self.say: Progress = progress or (lambda _msg: None)
+        self._ssl: ssl.SSLContext | None = None
 
     # -- paths -----------------------------------------------------------------------------------
     @property
@@ -103,10 +104,29 @@ class ControlPlane:
 
     def api_get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
         """GET from the apiserver as the admin user; (status, body), status 0 when unreachable."""
+        return self.api_request("GET", path, timeout=timeout)
+
+    def api_request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 5.0,
+    ) -> tuple[int, bytes]:
+        """One request as the admin user (tests and tools); (status, body), 0 when unreachable."""
+        if self._ssl is None:
+            try:
+                self._ssl = self._client_ssl()
+            except (OSError, ssl.SSLError):
+                return 0, b""  # no certificates yet: nothing can be up
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(
-                self.server + path, context=self._client_ssl(), timeout=timeout
-            ) as resp:
+            with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())

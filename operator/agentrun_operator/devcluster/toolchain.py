@@ -253,6 +253,7 @@ def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label:
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
+            out.flush()  # so `tail -f` on the log shows progress
             text = line.strip()
             if text.startswith("go: downloading"):
                 counts["downloads"] += 1

@@ -52,10 +52,17 @@ class EmitEvent:
 
 
 @dataclass(frozen=True)
+class DeleteRun:
+    """`spec.ttlSecondsAfterFinished` has passed since the run finished: delete the AgentRun."""
+
+    uid: str
+
+
+@dataclass(frozen=True)
 class Requeue:
     """Reconcile again after this many seconds even if nothing changes (backoff, timeouts)."""
 
     after_seconds: float
 
 
-Action = CreateJob | DeleteJob | SetJobTTL | ClaimIdempotencyKey | EmitEvent | Requeue
+Action = CreateJob | DeleteJob | SetJobTTL | ClaimIdempotencyKey | EmitEvent | DeleteRun | Requeue

@@ -1,0 +1,188 @@
+"""A thin async Kubernetes adapter over `kubernetes_asyncio`, speaking plain JSON dicts.
+
+Why raw JSON: the generated models cost milliseconds per object to deserialize, and the planner wants
+dicts anyway. Every call is one HTTP request; nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client, config
+
+GROUP = "agents.proompteng.ai"
+VERSION = "v1alpha1"
+
+
+class KubeError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, body: dict[str, Any] | str, what: str) -> None:
+        self.status = status
+        self.body = body
+        reason = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{what}: HTTP {status}: {reason}")
+
+
+@dataclass
+class Counters:
+    """API calls made, by verb; the benchmarks read these to report writes per iteration."""
+
+    reads: int = 0
+    writes: int = 0
+
+
+class Kube:
+    """The handful of calls the operator makes."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.counters = Counters()
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None) -> Kube:
+        """In-cluster config when running in a pod, else the kubeconfig (`$KUBECONFIG`)."""
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return cls(client.ApiClient())
+        api = await config.new_client_from_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
+        return cls(api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, dict[str, Any]]:
+        if method == "GET":
+            self.counters.reads += 1
+        else:
+            self.counters.writes += 1
+        resp = await self.api.call_api(
+            path,
+            method,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=False,
+        )
+        raw = resp[0] if isinstance(resp, tuple) else resp
+        status = int(getattr(raw, "status", 0))
+        data = await raw.read()
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError:
+            parsed = {"message": data.decode(errors="replace")}
+        return status, parsed
+
+    async def _ok(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
+        status, body = await self.request(method, path, **kwargs)
+        if not 200 <= status < 300:
+            raise KubeError(status, body, what)
+        return body
+
+    # -- AgentRuns & friends -------------------------------------------------------------------
+    @staticmethod
+    def _custom(namespace: str, plural: str, name: str | None = None) -> str:
+        base = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}"
+        return f"{base}/{name}" if name else base
+
+    async def get_custom(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+        status, body = await self.request("GET", self._custom(namespace, plural, name))
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(status, body, f"get {plural}/{name}")
+        return body
+
+    async def list_custom(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        path = self._custom(namespace, plural) if namespace else f"/apis/{GROUP}/{VERSION}/{plural}"
+        return list((await self._ok("GET", path, f"list {plural}")).get("items", []))
+
+    async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
+        """PUT the status subresource; the object's resourceVersion makes it optimistic (409 on race)."""
+        meta = run["metadata"]
+        path = self._custom(meta["namespace"], "agentruns", meta["name"]) + "/status"
+        return await self._ok("PUT", path, f"update status of agentrun {meta['name']}", body=run)
+
+    async def delete_run(self, namespace: str, name: str, uid: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        status, resp = await self.request("DELETE", self._custom(namespace, "agentruns", name), body=body)
+        if status not in (200, 202, 404, 409):
+            raise KubeError(status, resp, f"delete agentrun {name}")
+
+    # -- Jobs & Pods ---------------------------------------------------------------------------
+    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+        body = await self._ok("GET", path, "list jobs", query={"labelSelector": selector})
+        return list(body.get("items", []))
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        body = await self._ok("GET", path, "list pods", query={"labelSelector": selector})
+        return list(body.get("items", []))
+
+    async def create_job(self, manifest: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        """(created, job). An existing Job of the same name is returned for adoption, not an error."""
+        ns = manifest["metadata"]["namespace"]
+        path = f"/apis/batch/v1/namespaces/{ns}/jobs"
+        status, body = await self.request("POST", path, body=manifest)
+        if status == 201 or status == 200:
+            return True, body
+        if status == 409:
+            status, existing = await self.request("GET", f"{path}/{manifest['metadata']['name']}")
+            if status == 200:
+                return False, existing
+        raise KubeError(status, body, f"create job {manifest['metadata']['name']}")
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
+        status, resp = await self.request("DELETE", path, body=body)
+        if status not in (200, 202, 404):
+            raise KubeError(status, resp, f"delete job {name}")
+
+    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+        path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
+        patch = {"spec": {"ttlSecondsAfterFinished": seconds}}
+        status, resp = await self.request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+        if status not in (200, 404):
+            raise KubeError(status, resp, f"set ttl of job {name}")
+
+    # -- Leases (idempotency claims) -----------------------------------------------------------
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        status, body = await self.request("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(status, body, f"get lease {name}")
+        return body
+
+    async def create_lease(self, namespace: str, manifest: dict[str, Any]) -> bool:
+        """True when we created it; False when it already existed (someone else holds the key)."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        status, body = await self.request("POST", path, body=manifest)
+        if status in (200, 201):
+            return True
+        if status == 409:
+            return False
+        raise KubeError(status, body, f"create lease {manifest['metadata']['name']}")
+
+    # -- Events --------------------------------------------------------------------------------
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        status, body = await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+        if status not in (200, 201):
+            raise KubeError(status, body, "create event")

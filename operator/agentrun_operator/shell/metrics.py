@@ -1,0 +1,47 @@
+"""Prometheus metrics (SPEC §7). Derived from the planner's decisions, so the numbers match Events."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
+LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
+RECONCILE_SECONDS = Histogram(
+    "agentrun_reconcile_duration_seconds",
+    "Wall time of one reconcile (observe, plan, apply).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+PLAN_SECONDS = Histogram(
+    "agentrun_plan_duration_seconds",
+    "CPU-bound time of the pure planner per reconcile.",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025),
+)
+ITERATION_TURNAROUND = Histogram(
+    "agentrun_iteration_turnaround_seconds",
+    "From an iteration's pod finishing to the next iteration's Job being created.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RUNS = Gauge("agentrun_runs", "AgentRuns seen by phase.", ["phase"])
+STATUS_BYTES = Histogram(
+    "agentrun_status_size_bytes",
+    "Size of the status written (compact JSON).",
+    buckets=(512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
+)
+
+_RESULT_BY_EVENT = {
+    "IterationSucceeded": "Succeeded",
+    "IterationFailed": "Failed",
+    "IterationRetrying": "Retrying",
+}
+
+
+def observe_event(reason: str, message: str) -> None:
+    """Count the lifecycle Events the planner emits."""
+    result = _RESULT_BY_EVENT.get(reason)
+    if result:
+        ITERATIONS.labels(result=result).inc()
+    if reason == "LoopCompleted":
+        stop = next(
+            (w for w in message.replace(":", " ").replace(",", " ").split() if w.startswith("Loop")), ""
+        )
+        LOOP_STOPS.labels(reason=stop or "Unknown").inc()

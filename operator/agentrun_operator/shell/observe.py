@@ -1,0 +1,111 @@
+"""Turn Kubernetes objects (as dicts) into the planner's observed values. Pure, so it is unit-tested.
+
+Reading a Job's outcome follows batch/v1 semantics: the `Complete`/`Failed` conditions decide, and a
+`Failed` condition with reason `DeadlineExceeded` is a timeout of that attempt.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from agentrun_operator import naming
+from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
+
+REPORTER_CONTAINER = "reporter"
+MAIN_CONTAINER = "main"
+
+
+def parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    try:
+        return int(labels.get(key, ""))
+    except ValueError:
+        return None
+
+
+def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
+    """An iteration Job, or None when its labels are not ours (never guess at a foreign Job)."""
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    step_index = _int_label(labels, naming.LABEL_STEP_INDEX)
+    iteration = _int_label(labels, naming.LABEL_ITERATION)
+    attempt = _int_label(labels, naming.LABEL_ATTEMPT)
+    if step_index is None or iteration is None or attempt is None:
+        return None
+    status = job.get("status") or {}
+    outcome: JobOutcome = "Active"
+    message = None
+    finished_at = parse_time(status.get("completionTime"))
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            outcome = "Succeeded"
+        elif cond.get("type") == "Failed":
+            outcome = "DeadlineExceeded" if cond.get("reason") == "DeadlineExceeded" else "Failed"
+            message = cond.get("message") or cond.get("reason")
+            finished_at = finished_at or parse_time(cond.get("lastTransitionTime"))
+    spec = job.get("spec") or {}
+    return ObservedJob(
+        name=str(meta.get("name")),
+        uid=str(meta.get("uid", "")),
+        step_index=step_index,
+        iteration=iteration,
+        attempt=attempt,
+        outcome=outcome,
+        deleting=bool(meta.get("deletionTimestamp")),
+        started_at=parse_time(status.get("startTime")),
+        finished_at=finished_at,
+        message=message,
+        ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
+    )
+
+
+def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
+    """A pod of an iteration Job, with the reporter's envelope and the main container's end."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    job_name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
+    if not job_name:
+        return None
+    status = pod.get("status") or {}
+    reporter_message = None
+    for cs in status.get("initContainerStatuses") or []:
+        if cs.get("name") == REPORTER_CONTAINER:
+            terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+                "terminated"
+            )
+            if terminated:
+                reporter_message = terminated.get("message")
+    exit_code = reason = message = None
+    finished_at = None
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") == MAIN_CONTAINER:
+            terminated = (cs.get("state") or {}).get("terminated")
+            if terminated:
+                exit_code = terminated.get("exitCode")
+                reason = terminated.get("reason")
+                message = terminated.get("message")
+                finished_at = parse_time(terminated.get("finishedAt"))
+    return ObservedPod(
+        name=str(meta.get("name")),
+        job_name=str(job_name),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        reporter_message=reporter_message,
+        main_exit_code=exit_code,
+        main_reason=reason,
+        main_message=message,
+        finished_at=finished_at,
+    )

@@ -1,0 +1,294 @@
+"""One reconcile of one AgentRun: observe, call the planner, apply its actions. Wiring, not rules.
+
+Order of application is chosen for restart safety (the operator may die between any two lines):
+Jobs are created (or adopted) before the status that mentions them is written, so a lost status
+write only means the same plan is made again and the existing Job is adopted; Job TTLs are set and
+Events posted only after the status recording the result is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentrun_operator import naming
+from agentrun_operator.api.agentrun import AgentRun, parse_agentrun
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.actions import (
+    Action,
+    ClaimIdempotencyKey,
+    CreateJob,
+    DeleteJob,
+    DeleteRun,
+    EmitEvent,
+    Requeue,
+    SetJobTTL,
+)
+from agentrun_operator.planner.observed import IdempotencyClaim, Observed
+from agentrun_operator.planner.plan import plan
+from agentrun_operator.shell import metrics
+from agentrun_operator.shell.kube import Kube, KubeError
+from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+
+log = logging.getLogger("agentrun.reconciler")
+
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+
+@dataclass
+class ReconcileResult:
+    requeue_after: float | None = None
+    wrote_status: bool = False
+    actions: list[Action] = field(default_factory=list)
+
+
+def _owned_by(obj: dict[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid for r in refs)
+
+
+def status_dict(run: AgentRun) -> dict[str, Any]:
+    if run.status is None:
+        return {}
+    return run.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Reconciler:
+    """Holds the client and the configuration; `reconcile(ns, name)` is safe to call at any time."""
+
+    def __init__(self, kube: Kube, config: OperatorConfig, instance: str = "agentrun-operator") -> None:
+        self.kube = kube
+        self.config = config
+        self.instance = instance
+
+    async def _observe(self, raw: dict[str, Any], run: AgentRun) -> Observed:
+        meta = raw["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        selector = f"{naming.LABEL_RUN}={naming.label_value(name)}"
+        jobs_raw, pods_raw = await asyncio.gather(
+            self.kube.list_jobs(ns, selector), self.kube.list_pods(ns, selector)
+        )
+        jobs = tuple(j for j in (job_from_k8s(x) for x in jobs_raw if _owned_by(x, uid)) if j)
+        job_names = {j.name for j in jobs}
+        pods = tuple(p for p in (pod_from_k8s(x) for x in pods_raw) if p and p.job_name in job_names)
+        observed = Observed(jobs=jobs, pods=pods)
+        terminal = run.status is not None and run.status.phase in TERMINAL
+        if terminal:
+            return observed
+        return await self._observe_references(ns, uid, run, observed)
+
+    async def _observe_references(self, ns: str, uid: str, run: AgentRun, observed: Observed) -> Observed:
+        spec = run.spec
+        agents: dict[str, dict[str, Any] | None] = {}
+        providers: dict[str, dict[str, Any] | None] = {}
+        impls: dict[str, dict[str, Any] | None] = {}
+        if spec.agent_ref is not None:
+            agent = await self.kube.get_custom(ns, "agents", spec.agent_ref.name)
+            agents[spec.agent_ref.name] = agent.get("spec", {}) if agent else None
+            provider_ref = ((agent or {}).get("spec") or {}).get("providerRef") or {}
+            if provider_ref.get("name"):
+                provider = await self.kube.get_custom(ns, "agentproviders", provider_ref["name"])
+                providers[provider_ref["name"]] = provider.get("spec", {}) if provider else None
+        impl_names = set()
+        if spec.implementation_spec_ref is not None:
+            impl_names.add(spec.implementation_spec_ref.name)
+        for step in spec.workflow.steps if spec.workflow else []:
+            if step.implementation_spec_ref is not None:
+                impl_names.add(step.implementation_spec_ref.name)
+        for impl_name in sorted(impl_names):
+            impl = await self.kube.get_custom(ns, "implementationspecs", impl_name)
+            impls[impl_name] = impl.get("spec", {}) if impl else None
+        claim: IdempotencyClaim | None = None
+        claim_checked = False
+        if spec.idempotency_key:
+            agent_name = spec.agent_ref.name if spec.agent_ref else ""
+            lease_name = naming.idempotency_claim_name(ns, agent_name, spec.idempotency_key)
+            lease = await self.kube.get_lease(ns, lease_name)
+            claim_checked = True
+            if lease is not None:
+                holder_uid = (lease.get("spec") or {}).get("holderIdentity", "")
+                holder_name = ((lease.get("metadata") or {}).get("annotations") or {}).get(
+                    f"{naming.GROUP}/agent-run-name", ""
+                )
+                finished = False
+                if holder_uid != uid:
+                    holder = await self.kube.get_custom(ns, "agentruns", holder_name) if holder_name else None
+                    holder_alive = holder is not None and holder["metadata"].get("uid") == holder_uid
+                    finished = (not holder_alive) or (holder or {}).get("status", {}).get("phase") in TERMINAL
+                claim = IdempotencyClaim(
+                    name=lease_name, holder_uid=holder_uid, holder_name=holder_name, holder_finished=finished
+                )
+        return Observed(
+            jobs=observed.jobs,
+            pods=observed.pods,
+            claim=claim,
+            claim_checked=claim_checked,
+            agents=agents,
+            providers=providers,
+            implementation_specs=impls,
+        )
+
+    async def reconcile(self, namespace: str, name: str) -> ReconcileResult:
+        started = time.perf_counter()
+        result = ReconcileResult()
+        raw = await self.kube.get_custom(namespace, "agentruns", name)
+        if raw is None:
+            return result
+        meta = raw["metadata"]
+        try:
+            run = parse_agentrun(raw)
+        except ValidationError as err:
+            # The CRD admitted something our models refuse: fail the run clearly instead of crashing.
+            await self._write_unparseable(raw, err)
+            return result
+        observed = await self._observe(raw, run)
+        now = datetime.now(UTC)
+        planned_at = time.perf_counter()
+        decision = plan(run, observed, now, self.config)
+        metrics.PLAN_SECONDS.observe(time.perf_counter() - planned_at)
+        result.actions = list(decision.actions)
+        corr = {"correlation_id": meta.get("uid"), "run": f"{namespace}/{name}"}
+
+        after_status: list[Action] = []
+        for action in decision.actions:
+            if isinstance(action, CreateJob):
+                created, _job = await self.kube.create_job(action.manifest)
+                log.info(
+                    "job created" if created else "job adopted",
+                    extra={**corr, "job": action.name, "decision": "create-job"},
+                )
+            elif isinstance(action, DeleteJob):
+                await self.kube.delete_job(namespace, action.name)
+                log.info("job deleted", extra={**corr, "job": action.name, "decision": action.reason})
+            elif isinstance(action, ClaimIdempotencyKey):
+                await self._claim(raw, action)
+                result.requeue_after = 0.0
+            elif isinstance(action, Requeue):
+                result.requeue_after = (
+                    action.after_seconds
+                    if result.requeue_after is None
+                    else min(result.requeue_after, action.after_seconds)
+                )
+            else:
+                after_status.append(action)
+
+        new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        if new_status != status_dict(run):
+            body = dict(raw)
+            body["status"] = new_status
+            try:
+                await self.kube.replace_run_status(body)
+                result.wrote_status = True
+                metrics.STATUS_BYTES.observe(len(json.dumps(new_status, separators=(",", ":"))))
+            except KubeError as exc:
+                if exc.status == 409:  # someone wrote in between: re-plan from the fresh object
+                    result.requeue_after = 0.0
+                    return result
+                if exc.status == 404:
+                    return result
+                raise
+
+        for action in after_status:
+            if isinstance(action, SetJobTTL):
+                await self.kube.set_job_ttl(namespace, action.name, action.seconds)
+            elif isinstance(action, EmitEvent):
+                await self._event(raw, action)
+                metrics.observe_event(action.reason, action.message)
+                log.info(action.message, extra={**corr, "decision": action.reason})
+            elif isinstance(action, DeleteRun):
+                await self.kube.delete_run(namespace, name, action.uid)
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        return result
+
+    async def _claim(self, raw: dict[str, Any], action: ClaimIdempotencyKey) -> None:
+        meta = raw["metadata"]
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": action.name,
+                "namespace": meta["namespace"],
+                "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
+                "annotations": {
+                    f"{naming.GROUP}/agent-run-name": meta["name"],
+                    f"{naming.GROUP}/idempotency-key": action.key[:253],
+                    f"{naming.GROUP}/agent-ref": action.agent_ref,
+                },
+                # The claim lives as long as the run that holds it.
+                "ownerReferences": [
+                    {
+                        "apiVersion": "agents.proompteng.ai/v1alpha1",
+                        "kind": "AgentRun",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    }
+                ],
+            },
+            "spec": {"holderIdentity": meta["uid"]},
+        }
+        await self.kube.create_lease(meta["namespace"], lease)
+
+    async def _event(self, raw: dict[str, Any], action: EmitEvent) -> None:
+        meta = raw["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": raw.get("apiVersion", "agents.proompteng.ai/v1alpha1"),
+                "kind": "AgentRun",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": action.reason,
+            "message": action.message[:1024],
+            "type": action.type,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "agentrun-operator"},
+            "reportingComponent": "agents.proompteng.ai/agentrun-operator",
+            "reportingInstance": self.instance,
+        }
+        try:
+            await self.kube.create_event(meta["namespace"], event)
+        except KubeError as exc:  # Events are best effort; never fail a reconcile on them
+            log.warning("event not posted: %s", exc)
+
+    async def _write_unparseable(self, raw: dict[str, Any], err: ValidationError) -> None:
+        status = raw.get("status") or {}
+        if status.get("phase") == "Failed":
+            return
+        first = err.errors()[0]
+        path = ".".join(str(p) for p in first.get("loc", ()))
+        message = f"spec is not valid: {path}: {first.get('msg')} (see docs/api.md)"
+        body = dict(raw)
+        body["status"] = {
+            "phase": "Failed",
+            "reason": "InvalidSpec",
+            "message": message,
+            "observedGeneration": raw["metadata"].get("generation"),
+            "conditions": [
+                {
+                    "type": "InvalidSpec",
+                    "status": "True",
+                    "reason": "InvalidSpec",
+                    "message": message,
+                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ],
+        }
+        try:
+            await self.kube.replace_run_status(body)
+        except KubeError as exc:
+            log.warning("could not record invalid spec: %s", exc)

@@ -1,0 +1,264 @@
+"""A test driver that plays the kubelet's part against the real API server.
+
+It registers a Node, binds the Job controller's pods to it, and reports them Running and then
+terminated with the exit code and the reporter's termination message the test scenario chooses.
+Pods being deleted (a Job's activeDeadlineSeconds, or a cancel) are confirmed gone, as a kubelet
+would after killing their processes. No process runs; this is the API-level contract only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun_operator import naming
+from agentrun_operator.devcluster.controlplane import ControlPlane
+
+NODE = "agentrun-test-node"
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """What happens to one pod: how its main container ends and what the reporter reports."""
+
+    exit_code: int = 0
+    control: dict[str, Any] | None = None  # becomes a `found` envelope
+    envelope: dict[str, Any] | None = None  # a raw envelope, when the test wants full control
+    run_seconds: float = 0.0  # how long the pod stays Running
+    hang: bool = False  # never finish (e.g. until activeDeadlineSeconds kills it)
+
+
+Scenario = Callable[[dict[str, Any]], PodOutcome]
+
+
+def envelope_for(outcome: PodOutcome, path: str) -> str:
+    if outcome.envelope is not None:
+        return json.dumps(outcome.envelope)
+    if outcome.control is None:
+        return json.dumps({"v": 1, "status": "missing", "path": path, "size": None, "reason": None})
+    body = json.dumps(outcome.control, separators=(",", ":"))
+    return json.dumps(
+        {
+            "v": 1,
+            "status": "found",
+            "path": path,
+            "size": len(body),
+            "reason": None,
+            "control": outcome.control,
+        }
+    )
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class KubeletDriver:
+    plane: ControlPlane
+    namespace: str
+    scenario: Scenario
+    poll: float = 0.05
+    seen: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time bound
+    finished_at: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time finished
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _req(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
+        code, data = self.plane.api_request(method, path, body, content_type=ctype)
+        if code >= 300 and code != 404 and code != 409:
+            self.errors.append(f"{method} {path}: {code} {data[:300]!r}")
+        return json.loads(data) if data else {}
+
+    def start(self) -> KubeletDriver:
+        self._req(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+            },
+        )
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet-driver")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # keep playing; the test reads `errors`
+                self.errors.append(repr(exc))
+            time.sleep(self.poll)
+
+    def _tick(self) -> None:
+        pods = self._req(
+            "GET",
+            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={naming.LABEL_RUN}",
+        ).get("items", [])
+        for pod in pods:
+            meta, spec, status = pod["metadata"], pod["spec"], pod.get("status", {})
+            name = meta["name"]
+            base = f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+            if meta.get("deletionTimestamp"):
+                # The kubelet kills the containers, then confirms the deletion.
+                self._req(
+                    "DELETE", base, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+                )
+                continue
+            if not spec.get("nodeName"):
+                self._req(
+                    "POST",
+                    f"{base}/binding",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Binding",
+                        "metadata": {"name": name},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+                    },
+                )
+                self.seen[name] = time.monotonic()
+                continue
+            phase = status.get("phase", "Pending")
+            if phase in ("Succeeded", "Failed"):
+                continue
+            outcome = self.scenario(pod)
+            started = self.seen.setdefault(name, time.monotonic())
+            if phase == "Pending":
+                self._set_status(pod, self._running_status(pod))
+                continue
+            if outcome.hang or time.monotonic() - started < outcome.run_seconds:
+                continue
+            self._set_status(pod, self._terminated_status(pod, outcome))
+            self.finished_at[name] = time.monotonic()
+
+    def _control_path(self, pod: dict[str, Any]) -> str:
+        for c in pod["spec"].get("containers", []):
+            for env in c.get("env") or []:
+                if env.get("name") == "AGENTRUN_LOOP_CONTROL_PATH":
+                    return str(env.get("value"))
+        return "/workspace/.agentrun/loop-control.json"
+
+    def _running_status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        now = _now()
+        inits = []
+        for c in pod["spec"].get("initContainers") or []:
+            if c.get("restartPolicy") == "Always":
+                inits.append(
+                    {
+                        "name": c["name"],
+                        "image": c["image"],
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "started": True,
+                        "state": {"running": {"startedAt": now}},
+                    }
+                )
+            else:
+                inits.append(
+                    {
+                        "name": c["name"],
+                        "image": c["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": 0,
+                                "reason": "Completed",
+                                "startedAt": now,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                )
+        mains = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        return {
+            "phase": "Running",
+            "startTime": now,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+            "initContainerStatuses": inits,
+            "containerStatuses": mains,
+        }
+
+    def _terminated_status(self, pod: dict[str, Any], outcome: PodOutcome) -> dict[str, Any]:
+        now = _now()
+        message = envelope_for(outcome, self._control_path(pod))
+        inits = []
+        for c in pod["spec"].get("initContainers") or []:
+            term: dict[str, Any] = {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
+            if c.get("restartPolicy") == "Always":
+                term["message"] = message
+            inits.append(
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": term},
+                }
+            )
+        mains = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": outcome.exit_code,
+                        "reason": "Completed" if outcome.exit_code == 0 else "Error",
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        return {
+            "phase": "Succeeded" if outcome.exit_code == 0 else "Failed",
+            "startTime": (pod.get("status") or {}).get("startTime", now),
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+            "initContainerStatuses": inits,
+            "containerStatuses": mains,
+        }
+
+    def _set_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        body = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]}, "status": status}
+        self._req(
+            "PATCH",
+            f"/api/v1/namespaces/{self.namespace}/pods/{name}/status",
+            body,
+            ctype="application/merge-patch+json",
+        )

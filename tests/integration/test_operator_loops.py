@@ -1,0 +1,362 @@
+"""The reference note's test matrix against the real control plane, with the operator as a process.
+
+The Job controller creates the pods; `KubeletDriver` plays the kubelet (binds them, reports their
+end and the reporter's termination message). Each test names the outcomes per (iteration, attempt).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun_operator import naming
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.integration.operator_process import OperatorProcess
+
+NAMESPACE = "loops"
+HISTORY_LIMIT = 3
+REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "reference"
+
+Outcomes = Callable[[int, int], PodOutcome]  # (iteration, attempt) -> outcome
+
+
+class World:
+    """Per-run outcome functions the kubelet driver consults."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Outcomes] = {}
+
+    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
+        meta = pod["metadata"]
+        labels = meta.get("labels", {})
+        run = (meta.get("annotations") or {}).get(f"{naming.GROUP}/agent-run-name") or labels.get(
+            naming.LABEL_RUN
+        )
+        fn = self.runs.get(str(run), lambda _i, _a: PodOutcome())
+        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    control_plane: ControlPlane, world: World, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    plane = control_plane
+    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        plane.kubectl("create", "namespace", NAMESPACE)
+    _eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
+    operator = OperatorProcess(
+        plane,
+        tmp_path_factory.mktemp("operator"),
+        env={"AGENTS_CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT": str(HISTORY_LIMIT)},
+    ).start()
+    try:
+        yield plane, operator, driver
+    finally:
+        operator.stop()
+        driver.stop()
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _get(plane: ControlPlane, kind: str, name: str) -> dict[str, Any]:
+    return dict(json.loads(plane.kubectl("get", kind, name, "-n", NAMESPACE, "-o", "json")))
+
+
+def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
+    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
+    return list(json.loads(out)["items"])
+
+
+def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"]["namespace"] = NAMESPACE
+    plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+
+
+def _wait_finished(
+    plane: ControlPlane, name: str, operator: OperatorProcess, timeout: float = 90
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+
+    def done() -> bool:
+        run = _get(plane, "agentrun", name)
+        result.update(run)
+        return (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+
+    try:
+        _eventually(done, timeout, f"agentrun {name} to finish")
+    except AssertionError:
+        print(json.dumps(result.get("status"), indent=1))
+        print(operator.logs()[-5000:])
+        raise
+    return result
+
+
+def _loop_run(name: str, loop: dict[str, Any], **step: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": {"type": "workflow"},
+            "workload": {
+                "image": "busybox:1.36",
+                "command": ["sh", "-c", "true"],
+                "volumes": [
+                    {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
+                ],
+            },
+            "workflow": {"steps": [{"name": "implement", "loop": loop, **step}]},
+        },
+    }
+
+
+def _conditional(
+    on_missing: str = "stop", on_invalid: str = "fail", max_iterations: int = 8
+) -> dict[str, Any]:
+    return {
+        "maxIterations": max_iterations,
+        "condition": {
+            "type": "cel",
+            "expression": "iteration.last.control.continue == true",
+            "source": {"type": "file", "onMissing": on_missing, "onInvalid": on_invalid},
+        },
+    }
+
+
+def _step_status(run: dict[str, Any]) -> dict[str, Any]:
+    return dict(run["status"]["workflow"]["steps"][0])
+
+
+def test_fixed_loop_runs_to_max(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    _create(plane, _loop_run("fixed", {"maxIterations": 2}))
+    run = _wait_finished(plane, "fixed", operator)
+    assert run["status"]["phase"] == "Succeeded"
+    loop = _step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopMaxIterationsReached"
+    assert loop["completedIterations"] == 2
+    assert sorted(j["metadata"]["name"] for j in _jobs(plane, "fixed")) == [
+        "fixed-step-1-iter-1-attempt-1",
+        "fixed-step-1-iter-2-attempt-1",
+    ]
+
+
+def test_reference_conditional_example_stops_on_false(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    manifest = yaml.safe_load((REFERENCE / "agentrun-workflow-loop-conditional.yaml").read_text())
+    name = manifest["metadata"]["name"]
+    manifest["metadata"] = {"name": name}
+    # The reference references an Agent and an ImplementationSpec: give it both (and a provider).
+    for kind, obj_name, spec in (
+        ("AgentProvider", "codex", {"image": "busybox:1.36", "command": ["sh", "-c", "true"]}),
+        ("Agent", manifest["spec"]["agentRef"]["name"], {"providerRef": {"name": "codex"}}),
+    ):
+        _create(
+            plane,
+            {
+                "apiVersion": "agents.proompteng.ai/v1alpha1",
+                "kind": kind,
+                "metadata": {"name": obj_name},
+                "spec": spec,
+            },
+        )
+    for step in manifest["spec"]["workflow"]["steps"]:
+        ref = step.get("implementationSpecRef")
+        if ref:
+            _create(
+                plane,
+                {
+                    "apiVersion": "agents.proompteng.ai/v1alpha1",
+                    "kind": "ImplementationSpec",
+                    "metadata": {"name": ref["name"]},
+                    "spec": {"text": "Implement the thing.", "summary": "thing"},
+                },
+            )
+    world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2, "iteration": i})
+    _create(plane, manifest)
+    run = _wait_finished(plane, name, operator)
+    status = run["status"]
+    assert status["phase"] == "Succeeded", status
+    loop = _step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 2 and loop["currentIteration"] == 2
+    assert loop["lastControl"] == {"continue": False, "iteration": 2}
+    assert [it["index"] for it in loop["iterations"]] == [1, 2]
+    assert all(it["phase"] == "Succeeded" and it["jobRef"]["name"] for it in loop["iterations"])
+    assert len(_jobs(plane, name)) == 2
+    described = plane.kubectl("describe", "agentrun", name, "-n", NAMESPACE)
+    for reason in (
+        "LoopStarted",
+        "IterationStarted",
+        "IterationSucceeded",
+        "ConditionEvaluated",
+        "LoopCompleted",
+    ):
+        assert reason in described, described
+
+
+@pytest.mark.parametrize(("policy", "phase"), [("stop", "Succeeded"), ("fail", "Failed")])
+def test_missing_control_file_follows_on_missing(cluster: Any, world: World, policy: str, phase: str) -> None:
+    plane, operator, _ = cluster
+    name = f"missing-{policy}"
+    world.runs[name] = lambda _i, _a: PodOutcome(control=None)
+    _create(plane, _loop_run(name, _conditional(on_missing=policy)))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == phase
+    loop = _step_status(run)["loop"]
+    assert loop["completedIterations"] == 1
+    assert loop["stopReason"] == ("LoopConditionFalse" if policy == "stop" else "LoopConditionError")
+    assert len(_jobs(plane, name)) == 1
+
+
+def test_invalid_control_payload_fails_deterministically(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "invalid-json"
+    envelope = {
+        "v": 1,
+        "status": "invalid",
+        "path": "/workspace/.agentrun/loop-control.json",
+        "size": 7,
+        "reason": "Expecting value: line 1 column 1 (char 0)",
+    }
+    world.runs[name] = lambda _i, _a: PodOutcome(envelope=envelope)
+    _create(plane, _loop_run(name, _conditional(on_invalid="fail")))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Failed"
+    step = _step_status(run)
+    assert step["loop"]["stopReason"] == "LoopConditionError"
+    text = json.dumps(run["status"])
+    assert "iteration 1" in text and "Expecting value" in text
+
+
+def test_timeout_with_retries_remaining_retries(cluster: Any, world: World) -> None:
+    plane, operator, _driver = cluster
+    name = "timeout-retry"
+    world.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
+    _create(
+        plane,
+        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=2, retries=1, retryBackoffSeconds=1),
+    )
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    jobs = {j["metadata"]["name"]: j for j in _jobs(plane, name)}
+    assert set(jobs) == {f"{name}-step-1-iter-1-attempt-1", f"{name}-step-1-iter-1-attempt-2"}
+    first = jobs[f"{name}-step-1-iter-1-attempt-1"]
+    assert first["spec"]["activeDeadlineSeconds"] == 2
+    assert any(c["reason"] == "DeadlineExceeded" for c in first["status"].get("conditions", []))
+    assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
+
+
+def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "timeout-exhausted"
+    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    _create(plane, _loop_run(name, {"maxIterations": 3}, timeoutSeconds=1, retries=1, retryBackoffSeconds=1))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Failed"
+    assert _step_status(run)["loop"]["stopReason"] == "LoopIterationFailed"
+    assert len(_jobs(plane, name)) == 2
+
+
+def test_required_pvc_misconfigured_is_invalid_before_any_job(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "pvc-misconfigured"
+    manifest = _loop_run(name, {"maxIterations": 2, "state": {"required": True, "volumeNames": ["scratch"]}})
+    manifest["spec"]["workload"]["volumes"].append(
+        {"name": "scratch", "type": "emptyDir", "mountPath": "/scratch"}
+    )
+    _create(plane, manifest)
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Failed"
+    conditions = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conditions["InvalidSpec"]["status"] == "True"
+    assert "state.volumeNames" in run["status"]["message"]
+    assert _jobs(plane, name) == []
+
+
+def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "cancel-now"
+    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    _create(plane, _loop_run(name, {"maxIterations": 5}))
+    _eventually(lambda: len(_jobs(plane, name)) == 1, what="the first Job")
+    plane.kubectl(
+        "patch", "agentrun", name, "-n", NAMESPACE, "--type=merge", "-p", '{"spec":{"cancel":"Immediate"}}'
+    )
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Cancelled"
+    step = _step_status(run)
+    assert step["loop"]["stopReason"] == "LoopCancelled"
+    assert step["loop"]["iterations"][-1]["phase"] == "Cancelled"
+    _eventually(lambda: _jobs(plane, name) == [], what="the cancelled Job to be deleted")
+
+
+def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "restart"
+    world.runs[name] = lambda _i, _a: PodOutcome(run_seconds=1.0)
+    _create(plane, _loop_run(name, {"maxIterations": 3}))
+
+    def on_iteration_2() -> bool:
+        return any(j["metadata"]["labels"][naming.LABEL_ITERATION] == "2" for j in _jobs(plane, name))
+
+    _eventually(on_iteration_2, what="iteration 2 to start")
+    operator.kill()
+    time.sleep(1.5)  # iteration 2 finishes while no operator runs
+    operator.start()
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded"
+    names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
+    assert names == [f"{name}-step-1-iter-{k}-attempt-1" for k in (1, 2, 3)]
+    assert _step_status(run)["loop"]["completedIterations"] == 3
+
+
+def test_history_is_pruned_with_counters_kept(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    name = "pruned"
+    _create(plane, _loop_run(name, {"maxIterations": 5}))
+    run = _wait_finished(plane, name, operator)
+    loop = _step_status(run)["loop"]
+    assert loop["completedIterations"] == 5
+    assert loop["retainedIterations"] == HISTORY_LIMIT == len(loop["iterations"])
+    assert loop["prunedIterations"] == 5 - HISTORY_LIMIT
+    assert [it["index"] for it in loop["iterations"]] == [3, 4, 5]
+
+
+def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> None:
+    plane, operator, _ = cluster
+    first = _loop_run("idem-first", {"maxIterations": 1})
+    first["spec"]["idempotencyKey"] = "ticket-42"
+    _create(plane, first)
+    _wait_finished(plane, "idem-first", operator)
+    second = _loop_run("idem-second", {"maxIterations": 1})
+    second["spec"]["idempotencyKey"] = "ticket-42"
+    _create(plane, second)
+    run = _wait_finished(plane, "idem-second", operator)
+    assert run["status"]["phase"] == "Failed"
+    conditions = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conditions["Duplicate"]["status"] == "True"
+    assert conditions["Duplicate"]["reason"] == "IdempotencyKeyCompleted"
+    assert _jobs(plane, "idem-second") == []
