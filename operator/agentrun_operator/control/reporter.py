@@ -1,0 +1,364 @@
+"""`agentrun reporter`: the small program in every iteration pod that carries the control payload out.
+
+The operator never mounts the PVC, so the pod reports for it (SPEC §5). Two containers of the operator
+image run this module, and the Job builder must declare them in this order:
+
+1. ``report`` — a native sidecar (an init container with ``restartPolicy: Always``) that lives for the
+   whole pod. It blocks SIGTERM first thing, touches ``--ready-file``, and sleeps until the kubelet
+   sends SIGTERM (which happens once the main container has ended). It then reads the control file,
+   compares it with the fingerprint, and writes the control envelope to its termination message.
+2. ``fingerprint`` — a regular init container. It waits (bounded) until the reporter is ready, so the
+   main container can never end before the reporter can receive its SIGTERM, then records what the
+   control file looked like *before* the main container ran. A file with the same fingerprint
+   afterwards was left by an earlier iteration: it is reported ``stale`` (and counts as missing).
+
+Neither ever fails the pod: problems are recorded (exit 0), and the report is always a well-formed
+envelope. Startup is kept light: only the standard library is imported before the signal is blocked;
+pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # imported lazily at run time: pydantic is slow to import
+    from agentrun_operator.control.envelope import ControlEnvelope
+
+FINGERPRINT_VERSION: Final = 1
+#: Same value as ``envelope.MAX_CONTROL_FILE_BYTES`` (checked by a test); duplicated so that
+#: ``fingerprint`` does not import pydantic.
+READ_LIMIT: Final = 64 * 1024
+DEFAULT_READY_TIMEOUT: Final = 10.0
+_WAIT_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
+_FALLBACK_MAX_BYTES: Final = 4096
+
+
+def _log(message: str) -> None:
+    """Diagnostics go to stderr (kubectl logs); stdout carries only the envelope."""
+    with contextlib.suppress(Exception):  # a closed stderr must not break reporting
+        print(f"agentrun reporter: {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------- observing the file
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What is at the control path right now. ``data`` is at most ``READ_LIMIT + 1`` bytes."""
+
+    exists: bool
+    size: int | None = None
+    mtime_ns: int | None = None
+    sha256: str | None = None
+    data: bytes | None = None
+    error: str | None = None  # why an existing path could not be read as a regular file
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = limit
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 65536))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def observe(path: str, limit: int = READ_LIMIT) -> Observation:
+    """Look at the control path without ever blocking (FIFOs) or reading more than ``limit + 1`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return Observation(exists=False)
+    except OSError as exc:
+        return Observation(exists=os.path.lexists(path), error=f"cannot open: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return Observation(exists=True, error="is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            return Observation(exists=True, error="is not a regular file")
+        try:
+            data = _read_at_most(fd, limit + 1)
+        except OSError as exc:
+            return Observation(exists=True, size=st.st_size, error=f"cannot read: {exc.strerror or exc}")
+        return Observation(
+            exists=True,
+            size=max(st.st_size, len(data)),
+            mtime_ns=st.st_mtime_ns,
+            sha256=hashlib.sha256(data).hexdigest(),
+            data=data,
+        )
+    except OSError as exc:  # pragma: no cover - fstat on an open fd practically never fails
+        return Observation(exists=True, error=f"cannot stat: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+
+def fingerprint_of(path: str, obs: Observation) -> dict[str, Any]:
+    """The JSON document ``fingerprint`` records (hash of the first ``READ_LIMIT + 1`` bytes)."""
+    return {
+        "v": FINGERPRINT_VERSION,
+        "path": path,
+        "exists": obs.exists,
+        "size": obs.size,
+        "mtime_ns": obs.mtime_ns,
+        "sha256": obs.sha256,
+        "error": obs.error,
+        "taken_at": time.time(),
+    }
+
+
+def is_stale(fingerprint: dict[str, Any], obs: Observation) -> bool:
+    """True when the file is byte-for-byte and mtime-for-mtime what it was before the main container.
+
+    Touching or rewriting the file (even with identical content) changes the mtime, so it counts as
+    written by this iteration.
+    """
+    return (
+        fingerprint.get("exists") is True
+        and fingerprint.get("error") is None
+        and fingerprint.get("sha256") is not None
+        and obs.exists
+        and obs.error is None
+        and fingerprint.get("size") == obs.size
+        and fingerprint.get("mtime_ns") == obs.mtime_ns
+        and fingerprint.get("sha256") == obs.sha256
+    )
+
+
+def _write_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _wait_for_file(path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def cmd_fingerprint(path: str, out: str, reporter_ready: str | None, ready_timeout: float) -> int:
+    """Record the control file's fingerprint into ``out``; exit 0 whatever happens."""
+    if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
+        _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
+    try:
+        doc = fingerprint_of(path, observe(path))
+    except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
+        error = f"{type(exc).__name__}: {exc}"
+        doc = {"v": FINGERPRINT_VERSION, "path": path, "exists": None, "error": error}
+    try:
+        _write_atomically(out, json.dumps(doc, separators=(",", ":")))
+    except Exception as exc:
+        _log(f"cannot write the fingerprint to {out}: {exc}; stale files will not be detected")
+        return 0
+    state = "absent" if doc.get("exists") is False else (doc.get("error") or f"{doc.get('size')} bytes")
+    _log(f"fingerprint of {path}: {state}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------- the report
+
+
+def _load_fingerprint(fingerprint_path: str | None, path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The recorded fingerprint, or None and why it cannot be used."""
+    if not fingerprint_path:
+        return None, "no --fingerprint given"
+    try:
+        with open(fingerprint_path, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except FileNotFoundError:
+        return None, f"no fingerprint at {fingerprint_path} (did the fingerprint init container run?)"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable fingerprint {fingerprint_path}: {exc}"
+    if not isinstance(doc, dict) or doc.get("v") != FINGERPRINT_VERSION:
+        return None, f"fingerprint {fingerprint_path} has an unknown format"
+    if doc.get("path") != path:
+        return None, f"fingerprint is of {doc.get('path')!r}, not {path!r}"
+    return doc, None
+
+
+def build_report(path: str, fingerprint_path: str | None) -> ControlEnvelope:
+    """Look at the control file now and decide its envelope (found/missing/stale/invalid/tooLarge)."""
+    from agentrun_operator.control.envelope import ControlEnvelope, parse_control_payload
+
+    obs = observe(path)
+    fingerprint, why_not = _load_fingerprint(fingerprint_path, path)
+    if not obs.exists:
+        reason = f"no file at {path}"
+        if fingerprint is not None and fingerprint.get("exists") is True:
+            reason += " (one existed before the main container started; this iteration deleted it)"
+        return ControlEnvelope(status="missing", path=path, reason=reason)
+    if obs.error is not None:
+        return ControlEnvelope(status="invalid", path=path, size=obs.size, reason=f"{path} {obs.error}")
+    if fingerprint is not None and is_stale(fingerprint, obs):
+        return ControlEnvelope(
+            status="stale",
+            path=path,
+            size=obs.size,
+            reason=(
+                "control file was not rewritten by this iteration: same size, mtime and content as "
+                "before the main container started (left by an earlier iteration)"
+            ),
+        )
+    if why_not is not None:
+        _log(f"staleness not checked: {why_not}")
+    return parse_control_payload(obs.data or b"", path, file_size=obs.size)
+
+
+def _fallback_text(path: str, reason: str) -> str:
+    """A stdlib-only ``invalid`` envelope, for when even the envelope module cannot be used."""
+    path = path.encode("utf-8", "replace").decode("utf-8")
+    reason = reason.encode("utf-8", "replace").decode("utf-8") or "reporter error"
+    for limit in (None, 1024, 256):
+        doc = {
+            "v": 1,
+            "status": "invalid",
+            "path": path[:limit],
+            "size": None,
+            "reason": reason[:limit],
+            "control": None,
+        }
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        if len(text.encode("utf-8")) <= _FALLBACK_MAX_BYTES:
+            return text
+    return '{"v":1,"status":"invalid","path":"","size":null,"reason":"reporter error","control":null}'
+
+
+def report_text(path: str, fingerprint_path: str | None) -> str:
+    """The encoded envelope for the control file; any unexpected error becomes an ``invalid`` one."""
+    try:
+        from agentrun_operator.control.envelope import encode_envelope
+
+        return encode_envelope(build_report(path, fingerprint_path))
+    except Exception as exc:
+        _log(f"unexpected error: {type(exc).__name__}: {exc}")
+        reason = f"reporter failed: {type(exc).__name__}: {exc}"
+        try:
+            from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
+
+            return encode_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
+        except Exception:
+            return _fallback_text(path, reason)
+
+
+def block_wait_signals() -> None:
+    """Hold SIGTERM/SIGINT pending from now on, so one arriving early is not lost.
+
+    Blocking (rather than a handler) also matters when the reporter is PID 1 of its container: the
+    kernel drops a default-disposition SIGTERM sent to PID 1, but keeps a blocked one pending.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAIT_SIGNALS)
+
+
+def wait_for_signal() -> int:
+    """Sleep (no polling) until SIGTERM or SIGINT; returns the signal number."""
+    return int(signal.sigwait(_WAIT_SIGNALS))
+
+
+def cmd_report(
+    path: str,
+    fingerprint_path: str | None,
+    termination_log: str,
+    wait: bool,
+    ready_file: str | None,
+) -> int:
+    """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens."""
+    if wait:
+        block_wait_signals()  # main() did this already; repeating it is harmless
+    if ready_file:
+        try:
+            _write_atomically(ready_file, str(os.getpid()))
+        except Exception as exc:
+            _log(f"cannot write the ready file {ready_file}: {exc}")
+    if wait:
+        try:  # import pydantic now, while idle, rather than after SIGTERM
+            import agentrun_operator.control.envelope  # noqa: F401
+        except Exception as exc:  # pragma: no cover - report_text falls back to stdlib JSON
+            _log(f"cannot import the envelope module: {exc}")
+        signum = wait_for_signal()
+        _log(f"got {signal.Signals(signum).name}; reporting {path}")
+    text = report_text(path, fingerprint_path)
+    try:
+        with open(termination_log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {termination_log}: {exc}")
+    with contextlib.suppress(Exception):  # a closed stdout must not change the exit code
+        print(text, flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Carry an iteration's loop-control file out of its pod (SPEC §5)."
+    )
+    sub = parser.add_subparsers(dest="reporter_command", required=True)
+
+    fp = sub.add_parser("fingerprint", help="init container: record the control file before main runs")
+    fp.add_argument("--path", required=True, help="the control file (absolute path)")
+    fp.add_argument("--out", required=True, help="where to write the fingerprint JSON (shared emptyDir)")
+    fp.add_argument(
+        "--reporter-ready",
+        metavar="FILE",
+        help="first wait until the reporter sidecar has created FILE (its --ready-file)",
+    )
+    fp.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT,
+        metavar="SECONDS",
+        help=f"give up waiting for --reporter-ready after this long (default {DEFAULT_READY_TIMEOUT:g})",
+    )
+
+    rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
+    rep.add_argument("--path", required=True, help="the control file (absolute path)")
+    rep.add_argument("--fingerprint", help="the fingerprint written by `fingerprint --out`")
+    rep.add_argument("--termination-log", default="/dev/termination-log", help="the terminationMessagePath")
+    rep.add_argument(
+        "--wait-for-signal",
+        action="store_true",
+        help="sleep until SIGTERM (sent when the main container has ended), then report",
+    )
+    rep.add_argument("--ready-file", metavar="FILE", help="create FILE once SIGTERM can no longer be lost")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``agentrun reporter``; ``argv`` excludes the program and ``reporter`` words."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["report"] and "--wait-for-signal" in args_list:
+        block_wait_signals()  # before argparse or anything else that takes time
+    args = build_parser().parse_args(args_list)
+    if args.reporter_command == "fingerprint":
+        return cmd_fingerprint(args.path, args.out, args.reporter_ready, args.ready_timeout)
+    return cmd_report(
+        args.path, args.fingerprint, args.termination_log, args.wait_for_signal, args.ready_file
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
