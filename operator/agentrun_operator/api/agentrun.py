@@ -1,0 +1,532 @@
+"""The AgentRun kind: a workflow of steps, each run as Jobs, optionally looping over a shared PVC.
+
+Field names, defaults and limits follow SPEC §3; the static rules live in `rules` and are checked
+here and in the generated CRD alike.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal, get_args
+
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+
+from . import rules
+from .base import (
+    DNS_LABEL_MAX,
+    DNS_LABEL_PATTERN,
+    MAX_CEL_LENGTH,
+    MAX_IMPLEMENTATION_TEXT,
+    MAX_ITERATIONS_SCHEMA,
+    MAX_PARAMETERS,
+    MAX_PATH_LENGTH,
+    MAX_STEPS,
+    MAX_VOLUME_NAMES,
+    NAME_MAX,
+    ApiModel,
+    StatusModel,
+    Timestamp,
+)
+from .common import Condition, JobRef, ObjectRef
+from .errors import format_validation_error
+from .workload import Workload
+
+DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
+_DNS_LABEL_RE: Final = re.compile(DNS_LABEL_PATTERN)
+
+RuntimeType = Literal["workflow", "job"]
+CancelMode = Literal["Graceful", "Immediate"]
+ConditionType = Literal["cel"]
+SourceType = Literal["file"]
+OnMissing = Literal["stop", "fail"]
+OnInvalid = Literal["stop", "fail"]
+OnMaxIterations = Literal["Succeed", "Fail"]
+RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
+StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
+IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
+LoopStopReason = Literal[
+    "LoopMaxIterationsReached",
+    "LoopConditionFalse",
+    "LoopConditionError",
+    "LoopIterationFailed",
+    "LoopCancelled",
+    "LoopItemsExceedMaxIterations",
+]
+LOOP_STOP_REASONS: Final[tuple[str, ...]] = get_args(LoopStopReason)
+
+Parameters = dict[str, str]
+
+
+def _check_parameters(value: Parameters | None) -> Parameters | None:
+    """Shared by run and step parameters: the bound keeps env and CEL contexts small."""
+    if value is not None and len(value) > MAX_PARAMETERS:
+        raise ValueError(rules.PARAMETERS_MAX.message)
+    return value
+
+
+# Only maxProperties in the CRD: the apiserver skips all CEL rules of an object that breaks a
+# schema limit, so a CEL twin of this bound could never report; the models give the human message.
+_PARAMETERS_SCHEMA: dict[str, Any] = {"maxProperties": MAX_PARAMETERS}
+
+
+class InlineImplementation(ApiModel):
+    """Task text given directly in the run."""
+
+    text: str = Field(
+        max_length=MAX_IMPLEMENTATION_TEXT, description="The task for the agent (at most 128 KiB)."
+    )
+    summary: str | None = Field(default=None, max_length=1024, description="One-line summary of the task.")
+
+
+class Implementation(ApiModel):
+    """Task text given in the run instead of an ImplementationSpec."""
+
+    inline: InlineImplementation = Field(description="The task text and an optional summary.")
+
+
+class Runtime(ApiModel):
+    """How the run executes. Loops are only valid with the `workflow` runtime."""
+
+    type: RuntimeType = Field(
+        default="workflow",
+        description="workflow (ordered steps, loops allowed) or job (single Job, no loops).",
+    )
+    config: dict[str, Any] | None = Field(
+        default=None, description="Free-form runtime settings, passed through unchanged."
+    )
+
+
+class LoopConditionSource(ApiModel):
+    """Where a conditional loop reads the control payload an iteration leaves behind."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.SOURCE_PATH_ABSOLUTE))
+
+    type: SourceType = Field(default="file", description="Only file in v1alpha1.")
+    path: str = Field(
+        default=DEFAULT_CONTROL_PATH,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Absolute path of the JSON control file inside the iteration's container.",
+    )
+    on_missing: OnMissing = Field(
+        default="stop",
+        description="When the iteration wrote no (new) control file: stop the loop or fail it.",
+    )
+    on_invalid: OnInvalid = Field(
+        default="fail",
+        description="When the payload is not a JSON object, too large, or the CEL fails: stop or fail.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        """Mirror of the CRD rule: relative paths have no meaning in a container."""
+        if not value.startswith("/"):
+            raise ValueError(rules.SOURCE_PATH_ABSOLUTE.message)
+        return value
+
+
+class LoopCondition(ApiModel):
+    """When to run another iteration, decided by CEL over the last iteration's control payload."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.CONDITION_ONE_OF))
+
+    type: ConditionType = Field(default="cel", description="Only cel in v1alpha1.")
+    expression: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description="CEL; another iteration runs while it is true. Exclusive with until.",
+    )
+    until: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description="CEL; the loop stops once it is true. Exclusive with expression.",
+    )
+    source: LoopConditionSource = Field(
+        default_factory=LoopConditionSource,
+        description="Where the control payload is read from.",
+        json_schema_extra={"default": {}},
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LoopCondition:
+        """Mirror of the CRD rule: a condition needs exactly one direction."""
+        if (self.expression is None) == (self.until is None):
+            raise ValueError(rules.CONDITION_ONE_OF.message)
+        return self
+
+
+class LoopState(ApiModel):
+    """Volumes that carry mutable state from one iteration to the next."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.STATE_REQUIRED_NEEDS_VOLUMES))
+
+    required: bool = Field(
+        default=False,
+        description="When true, the listed volumes must resolve to pvc volumes before any Job runs.",
+    )
+    volume_names: list[Annotated[str, StringConstraints(min_length=1, max_length=63)]] | None = Field(
+        default=None,
+        max_length=MAX_VOLUME_NAMES,
+        description="Names of effective workload volumes (step's, else run's) that hold the state.",
+        json_schema_extra={
+            **rules.validations(rules.STATE_VOLUME_NAMES_UNIQUE),
+            "x-kubernetes-list-type": "set",
+        },
+    )
+
+    @field_validator("volume_names")
+    @classmethod
+    def _unique(cls, value: list[str] | None) -> list[str] | None:
+        """Mirror of the CRD rule (also a list-type set)."""
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError(rules.STATE_VOLUME_NAMES_UNIQUE.message)
+        return value
+
+    @model_validator(mode="after")
+    def _required_needs_volumes(self) -> LoopState:
+        """Mirror of the CRD rule: required state with no volume is a contradiction."""
+        if self.required and not self.volume_names:
+            raise ValueError(rules.STATE_REQUIRED_NEEDS_VOLUMES.message)
+        return self
+
+
+class StepLoop(ApiModel):
+    """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.LOOP_MAX_ITERATIONS))
+
+    max_iterations: int = Field(
+        description="Upper bound of iterations, 1..1000 (and at most the operator's cap, default 20).",
+        json_schema_extra={"minimum": 1, "maximum": MAX_ITERATIONS_SCHEMA},
+    )
+    condition: LoopCondition | None = Field(
+        default=None, description="Conditional loop; without it the loop runs exactly maxIterations times."
+    )
+    items: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description="CEL giving a list: one iteration per item (forEach), evaluated once at loop start.",
+    )
+    on_max_iterations: OnMaxIterations = Field(
+        default="Succeed",
+        description="Outcome when a conditional loop reaches maxIterations: Succeed or Fail.",
+    )
+    state: LoopState | None = Field(default=None, description="Volumes that carry state between iterations.")
+
+    @field_validator("max_iterations")
+    @classmethod
+    def _range(cls, value: int) -> int:
+        """Mirror of the CRD's minimum/maximum, with the human message."""
+        if not 1 <= value <= MAX_ITERATIONS_SCHEMA:
+            raise ValueError(rules.LOOP_MAX_ITERATIONS.message)
+        return value
+
+
+class WorkflowStep(ApiModel):
+    """One step of the workflow; runs as one Job per iteration attempt."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.IMPLEMENTATION_ONE_OF))
+
+    name: str = Field(
+        description="DNS label, unique in the workflow; used in Job names and CEL (steps.<name>).",
+        json_schema_extra={
+            "maxLength": DNS_LABEL_MAX,
+            "minLength": 1,
+            "pattern": DNS_LABEL_PATTERN,
+            **rules.validations(rules.STEP_NAME),
+        },
+    )
+    implementation_spec_ref: ObjectRef | None = Field(
+        default=None, description="ImplementationSpec with this step's task text (overrides the run's)."
+    )
+    implementation: Implementation | None = Field(
+        default=None, description="Inline task text for this step (overrides the run's)."
+    )
+    parameters: Parameters | None = Field(
+        default=None,
+        description="Parameters merged over the run's (at most 100).",
+        json_schema_extra=_PARAMETERS_SCHEMA,
+    )
+    workload: Workload | None = Field(
+        default=None, description="Overrides the run's workload field by field (volumes as a whole)."
+    )
+    retries: int | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Extra attempts per iteration after a failure; default Agent defaults.retries, else 0.",
+    )
+    retry_backoff_seconds: int = Field(
+        default=10, ge=0, le=86400, description="Seconds to wait before a retry attempt."
+    )
+    timeout_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Deadline of one attempt in seconds, 0 = none; default the Agent's defaults, else 0.",
+    )
+    when: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description="CEL; the step is Skipped when it evaluates to false.",
+    )
+    loop: StepLoop | None = Field(default=None, description="Run the step as a loop of iterations.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        """Mirror of the CRD's pattern/maxLength rule; the name ends up in Job names and labels."""
+        if len(value) > DNS_LABEL_MAX or not _DNS_LABEL_RE.match(value):
+            raise ValueError(rules.STEP_NAME.message)
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: Parameters | None) -> Parameters | None:
+        """Mirror of the CRD's maxProperties, with the human message."""
+        return _check_parameters(value)
+
+    @model_validator(mode="after")
+    def _implementation(self) -> WorkflowStep:
+        """Mirror of the CRD rule: two task sources would be ambiguous."""
+        if self.implementation_spec_ref is not None and self.implementation is not None:
+            raise ValueError(rules.IMPLEMENTATION_ONE_OF.message)
+        return self
+
+    def effective_retries(self, agent_default: int | None = None) -> int:
+        """Retries for this step: its own, else the Agent's default, else 0."""
+        if self.retries is not None:
+            return self.retries
+        return agent_default if agent_default is not None else 0
+
+    def effective_timeout_seconds(self, agent_default: int | None = None) -> int:
+        """Per-attempt timeout: its own, else the Agent's default, else 0 (none)."""
+        if self.timeout_seconds is not None:
+            return self.timeout_seconds
+        return agent_default if agent_default is not None else 0
+
+
+class Workflow(ApiModel):
+    """The ordered steps of the run."""
+
+    steps: list[WorkflowStep] = Field(
+        min_length=1,
+        max_length=MAX_STEPS,
+        description="Steps, run one after another (at most 50).",
+        json_schema_extra=rules.validations(rules.STEP_NAMES_UNIQUE),
+    )
+    timeout_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Deadline of the whole workflow in seconds, 0 = none; on expiry it stops like Graceful.",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_names(cls, value: list[WorkflowStep]) -> list[WorkflowStep]:
+        """Mirror of the CRD rule: names key status, Job names and CEL `steps.<name>`."""
+        names = [s.name for s in value]
+        if len(set(names)) != len(names):
+            raise ValueError(rules.STEP_NAMES_UNIQUE.message)
+        return value
+
+
+class AgentRunSpec(ApiModel):
+    """Desired state of an AgentRun; immutable after creation except `cancel`."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules.validations(rules.LOOPS_NEED_WORKFLOW_RUNTIME, rules.IMPLEMENTATION_ONE_OF)
+    )
+
+    agent_ref: ObjectRef | None = Field(
+        default=None, description="The Agent to run; optional when a workload gives image and command."
+    )
+    implementation_spec_ref: ObjectRef | None = Field(
+        default=None, description="ImplementationSpec holding the task text."
+    )
+    implementation: Implementation | None = Field(
+        default=None, description="Inline task text instead of an ImplementationSpec."
+    )
+    runtime: Runtime = Field(
+        default_factory=Runtime,
+        description="Execution runtime; loops need type workflow.",
+        json_schema_extra={"default": {}},
+    )
+    parameters: Parameters | None = Field(
+        default=None,
+        description="String parameters for the task and CEL (run.parameters), at most 100.",
+        json_schema_extra=_PARAMETERS_SCHEMA,
+    )
+    workload: Workload | None = Field(default=None, description="Default workload of every step.")
+    workflow: Workflow | None = Field(default=None, description="The steps to run.")
+    idempotency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=NAME_MAX,
+        description="At most one run per (namespace, agentRef, key) ever starts Jobs.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the AgentRun this many seconds after it finished."
+    )
+    cancel: CancelMode | None = Field(
+        default=None,
+        description="Graceful (finish the current iteration) or Immediate; the only field that may change.",
+    )
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: Parameters | None) -> Parameters | None:
+        """Mirror of the CRD's maxProperties, with the human message."""
+        return _check_parameters(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> AgentRunSpec:
+        """Mirrors of the CRD's spec-level rules."""
+        if self.implementation_spec_ref is not None and self.implementation is not None:
+            raise ValueError(rules.IMPLEMENTATION_ONE_OF.message)
+        if self.runtime.type != "workflow" and self.has_loops():
+            raise ValueError(rules.LOOPS_NEED_WORKFLOW_RUNTIME.message)
+        return self
+
+    def has_loops(self) -> bool:
+        """True when any step loops (the feature flag gates these runs)."""
+        return self.workflow is not None and any(s.loop is not None for s in self.workflow.steps)
+
+
+class IterationRecord(StatusModel):
+    """One iteration of a looped step, kept in the bounded history."""
+
+    index: int = Field(ge=1, description="1-based iteration number.")
+    phase: IterationPhase = Field(description="Pending, Running, Retrying, Succeeded, Failed or Cancelled.")
+    attempts: int = Field(default=0, ge=0, description="Attempts started for this iteration so far.")
+    started_at: Timestamp | None = Field(default=None, description="When the first attempt started.")
+    finished_at: Timestamp | None = Field(default=None, description="When the iteration finished.")
+    message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
+    job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")
+
+
+class LoopStatus(StatusModel):
+    """Progress of a looped step; counters stay exact while the iteration history is compacted."""
+
+    current_iteration: int = Field(default=0, ge=0, description="Iteration running or last run (1-based).")
+    completed_iterations: int = Field(default=0, ge=0, description="Iterations that finished successfully.")
+    max_iterations: int = Field(
+        default=0, ge=0, description="Effective bound (spec value after the operator's cap)."
+    )
+    stop_reason: str | None = Field(
+        default=None,
+        description=(
+            "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
+            "LoopIterationFailed, LoopCancelled or LoopItemsExceedMaxIterations."
+        ),
+    )
+    retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
+    pruned_iterations: int = Field(default=0, ge=0, description="Old entries dropped from iterations.")
+    last_control: dict[str, Any] | None = Field(
+        default=None, description="The last control payload read (JSON object)."
+    )
+    item_count: int | None = Field(
+        default=None, ge=0, description="Number of forEach items (frozen at start)."
+    )
+    items: list[Any] | None = Field(
+        default=None, description="The forEach items, evaluated once when the loop started (frozen)."
+    )
+    iterations: list[IterationRecord] = Field(
+        default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
+    )
+
+
+class StepStatus(StatusModel):
+    """Progress of one workflow step."""
+
+    name: str = Field(description="The step's name.")
+    phase: StepPhase = Field(
+        default="Pending", description="Pending, Running, Retrying, Succeeded, Failed, Skipped or Cancelled."
+    )
+    attempt: int = Field(
+        default=0, ge=0, description="Current attempt within the current iteration (1-based)."
+    )
+    started_at: Timestamp | None = Field(default=None, description="When the step started.")
+    finished_at: Timestamp | None = Field(default=None, description="When the step finished.")
+    reason: str | None = Field(default=None, description="Machine-readable reason of the phase.")
+    message: str | None = Field(default=None, description="Human-readable detail.")
+    next_retry_at: Timestamp | None = Field(
+        default=None, description="When the next retry attempt may start."
+    )
+    job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
+    loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
+    control: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The control payload (JSON object) the step's last attempt left, for steps without a loop "
+            "(looped steps keep it in loop.lastControl); read by later steps' CEL as steps.<name>.control."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class WorkflowStatus(StatusModel):
+    """Progress of the workflow as a whole."""
+
+    phase: RunPhase | None = Field(
+        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
+    )
+    steps: list[StepStatus] = Field(default_factory=list, description="One entry per spec step, in order.")
+
+
+class AgentRunStatus(StatusModel):
+    """Observed state of an AgentRun, written by the operator only."""
+
+    phase: RunPhase | None = Field(
+        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
+    )
+    reason: str | None = Field(default=None, description="Machine-readable reason, e.g. InvalidSpec.")
+    message: str | None = Field(default=None, description="Human-readable detail, e.g. how to fix the spec.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Standard conditions, e.g. InvalidSpec, Duplicate.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(default=None, description="metadata.generation last acted on.")
+    started_at: Timestamp | None = Field(default=None, description="When the first Job was created.")
+    finished_at: Timestamp | None = Field(default=None, description="When the run reached a final phase.")
+    workflow: WorkflowStatus | None = Field(default=None, description="Per-step progress.")
+    current_step: str | None = Field(
+        default=None, description="Name of the active step, or of the last one run (printer column Step)."
+    )
+    iteration: str | None = Field(
+        default=None,
+        description="Iteration of the current looped step, current/max, e.g. 3/8 (printer column Iteration).",
+    )
+
+
+class AgentRun(ApiModel):
+    """An AgentRun object as stored by the apiserver."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["agents.proompteng.ai/v1alpha1"] = Field(
+        default="agents.proompteng.ai/v1alpha1", description="agents.proompteng.ai/v1alpha1"
+    )
+    kind: Literal["AgentRun"] = Field(default="AgentRun", description="AgentRun")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: AgentRunSpec = Field(description="Desired state.")
+    status: AgentRunStatus | None = Field(default=None, description="Observed state.")
+
+
+def parse_agentrun(obj: dict[str, Any]) -> AgentRun:
+    """Validate a manifest or API object into an AgentRun (raises pydantic.ValidationError)."""
+    return AgentRun.model_validate(obj)
+
+
+def agentrun_errors(obj: dict[str, Any]) -> list[str]:
+    """Validation problems of a manifest as `field.path: message` lines; empty when valid."""
+    try:
+        parse_agentrun(obj)
+    except ValidationError as err:
+        return format_validation_error(err)
+    return []

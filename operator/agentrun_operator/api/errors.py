@@ -1,0 +1,49 @@
+"""Turning pydantic validation errors into the lines users see (CLI output, InvalidSpec messages)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pydantic import ValidationError
+
+from .rules import ALL_STATIC_RULES
+
+_FIELD_PATHS: Final[dict[str, str]] = {r.message: r.field_path for r in ALL_STATIC_RULES if r.field_path}
+
+
+def error_path(loc: tuple[int | str, ...]) -> str:
+    """Render a pydantic error location as a Kubernetes field path: `spec.workflow.steps[0].name`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif out:
+            out += f".{part}"
+        else:
+            out = str(part)
+    return out
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+    """One line per problem, `field.path: message`, for the CLI and for InvalidSpec status messages.
+
+    pydantic prefixes messages of custom validators with "Value error, "; that noise is dropped
+    because our messages already say what is wrong and how to fix it.
+    """
+    lines: list[str] = []
+    for item in err.errors():
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        path = error_path(loc)
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        msg = str(item["msg"])
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+            # Report object-level rules at the field the apiserver names (the rule's fieldPath).
+            field_path = _FIELD_PATHS.get(msg)
+            if field_path and not path.endswith(field_path):
+                path = f"{path}{field_path}" if path else field_path.lstrip(".")
+        elif item["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against docs/api.md"
+        lines.append(f"{path}: {msg}" if path else msg)
+    return lines

@@ -1,0 +1,243 @@
+"""The static validation rules, written once and used twice.
+
+Each rule is enforced by the apiserver (as a CRD `x-kubernetes-validations` CEL rule) and by the
+pydantic models (as a validator with the very same message), so `kubectl apply` and the operator's
+offline `agentrun validate` reject the same manifests with the same words. A rule's `anchor` is its
+section in docs/api.md; messages point there.
+
+Every rule guards its field accesses with `has()`: a missing required field is already reported by
+the schema, and an unguarded access would add a confusing "no such key" error next to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from .base import DOCS_API, MAX_ITERATIONS_SCHEMA, MAX_PARAMETERS
+
+# FieldValueDuplicate is left out on purpose: the apiserver prints it as a bare "Duplicate value",
+# dropping the rule's message.
+Reason = Literal["FieldValueInvalid", "FieldValueRequired", "FieldValueForbidden"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One CEL rule of a CRD schema node plus the human message shared with the models."""
+
+    anchor: str
+    """docs/api.md anchor; also the rule's stable id."""
+    rule: str
+    """CEL, evaluated by the apiserver with `self` bound to the schema node the rule sits on."""
+    text: str
+    """What is wrong and how to fix it, naming the field."""
+    field_path: str | None = None
+    """Relative JSON path the apiserver reports the error at (so the error names the exact field)."""
+    reason: Reason | None = None
+    k8s_only: str | None = None
+    """Why cel-python cannot evaluate the rule (Kubernetes CEL extensions), if it cannot."""
+
+    @property
+    def message(self) -> str:
+        """The text with the docs anchor appended."""
+        return f"{self.text} See {DOCS_API}#{self.anchor}"
+
+    def crd(self) -> dict[str, Any]:
+        """The `x-kubernetes-validations` entry."""
+        out: dict[str, Any] = {"rule": self.rule, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+def validations(*rules: Rule) -> dict[str, Any]:
+    """`json_schema_extra` fragment attaching rules to a model or field."""
+    return {"x-kubernetes-validations": [r.crd() for r in rules]}
+
+
+LOOP_MAX_ITERATIONS: Final = Rule(
+    anchor="loop-maxiterations",
+    rule=(
+        f"!has(self.maxIterations) || "
+        f"(self.maxIterations >= 1 && self.maxIterations <= {MAX_ITERATIONS_SCHEMA})"
+    ),
+    text=(
+        f"loop.maxIterations must be between 1 and {MAX_ITERATIONS_SCHEMA} (the operator may cap it lower, "
+        "default 20); set a value in that range, e.g. maxIterations: 3."
+    ),
+    field_path=".maxIterations",
+)
+
+STEP_NAME: Final = Rule(
+    anchor="step-name",
+    rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+    text=(
+        "steps[].name must be a DNS label: 1-63 lowercase letters, digits or '-', starting and ending "
+        "with a letter or digit; rename the step, e.g. name: implement-2."
+    ),
+)
+
+STEP_NAMES_UNIQUE: Final = Rule(
+    anchor="step-name",
+    rule="self.all(s, !has(s.name) || self.exists_one(t, has(t.name) && t.name == s.name))",
+    text="workflow.steps[].name must be unique within the workflow; rename one of the steps sharing a name.",
+)
+
+CONDITION_ONE_OF: Final = Rule(
+    anchor="loop-condition",
+    rule="has(self.expression) != has(self.until)",
+    text=(
+        "loop.condition must set exactly one of expression (continue while true) or until (stop when true); "
+        "keep one of them."
+    ),
+)
+
+SOURCE_PATH_ABSOLUTE: Final = Rule(
+    anchor="loop-condition-source",
+    rule="!has(self.path) || self.path.startsWith('/')",
+    text=(
+        "loop.condition.source.path must be an absolute path starting with '/', "
+        "e.g. /workspace/.agentrun/loop-control.json."
+    ),
+    field_path=".path",
+)
+
+STATE_VOLUME_NAMES_UNIQUE: Final = Rule(
+    anchor="loop-state",
+    rule="self.all(n, self.exists_one(m, m == n))",
+    text="loop.state.volumeNames must not list a volume twice; remove the duplicate name.",
+)
+
+STATE_REQUIRED_NEEDS_VOLUMES: Final = Rule(
+    anchor="loop-state",
+    rule="!(has(self.required) && self.required) || (has(self.volumeNames) && size(self.volumeNames) > 0)",
+    text=(
+        "loop.state.required is true but loop.state.volumeNames is empty; list the pvc volume(s) that carry "
+        "state between iterations, e.g. volumeNames: [workspace]."
+    ),
+    field_path=".volumeNames",
+    reason="FieldValueRequired",
+)
+
+PARAMETERS_MAX: Final = Rule(
+    anchor="parameters",
+    rule=f"self.size() <= {MAX_PARAMETERS}",
+    text=(
+        f"parameters may hold at most {MAX_PARAMETERS} entries; pass bulk data in the implementation text "
+        "or a mounted volume instead."
+    ),
+)
+
+LOOPS_NEED_WORKFLOW_RUNTIME: Final = Rule(
+    anchor="runtime-type",
+    rule=(
+        "!has(self.runtime) || !has(self.runtime.type) || self.runtime.type == 'workflow' || "
+        "!has(self.workflow) || !has(self.workflow.steps) || !self.workflow.steps.exists(s, has(s.loop))"
+    ),
+    text=(
+        "spec.runtime.type must be workflow when a step has a loop; "
+        "set runtime.type: workflow or remove the loop."
+    ),
+    field_path=".runtime.type",
+)
+
+IMPLEMENTATION_ONE_OF: Final = Rule(
+    anchor="implementation",
+    rule="!(has(self.implementationSpecRef) && has(self.implementation))",
+    text="set at most one of implementationSpecRef and implementation (inline text); remove one of them.",
+)
+
+VOLUME_NAMES_UNIQUE: Final = Rule(
+    anchor="workload-volumes",
+    rule="self.all(v, !has(v.name) || self.exists_one(w, has(w.name) && w.name == v.name))",
+    text="workload.volumes[].name must be unique; rename or remove the duplicate volume.",
+)
+
+VOLUME_PVC_CLAIM: Final = Rule(
+    anchor="workload-volumes",
+    rule="!has(self.type) || self.type != 'pvc' || has(self.claimName)",
+    text="a volume of type pvc needs claimName (the PersistentVolumeClaim to mount); add claimName.",
+    field_path=".claimName",
+    reason="FieldValueRequired",
+)
+
+VOLUME_SECRET_NAME: Final = Rule(
+    anchor="workload-volumes",
+    rule="!has(self.type) || self.type != 'secret' || has(self.secretName)",
+    text="a volume of type secret needs secretName (the Secret to mount); add secretName.",
+    field_path=".secretName",
+    reason="FieldValueRequired",
+)
+
+VOLUME_MOUNT_PATH: Final = Rule(
+    anchor="workload-volumes",
+    rule="!has(self.mountPath) || self.mountPath.startsWith('/')",
+    text="workload.volumes[].mountPath must be an absolute path starting with '/', e.g. /workspace.",
+    field_path=".mountPath",
+)
+
+CANCEL_STICKY: Final = Rule(
+    anchor="immutability",
+    rule="!has(oldSelf.cancel) || has(self.cancel)",
+    text=(
+        "spec.cancel cannot be removed once set (a cancelled run stays cancelled); "
+        "you may only switch it between Graceful and Immediate."
+    ),
+    field_path=".cancel",
+    reason="FieldValueForbidden",
+)
+
+
+def immutable_field(field: str) -> Rule:
+    """Transition rule for one spec field: it may not change once set.
+
+    Transition rules on an optional field only run when both the old and the new object have it,
+    so adding or removing a field is caught by `immutable_presence` on the spec itself.
+    """
+    return Rule(
+        anchor="immutability",
+        rule="self == oldSelf",
+        text=(
+            f"spec.{field} is immutable after creation (only spec.cancel may change); "
+            "create a new AgentRun with the changed spec instead."
+        ),
+        reason="FieldValueForbidden",
+    )
+
+
+def immutable_presence(fields: list[str]) -> Rule:
+    """Spec-level transition rule: no field other than `cancel` may be added or removed."""
+    rule = " && ".join(f"has(self.{f}) == has(oldSelf.{f})" for f in fields)
+    return Rule(
+        anchor="immutability",
+        rule=rule,
+        text=(
+            "spec fields other than spec.cancel cannot be added or removed after creation; "
+            "create a new AgentRun with the changed spec instead."
+        ),
+        reason="FieldValueForbidden",
+    )
+
+
+ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
+    LOOP_MAX_ITERATIONS,
+    STEP_NAME,
+    STEP_NAMES_UNIQUE,
+    CONDITION_ONE_OF,
+    SOURCE_PATH_ABSOLUTE,
+    STATE_VOLUME_NAMES_UNIQUE,
+    STATE_REQUIRED_NEEDS_VOLUMES,
+    PARAMETERS_MAX,
+    LOOPS_NEED_WORKFLOW_RUNTIME,
+    IMPLEMENTATION_ONE_OF,
+    VOLUME_NAMES_UNIQUE,
+    VOLUME_PVC_CLAIM,
+    VOLUME_SECRET_NAME,
+    VOLUME_MOUNT_PATH,
+)
+"""Rules that need only the new object (the models enforce these too)."""
+
+TRANSITION_RULES: Final[tuple[Rule, ...]] = (CANCEL_STICKY,)
+"""Fixed transition rules (the per-field immutability rules are generated from the spec's fields)."""
