@@ -95,7 +95,8 @@ def test_invalid_manifest_is_rejected_naming_the_field(
 def test_spec_is_immutable_except_cancel(
     plane: ControlPlane, case: str, original: dict[str, Any], updated: dict[str, Any], fragment: str
 ) -> None:
-    created = kubectl(plane, "create", "-f", "-", manifest=original)
+    # --save-config so that `apply` removes the fields the update drops (three-way merge).
+    created = kubectl(plane, "create", "--save-config", "-f", "-", manifest=original)
     assert created.returncode == 0, created.stderr
     try:
         proc = kubectl(plane, "apply", "--dry-run=server", "-f", "-", manifest=updated)
@@ -109,7 +110,7 @@ def test_spec_is_immutable_except_cancel(
 def test_cancel_may_change(
     plane: ControlPlane, case: str, original: dict[str, Any], updated: dict[str, Any]
 ) -> None:
-    created = kubectl(plane, "create", "-f", "-", manifest=original)
+    created = kubectl(plane, "create", "--save-config", "-f", "-", manifest=original)
     assert created.returncode == 0, created.stderr
     try:
         proc = kubectl(plane, "apply", "--dry-run=server", "-f", "-", manifest=updated)

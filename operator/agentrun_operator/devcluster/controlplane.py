@@ -308,6 +308,11 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",  # loopback is not a valid Service endpoint
             "--enable-priority-and-fairness=false",
             "--profiling=false",
+            f"--requestheader-client-ca-file={k.ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--kubelet-client-certificate={k.client_cert('apiserver-kubelet-client')}",
             f"--kubelet-client-key={k.client_key('apiserver-kubelet-client')}",
             "--v=1",
@@ -325,7 +330,8 @@ class ControlPlane:
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={p.controller_manager}",
-            "--use-service-account-credentials=false",
+            # Each controller acts as its own ServiceAccount with its bootstrap RBAC role.
+            "--use-service-account-credentials=true",
             f"--root-ca-file={self.pki.ca_cert}",
             "--concurrent-job-syncs=10",
             "--concurrent-gc-syncs=10",
