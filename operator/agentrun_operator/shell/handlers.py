@@ -77,6 +77,11 @@ def _owner_run(body: Any) -> str | None:
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     """Register the handlers on `registry` (not the global one, so tests can build their own)."""
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """kopf's own credential readers: in-cluster ServiceAccount first, then the kubeconfig."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Low batching: our own queue de-duplicates, and turnaround is measured in milliseconds.
