@@ -13,7 +13,14 @@ from agentrun_operator.devcluster.controlplane import ControlPlane
 
 
 class OperatorProcess:
-    def __init__(self, plane: ControlPlane, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        self.args = args
         self.plane = plane
         self.log_dir = log_dir
         self.env = env or {}
@@ -44,6 +51,7 @@ class OperatorProcess:
                     "agentrun_operator.cli",
                     "operator",
                     f"--kubeconfig={self.plane.kubeconfig}",
+                    *self.args,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -13,8 +13,22 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
+from agentrun_operator.shell import metrics
+
 GROUP = "agents.proompteng.ai"
 VERSION = "v1alpha1"
+
+
+def _resource_of(path: str) -> str:
+    """The resource segment of an API path, e.g. `jobs` or `agentruns/status` (a bounded label)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if "namespaces" in parts:
+        rest = parts[parts.index("namespaces") + 2 :]
+    else:
+        rest = parts[3:] if parts and parts[0] == "apis" else parts[2:]
+    if not rest:
+        return "namespaces"
+    return rest[0] + ("/" + rest[2] if len(rest) > 2 else "")
 
 
 class KubeError(Exception):
@@ -66,6 +80,7 @@ class Kube:
             self.counters.reads += 1
         else:
             self.counters.writes += 1
+        metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
         resp = await self.api.call_api(
             path,
             method,

@@ -21,6 +21,9 @@ ITERATION_TURNAROUND = Histogram(
     "From an iteration's pod finishing to the next iteration's Job being created.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+API_REQUESTS = Counter(
+    "agentrun_api_requests_total", "Requests the operator made to the API server.", ["verb", "resource"]
+)
 RUNS = Gauge("agentrun_runs", "AgentRuns seen by phase.", ["phase"])
 STATUS_BYTES = Histogram(
     "agentrun_status_size_bytes",
