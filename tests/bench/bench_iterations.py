@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster import processes, toolchain
@@ -32,7 +32,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def summary(name: str, values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:
@@ -91,8 +91,6 @@ def scrape(port: int) -> dict[str, float]:
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    import os
-
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -173,7 +171,7 @@ def main() -> int:
         phases = json.loads(plane.kubectl("get", "ar", "-n", NS, "-o", "json"))["items"]
         print()
         print(
-            f"runs={args.runs} iterations/run={args.iterations} total iterations={iterations} wall={elapsed:.1f}s"
+            f"runs={args.runs} iterations/run={args.iterations} iterations={iterations} wall={elapsed:.1f}s"
         )
         print("final phases:", sorted({(i.get("status") or {}).get("phase") for i in phases}))
         print(summary("baseline: raw API GET round trip", gets))
