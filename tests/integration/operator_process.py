@@ -47,6 +47,7 @@ class OperatorProcess:
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
+                    *self._profile_args(),
                     "-m",
                     "agentrun_operator.cli",
                     "operator",
@@ -68,6 +69,11 @@ class OperatorProcess:
                 )
             time.sleep(0.1)
         raise RuntimeError(f"operator did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def _profile_args(self) -> list[str]:
+        """`AGENTRUN_OPERATOR_PROFILE=FILE` runs the operator under cProfile (for benchmarks)."""
+        target = os.environ.get("AGENTRUN_OPERATOR_PROFILE")
+        return ["-m", "cProfile", "-o", f"{target}.{self.starts}"] if target else []
 
     def kill(self) -> None:
         """SIGKILL: the operator gets no chance to clean up (restart-safety tests)."""
