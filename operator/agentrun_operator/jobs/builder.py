@@ -1,0 +1,498 @@
+"""Pure builders that turn one planned iteration attempt into a batch/v1 Job manifest (SPEC §5).
+
+Nothing here talks to Kubernetes: the planner calls `build_iteration_job` and hands the dict to the
+shell inside a `CreateJob` action. Because the output depends only on the inputs, the same planned
+attempt always yields the same manifest (and the same deterministic name), which is what makes a
+re-created Job adoptable after an operator restart.
+
+Pod layout (why it looks like this):
+
+- `reporter` — a native sidecar (init container with `restartPolicy: Always`) of the operator image.
+  It is declared *first* so it is running (and has blocked SIGTERM, see `control/reporter.py`) before
+  anything else; it reads the control file once the main container has ended and writes the control
+  envelope to its termination message, where the operator reads it.
+- `fingerprint` — a regular init container that waits for the reporter to be ready and records what
+  the control file looked like before `main` ran, so a file left by an earlier iteration is reported
+  `stale` instead of being mistaken for this iteration's answer.
+- `main` — the agent (or user) container.
+
+Both helper containers mount the volume that holds the control path read-only at the same mount path
+(the operator never mounts the PVC itself); when the path lies on no volume an `emptyDir` is added.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agentrun_operator import naming
+from agentrun_operator.api import (
+    API_VERSION,
+    DEFAULT_CONTROL_PATH,
+    AgentRun,
+    EnvVar,
+    WorkflowStep,
+    Workload,
+    WorkloadVolume,
+)
+from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
+from agentrun_operator.config import OperatorConfig
+
+MAIN_CONTAINER: Final = "main"
+REPORTER_CONTAINER: Final = "reporter"
+FINGERPRINT_CONTAINER: Final = "fingerprint"
+META_VOLUME: Final = "agentrun-meta"
+META_MOUNT: Final = "/agentrun-meta"
+FINGERPRINT_FILE: Final = f"{META_MOUNT}/fingerprint.json"
+REPORTER_READY_FILE: Final = f"{META_MOUNT}/reporter-ready"
+CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
+RESERVED_VOLUME_PREFIX: Final = "agentrun-"
+TERMINATION_LOG: Final = "/dev/termination-log"
+ANNOTATION_RUN_NAME: Final = f"{naming.GROUP}/agent-run-name"
+IMPLICIT_STEP_NAME: Final = "main"
+"""Name of the single implicit step of a `runtime.type: job` run without `spec.workflow`."""
+
+HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
+    "requests": {"cpu": "10m", "memory": "32Mi"},
+    "limits": {"memory": "128Mi"},
+}
+"""Requests of the reporter and fingerprint containers: they idle, then parse at most 64 KiB of JSON."""
+
+_ENV_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9]")
+
+
+@dataclass(frozen=True)
+class References:
+    """The referenced objects of a run, already looked up and parsed (by the planner, from Observed)."""
+
+    agent: AgentSpec | None = None
+    provider: AgentProviderSpec | None = None
+    implementation_specs: Mapping[str, ImplementationSpecSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedAttempt:
+    """One attempt of one iteration of one step, as the planner decided to start it.
+
+    `step_index` and `iteration` are 1-based (as in Job names); `item_index` is 0-based and set only
+    for forEach iterations.
+    """
+
+    step_index: int
+    iteration: int
+    attempt: int
+    max_iterations: int = 1
+    previous_control: dict[str, Any] | None = None
+    item: Any = None
+    item_index: int | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedContainer:
+    """The image/command/args/env of `main`, and which layer supplied the image (for messages)."""
+
+    image: str
+    command: list[str] | None
+    args: list[str] | None
+    env: list[dict[str, Any]]
+    source: str
+
+
+# ----------------------------------------------------------------------------------- resolution
+
+
+def effective_steps(run: AgentRun) -> list[WorkflowStep]:
+    """The steps that run: the workflow's, or the implicit `main` step of a `runtime.type: job` run."""
+    if run.spec.workflow is not None:
+        return list(run.spec.workflow.steps)
+    return [WorkflowStep(name=IMPLICIT_STEP_NAME)]
+
+
+def effective_workload(run_workload: Workload | None, step_workload: Workload | None) -> Workload:
+    """The step's workload laid field by field over the run's (a step's `volumes` replace the run's)."""
+    base = run_workload if run_workload is not None else Workload()
+    if step_workload is None:
+        return base
+    update = {
+        name: getattr(step_workload, name)
+        for name in Workload.model_fields
+        if getattr(step_workload, name) is not None
+    }
+    return base.model_copy(update=update)
+
+
+def control_path(step: WorkflowStep) -> str:
+    """Where the step's pod leaves its control file: the loop's source path, else the default.
+
+    Non-loop steps get the default path too, so `steps.<name>.control` works for every step.
+    """
+    loop = step.loop
+    if loop is not None and loop.condition is not None:
+        return loop.condition.source.path
+    return DEFAULT_CONTROL_PATH
+
+
+def _merge_env(layers: Iterable[Iterable[EnvVar] | None]) -> list[dict[str, Any]]:
+    """Later layers override earlier ones by name; the first position of a name is kept."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for var in layer or ():
+            merged[var.name] = var.to_dict()
+    return list(merged.values())
+
+
+def resolve_container(
+    run: AgentRun, step: WorkflowStep, refs: References, config: OperatorConfig
+) -> ResolvedContainer:
+    """Container resolution (SPEC §3): step workload → run workload → Agent's provider → default.
+
+    A workload image brings its own command/args (the provider's would belong to another image); when
+    the image comes from the provider, a workload's command/args still override the provider's.
+    Environment is layered provider < Agent < workload, whatever supplied the image.
+    """
+    workload = effective_workload(run.spec.workload, step.workload)
+    env = _merge_env(
+        [
+            refs.provider.env if refs.provider else None,
+            refs.agent.env if refs.agent else None,
+            workload.env,
+        ]
+    )
+    step_image = step.workload.image if step.workload is not None else None
+    if workload.image is not None:
+        source = "step workload" if step_image is not None else "run workload"
+        return ResolvedContainer(workload.image, workload.command, workload.args, env, source)
+    if refs.provider is not None:
+        command = workload.command if workload.command is not None else refs.provider.command
+        args = workload.args if workload.args is not None else refs.provider.args
+        return ResolvedContainer(refs.provider.image, command, args, env, "agent provider")
+    return ResolvedContainer(config.runner_image, workload.command, workload.args, env, "operator default")
+
+
+def resolve_implementation(
+    run: AgentRun, step: WorkflowStep, refs: References
+) -> tuple[str | None, str | None]:
+    """(text, summary) of the task: the step's inline/ref, else the run's inline/ref, else none."""
+    for inline, ref in (
+        (step.implementation, step.implementation_spec_ref),
+        (run.spec.implementation, run.spec.implementation_spec_ref),
+    ):
+        if inline is not None:
+            return inline.inline.text, inline.inline.summary
+        if ref is not None:
+            spec = refs.implementation_specs.get(ref.name)
+            if spec is not None:
+                return spec.text, spec.summary
+            return None, None
+    return None, None
+
+
+def effective_parameters(run: AgentRun, step: WorkflowStep) -> dict[str, str]:
+    """The run's parameters with the step's laid over them."""
+    return {**(run.spec.parameters or {}), **(step.parameters or {})}
+
+
+def step_timeout_seconds(step: WorkflowStep, refs: References) -> int:
+    """Per-attempt timeout: the step's, else the Agent's default, else 0 (none)."""
+    defaults = refs.agent.defaults if refs.agent is not None else None
+    return step.effective_timeout_seconds(defaults.timeout_seconds if defaults else None)
+
+
+def step_retries(step: WorkflowStep, refs: References) -> int:
+    """Retries per iteration: the step's, else the Agent's default, else 0."""
+    defaults = refs.agent.defaults if refs.agent is not None else None
+    return step.effective_retries(defaults.retries if defaults else None)
+
+
+# ----------------------------------------------------------------------------------- env
+
+
+def param_env_name(name: str) -> str:
+    """`AGENTRUN_PARAM_<NAME>`: upper-cased, every non-alphanumeric character replaced by `_`."""
+    return "AGENTRUN_PARAM_" + _ENV_NAME_UNSAFE.sub("_", name).upper()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def agentrun_env(
+    run: AgentRun,
+    step: WorkflowStep,
+    attempt: PlannedAttempt,
+    refs: References,
+) -> list[dict[str, Any]]:
+    """The operator-injected environment of `main` (listed first, so `$(VAR)` can refer to it).
+
+    Parameter names that collide after sanitising (`a-b`, `a_b`) keep the first in sorted order; the
+    full map is always in `AGENTRUN_PARAMETERS`.
+    """
+    meta = run.metadata
+    parameters = effective_parameters(run, step)
+    env: dict[str, str] = {
+        "AGENTRUN_NAME": str(meta.get("name", "")),
+        "AGENTRUN_NAMESPACE": str(meta.get("namespace", "")),
+        "AGENTRUN_STEP": step.name,
+        "AGENTRUN_ITERATION": str(attempt.iteration),
+        "AGENTRUN_MAX_ITERATIONS": str(attempt.max_iterations),
+        "AGENTRUN_ATTEMPT": str(attempt.attempt),
+        "AGENTRUN_LOOP_CONTROL_PATH": control_path(step),
+        "AGENTRUN_PREVIOUS_CONTROL": _json(attempt.previous_control),
+        "AGENTRUN_ITEM": _json(attempt.item),
+        "AGENTRUN_ITEM_INDEX": "" if attempt.item_index is None else str(attempt.item_index),
+        "AGENTRUN_PARAMETERS": _json(parameters),
+    }
+    for key in sorted(parameters):
+        env.setdefault(param_env_name(key), parameters[key])
+    text, summary = resolve_implementation(run, step, refs)
+    env["AGENTRUN_IMPLEMENTATION_TEXT"] = text or ""
+    env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = summary or ""
+    return [{"name": name, "value": value} for name, value in env.items()]
+
+
+# ----------------------------------------------------------------------------------- volumes
+
+
+def _pod_volume(volume: WorkloadVolume) -> dict[str, Any]:
+    if volume.type == "pvc":
+        claim: dict[str, Any] = {"claimName": volume.claim_name}
+        if volume.read_only:
+            claim["readOnly"] = True
+        return {"name": volume.name, "persistentVolumeClaim": claim}
+    if volume.type == "secret":
+        return {"name": volume.name, "secret": {"secretName": volume.secret_name}}
+    empty: dict[str, Any] = {}
+    if volume.size_limit is not None:
+        empty["sizeLimit"] = volume.size_limit
+    if volume.medium:
+        empty["medium"] = volume.medium
+    return {"name": volume.name, "emptyDir": empty}
+
+
+def _mount(name: str, path: str, read_only: bool) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": name, "mountPath": path}
+    if read_only:
+        mount["readOnly"] = True
+    return mount
+
+
+def _under(path: str, mount_path: str) -> bool:
+    """True when `path` lies inside `mount_path` (component-wise: /work does not hold /workspace/x)."""
+    root = mount_path.rstrip("/") or "/"
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+def volume_holding(path: str, volumes: Iterable[WorkloadVolume]) -> WorkloadVolume | None:
+    """The volume whose mountPath is the longest prefix of `path` (the one the file is written to)."""
+    best: WorkloadVolume | None = None
+    for volume in volumes:
+        if _under(path, volume.mount_path) and (
+            best is None or len(volume.mount_path.rstrip("/")) > len(best.mount_path.rstrip("/"))
+        ):
+            best = volume
+    return best
+
+
+@dataclass(frozen=True)
+class _PodVolumes:
+    volumes: list[dict[str, Any]]
+    main_mounts: list[dict[str, Any]]
+    helper_mounts: list[dict[str, Any]]
+
+
+def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
+    """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path."""
+    user = list(workload.volumes or [])
+    volumes = [_pod_volume(v) for v in user]
+    main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
+    helper_mounts = [_mount(META_VOLUME, META_MOUNT, False)]
+    holder = volume_holding(path, user)
+    if holder is not None:
+        helper_mounts.append(_mount(holder.name, holder.mount_path, True))
+    else:
+        directory = posixpath.dirname(path) or "/"
+        volumes.append({"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}})
+        main_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, False))
+        helper_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, True))
+    volumes.append({"name": META_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
+    return _PodVolumes(volumes, main_mounts, helper_mounts)
+
+
+# ----------------------------------------------------------------------------------- containers
+
+
+def reporter_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
+    """The native sidecar that reports the control envelope via its termination message."""
+    return {
+        "name": REPORTER_CONTAINER,
+        "image": config.reporter_image,
+        "command": ["agentrun", "reporter", "report"],
+        "args": [
+            "--path",
+            path,
+            "--fingerprint",
+            FINGERPRINT_FILE,
+            "--termination-log",
+            TERMINATION_LOG,
+            "--wait-for-signal",
+            "--ready-file",
+            REPORTER_READY_FILE,
+        ],
+        "restartPolicy": "Always",
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "resources": HELPER_RESOURCES,
+        "volumeMounts": mounts,
+    }
+
+
+def fingerprint_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
+    """The init container that records the control file before `main` starts (stale detection)."""
+    return {
+        "name": FINGERPRINT_CONTAINER,
+        "image": config.reporter_image,
+        "command": ["agentrun", "reporter", "fingerprint"],
+        "args": [
+            "--path",
+            path,
+            "--out",
+            FINGERPRINT_FILE,
+            "--reporter-ready",
+            REPORTER_READY_FILE,
+        ],
+        "resources": HELPER_RESOURCES,
+        "volumeMounts": mounts,
+    }
+
+
+def main_container(
+    resolved: ResolvedContainer,
+    injected_env: list[dict[str, Any]],
+    workload: Workload,
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The `main` container. Injected `AGENTRUN_*` variables win over user variables of the same name."""
+    injected_names = {e["name"] for e in injected_env}
+    env = injected_env + [e for e in resolved.env if e["name"] not in injected_names]
+    container: dict[str, Any] = {"name": MAIN_CONTAINER, "image": resolved.image}
+    if resolved.command is not None:
+        container["command"] = list(resolved.command)
+    if resolved.args is not None:
+        container["args"] = list(resolved.args)
+    container["env"] = env
+    if workload.resources is not None:
+        container["resources"] = workload.resources.to_dict()
+    if mounts:
+        container["volumeMounts"] = mounts
+    return container
+
+
+# ----------------------------------------------------------------------------------- the Job
+
+
+def job_labels(run_name: str, step: WorkflowStep, attempt: PlannedAttempt) -> dict[str, str]:
+    """Labels on the Job and its pod template; the shell finds a run's Jobs and pods by them."""
+    return {
+        naming.LABEL_RUN: naming.label_value(run_name),
+        naming.LABEL_STEP: naming.label_value(step.name),
+        naming.LABEL_STEP_INDEX: str(attempt.step_index),
+        naming.LABEL_ITERATION: str(attempt.iteration),
+        naming.LABEL_ATTEMPT: str(attempt.attempt),
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+    }
+
+
+def owner_reference(run: AgentRun) -> dict[str, Any]:
+    """Controller owner reference: deleting the AgentRun garbage-collects its Jobs and pods."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentRun",
+        "name": str(run.metadata.get("name", "")),
+        "uid": str(run.metadata.get("uid", "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def iteration_job_name(run: AgentRun, attempt: PlannedAttempt) -> str:
+    """The deterministic Job name of a planned attempt (see `naming.job_name`)."""
+    return naming.job_name(
+        str(run.metadata.get("name", "")), attempt.step_index, attempt.iteration, attempt.attempt
+    )
+
+
+def _pod_spec(
+    run: AgentRun,
+    step: WorkflowStep,
+    attempt: PlannedAttempt,
+    refs: References,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    workload = effective_workload(run.spec.workload, step.workload)
+    path = control_path(step)
+    volumes = _pod_volumes(workload, path)
+    resolved = resolve_container(run, step, refs, config)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "initContainers": [
+            reporter_container(path, volumes.helper_mounts, config),
+            fingerprint_container(path, volumes.helper_mounts, config),
+        ],
+        "containers": [
+            main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
+        ],
+        "volumes": volumes.volumes,
+    }
+    if workload.service_account_name:
+        pod["serviceAccountName"] = workload.service_account_name
+    else:
+        pod["automountServiceAccountToken"] = False
+    if workload.node_selector:
+        pod["nodeSelector"] = dict(workload.node_selector)
+    if workload.tolerations:
+        pod["tolerations"] = [t.to_dict() for t in workload.tolerations]
+    return pod
+
+
+def build_iteration_job(
+    run: AgentRun,
+    attempt: PlannedAttempt,
+    refs: References,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    """The Job manifest of one iteration attempt (SPEC §5). Pure and deterministic.
+
+    `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
+    gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the
+    planner sets it once the attempt's result is safely recorded in the run's status.
+    """
+    step = effective_steps(run)[attempt.step_index - 1]
+    run_name = str(run.metadata.get("name", ""))
+    labels = job_labels(run_name, step, attempt)
+    annotations = {ANNOTATION_RUN_NAME: run_name}
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "completions": 1,
+        "parallelism": 1,
+        "template": {
+            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+            "spec": _pod_spec(run, step, attempt, refs, config),
+        },
+    }
+    timeout = step_timeout_seconds(step, refs)
+    if timeout > 0:
+        job_spec["activeDeadlineSeconds"] = timeout
+    metadata: dict[str, Any] = {
+        "name": iteration_job_name(run, attempt),
+        "labels": labels,
+        "annotations": annotations,
+        "ownerReferences": [owner_reference(run)],
+    }
+    namespace = run.metadata.get("namespace")
+    if namespace:
+        metadata["namespace"] = str(namespace)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}

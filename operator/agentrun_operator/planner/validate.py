@@ -1,0 +1,589 @@
+"""Validation of an AgentRun before its first Job (SPEC §4, the reference note's validation rules).
+
+Two entry points share every rule:
+
+- `validate_run` — the operator's check of a parsed run against this installation (feature flag,
+  iteration cap) and the referenced objects the shell observed;
+- `validate_manifest` — the offline check behind `agentrun validate FILE…`: parse errors become
+  problems too, and references are skipped (there is no cluster to look them up in).
+
+Every `Problem` names the field path, the bad value, what is wrong, how to fix it and a docs anchor,
+so a status message, an Event and a CLI line are each enough to act on without reading code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import BaseModel, ValidationError
+
+from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume
+from agentrun_operator.api.resources import (
+    Agent,
+    AgentProvider,
+    AgentProviderSpec,
+    AgentSpec,
+    ImplementationSpec,
+    ImplementationSpecSpec,
+)
+from agentrun_operator.celeval import CelCompileError, compile_expression, referenced_steps
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.builder import (
+    IMPLICIT_STEP_NAME,
+    RESERVED_VOLUME_PREFIX,
+    References,
+    effective_workload,
+)
+from agentrun_operator.planner.observed import Observed
+
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
+
+DOCS_CONCEPTS: Final = "docs/concepts.md"
+DOCS_API: Final = "docs/api.md"
+_MAX_VALUE_CHARS: Final = 120
+_SEE_DOCS: Final = re.compile(r"\s*See (docs/[\w./-]+#[\w-]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec, with everything a user needs to fix it.
+
+    `missing` is set (to `Kind/name`) when the problem is a referenced object that was not found:
+    the planner waits a little for those (users `kubectl apply -f dir/` in any order) before it
+    calls the run invalid.
+    """
+
+    path: str
+    value: Any
+    message: str
+    fix: str
+    docs: str
+    reason: str = REASON_INVALID_SPEC
+    missing: str | None = None
+
+    def render(self) -> str:
+        """`path: message (value: …; fix: …; see docs/…#anchor)` — one actionable line."""
+        value = format_value(self.value)
+        return f"{self.path}: {self.message} (value: {value}; fix: {self.fix}; see {self.docs})"
+
+
+def format_value(value: Any) -> str:
+    """A short JSON rendering of a bad value (long values are cut with an ellipsis)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
+
+
+def error_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a Kubernetes field path: `spec.workflow.steps[0].name`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out = f"{out}.{part}" if out else str(part)
+    return out
+
+
+def _concepts(anchor: str) -> str:
+    return f"{DOCS_CONCEPTS}#{anchor}"
+
+
+def _api(anchor: str) -> str:
+    return f"{DOCS_API}#{anchor}"
+
+
+# ----------------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class _StepView:
+    """A step with its field path prefix (`spec.workflow.steps[2]`, or `spec` for the implicit step)."""
+
+    step: WorkflowStep
+    path: str
+    index: int
+
+
+def _step_views(run: AgentRun) -> list[_StepView]:
+    if run.spec.workflow is None:
+        return [_StepView(WorkflowStep(name=IMPLICIT_STEP_NAME), "spec", 0)]
+    return [_StepView(step, f"spec.workflow.steps[{i}]", i) for i, step in enumerate(run.spec.workflow.steps)]
+
+
+def _effective_volumes(run: AgentRun, view: _StepView) -> tuple[list[WorkloadVolume], str]:
+    """The step's effective volumes and the field path they come from (step's list, else the run's)."""
+    if view.step.workload is not None and view.step.workload.volumes is not None:
+        return list(view.step.workload.volumes), f"{view.path}.workload.volumes"
+    workload = effective_workload(run.spec.workload, None)
+    return list(workload.volumes or []), "spec.workload.volumes"
+
+
+# ----------------------------------------------------------------------------------- rules
+
+
+def _runtime_problems(run: AgentRun, config: OperatorConfig, check_flag: bool) -> Iterator[Problem]:
+    spec = run.spec
+    workflow = spec.workflow
+    if spec.runtime.type == "job" and workflow is not None and len(workflow.steps) > 1:
+        yield Problem(
+            "spec.workflow.steps",
+            [s.name for s in workflow.steps],
+            f"runtime.type job runs a single Job, but the workflow has {len(workflow.steps)} steps",
+            "set spec.runtime.type: workflow, or keep one step",
+            _concepts("runtime-job"),
+        )
+    for view in _step_views(run):
+        if view.step.loop is None:
+            continue
+        if spec.runtime.type != "workflow":
+            yield Problem(
+                "spec.runtime.type",
+                spec.runtime.type,
+                f"step {view.step.name!r} has a loop, and loops are only valid with runtime.type workflow",
+                "set spec.runtime.type: workflow, or remove the loop",
+                _api("runtime-type"),
+            )
+        if check_flag and not config.loops_enabled:
+            yield Problem(
+                f"{view.path}.loop",
+                {"maxIterations": view.step.loop.max_iterations},
+                "workflow loops are disabled on this operator (feature flag off)",
+                "remove the loop, or ask the operator's admin to switch loops on "
+                "(AGENTS_CONTROLLER_WORKFLOW_LOOPS_ENABLED=true, set from the Helm chart's values)",
+                _concepts("feature-flag"),
+                reason=REASON_LOOPS_DISABLED,
+            )
+
+
+def _loop_problems(run: AgentRun, view: _StepView, config: OperatorConfig) -> Iterator[Problem]:
+    loop = view.step.loop
+    if loop is None:
+        return
+    path = f"{view.path}.loop"
+    if loop.max_iterations < 1:
+        yield Problem(
+            f"{path}.maxIterations",
+            loop.max_iterations,
+            "loop.maxIterations must be at least 1",
+            "set maxIterations: 1 or more",
+            _api("loop-maxiterations"),
+        )
+    elif loop.max_iterations > config.loop_max_iterations:
+        yield Problem(
+            f"{path}.maxIterations",
+            loop.max_iterations,
+            f"loop.maxIterations exceeds this operator's cap of {config.loop_max_iterations}",
+            f"set maxIterations to at most {config.loop_max_iterations}, or ask the operator's admin "
+            "to raise AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS",
+            _concepts("iteration-cap"),
+        )
+    condition = loop.condition
+    if condition is not None:
+        if condition.type != "cel":
+            yield Problem(
+                f"{path}.condition.type",
+                condition.type,
+                "loop.condition.type must be cel",
+                "set type: cel",
+                _api("loop-condition"),
+            )
+        if (condition.expression is None) == (condition.until is None):
+            yield Problem(
+                f"{path}.condition",
+                {"expression": condition.expression, "until": condition.until},
+                "loop.condition needs exactly one of expression (continue while true) "
+                "or until (stop when true)",
+                "keep exactly one of expression and until",
+                _api("loop-condition"),
+            )
+        if not condition.source.path.startswith("/"):
+            yield Problem(
+                f"{path}.condition.source.path",
+                condition.source.path,
+                "loop.condition.source.path must be an absolute path",
+                "start the path with '/', e.g. /workspace/.agentrun/loop-control.json",
+                _api("loop-condition-source"),
+            )
+    yield from _state_problems(run, view)
+
+
+def _state_problems(run: AgentRun, view: _StepView) -> Iterator[Problem]:
+    loop = view.step.loop
+    if loop is None or loop.state is None:
+        return
+    state = loop.state
+    path = f"{view.path}.loop.state"
+    names = list(state.volume_names or [])
+    volumes, volumes_path = _effective_volumes(run, view)
+    by_name = {v.name: v for v in volumes}
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            yield Problem(
+                f"{path}.volumeNames[{i}]",
+                name,
+                f"volume {name!r} is listed twice in loop.state.volumeNames",
+                "remove the duplicate name",
+                _concepts("loop-state"),
+            )
+        seen.add(name)
+        if name not in by_name:
+            known = sorted(by_name) or "none"
+            yield Problem(
+                f"{path}.volumeNames[{i}]",
+                name,
+                f"volume {name!r} is not among the step's effective workload volumes "
+                f"({volumes_path}: {known})",
+                f"add a volume named {name!r} to {volumes_path} (a step's volumes replace the run's), "
+                "or list an existing one",
+                _concepts("loop-state"),
+            )
+    if not state.required:
+        return
+    if not names:
+        yield Problem(
+            f"{path}.volumeNames",
+            names,
+            "loop.state.required is true but no state volume is listed",
+            "list the pvc volume(s) that carry state between iterations, e.g. volumeNames: [workspace]",
+            _concepts("loop-state"),
+        )
+        return
+    listed = [by_name[n] for n in names if n in by_name]
+    pvcs = [v for v in listed if v.type == "pvc"]
+    if listed and not pvcs:
+        yield Problem(
+            f"{path}.volumeNames",
+            names,
+            "loop.state.required is true but none of the listed volumes is of type pvc "
+            f"({', '.join(f'{v.name}: {v.type}' for v in listed)}); emptyDir and secret volumes do not "
+            "survive from one iteration's pod to the next",
+            "list a volume of type pvc (with claimName) that holds the state",
+            _concepts("loop-state"),
+        )
+    for volume in pvcs:
+        if volume.read_only:
+            yield Problem(
+                f"{volumes_path}[{volumes.index(volume)}].readOnly",
+                True,
+                f"state volume {volume.name!r} is mounted read-only, so iterations cannot change the state",
+                "remove readOnly: true from the state volume",
+                _concepts("loop-state"),
+            )
+
+
+def _volume_problems(run: AgentRun, observed: Observed | None) -> Iterator[Problem]:
+    """Every volume list in the spec (run's and each step's), checked once per list."""
+    lists: list[tuple[str, list[WorkloadVolume]]] = []
+    if run.spec.workload is not None and run.spec.workload.volumes is not None:
+        lists.append(("spec.workload.volumes", list(run.spec.workload.volumes)))
+    for view in _step_views(run):
+        if view.step.workload is not None and view.step.workload.volumes is not None:
+            lists.append((f"{view.path}.workload.volumes", list(view.step.workload.volumes)))
+    for list_path, volumes in lists:
+        yield from _volume_list_problems(list_path, volumes, observed)
+
+
+def _volume_list_problems(
+    list_path: str, volumes: list[WorkloadVolume], observed: Observed | None
+) -> Iterator[Problem]:
+    mount_paths: dict[str, str] = {}
+    for i, volume in enumerate(volumes):
+        path = f"{list_path}[{i}]"
+        if volume.type == "pvc" and not volume.claim_name:
+            yield Problem(
+                f"{path}.claimName",
+                volume.claim_name,
+                f"volume {volume.name!r} of type pvc has no claimName",
+                "add claimName: <the PersistentVolumeClaim to mount>",
+                _api("workload-volumes"),
+            )
+        if volume.type == "secret" and not volume.secret_name:
+            yield Problem(
+                f"{path}.secretName",
+                volume.secret_name,
+                f"volume {volume.name!r} of type secret has no secretName",
+                "add secretName: <the Secret to mount>",
+                _api("workload-volumes"),
+            )
+        if volume.name.startswith(RESERVED_VOLUME_PREFIX):
+            yield Problem(
+                f"{path}.name",
+                volume.name,
+                f"volume names starting with {RESERVED_VOLUME_PREFIX!r} are reserved for the operator's own "
+                "volumes in the iteration pod",
+                "rename the volume",
+                _concepts("iteration-pod"),
+            )
+        normalized = volume.mount_path.rstrip("/") or "/"
+        if normalized in mount_paths:
+            yield Problem(
+                f"{path}.mountPath",
+                volume.mount_path,
+                f"volumes {mount_paths[normalized]!r} and {volume.name!r} are mounted at the same path",
+                "give each volume its own mountPath",
+                _api("workload-volumes"),
+            )
+        mount_paths.setdefault(normalized, volume.name)
+        if (
+            observed is not None
+            and observed.pvc_names is not None
+            and volume.type == "pvc"
+            and volume.claim_name
+            and volume.claim_name not in observed.pvc_names
+        ):
+            yield Problem(
+                f"{path}.claimName",
+                volume.claim_name,
+                f"PersistentVolumeClaim {volume.claim_name!r} does not exist in the namespace "
+                "(the iteration pod could never start)",
+                f"create the PersistentVolumeClaim {volume.claim_name!r}, or name an existing one",
+                _concepts("references"),
+                missing=f"PersistentVolumeClaim/{volume.claim_name}",
+            )
+
+
+def _cel_problems(run: AgentRun) -> Iterator[Problem]:
+    """Every expression compiles, and `steps.X` in step i names one of the steps before i."""
+    views = _step_views(run)
+    for view in views:
+        earlier = [v.step.name for v in views[: view.index]]
+        for path, expression in _expressions(view):
+            try:
+                compiled = compile_expression(expression)
+            except CelCompileError as exc:
+                yield Problem(
+                    path,
+                    expression,
+                    str(exc),
+                    "correct the expression; it may read iteration, step, run and steps.<earlier step>",
+                    _concepts("cel-expressions"),
+                )
+                continue
+            for name in sorted(referenced_steps(compiled)):
+                if name in earlier:
+                    continue
+                where = (
+                    "itself" if name == view.step.name else "a later step" if _is_step(views, name) else None
+                )
+                what = f"step {name!r} is {where}" if where else f"there is no step named {name!r}"
+                yield Problem(
+                    path,
+                    expression,
+                    f"the expression reads steps.{name}, but {what}; only earlier steps "
+                    f"({', '.join(earlier) or 'none'}) are in the context",
+                    "refer only to steps listed before this one, or reorder the steps",
+                    _concepts("cel-expressions"),
+                )
+
+
+def _is_step(views: list[_StepView], name: str) -> bool:
+    return any(v.step.name == name for v in views)
+
+
+def _expressions(view: _StepView) -> Iterator[tuple[str, str]]:
+    step = view.step
+    if step.when is not None:
+        yield f"{view.path}.when", step.when
+    loop = step.loop
+    if loop is None:
+        return
+    if loop.items is not None:
+        yield f"{view.path}.loop.items", loop.items
+    if loop.condition is not None:
+        if loop.condition.expression is not None:
+            yield f"{view.path}.loop.condition.expression", loop.condition.expression
+        if loop.condition.until is not None:
+            yield f"{view.path}.loop.condition.until", loop.condition.until
+
+
+# ----------------------------------------------------------------------------------- references
+
+
+@dataclass(frozen=True)
+class ReferenceResolution:
+    """The parsed referenced objects, and a problem for each one that is missing or malformed."""
+
+    refs: References
+    problems: tuple[Problem, ...]
+
+
+def _lookup(
+    table: Mapping[str, dict[str, Any] | None],
+    name: str,
+    kind: str,
+    model: type[BaseModel],
+    path: str,
+) -> tuple[Any, Problem | None]:
+    """Parse the observed spec of `kind/name`; an absent key counts as not found (the shell looks
+    up every referenced name, so absence means it found nothing)."""
+    raw = table.get(name)
+    if raw is None:
+        return None, Problem(
+            path,
+            name,
+            f"{kind} {name!r} does not exist in the run's namespace",
+            f"create {kind} {name!r} (kubectl apply it), or correct the name",
+            _concepts("references"),
+            missing=f"{kind}/{name}",
+        )
+    try:
+        return model.model_validate(raw), None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = error_path(tuple(first["loc"])) or "spec"
+        return None, Problem(
+            path,
+            name,
+            f"{kind} {name!r} has an invalid spec ({where}: {first['msg']})",
+            f"fix {kind} {name!r} (agentrun validate can check it)",
+            _concepts("references"),
+        )
+
+
+def resolve_references(run: AgentRun, observed: Observed) -> ReferenceResolution:
+    """Look up the Agent (and its AgentProvider) and every ImplementationSpec the run names."""
+    problems: list[Problem] = []
+    agent: AgentSpec | None = None
+    provider: AgentProviderSpec | None = None
+    if run.spec.agent_ref is not None:
+        agent, problem = _lookup(
+            observed.agents, run.spec.agent_ref.name, "Agent", AgentSpec, "spec.agentRef.name"
+        )
+        problems += [problem] if problem else []
+        if agent is not None and agent.provider_ref is not None:
+            provider, problem = _lookup(
+                observed.providers,
+                agent.provider_ref.name,
+                "AgentProvider",
+                AgentProviderSpec,
+                "spec.agentRef.name",
+            )
+            if problem is not None:
+                problems.append(_via_agent(problem, run.spec.agent_ref.name))
+    impl_specs: dict[str, ImplementationSpecSpec] = {}
+    for path, name in _implementation_refs(run):
+        if name in impl_specs:
+            continue
+        spec, problem = _lookup(
+            observed.implementation_specs, name, "ImplementationSpec", ImplementationSpecSpec, path
+        )
+        if spec is not None:
+            impl_specs[name] = spec
+        elif problem is not None and not any(
+            p.missing == problem.missing and p.path == path for p in problems
+        ):
+            problems.append(problem)
+    return ReferenceResolution(References(agent, provider, impl_specs), tuple(problems))
+
+
+def _via_agent(problem: Problem, agent_name: str) -> Problem:
+    """Say that the provider is missing *through* the Agent, since the run does not name it."""
+    return Problem(
+        problem.path,
+        problem.value,
+        f"Agent {agent_name!r} uses providerRef {problem.value!r}, but {problem.message}",
+        problem.fix,
+        problem.docs,
+        problem.reason,
+        problem.missing,
+    )
+
+
+def _implementation_refs(run: AgentRun) -> Iterator[tuple[str, str]]:
+    if run.spec.implementation_spec_ref is not None:
+        yield "spec.implementationSpecRef.name", run.spec.implementation_spec_ref.name
+    for view in _step_views(run):
+        if view.step.implementation_spec_ref is not None:
+            yield f"{view.path}.implementationSpecRef.name", view.step.implementation_spec_ref.name
+
+
+# ----------------------------------------------------------------------------------- entry points
+
+
+def _spec_problems(
+    run: AgentRun, observed: Observed | None, config: OperatorConfig, check_flag: bool
+) -> list[Problem]:
+    problems: list[Problem] = list(_runtime_problems(run, config, check_flag))
+    for view in _step_views(run):
+        problems.extend(_loop_problems(run, view, config))
+    problems.extend(_volume_problems(run, observed))
+    problems.extend(_cel_problems(run))
+    return problems
+
+
+def validate_run(run: AgentRun, observed: Observed, config: OperatorConfig) -> list[Problem]:
+    """All problems of `run` on this installation; empty when it may start.
+
+    Includes the feature flag, the iteration cap, every CEL expression, volumes, and the referenced
+    Agent/AgentProvider/ImplementationSpec objects and PVCs the shell observed (problems with
+    `missing` set; the planner gives those a grace period before calling the run invalid).
+    """
+    problems = _spec_problems(run, observed, config, check_flag=True)
+    problems.extend(resolve_references(run, observed).problems)
+    return problems
+
+
+def validate_static(run: AgentRun, config: OperatorConfig, *, check_flag: bool = True) -> list[Problem]:
+    """The rules that need no cluster: everything but referenced objects."""
+    return _spec_problems(run, None, config, check_flag)
+
+
+_KIND_MODELS: Final[dict[str, type[BaseModel]]] = {
+    "AgentRun": AgentRun,
+    "Agent": Agent,
+    "AgentProvider": AgentProvider,
+    "ImplementationSpec": ImplementationSpec,
+}
+
+
+def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Problem]:
+    """Offline validation of one manifest of any of our kinds (AgentRun, Agent, AgentProvider,
+    ImplementationSpec). Parse errors become problems with their field path; references are skipped.
+    """
+    kind = obj.get("kind")
+    model = _KIND_MODELS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        return [
+            Problem(
+                "kind",
+                kind,
+                f"unknown kind {kind!r} for {obj.get('apiVersion')}",
+                f"use one of {', '.join(_KIND_MODELS)}",
+                DOCS_API,
+            )
+        ]
+    try:
+        parsed = model.model_validate(obj)
+    except ValidationError as err:
+        docs = _api(f"fields-{str(kind).lower()}")
+        return [_problem_from_error(item, docs) for item in err.errors()]
+    if isinstance(parsed, AgentRun):
+        return validate_static(parsed, config)
+    return []
+
+
+def _problem_from_error(item: Any, docs: str) -> Problem:
+    """A pydantic error item as a Problem; our rule messages carry `…; fix. See docs/…#anchor`."""
+    loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    path = error_path(loc) or "(root)"
+    text = str(item["msg"]).removeprefix("Value error, ")
+    match = _SEE_DOCS.search(text)
+    if match:
+        docs = match.group(1)
+        text = text[: match.start()]
+    if item["type"] == "extra_forbidden":
+        return Problem(path, item.get("input"), "unknown field", "check the spelling against the API", docs)
+    if item["type"] == "missing":
+        field = path.rsplit(".", 1)[-1]
+        return Problem(path, None, "required field is missing", f"add {field}", docs)
+    message, _, fix = text.rstrip(".").partition("; ")
+    return Problem(path, item.get("input"), message, fix or "correct the value", docs)

@@ -1,0 +1,112 @@
+"""`agentrun validate FILE…`: the operator's own validation, offline, with one actionable line per problem.
+
+Every YAML document of our API group is checked with its own model (AgentRun, Agent, AgentProvider,
+ImplementationSpec); AgentRuns also get every rule the operator applies before the first Job except
+those that need the cluster (referenced objects). Documents of other groups (a PVC next to the run,
+say) are skipped. Output, one line per problem:
+
+    FILE: AgentRun/NAME: field.path: message (value: …; fix: …; see docs/…#anchor)
+
+Exit status: 0 when everything is valid, 1 when any problem (or unreadable file) was found.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from agentrun_operator.api import GROUP
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.validate import Problem, validate_manifest
+
+
+@dataclass(frozen=True)
+class _Document:
+    source: str
+    index: int  # 0-based position in the file, for documents without a name
+    body: Any
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _documents(path: str, text: str) -> Iterator[_Document]:
+    for index, body in enumerate(yaml.safe_load_all(text)):
+        if body is not None:
+            yield _Document(path, index, body)
+
+
+def _label(doc: _Document) -> str:
+    """`Kind/name` of a document, or `document N` when it has neither."""
+    body = doc.body if isinstance(doc.body, dict) else {}
+    kind = body.get("kind") or "?"
+    metadata = body.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return f"{kind}/{name}" if name else f"{kind} (document {doc.index + 1})"
+
+
+def _is_ours(body: Any) -> bool:
+    api_version = body.get("apiVersion") if isinstance(body, dict) else None
+    return isinstance(api_version, str) and api_version.split("/", 1)[0] == GROUP
+
+
+def _not_an_object(doc: _Document) -> Problem:
+    return Problem(
+        "(document)",
+        type(doc.body).__name__,
+        "is not a Kubernetes object (a mapping with apiVersion and kind)",
+        "remove the document or write it as an object",
+        "docs/api.md",
+    )
+
+
+def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int]:
+    """Validate every document of `path`, printing each problem; returns (objects checked, problems)."""
+    try:
+        documents = list(_documents(path, _read(path)))
+    except OSError as exc:
+        print(f"{path}: cannot read the file: {exc.strerror or exc}", file=out)
+        return 0, 1
+    except yaml.YAMLError as exc:
+        print(f"{path}: not valid YAML: {' '.join(str(exc).split())}", file=out)
+        return 0, 1
+    checked = problems = 0
+    for doc in documents:
+        if not isinstance(doc.body, dict):
+            print(f"{path}: {_label(doc)}: {_not_an_object(doc).render()}", file=out)
+            problems += 1
+            continue
+        if not _is_ours(doc.body):
+            continue
+        checked += 1
+        for problem in validate_manifest(doc.body, config):
+            print(f"{path}: {_label(doc)}: {problem.render()}", file=out)
+            problems += 1
+    return checked, problems
+
+
+def main(paths: list[str], loops_enabled: bool = True, max_iterations: int | None = None) -> int:
+    """Validate the files as this installation would; `max_iterations` is its cap (default 20)."""
+    defaults = OperatorConfig()
+    config = OperatorConfig(
+        loops_enabled=loops_enabled,
+        loop_max_iterations=max_iterations if max_iterations is not None else defaults.loop_max_iterations,
+    )
+    checked = problems = 0
+    for path in paths:
+        file_checked, file_problems = check_file(path, config, sys.stdout)
+        checked += file_checked
+        problems += file_problems
+    if problems:
+        print(f"{problems} problem(s) found in {len(paths)} file(s)", file=sys.stderr)
+        return 1
+    print(f"{checked} object(s) valid", file=sys.stderr)
+    return 0

@@ -1,0 +1,67 @@
+"""Micro-benchmark of `plan()` (not a test: prints p50/p95, asserts nothing).
+
+Run: .venv/bin/python tests/unit/bench_planner.py
+
+Cases: a steady-state re-plan of a running iteration (the common reconcile), and the transition
+"iteration succeeded → evaluate CEL → create the next Job", each with a short history and with a full
+history of 50 records. Parsing the AgentRun is the shell's job and is excluded.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.plan import plan
+from tests.unit.planner_world import World, loop_step, manifest
+
+CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=1000, loop_status_history_limit=50)
+CONTINUE = "iteration.last.control.continue == true"
+
+
+def _world_at(iterations_done: int, expression: str | None) -> World:
+    work = loop_step("impl", 500, expression=expression, retries=2)
+    world = World(manifest([{"name": "prep"}, work]), config=CONFIG)
+    world.plan()
+    world.succeed(control={"ready": True})
+    world.plan()
+    for _ in range(iterations_done):
+        world.succeed(control={"continue": True, "outputs": {"summary": "did a thing", "left": 3}})
+        world.plan()
+        world.ttl_sweep()
+    world.plan()
+    return world
+
+
+def _measure(label: str, world: World, rounds: int = 2000) -> None:
+    call = functools.partial(plan, world.agentrun(), world.observed(), world.now, CONFIG)
+    for _ in range(50):
+        call()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1e6)
+    samples.sort()
+    p50 = statistics.median(samples)
+    p95 = samples[int(len(samples) * 0.95)]
+    print(f"{label:<52} p50 {p50:7.0f} µs   p95 {p95:7.0f} µs")
+
+
+def main() -> None:
+    for kind, expression in (("conditional", CONTINUE), ("fixed", None)):
+        for done in (3, 60):
+            world = _world_at(done, expression)
+            _measure(f"{kind}: steady re-plan, {done} iterations done", world)
+            world.succeed(control={"continue": True})
+            _measure(f"{kind}: iteration done -> next Job, {done} done", world)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""A planner-level simulation of the cluster for the planner tests (not a fake Kubernetes API).
+
+`World` holds plain `ObservedJob`/`ObservedPod` values and a persisted status. `plan()` calls the
+real planner with them and applies its actions the way the shell would (create = adopt when the
+name exists, delete marks pods as terminating, TTLs are recorded). Tests then finish pods with
+`succeed`/`fail`/`deadline`/`vanish` and move the clock with `advance`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, AgentRunStatus, parse_agentrun
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope, parse_control_payload
+from agentrun_operator.planner.actions import (
+    ClaimIdempotencyKey,
+    CreateJob,
+    DeleteJob,
+    DeleteRun,
+    EmitEvent,
+    Requeue,
+    SetJobTTL,
+)
+from agentrun_operator.planner.observed import IdempotencyClaim, Observed, ObservedJob, ObservedPod
+from agentrun_operator.planner.plan import Plan, plan
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+LOOPS_ON = OperatorConfig(loops_enabled=True)
+
+
+def manifest(
+    steps: list[dict[str, Any]] | None = None,
+    *,
+    name: str = "run",
+    volumes: list[dict[str, Any]] | None = None,
+    image: str | None = "busybox",
+    **spec: Any,
+) -> dict[str, Any]:
+    """An AgentRun manifest with a `workspace` PVC; `steps=None` gives one plain step `a`."""
+    workload: dict[str, Any] = {
+        "volumes": volumes
+        if volumes is not None
+        else [{"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}]
+    }
+    if image is not None:
+        workload["image"] = image
+    body: dict[str, Any] = {"runtime": {"type": "workflow"}, "workload": workload}
+    body["workflow"] = {"steps": steps if steps is not None else [{"name": "a"}]}
+    body.update(spec)
+    return {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": "2026-03-01T12:00:00Z",
+        },
+        "spec": body,
+    }
+
+
+def loop_step(
+    name: str = "a",
+    max_iterations: int = 3,
+    *,
+    expression: str | None = None,
+    until: str | None = None,
+    on_missing: str = "stop",
+    on_invalid: str = "fail",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A looped step; with `expression`/`until` it is conditional, else fixed."""
+    loop: dict[str, Any] = {"maxIterations": max_iterations}
+    if expression is not None or until is not None:
+        condition: dict[str, Any] = {
+            "type": "cel",
+            "source": {"onMissing": on_missing, "onInvalid": on_invalid},
+        }
+        if expression is not None:
+            condition["expression"] = expression
+        if until is not None:
+            condition["until"] = until
+        loop["condition"] = condition
+    loop.update(extra.pop("loop", {}))
+    return {"name": name, "loop": loop, **extra}
+
+
+def envelope_found(control: dict[str, Any], path: str = DEFAULT_CONTROL_PATH) -> str:
+    return encode_envelope(
+        ControlEnvelope(status="found", path=path, size=len(str(control)), control=control)
+    )
+
+
+def envelope_from_bytes(data: bytes, path: str = DEFAULT_CONTROL_PATH) -> str:
+    """What the reporter would report for a control file with exactly these bytes."""
+    return encode_envelope(parse_control_payload(data, path))
+
+
+def envelope_status(status: str, reason: str, path: str = DEFAULT_CONTROL_PATH) -> str:
+    return encode_envelope(ControlEnvelope(status=status, path=path, reason=reason))  # type: ignore[arg-type]
+
+
+@dataclass
+class World:
+    """Jobs, pods, referenced objects and the persisted status of one AgentRun."""
+
+    spec_manifest: dict[str, Any]
+    config: OperatorConfig = LOOPS_ON
+    now: datetime = T0
+    status: AgentRunStatus | None = None
+    jobs: dict[str, ObservedJob] = field(default_factory=dict)
+    pods: dict[str, ObservedPod] = field(default_factory=dict)
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    agents: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pvc_names: frozenset[str] | None = None
+    claim: IdempotencyClaim | None = None
+    claim_checked: bool = True
+    events: list[EmitEvent] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    plans: list[Plan] = field(default_factory=list)
+    run_deleted: bool = False
+    last_requeue: float | None = None
+    _uids: int = 0
+
+    # ------------------------------------------------------------------ planning
+
+    def agentrun(self) -> AgentRun:
+        obj = copy.deepcopy(self.spec_manifest)
+        if self.status is not None:
+            obj["status"] = self.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return parse_agentrun(obj)
+
+    def observed(self) -> Observed:
+        return Observed(
+            jobs=tuple(self.jobs.values()),
+            pods=tuple(self.pods.values()),
+            claim=self.claim,
+            claim_checked=self.claim_checked,
+            agents=self.agents,
+            providers=self.providers,
+            implementation_specs=self.implementation_specs,
+            pvc_names=self.pvc_names,
+        )
+
+    def plan(self, *, persist: bool = True, apply: bool = True) -> Plan:
+        """One reconcile: plan, apply the actions, persist the status (unless the write is 'lost')."""
+        result = plan(self.agentrun(), self.observed(), self.now, self.config)
+        self.plans.append(result)
+        if apply:
+            self.apply(result)
+        if persist:
+            self.status = result.status
+        return result
+
+    def apply(self, result: Plan) -> None:
+        self.last_requeue = None
+        for action in result.actions:
+            if isinstance(action, CreateJob):
+                self._create(action)
+            elif isinstance(action, DeleteJob):
+                self._delete(action.name)
+            elif isinstance(action, SetJobTTL):
+                if action.name in self.jobs:
+                    self.jobs[action.name] = replace(
+                        self.jobs[action.name], ttl_seconds_after_finished=action.seconds
+                    )
+            elif isinstance(action, ClaimIdempotencyKey):
+                if self.claim is None:
+                    meta = self.spec_manifest["metadata"]
+                    self.claim = IdempotencyClaim(action.name, meta["uid"], meta["name"])
+            elif isinstance(action, EmitEvent):
+                self.events.append(action)
+            elif isinstance(action, DeleteRun):
+                self.run_deleted = True
+            elif isinstance(action, Requeue):
+                self.last_requeue = action.after_seconds
+
+    def _create(self, action: CreateJob) -> None:
+        name = action.name
+        if name in self.jobs:
+            return  # adopt: the shell treats AlreadyExists as success
+        labels = action.manifest["metadata"]["labels"]
+        self._uids += 1
+        self.jobs[name] = ObservedJob(
+            name=name,
+            uid=f"job-uid-{self._uids}",
+            step_index=int(labels["agents.proompteng.ai/step-index"]),
+            iteration=int(labels["agents.proompteng.ai/iteration"]),
+            attempt=int(labels["agents.proompteng.ai/attempt"]),
+            outcome="Active",
+            started_at=self.now,
+        )
+        self.pods[f"{name}-pod"] = ObservedPod(name=f"{name}-pod", job_name=name, phase="Running")
+        self.manifests[name] = action.manifest
+        self.created.append(name)
+
+    def _delete(self, name: str) -> None:
+        if name in self.jobs:
+            del self.jobs[name]
+            self.deleted.append(name)
+        for pod_name, pod in list(self.pods.items()):
+            if pod.job_name == name and not pod.terminal:
+                self.pods[pod_name] = replace(pod, deleting=True)
+            elif pod.job_name == name:
+                del self.pods[pod_name]
+
+    # ------------------------------------------------------------------ the cluster moves
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def settle(self) -> None:
+        """Terminating pods finish terminating (the kubelet killed them)."""
+        for pod_name, pod in list(self.pods.items()):
+            if pod.deleting:
+                del self.pods[pod_name]
+
+    def live_jobs(self) -> list[str]:
+        return [j.name for j in self.jobs.values() if not j.finished]
+
+    def active(self) -> str:
+        live = self.live_jobs()
+        assert len(live) == 1, f"expected exactly one live Job, got {live}"
+        return live[0]
+
+    def _finish(self, name: str, outcome: str, pod_phase: str, **pod_fields: Any) -> None:
+        job = self.jobs[name]
+        self.jobs[name] = replace(job, outcome=outcome, finished_at=self.now)  # type: ignore[arg-type]
+        pod_name = f"{name}-pod"
+        if pod_name in self.pods:
+            self.pods[pod_name] = replace(
+                self.pods[pod_name], phase=pod_phase, finished_at=self.now, **pod_fields
+            )
+
+    def succeed(
+        self,
+        name: str | None = None,
+        *,
+        control: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> None:
+        """The attempt succeeds; the reporter reports `control` (or the raw envelope `message`)."""
+        name = name or self.active()
+        if message is None:
+            message = (
+                envelope_found(control)
+                if control is not None
+                else envelope_status("missing", "no file at /workspace/.agentrun/loop-control.json")
+            )
+        self._finish(name, "Succeeded", "Succeeded", reporter_message=message, main_exit_code=0)
+
+    def fail(self, name: str | None = None, exit_code: int = 1) -> None:
+        name = name or self.active()
+        self._finish(name, "Failed", "Failed", main_exit_code=exit_code, main_reason="Error")
+
+    def deadline(self, name: str | None = None) -> None:
+        """activeDeadlineSeconds fired: the Job fails; its pod is still being killed."""
+        name = name or self.active()
+        job = self.jobs[name]
+        self.jobs[name] = replace(job, outcome="DeadlineExceeded", finished_at=self.now, message="deadline")
+        pod_name = f"{name}-pod"
+        if pod_name in self.pods:
+            self.pods[pod_name] = replace(self.pods[pod_name], deleting=True)
+
+    def vanish(self, name: str | None = None) -> None:
+        """Someone deleted the Job and its pods."""
+        name = name or self.active()
+        self.jobs.pop(name, None)
+        for pod_name, pod in list(self.pods.items()):
+            if pod.job_name == name:
+                del self.pods[pod_name]
+
+    def ttl_sweep(self) -> None:
+        """The TTL controller removes finished Jobs that have a TTL (the TTL is taken as elapsed)."""
+        for name, job in list(self.jobs.items()):
+            if job.finished and job.ttl_seconds_after_finished is not None:
+                self.vanish(name)
+
+    # ------------------------------------------------------------------ driving
+
+    @property
+    def phase(self) -> str | None:
+        return self.status.phase if self.status else None
+
+    def step_status(self, index: int = 0) -> Any:
+        assert self.status is not None and self.status.workflow is not None
+        return self.status.workflow.steps[index]
+
+    def event_reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+    def drive(self, outcome: Callable[[World, str], None], max_plans: int = 500) -> None:
+        """Plan until the run is finished; `outcome(world, job)` finishes each live Job."""
+        for _ in range(max_plans):
+            self.plan()
+            if self.phase in ("Succeeded", "Failed", "Cancelled"):
+                return
+            live = self.live_jobs()
+            if live:
+                outcome(self, live[0])
+            else:
+                self.settle()
+                self.advance(self.last_requeue or 1.0)
+        raise AssertionError(f"run did not finish within {max_plans} plans: {self.status}")

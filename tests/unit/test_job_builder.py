@@ -1,0 +1,444 @@
+"""The iteration Job manifest (SPEC §5): names, labels, env, volumes, the reporter, container resolution."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentrun_operator import naming
+from agentrun_operator.api import AgentRun, parse_agentrun
+from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs import (
+    ANNOTATION_RUN_NAME,
+    CONTROL_FALLBACK_VOLUME,
+    META_VOLUME,
+    PlannedAttempt,
+    References,
+    build_iteration_job,
+)
+
+CONFIG = OperatorConfig(runner_image="runner:1", reporter_image="operator:1")
+PVC = {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
+
+
+def run_of(spec: dict[str, Any], name: str = "demo") -> AgentRun:
+    spec.setdefault("workflow", {"steps": [{"name": "work"}]})
+    return parse_agentrun(
+        {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": name, "namespace": "team", "uid": "uid-1"},
+            "spec": spec,
+        }
+    )
+
+
+def build(
+    spec: dict[str, Any],
+    attempt: PlannedAttempt | None = None,
+    refs: References | None = None,
+    name: str = "demo",
+) -> dict[str, Any]:
+    return build_iteration_job(
+        run_of(spec, name), attempt or PlannedAttempt(1, 1, 1), refs or References(), CONFIG
+    )
+
+
+def pod(job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = job["spec"]["template"]["spec"]
+    return spec
+
+
+def main(job: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = pod(job)["containers"][0]
+    return container
+
+
+def env(job: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in main(job)["env"]}
+
+
+def init(job: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in pod(job)["initContainers"] if c["name"] == name)
+
+
+# ----------------------------------------------------------------------------------- identity
+
+
+def test_name_labels_annotation_and_owner() -> None:
+    job = build({"workload": {"image": "img"}}, PlannedAttempt(1, 2, 3, max_iterations=5))
+    meta = job["metadata"]
+    assert meta["name"] == "demo-step-1-iter-2-attempt-3"
+    assert meta["namespace"] == "team"
+    expected_labels = {
+        naming.LABEL_RUN: "demo",
+        naming.LABEL_STEP: "work",
+        naming.LABEL_STEP_INDEX: "1",
+        naming.LABEL_ITERATION: "2",
+        naming.LABEL_ATTEMPT: "3",
+        naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
+    }
+    assert meta["labels"] == expected_labels
+    assert job["spec"]["template"]["metadata"]["labels"] == expected_labels
+    assert meta["annotations"] == {ANNOTATION_RUN_NAME: "demo"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": "AgentRun",
+            "name": "demo",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def test_long_run_names_are_cut_to_63_characters_with_a_hash() -> None:
+    long_name = "a-very-long-agentrun-name-that-goes-on-and-on-and-on-for-a-while"
+    steps = [{"name": f"s{i}"} for i in range(1, 13)]
+    job = build(
+        {"workload": {"image": "img"}, "workflow": {"steps": steps}},
+        PlannedAttempt(12, 345, 6),
+        name=long_name,
+    )
+    name = job["metadata"]["name"]
+    assert len(name) <= 63
+    assert name.endswith("-step-12-iter-345-attempt-6")
+    assert name == naming.job_name(long_name, 12, 345, 6)
+    other = naming.job_name(long_name + "x", 12, 345, 6)
+    assert other != name and len(other) <= 63
+    label = job["metadata"]["labels"][naming.LABEL_RUN]
+    assert len(label) <= 63 and label == naming.label_value(long_name)
+    assert job["metadata"]["annotations"][ANNOTATION_RUN_NAME] == long_name
+
+
+def test_the_manifest_is_deterministic_and_json() -> None:
+    spec = {"workload": {"image": "img"}, "parameters": {"b": "2", "a": "1"}}
+    first = build(spec, PlannedAttempt(1, 1, 1, previous_control={"z": 1, "a": 2}))
+    second = build(spec, PlannedAttempt(1, 1, 1, previous_control={"a": 2, "z": 1}))
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------------- Job spec
+
+
+def test_job_spec_basics() -> None:
+    job = build({"workload": {"image": "img"}})
+    assert job["spec"]["backoffLimit"] == 0
+    assert pod(job)["restartPolicy"] == "Never"
+    assert "ttlSecondsAfterFinished" not in job["spec"]
+    assert "activeDeadlineSeconds" not in job["spec"]
+    assert pod(job)["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod(job)
+
+
+def test_active_deadline_from_step_timeout_or_agent_default() -> None:
+    job = build(
+        {"workload": {"image": "img"}, "workflow": {"steps": [{"name": "work", "timeoutSeconds": 90}]}}
+    )
+    assert job["spec"]["activeDeadlineSeconds"] == 90
+    zero = build(
+        {"workload": {"image": "img"}, "workflow": {"steps": [{"name": "work", "timeoutSeconds": 0}]}}
+    )
+    assert "activeDeadlineSeconds" not in zero["spec"]
+    agent = AgentSpec.model_validate({"defaults": {"timeoutSeconds": 45}})
+    from_agent = build({"workload": {"image": "img"}}, refs=References(agent=agent))
+    assert from_agent["spec"]["activeDeadlineSeconds"] == 45
+
+
+def test_service_account_enables_the_token() -> None:
+    job = build({"workload": {"image": "img", "serviceAccountName": "agent-sa"}})
+    assert pod(job)["serviceAccountName"] == "agent-sa"
+    assert "automountServiceAccountToken" not in pod(job)
+
+
+def test_scheduling_and_resources_pass_through() -> None:
+    job = build(
+        {
+            "workload": {
+                "image": "img",
+                "nodeSelector": {"pool": "gpu"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "resources": {"requests": {"cpu": "500m"}, "limits": {"memory": "1Gi"}},
+            }
+        }
+    )
+    assert pod(job)["nodeSelector"] == {"pool": "gpu"}
+    assert pod(job)["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert main(job)["resources"] == {"requests": {"cpu": "500m"}, "limits": {"memory": "1Gi"}}
+
+
+# ----------------------------------------------------------------------------------- env
+
+
+def test_injected_environment() -> None:
+    spec = {
+        "workload": {"image": "img"},
+        "parameters": {"repo": "lab", "branch-name": "main"},
+        "implementation": {"inline": {"text": "do it", "summary": "short"}},
+        "workflow": {
+            "steps": [
+                {
+                    "name": "work",
+                    "parameters": {"repo": "override"},
+                    "loop": {"maxIterations": 4, "items": "[1]"},
+                }
+            ]
+        },
+    }
+    attempt = PlannedAttempt(
+        1, 2, 3, max_iterations=4, previous_control={"continue": True}, item={"k": 1}, item_index=1
+    )
+    values = env(build(spec, attempt))
+    assert values["AGENTRUN_NAME"] == "demo"
+    assert values["AGENTRUN_NAMESPACE"] == "team"
+    assert values["AGENTRUN_STEP"] == "work"
+    assert values["AGENTRUN_ITERATION"] == "2"
+    assert values["AGENTRUN_MAX_ITERATIONS"] == "4"
+    assert values["AGENTRUN_ATTEMPT"] == "3"
+    assert values["AGENTRUN_LOOP_CONTROL_PATH"] == "/workspace/.agentrun/loop-control.json"
+    assert json.loads(values["AGENTRUN_PREVIOUS_CONTROL"]) == {"continue": True}
+    assert json.loads(values["AGENTRUN_ITEM"]) == {"k": 1}
+    assert values["AGENTRUN_ITEM_INDEX"] == "1"
+    assert json.loads(values["AGENTRUN_PARAMETERS"]) == {"repo": "override", "branch-name": "main"}
+    assert values["AGENTRUN_PARAM_REPO"] == "override"
+    assert values["AGENTRUN_PARAM_BRANCH_NAME"] == "main"
+    assert values["AGENTRUN_IMPLEMENTATION_TEXT"] == "do it"
+    assert values["AGENTRUN_IMPLEMENTATION_SUMMARY"] == "short"
+
+
+def test_first_iteration_outside_for_each_has_null_item_and_previous_control() -> None:
+    values = env(build({"workload": {"image": "img"}}))
+    assert values["AGENTRUN_PREVIOUS_CONTROL"] == "null"
+    assert values["AGENTRUN_ITEM"] == "null"
+    assert values["AGENTRUN_ITEM_INDEX"] == ""
+    assert values["AGENTRUN_IMPLEMENTATION_TEXT"] == ""
+
+
+def test_implementation_from_spec_ref_and_step_override() -> None:
+    specs = {
+        "run-task": ImplementationSpecSpec(text="run text", summary="run summary"),
+        "step-task": ImplementationSpecSpec(text="step text"),
+    }
+    refs = References(implementation_specs=specs)
+    run_level = build(
+        {"workload": {"image": "img"}, "implementationSpecRef": {"name": "run-task"}}, refs=refs
+    )
+    assert env(run_level)["AGENTRUN_IMPLEMENTATION_TEXT"] == "run text"
+    assert env(run_level)["AGENTRUN_IMPLEMENTATION_SUMMARY"] == "run summary"
+    step_level = build(
+        {
+            "workload": {"image": "img"},
+            "implementationSpecRef": {"name": "run-task"},
+            "workflow": {"steps": [{"name": "work", "implementationSpecRef": {"name": "step-task"}}]},
+        },
+        refs=refs,
+    )
+    assert env(step_level)["AGENTRUN_IMPLEMENTATION_TEXT"] == "step text"
+    assert env(step_level)["AGENTRUN_IMPLEMENTATION_SUMMARY"] == ""
+
+
+def test_user_env_follows_the_injected_env_and_cannot_override_it() -> None:
+    spec = {
+        "workload": {
+            "image": "img",
+            "env": [
+                {"name": "GREETING", "value": "step $(AGENTRUN_STEP)"},
+                {"name": "AGENTRUN_STEP", "value": "spoofed"},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            ],
+        }
+    }
+    entries = main(build(spec))["env"]
+    names = [e["name"] for e in entries]
+    assert names.index("GREETING") > names.index("AGENTRUN_STEP")
+    assert names.count("AGENTRUN_STEP") == 1
+    assert env(build(spec))["AGENTRUN_STEP"] == "work"
+    assert {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}} in entries
+
+
+# ----------------------------------------------------------------------------------- containers
+
+
+PROVIDER = AgentProviderSpec.model_validate(
+    {
+        "image": "codex:1",
+        "command": ["codex"],
+        "args": ["exec", "$(AGENTRUN_IMPLEMENTATION_TEXT)"],
+        "env": [{"name": "MODEL", "value": "provider"}, {"name": "ONLY_PROVIDER", "value": "p"}],
+    }
+)
+AGENT = AgentSpec.model_validate(
+    {"providerRef": {"name": "codex"}, "env": [{"name": "MODEL", "value": "agent"}]}
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "refs", "image", "command", "args"),
+    [
+        (
+            {
+                "workload": {"image": "run-img"},
+                "workflow": {"steps": [{"name": "work", "workload": {"image": "step-img"}}]},
+            },
+            References(AGENT, PROVIDER),
+            "step-img",
+            None,
+            None,
+        ),
+        (
+            {"workload": {"image": "run-img", "command": ["sh"]}},
+            References(AGENT, PROVIDER),
+            "run-img",
+            ["sh"],
+            None,
+        ),
+        ({}, References(AGENT, PROVIDER), "codex:1", ["codex"], ["exec", "$(AGENTRUN_IMPLEMENTATION_TEXT)"]),
+        ({"workload": {"args": ["--fast"]}}, References(AGENT, PROVIDER), "codex:1", ["codex"], ["--fast"]),
+        ({"workload": {"command": ["true"]}}, References(), "runner:1", ["true"], None),
+    ],
+    ids=["step-workload", "run-workload", "provider", "provider-with-workload-args", "operator-default"],
+)
+def test_container_resolution_order(
+    spec: dict[str, Any], refs: References, image: str, command: list[str] | None, args: list[str] | None
+) -> None:
+    container = main(build(spec, refs=refs))
+    assert container["name"] == "main"
+    assert container["image"] == image
+    assert container.get("command") == command
+    assert container.get("args") == args
+
+
+def test_env_layers_provider_then_agent_then_workload() -> None:
+    values = env(
+        build({"workload": {"env": [{"name": "EXTRA", "value": "w"}]}}, refs=References(AGENT, PROVIDER))
+    )
+    assert values["MODEL"] == "agent"
+    assert values["ONLY_PROVIDER"] == "p"
+    assert values["EXTRA"] == "w"
+    overridden = env(
+        build({"workload": {"env": [{"name": "MODEL", "value": "w"}]}}, refs=References(AGENT, PROVIDER))
+    )
+    assert overridden["MODEL"] == "w"
+
+
+# ----------------------------------------------------------------------------------- volumes
+
+
+def test_volume_types_become_pod_volumes() -> None:
+    volumes = [
+        {**PVC, "readOnly": True},
+        {
+            "name": "scratch",
+            "type": "emptyDir",
+            "mountPath": "/scratch",
+            "sizeLimit": "1Gi",
+            "medium": "Memory",
+        },
+        {"name": "creds", "type": "secret", "secretName": "api-keys", "mountPath": "/creds"},
+    ]
+    job = build({"workload": {"image": "img", "volumes": volumes}})
+    by_name = {v["name"]: v for v in pod(job)["volumes"]}
+    assert by_name["workspace"] == {
+        "name": "workspace",
+        "persistentVolumeClaim": {"claimName": "ws", "readOnly": True},
+    }
+    assert by_name["scratch"] == {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi", "medium": "Memory"}}
+    assert by_name["creds"] == {"name": "creds", "secret": {"secretName": "api-keys"}}
+    mounts = {m["name"]: m for m in main(job)["volumeMounts"]}
+    assert mounts["workspace"] == {"name": "workspace", "mountPath": "/workspace", "readOnly": True}
+    assert mounts["scratch"] == {"name": "scratch", "mountPath": "/scratch"}
+
+
+def test_step_volumes_replace_the_runs() -> None:
+    spec = {
+        "workload": {"image": "img", "volumes": [PVC]},
+        "workflow": {
+            "steps": [
+                {
+                    "name": "work",
+                    "workload": {
+                        "volumes": [{"name": "other", "type": "pvc", "claimName": "o", "mountPath": "/o"}]
+                    },
+                }
+            ]
+        },
+    }
+    names = [v["name"] for v in pod(build(spec))["volumes"]]
+    assert "workspace" not in names and "other" in names
+
+
+def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
+    job = build({"workload": {"image": "img", "volumes": [PVC]}})
+    assert [c["name"] for c in pod(job)["initContainers"]] == ["reporter", "fingerprint"]
+    reporter, fingerprint = init(job, "reporter"), init(job, "fingerprint")
+    assert reporter["restartPolicy"] == "Always"
+    assert "restartPolicy" not in fingerprint
+    assert reporter["image"] == fingerprint["image"] == "operator:1"
+    assert reporter["command"] == ["agentrun", "reporter", "report"]
+    assert reporter["args"] == [
+        "--path",
+        "/workspace/.agentrun/loop-control.json",
+        "--fingerprint",
+        "/agentrun-meta/fingerprint.json",
+        "--termination-log",
+        "/dev/termination-log",
+        "--wait-for-signal",
+        "--ready-file",
+        "/agentrun-meta/reporter-ready",
+    ]
+    assert fingerprint["args"] == [
+        "--path",
+        "/workspace/.agentrun/loop-control.json",
+        "--out",
+        "/agentrun-meta/fingerprint.json",
+        "--reporter-ready",
+        "/agentrun-meta/reporter-ready",
+    ]
+    assert reporter["terminationMessagePath"] == "/dev/termination-log"
+    assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
+    for helper in (reporter, fingerprint):
+        assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in helper["volumeMounts"]
+        assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in helper["volumeMounts"]
+    assert all(m["name"] != META_VOLUME for m in main(job)["volumeMounts"])
+
+
+def test_reporter_mounts_the_volume_with_the_longest_matching_mount_path() -> None:
+    volumes = [
+        {"name": "root", "type": "pvc", "claimName": "r", "mountPath": "/work"},
+        {"name": "deep", "type": "pvc", "claimName": "d", "mountPath": "/work/state"},
+        {"name": "lookalike", "type": "pvc", "claimName": "l", "mountPath": "/work/stateful"},
+    ]
+    step = {
+        "name": "work",
+        "loop": {
+            "maxIterations": 2,
+            "condition": {"expression": "true", "source": {"path": "/work/state/ctl.json"}},
+        },
+    }
+    job = build({"workload": {"image": "img", "volumes": volumes}, "workflow": {"steps": [step]}})
+    mounted = {m["name"] for m in init(job, "reporter")["volumeMounts"]}
+    assert mounted == {META_VOLUME, "deep"}
+    assert env(job)["AGENTRUN_LOOP_CONTROL_PATH"] == "/work/state/ctl.json"
+
+
+def test_control_path_on_no_volume_gets_an_empty_dir_in_main_and_helpers() -> None:
+    job = build({"workload": {"image": "img", "volumes": [{**PVC, "mountPath": "/data"}]}})
+    fallback = {"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}}
+    assert fallback in pod(job)["volumes"]
+    assert {"name": CONTROL_FALLBACK_VOLUME, "mountPath": "/workspace/.agentrun"} in main(job)["volumeMounts"]
+    assert {"name": CONTROL_FALLBACK_VOLUME, "mountPath": "/workspace/.agentrun", "readOnly": True} in init(
+        job, "reporter"
+    )["volumeMounts"]
+    assert all(m["name"] != "workspace" for m in init(job, "reporter")["volumeMounts"])
+
+
+def test_the_controller_never_mounts_the_pvc_writable_outside_main() -> None:
+    job = build({"workload": {"image": "img", "volumes": [PVC]}})
+    for helper in pod(job)["initContainers"]:
+        for mount in helper["volumeMounts"]:
+            if mount["name"] == "workspace":
+                assert mount["readOnly"] is True

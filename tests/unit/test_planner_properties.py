@@ -1,0 +1,250 @@
+"""Properties of the planner under random worlds (hypothesis).
+
+Random sequences of Job/Pod outcomes (success with various control payloads, failure, deadline,
+vanish), operator restarts, lost status writes, lost actions and cancellations are applied to a
+`World`; after every step the safety properties must hold, and at the end a world that keeps
+completing pods must bring the run to a terminal phase.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentrun_operator.celeval import compile_expression
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.plan import result_recorded
+from tests.unit.planner_world import World, envelope_from_bytes, loop_step, manifest
+
+compile_expression("true")  # celpy raises the recursion limit once; do it before hypothesis watches
+
+LIMIT = 4
+CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=50, loop_status_history_limit=LIMIT)
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+CONTROLS: list[dict[str, Any] | bytes | None] = [
+    {"continue": True},
+    {"continue": True},
+    {"continue": False},
+    None,  # missing
+    b"{oops",  # invalid JSON
+    {"continue": 1},  # non-boolean comparison: `1 == true` is false in CEL
+]
+
+
+def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
+    loop = st.builds(
+        lambda n, cond, retries, on_invalid: loop_step(
+            "work",
+            n,
+            expression="iteration.last.control.continue == true" if cond else None,
+            on_invalid=on_invalid,
+            retries=retries,
+            retryBackoffSeconds=5,
+            timeoutSeconds=30,
+        ),
+        st.integers(1, 7),
+        st.booleans(),
+        st.integers(0, 2),
+        st.sampled_from(["fail", "stop"]),
+    )
+    return st.builds(
+        lambda work, with_prep: manifest(([{"name": "prep", "retries": 1}] if with_prep else []) + [work]),
+        loop,
+        st.booleans(),
+    )
+
+
+_WEIGHTED_OPS = (
+    ["plan"] * 8
+    + ["plan_lost_status"] * 3
+    + ["plan_lost_actions"] * 2
+    + ["succeed"] * 6
+    + ["fail", "deadline", "vanish"]
+    + ["settle"] * 3
+    + ["advance"] * 3
+    + ["ttl_sweep"] * 2
+    + ["cancel"]
+)
+OPS = st.tuples(st.sampled_from(_WEIGHTED_OPS), st.integers(0, 1000))
+"""Weighted towards planning, completing pods, lost writes and TTL sweeps (the interleavings that
+could repeat or lose work); cancellation is one op in many. The integer parameterises the op."""
+ADVANCES = [1, 5, 11, 31, 61]
+
+
+@dataclass
+class Checker:
+    """Tracks history across the run and checks the invariants after every operation."""
+
+    completed: dict[str, int] = field(default_factory=dict)
+    succeeded: set[tuple[int, int]] = field(default_factory=set)
+    succeeded_jobs: set[str] = field(default_factory=set)
+    seen_created: int = 0
+    terminal_phase: str | None = None
+
+    def check(self, world: World) -> None:
+        live_per_step: dict[int, int] = {}
+        for job in world.jobs.values():
+            if not job.finished:
+                live_per_step[job.step_index] = live_per_step.get(job.step_index, 0) + 1
+        assert all(n <= 1 for n in live_per_step.values()), f"two live Jobs for one step: {world.live_jobs()}"
+        running_pods = [p.name for p in world.pods.values() if not p.terminal]
+        assert len(running_pods) <= 1, f"two pods may touch the volume at once: {running_pods}"
+        for name in world.created[self.seen_created :]:
+            created = world.jobs.get(name)
+            if created is not None:
+                key = (created.step_index, created.iteration)
+                assert key not in self.succeeded, f"iteration {key} started again after it succeeded"
+        self.seen_created = len(world.created)
+        self._check_status(world)
+
+    def _check_status(self, world: World) -> None:
+        status = world.status
+        if status is None:
+            return
+        if self.terminal_phase is not None:
+            assert status.phase == self.terminal_phase, "a finished run changed phase"
+        elif status.phase in TERMINAL:
+            self.terminal_phase = status.phase
+        if status.workflow is None:
+            return
+        for step in status.workflow.steps:
+            self._check_not_lost(step.message or "")
+            loop = step.loop
+            if loop is None:
+                continue
+            for record in loop.iterations:
+                self._check_not_lost(record.message or "")
+            before = self.completed.get(step.name, 0)
+            assert loop.completed_iterations >= before, "completedIterations decreased"
+            assert loop.completed_iterations <= loop.max_iterations
+            self.completed[step.name] = loop.completed_iterations
+            assert len(loop.iterations) <= LIMIT + 1
+            assert loop.retained_iterations == len(loop.iterations)
+            assert loop.retained_iterations + loop.pruned_iterations == loop.current_iteration
+
+    def _check_not_lost(self, message: str) -> None:
+        """A Job that succeeded must never be recorded as vanished (its result would be lost)."""
+        for name in self.succeeded_jobs:
+            assert f"Job {name} vanished" not in message, f"the result of succeeded {name} was lost"
+
+    def mark_succeeded(self, world: World, name: str) -> None:
+        job = world.jobs[name]
+        if result_recorded(world.status, job):
+            return  # already recorded as failed (e.g. timed out, its deletion lost): too late to count
+        self.succeeded.add((job.step_index, job.iteration))
+        self.succeeded_jobs.add(name)
+
+
+def apply_op(world: World, checker: Checker, op: tuple[Any, ...]) -> None:
+    kind = op[0]
+    live = world.live_jobs()
+    if kind == "plan":
+        world.plan()
+    elif kind == "plan_lost_status":
+        world.plan(persist=False)
+    elif kind == "plan_lost_actions":
+        world.plan(apply=False)
+    elif kind == "succeed" and live:
+        control = CONTROLS[op[1] % len(CONTROLS)]
+        if isinstance(control, bytes):
+            world.succeed(live[0], message=envelope_from_bytes(control))
+        else:
+            world.succeed(live[0], control=control)
+        checker.mark_succeeded(world, live[0])
+    elif kind == "fail" and live:
+        world.fail(live[0])
+    elif kind == "deadline" and live:
+        world.deadline(live[0])
+    elif kind == "vanish" and live:
+        world.vanish(live[0])
+    elif kind == "settle":
+        world.settle()
+    elif kind == "advance":
+        world.advance(ADVANCES[op[1] % len(ADVANCES)])
+    elif kind == "ttl_sweep":
+        world.ttl_sweep()
+    elif kind == "cancel" and op[1] % 4 == 0:  # rarer than the rest: half of the runs never cancel
+        world.spec_manifest["spec"].setdefault("cancel", ["Graceful", "Immediate"][op[1] % 2])
+
+
+def finish(world: World, checker: Checker) -> None:
+    """A world that keeps completing pods: the run must reach a terminal phase (no wedge)."""
+    for _ in range(400):
+        world.plan()
+        checker.check(world)
+        if world.phase in TERMINAL:
+            return
+        live = world.live_jobs()
+        if live:
+            world.succeed(live[0], control={"continue": True})
+            checker.mark_succeeded(world, live[0])
+        else:
+            world.settle()
+            world.advance(world.last_requeue or 1.0)
+        checker.check(world)
+    raise AssertionError(f"the run wedged: {world.status}")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=spec_shapes(), ops=st.lists(OPS, min_size=40, max_size=200))
+def test_random_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any], ops: list[Any]) -> None:
+    world = World(spec, config=CONFIG)
+    checker = Checker()
+    for op in ops:
+        apply_op(world, checker, op)
+        checker.check(world)
+    finish(world, checker)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=spec_shapes(), ops=st.lists(OPS, min_size=5, max_size=80))
+def test_replanning_without_change_is_quiet(spec: dict[str, Any], ops: list[Any]) -> None:
+    """Re-planning a persisted status against an unchanged observation emits no events and no Jobs."""
+    world = World(spec, config=CONFIG)
+    checker = Checker()
+    for op in ops:
+        apply_op(world, checker, op)
+    world.plan()
+    world.plan()  # the second plan may record uids of Jobs the first one created
+    before = world.status
+    again = world.plan()
+    assert again.status == before
+    kinds = {type(a).__name__ for a in again.actions}
+    assert kinds <= {"Requeue", "DeleteJob", "SetJobTTL"}, kinds
+
+
+def test_status_stays_under_32_kib_at_1000_iterations_with_limit_50() -> None:
+    """Worst case per record: retries with long failure messages, a ~3.5 KiB control payload."""
+    config = OperatorConfig(loops_enabled=True, loop_max_iterations=1000, loop_status_history_limit=50)
+    step = loop_step(
+        "a-step-with-a-rather-long-name",
+        1000,
+        expression="iteration.last.control.continue == true",
+        retries=1,
+        retryBackoffSeconds=0,
+    )
+    world = World(manifest([step], name="r" * 40), config=config)
+    big = {"continue": True, "outputs": {"summary": "s" * 3400}}
+    attempt = 0
+
+    def outcome(w: World, job: str) -> None:
+        nonlocal attempt
+        attempt += 1
+        if attempt % 2:
+            w.fail(job, exit_code=137)
+        else:
+            w.succeed(job, control=big)
+        w.ttl_sweep()
+
+    world.drive(outcome, max_plans=6000)
+    assert world.status is not None
+    loop = world.step_status().loop
+    assert loop.completed_iterations == 1000
+    assert loop.pruned_iterations == 950 and loop.retained_iterations == 50
+    size = len(json.dumps(world.status.model_dump(by_alias=True, exclude_none=True, mode="json")))
+    assert size <= 32 * 1024, size

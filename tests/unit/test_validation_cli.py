@@ -1,0 +1,188 @@
+"""`agentrun validate FILE…`: offline validation with one actionable line per problem."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agentrun_operator.validation_cli import main
+
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
+LINE = re.compile(
+    r"^(?P<file>[^:]+): (?P<object>[\w]+/[\w.-]+|\S+ \(document \d+\)): (?P<path>\S+): (?P<message>.+) "
+    r"\(value: (?P<value>.*); fix: (?P<fix>.+); see (?P<docs>docs/[\w./-]+(#[\w-]+)?)\)$"
+)
+
+GOOD_RUN = """\
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentRun
+metadata: {name: good}
+spec:
+  workload:
+    volumes: [{name: workspace, type: pvc, claimName: ws, mountPath: /workspace}]
+  workflow:
+    steps:
+      - name: plan
+      - name: work
+        when: "steps.plan.control.go == true"
+        loop:
+          maxIterations: 5
+          items: "steps.plan.control.targets"
+          state: {required: true, volumeNames: [workspace]}
+"""
+
+BAD_RUN = """\
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentRun
+metadata: {name: bad}
+spec:
+  workload:
+    volumes: [{name: workspace, type: emptyDir, mountPath: /workspace}]
+  workflow:
+    steps:
+      - name: work
+        loop:
+          maxIterations: 30
+          condition: {expression: "iteration.last.control.continue =="}
+          state: {required: true, volumeNames: [workspace]}
+"""
+
+TYPO_RUN = """\
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentRun
+metadata: {name: typo}
+spec:
+  workflow:
+    steps:
+      - name: work
+        loop: {maxIteration: 3}
+"""
+
+OTHER_KINDS = """\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: ws}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentProvider
+metadata: {name: codex}
+spec: {image: codex:1, command: [codex]}
+---
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: Agent
+metadata: {name: codex-agent}
+spec: {providerRef: {name: codex}, defaults: {retries: 2}}
+---
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: ImplementationSpec
+metadata: {name: task}
+spec: {text: "Implement the thing."}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_valid_files_exit_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [write(tmp_path, "good.yaml", GOOD_RUN), write(tmp_path, "others.yaml", OTHER_KINDS)]
+    assert main(paths) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "4 object(s) valid" in err
+
+
+def test_reference_manifests_are_valid() -> None:
+    assert main([str(p) for p in sorted(REFERENCE.glob("*.yaml"))]) == 0
+
+
+def test_problems_exit_one_with_one_actionable_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "bad.yaml", BAD_RUN)
+    assert main([path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    parsed = [LINE.match(line) for line in lines]
+    assert all(parsed), lines
+    by_path = {m["path"]: m for m in parsed if m}
+    cap = by_path["spec.workflow.steps[0].loop.maxIterations"]
+    assert cap["file"] == path and cap["object"] == "AgentRun/bad"
+    assert cap["value"] == "30" and "cap of 20" in cap["message"]
+    assert cap["docs"] == "docs/concepts.md#iteration-cap"
+    assert "type pvc" in by_path["spec.workflow.steps[0].loop.state.volumeNames"]["message"]
+    cel = by_path["spec.workflow.steps[0].loop.condition.expression"]
+    assert "unexpected end of expression" in cel["message"]
+
+
+def test_max_iterations_option_sets_the_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "bad.yaml", BAD_RUN)
+    main([path], max_iterations=100)
+    out = capsys.readouterr().out
+    assert "maxIterations" not in out
+
+
+def test_loops_disabled_flags_every_loop(capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [str(p) for p in sorted(REFERENCE.glob("*.yaml"))]
+    assert main(paths, loops_enabled=False) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert all("workflow loops are disabled" in line and "#feature-flag" in line for line in lines)
+
+
+def test_parse_errors_become_lines_with_the_field_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "typo.yaml", TYPO_RUN)
+    assert main([path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    paths = {m["path"] for m in (LINE.match(line) for line in lines) if m}
+    assert paths == {"spec.workflow.steps[0].loop.maxIterations", "spec.workflow.steps[0].loop.maxIteration"}
+    assert any("unknown field" in line for line in lines)
+    assert any("required field is missing" in line for line in lines)
+
+
+def test_other_kinds_are_checked_with_their_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad_agent = (
+        "apiVersion: agents.proompteng.ai/v1alpha1\nkind: Agent\nmetadata: {name: a}\n"
+        "spec: {defaults: {retries: -1}}\n"
+    )
+    assert main([write(tmp_path, "agent.yaml", bad_agent)]) == 1
+    line = capsys.readouterr().out.strip()
+    match = LINE.match(line)
+    assert match and match["object"] == "Agent/a" and match["path"] == "spec.defaults.retries"
+    assert match["docs"] == "docs/api.md#fields-agent"
+
+
+def test_unknown_kind_of_our_group_is_a_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "apiVersion: agents.proompteng.ai/v1alpha1\nkind: AgentRunz\nmetadata: {name: x}\n"
+    assert main([write(tmp_path, "x.yaml", text)]) == 1
+    assert "unknown kind 'AgentRunz'" in capsys.readouterr().out
+
+
+def test_yaml_errors_and_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = write(tmp_path, "broken.yaml", "kind: [unclosed\n")
+    assert main([broken, str(tmp_path / "absent.yaml")]) == 1
+    out = capsys.readouterr().out
+    assert f"{broken}: not valid YAML" in out
+    assert "absent.yaml: cannot read the file" in out
+
+
+def test_non_object_documents_are_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([write(tmp_path, "list.yaml", "- a\n- b\n")]) == 1
+    assert "is not a Kubernetes object" in capsys.readouterr().out
+
+
+def test_cli_entry_point_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrun_operator.cli import main as cli_main
+
+    assert cli_main(["validate", write(tmp_path, "bad.yaml", BAD_RUN), "--max-iterations", "40"]) == 1
+    out = capsys.readouterr().out
+    assert "maxIterations" not in out and "type pvc" in out
