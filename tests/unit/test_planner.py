@@ -1165,3 +1165,42 @@ def test_malformed_referenced_object_is_invalid_not_missing() -> None:
 
 def test_valid_reference_manifests_have_no_problems() -> None:
     assert _problems([loop_step(expression=CONTINUE, loop=STATE)]) == []
+
+
+# ----------------------------------------------------------------- acting on the pod, not the Job
+
+
+def test_pod_success_ends_the_attempt_before_the_job_controller_does() -> None:
+    """A succeeded pod (backoffLimit 0: the only one) is the attempt's success: next Job at once."""
+    from dataclasses import replace
+
+    world = World(manifest([loop_step(max_iterations=3)]))
+    world.plan()
+    first = world.active()
+    pod = f"{first}-pod"
+    world.pods[pod] = replace(
+        world.pods[pod],
+        phase="Succeeded",
+        reporter_message=envelope_status("missing", "none"),
+        main_exit_code=0,
+    )
+    assert not world.jobs[first].finished  # the Job controller has not caught up yet
+    result = world.plan()
+    created = [a.name for a in result.actions if isinstance(a, CreateJob)]
+    assert created == ["run-step-1-iter-2-attempt-1"]
+    record = world.step_status().loop.iterations[0]
+    assert record.phase == "Succeeded" and world.step_status().loop.completed_iterations == 1
+
+
+def test_pod_failure_waits_for_the_jobs_verdict() -> None:
+    """A failed pod is not acted on alone: the Job's condition names the cause (e.g. the deadline)."""
+    from dataclasses import replace
+
+    world = World(manifest([loop_step(max_iterations=3, retries=1)]))
+    world.plan()
+    first = world.active()
+    pod = f"{first}-pod"
+    world.pods[pod] = replace(world.pods[pod], phase="Failed", main_exit_code=1)
+    result = world.plan()
+    assert not any(isinstance(a, CreateJob) for a in result.actions)
+    assert world.step_status().phase == "Running"

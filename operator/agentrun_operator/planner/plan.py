@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, Final, Literal
@@ -606,7 +606,7 @@ def _delete_strays(ctx: _Ctx, expected: str | None) -> None:
     """Delete every live Job of this run other than `expected` (orphans, cancelled, past deadline)."""
     terminal = ctx.status.phase in TERMINAL_RUN_PHASES
     for job in ctx.observed.jobs:
-        if job.finished or job.deleting or job.name == expected:
+        if not _live(ctx, job) or job.name == expected:
             continue
         default = (
             f"the run {str(ctx.status.phase).lower()}; no Job may outlive it"
@@ -654,10 +654,15 @@ def result_recorded(prior: AgentRunStatus | None, job: ObservedJob) -> bool:
     return False
 
 
+def _live(ctx: _Ctx, job: ObservedJob) -> bool:
+    """A Job that can still run something: not finished, not being deleted, its pod not succeeded."""
+    return not job.finished and not job.deleting and _succeeded_by_pod(ctx, job) is None
+
+
 def _gate_clear(ctx: _Ctx, name: str) -> bool:
     """True when no other Job of the run is live and no other pod can still touch a volume."""
     for job in ctx.observed.jobs:
-        if job.name != name and not job.finished and not job.deleting:
+        if job.name != name and _live(ctx, job):
             return False
     return all(pod.job_name == name or pod.terminal for pod in ctx.observed.pods)
 
@@ -952,7 +957,10 @@ def _observe_attempt(ctx: _Ctx, step: _Step) -> bool:
     if st.job_ref.uid is None:
         st.job_ref.uid = job.uid
     if not job.finished:
-        return _handle_active_job(ctx, step, job)
+        succeeded = _succeeded_by_pod(ctx, job)
+        if succeeded is None:
+            return _handle_active_job(ctx, step, job)
+        job = succeeded
     if job.outcome == "Succeeded":
         envelope = _read_envelope(ctx, step, job)
         if envelope is None:
@@ -961,6 +969,23 @@ def _observe_attempt(ctx: _Ctx, step: _Step) -> bool:
         _record_success(ctx, step, job, envelope)
         return True
     return _record_failure(ctx, step, job, _failure_cause(ctx, step, job))
+
+
+def _succeeded_by_pod(ctx: _Ctx, job: ObservedJob) -> ObservedJob | None:
+    """The attempt as Succeeded when its one pod has, before the Job controller says so.
+
+    With `backoffLimit: 0` a Job has exactly one pod, so that pod's success (every container
+    terminated, none still on the volume) is the attempt's success. Acting on it saves the Job
+    controller's status batching (about a second) from every iteration's turnaround. Failures still
+    wait for the Job's own verdict, which names the cause (e.g. DeadlineExceeded).
+    """
+    pods = ctx.observed.pods_of(job.name)
+    if len(pods) != 1 or job.deleting:
+        return None
+    pod = pods[0]
+    if pod.phase != "Succeeded" or pod.deleting or pod.reporter_message is None:
+        return None
+    return replace(job, outcome="Succeeded", finished_at=job.finished_at or pod.finished_at or ctx.now)
 
 
 def _handle_missing_job(ctx: _Ctx, step: _Step, name: str) -> bool:
