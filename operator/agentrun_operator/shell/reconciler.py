@@ -60,6 +60,23 @@ def status_dict(run: AgentRun) -> dict[str, Any]:
     return run.status.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
+    """Record the uid the API server gave a Job we just created in the status that names it.
+
+    The planner cannot know it; writing it now saves a second status write per iteration (the
+    planner would otherwise record it on its next look at the Job).
+    """
+    if isinstance(node, dict):
+        ref = node.get("jobRef")
+        if isinstance(ref, dict) and ref.get("name") in uids and not ref.get("uid") and uids[ref["name"]]:
+            ref["uid"] = uids[ref["name"]]
+        for value in node.values():
+            fill_job_uids(value, uids)
+    elif isinstance(node, list):
+        for value in node:
+            fill_job_uids(value, uids)
+
+
 class Reconciler:
     """Holds the client and the configuration; `reconcile(ns, name)` is safe to call at any time."""
 
@@ -157,9 +174,11 @@ class Reconciler:
         corr = {"correlation_id": meta.get("uid"), "run": f"{namespace}/{name}"}
 
         after_status: list[Action] = []
+        job_uids: dict[str, str] = {}
         for action in decision.actions:
             if isinstance(action, CreateJob):
-                created, _job = await self.kube.create_job(action.manifest)
+                created, job = await self.kube.create_job(action.manifest)
+                job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
                 log.info(
                     "job created" if created else "job adopted",
                     extra={**corr, "job": action.name, "decision": "create-job"},
@@ -180,6 +199,7 @@ class Reconciler:
                 after_status.append(action)
 
         new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        fill_job_uids(new_status, job_uids)
         if new_status != status_dict(run):
             body = dict(raw)
             body["status"] = new_status
