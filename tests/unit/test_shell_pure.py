@@ -1,0 +1,104 @@
+"""The shell's pure helpers: Kubernetes objects to observed values, and the Job uid fill-in."""
+
+from __future__ import annotations
+
+from agentrun_operator import naming
+from agentrun_operator.shell.kube import _resource_of
+from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+from agentrun_operator.shell.reconciler import fill_job_uids
+
+LABELS = {naming.LABEL_STEP_INDEX: "1", naming.LABEL_ITERATION: "2", naming.LABEL_ATTEMPT: "3"}
+
+
+def _job(conditions: list[dict[str, str]]) -> dict[str, object]:
+    return {
+        "metadata": {"name": "r-step-1-iter-2-attempt-3", "uid": "u1", "labels": LABELS},
+        "spec": {"ttlSecondsAfterFinished": 30},
+        "status": {"startTime": "2026-11-21T10:00:00Z", "conditions": conditions},
+    }
+
+
+def test_job_outcomes_follow_batch_v1_conditions() -> None:
+    active = job_from_k8s(_job([]))
+    assert active is not None and active.outcome == "Active" and not active.finished
+    assert (active.step_index, active.iteration, active.attempt) == (1, 2, 3)
+    assert active.ttl_seconds_after_finished == 30
+    done = job_from_k8s(_job([{"type": "Complete", "status": "True"}]))
+    assert done is not None and done.outcome == "Succeeded"
+    deadline = job_from_k8s(
+        _job([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too slow"}])
+    )
+    assert deadline is not None and deadline.outcome == "DeadlineExceeded" and deadline.message == "too slow"
+    failed = job_from_k8s(_job([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]))
+    assert failed is not None and failed.outcome == "Failed"
+    not_true = job_from_k8s(_job([{"type": "Complete", "status": "False"}]))
+    assert not_true is not None and not_true.outcome == "Active"
+
+
+def test_foreign_jobs_are_not_guessed_at() -> None:
+    assert job_from_k8s({"metadata": {"name": "x", "labels": {}}}) is None
+    assert (
+        job_from_k8s({"metadata": {"name": "x", "labels": {**LABELS, naming.LABEL_ATTEMPT: "one"}}}) is None
+    )
+
+
+def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
+    pod = pod_from_k8s(
+        {
+            "metadata": {"name": "p", "labels": {"job-name": "j"}},
+            "status": {
+                "phase": "Failed",
+                "initContainerStatuses": [
+                    {"name": "fingerprint", "state": {"terminated": {"exitCode": 0}}},
+                    {"name": "reporter", "state": {"terminated": {"exitCode": 0, "message": '{"v":1}'}}},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "state": {
+                            "terminated": {
+                                "exitCode": 137,
+                                "reason": "OOMKilled",
+                                "finishedAt": "2026-11-21T10:00:05Z",
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    assert pod is not None and pod.terminal and pod.job_name == "j"
+    assert pod.reporter_message == '{"v":1}'
+    assert (pod.main_exit_code, pod.main_reason) == (137, "OOMKilled")
+    assert pod.finished_at is not None and pod.finished_at.second == 5
+    assert pod_from_k8s({"metadata": {"name": "p", "labels": {}}}) is None
+
+
+def test_created_job_uids_fill_only_matching_refs_without_uid() -> None:
+    status = {
+        "workflow": {
+            "steps": [
+                {
+                    "jobRef": {"name": "new"},
+                    "loop": {
+                        "iterations": [{"jobRef": {"name": "new"}}, {"jobRef": {"name": "old", "uid": "o"}}]
+                    },
+                }
+            ]
+        }
+    }
+    fill_job_uids(status, {"new": "n-uid", "old": "other"})
+    step = status["workflow"]["steps"][0]  # type: ignore[index]
+    assert step["jobRef"] == {"name": "new", "uid": "n-uid"}
+    assert step["loop"]["iterations"][0]["jobRef"]["uid"] == "n-uid"
+    assert step["loop"]["iterations"][1]["jobRef"]["uid"] == "o"
+
+
+def test_api_metric_label_is_the_resource() -> None:
+    assert _resource_of("/apis/batch/v1/namespaces/ns/jobs/j") == "jobs"
+    assert (
+        _resource_of("/apis/agents.proompteng.ai/v1alpha1/namespaces/n/agentruns/x/status")
+        == "agentruns/status"
+    )
+    assert _resource_of("/api/v1/namespaces/ns/events") == "events"
+    assert _resource_of("/apis/agents.proompteng.ai/v1alpha1/agentruns") == "agentruns"
