@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test lint unit integration demo crds down clean
+.PHONY: setup bubblewrap test lint unit integration demo crds down clean kind
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,17 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-setup: $(BIN)/.installed
+setup: $(BIN)/.installed bubblewrap
+
+# The local pod runner mounts each pod's volumes with bubblewrap (`bwrap`): installed from the
+# distribution's packages when missing and we are root; otherwise say how.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else \
+	    echo "bubblewrap (bwrap) is missing; the local pod runner needs it: sudo apt-get install -y bubblewrap" >&2; \
+	  fi; }
 
 lint: setup
 	$(BIN)/ruff check operator tests
@@ -30,13 +40,22 @@ unit: setup
 integration: setup
 	$(BIN)/pytest tests/integration
 
+# The CRDs, generated from the models, into crds/ and into the chart (kept byte-identical).
 crds: setup
 	$(BIN)/agentrun crds --write crds/
+	$(BIN)/agentrun crds --write charts/agentrun-operator/crds/
 
-# The main job on the local default: the control plane (with our CRDs), then a look at them.
+# The main job on the local default: the control plane, the local pod runner and the operator (loops
+# on), then the conditional-loop example run for real and followed to its end (at most 5 minutes);
+# prints the run's status, its iterations and the files they left on its PVC.
 demo: setup
 	$(BIN)/agentrun dev up
-	eval "$$($(BIN)/agentrun dev env)" && kubectl get crd && kubectl get ar -A
+	$(BIN)/agentrun dev run examples/conditional-loop.yaml --timeout 300
 
 down: setup
 	$(BIN)/agentrun dev down
+
+# Docker hosts only: the image, a kind cluster, `helm install` with loops on, examples in real
+# containers (tests/kind/; skipped with the reason where no Docker engine answers).
+kind: setup
+	AGENTRUN_KIND=1 $(BIN)/pytest tests/kind -rs

@@ -983,7 +983,7 @@ def _succeeded_by_pod(ctx: _Ctx, job: ObservedJob) -> ObservedJob | None:
     if len(pods) != 1 or job.deleting:
         return None
     pod = pods[0]
-    if pod.phase != "Succeeded" or pod.deleting or pod.reporter_message is None:
+    if pod.phase != "Succeeded" or pod.deleting:
         return None
     return replace(job, outcome="Succeeded", finished_at=job.finished_at or pod.finished_at or ctx.now)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from typing import Any
 
 import kopf
@@ -111,6 +112,12 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # Server-side filtering: only our Jobs and Pods reach the operator at all.
         settings.watching.label_selectors["batch", "v1", "jobs"] = naming.LABEL_RUN
         settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
+        if state.config.watched_namespaces:
+            # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
+            settings.scanning.disabled = True
+        # Hot standby: kopf pauses every operator that sees a peer of equal priority, so each
+        # replica takes a distinct one (the highest serves, the others wait).
+        settings.peering.priority = random.randint(1, 2**30)
         settings.posting.level = logging.WARNING  # kopf's own Events only for its problems
         settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
         settings.persistence.diffbase_storage = EventOnlyDiffBase()

@@ -19,8 +19,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                payload[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
+            # Only plain values: kopf attaches its whole settings object to every record.
+            if key not in _STANDARD and not key.startswith("_") and isinstance(value, str | int | float | bool):
+                payload[key] = value
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         return json.dumps(payload, separators=(",", ":"))

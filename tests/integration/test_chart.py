@@ -1,0 +1,782 @@
+"""The Helm chart against the real local control plane (SPEC §2, §6; docs/operations.md).
+
+- `helm lint --strict` passes for the defaults and for every value set below;
+- each value set renders and applies cleanly with `kubectl apply --dry-run=server`, in namespaces
+  that enforce the `restricted` Pod Security Standard (so the pod template is proven compliant);
+- values.schema.json rejects wrong types and unknown keys with a message that names the key;
+- the chart's RBAC is sufficient AND minimal, for real: its ServiceAccount and Role(s) are created,
+  a token is minted for that ServiceAccount (TokenRequest), and the operator runs with nothing but
+  that token through a conditional loop, an Agent/ImplementationSpec/idempotency run, a cancel and a
+  TTL deletion; the same token is refused Secrets, pods/exec and everything else it does not need.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun_operator import naming
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.integration.operator_process import OperatorProcess
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "agentrun-operator"
+KUBE_VERSION = "1.36.3"  # the local control plane's version (helm's built-in default is older)
+RELEASE_NS = "agentrun-system"
+WATCHED = ["chart-team-a", "chart-team-b"]
+
+# Value sets that must lint, render and apply: the defaults and the shapes operators deploy.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaced": {
+        "watchNamespaces": WATCHED,
+        "loops": {"enabled": True, "maxIterations": 50, "statusHistoryLimit": 20},
+        "jobTTLSecondsAfterRecorded": 600,
+        "logFormat": "text",
+        "image": {"digest": "sha256:" + "a" * 64},
+    },
+    "cluster-wide": {
+        "watchNamespaces": [],
+        "loops": {"enabled": True},
+        "reporter": {"image": "registry.example.com/agentrun-operator:0.1.0"},
+        "runner": {"image": "busybox:1.36"},
+        "metrics": {"service": {"enabled": True}},
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+    },
+    "ha": {"replicas": 2, "loops": {"enabled": True}},
+    "ha-namespaced": {"replicas": 3, "watchNamespaces": WATCHED, "rbac": {"extraRules": []}},
+    "no-metrics": {"metrics": {"enabled": False}, "serviceAccount": {"name": "custom-operator-sa"}},
+}
+
+Kinds = set[str]
+IDENTITY_KINDS: Kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+# -- helm -----------------------------------------------------------------------------------------
+def _helm_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+    )
+    return env
+
+
+@dataclass
+class Helm:
+    binary: Path
+    home: Path
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.binary), *args],
+            capture_output=True,
+            text=True,
+            env=_helm_env(self.home),
+            check=False,
+            timeout=120,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def values_file(self, values: dict[str, Any]) -> Path:
+        path = self.home / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        return path
+
+    def template(
+        self, values: dict[str, Any], release: str = "agentrun", namespace: str = RELEASE_NS
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run(
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+            "--values",
+            str(self.values_file(values)),
+            check=False,
+        )
+
+    def render(
+        self, values: dict[str, Any], release: str = "agentrun", namespace: str = RELEASE_NS
+    ) -> list[dict[str, Any]]:
+        proc = self.template(values, release, namespace)
+        assert proc.returncode == 0, proc.stderr
+        return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    binary = Path(control_plane.bin_dir) / "helm"
+    assert binary.exists(), f"helm is not built in {control_plane.bin_dir}"
+    return Helm(binary, tmp_path_factory.mktemp("helm"))
+
+
+def _kubectl_as(
+    plane: ControlPlane, kubeconfig: Path, *args: str, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(plane.bin_dir) / "kubectl"), f"--kubeconfig={kubeconfig}", *args],
+        input=input_text,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def _ensure_namespace(plane: ControlPlane, name: str, restricted: bool = True) -> None:
+    labels: dict[str, str] = {}
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    if restricted:
+        # The pod template must meet the restricted Pod Security Standard: warn and enforce.
+        for mode in ("enforce", "warn"):
+            labels[f"pod-security.kubernetes.io/{mode}"] = "restricted"
+    plane.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def plane(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane as `helm install` would leave it before templates: namespaces + crds/."""
+    for ns in (RELEASE_NS, *WATCHED):
+        _ensure_namespace(control_plane, ns)
+    # Helm installs everything in crds/ before the templates. Ours are already in (the fixture
+    # installs crds/, which the drift test keeps identical); kopf's peering CRDs are added here.
+    control_plane.install_crds(CHART / "crds")
+    return control_plane
+
+
+# -- lint, render, apply --------------------------------------------------------------------------
+def test_helm_lint_strict_defaults(helm: Helm) -> None:
+    proc = helm.run("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_helm_lint_strict_value_sets(helm: Helm, name: str) -> None:
+    proc = helm.run("lint", "--strict", str(CHART), "--values", str(helm.values_file(VALUE_SETS[name])))
+    assert "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_template_applies_with_server_dry_run(plane: ControlPlane, helm: Helm, name: str) -> None:
+    docs = helm.render(VALUE_SETS[name])
+    kinds = sorted({d["kind"] for d in docs})
+    assert {"ServiceAccount", "Deployment"} <= set(kinds), kinds
+    proc = _kubectl_as(
+        plane,
+        plane.kubeconfig,
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input_text="\n---\n".join(yaml.safe_dump(d) for d in docs),
+    )
+    assert proc.returncode == 0, proc.stderr
+    # No Pod Security warning (the namespaces warn on `restricted`), nor any other warning.
+    assert "Warning" not in proc.stderr, proc.stderr
+    assert len([line for line in proc.stdout.splitlines() if "(server dry run)" in line]) == len(docs)
+
+
+def test_values_set_the_environment_and_flags(helm: Helm) -> None:
+    docs = helm.render(
+        {
+            "watchNamespaces": WATCHED,
+            "loops": {"enabled": True, "maxIterations": 100, "statusHistoryLimit": 7},
+            "jobTTLSecondsAfterRecorded": 42,
+            "runner": {"image": "busybox:1.36"},
+            "image": {"repository": "example.com/op", "tag": "1.2.3"},
+            "replicas": 2,
+            "logFormat": "text",
+        }
+    )
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AGENTS_CONTROLLER_WORKFLOW_LOOPS_ENABLED"] == "true"
+    assert env["AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS"] == "100"
+    assert env["AGENTS_CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT"] == "7"
+    assert env["AGENTS_CONTROLLER_NAMESPACES"] == ",".join(WATCHED)
+    assert env["AGENTS_CONTROLLER_JOB_TTL_SECONDS"] == "42"
+    assert env["AGENTS_AGENT_RUNNER_IMAGE"] == "busybox:1.36"
+    assert env["AGENTS_REPORTER_IMAGE"] == "example.com/op:1.2.3" == container["image"]
+    assert container["args"][0] == "operator"
+    assert {"--log-format=text", "--peering", "--liveness-port=8080", "--metrics-port=9102"} <= set(
+        container["args"]
+    )
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(WATCHED)
+    assert not [d for d in docs if d["kind"].startswith("Cluster")], "namespaced install is not namespaced"
+    # A single replica without peering must never run beside its successor.
+    single = next(d for d in helm.render({}) if d["kind"] == "Deployment")
+    assert single["spec"]["strategy"]["type"] == "Recreate"
+    assert "--peering" not in single["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_service_monitor_renders_when_asked(helm: Helm) -> None:
+    docs = helm.render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}})
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert all(
+        service["metadata"]["labels"].get(k) == v
+        for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"replicas": "two"}, ["/replicas", "got string, want integer"]),
+        ({"loops": {"enabled": "yes"}}, ["/loops/enabled", "got string, want boolean"]),
+        ({"loops": {"maxIterations": 5000}}, ["/loops/maxIterations", "maximum"]),
+        ({"loop": {"enabled": True}}, ["additional properties 'loop' not allowed"]),
+        ({"watchNamespaces": "team-a"}, ["/watchNamespaces", "got string, want array"]),
+        ({"watchNamespaces": ["Team_A"]}, ["/watchNamespaces/0"]),
+        ({"logFormat": "xml"}, ["/logFormat"]),
+        ({"image": {"tag": 1.2}}, ["/image/tag", "want string"]),
+    ],
+)
+def test_schema_rejects_bad_values_clearly(helm: Helm, values: dict[str, Any], expected: list[str]) -> None:
+    proc = helm.template(values)
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    for fragment in expected:
+        assert fragment in proc.stderr, proc.stderr
+
+
+# -- RBAC, for real -------------------------------------------------------------------------------
+def _token(plane: ControlPlane, namespace: str, service_account: str) -> str:
+    body = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600},
+    }
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
+    code, data = plane.api_request("POST", path, body)
+    assert code == 201, (code, data[:500])
+    return str(json.loads(data)["status"]["token"])
+
+
+def _token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": plane.server,
+                    "certificate-authority-data": base64.b64encode(plane.pki.ca_cert.read_bytes()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    path.chmod(0o600)
+    return path
+
+
+def _can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
+    proc = _kubectl_as(plane, kubeconfig, "auth", "can-i", *args)
+    answer = proc.stdout.strip()
+    assert answer in ("yes", "no"), (args, proc.stdout, proc.stderr)
+    return answer == "yes"
+
+
+def _eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Installed:
+    """The chart's identity (ServiceAccount + RBAC) created for real, and a token kubeconfig for it."""
+
+    plane: ControlPlane
+    kubeconfig: Path
+    run_namespace: str
+    cluster_wide: bool
+    docs: list[dict[str, Any]]
+
+    def can_i(self, *args: str) -> bool:
+        return _can_i(self.plane, self.kubeconfig, *args)
+
+
+def _install_identity(
+    plane: ControlPlane, helm: Helm, tmp: Path, release: str, release_ns: str, values: dict[str, Any]
+) -> list[dict[str, Any]]:
+    docs = [d for d in helm.render(values, release, release_ns) if d["kind"] in IDENTITY_KINDS]
+    plane.kubectl("apply", "-f", "-", input_text="\n---\n".join(yaml.safe_dump(d) for d in docs))
+    return docs
+
+
+def _delete(plane: ControlPlane, docs: list[dict[str, Any]]) -> None:
+    plane.kubectl(
+        "delete",
+        "--ignore-not-found",
+        "--wait=false",
+        "-f",
+        "-",
+        input_text="\n---\n".join(yaml.safe_dump(d) for d in docs),
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module", params=["namespaced", "cluster-wide"])
+def installed(
+    request: pytest.FixtureRequest, plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    variant = str(request.param)
+    tmp = tmp_path_factory.mktemp(f"rbac-{variant}")
+    release_ns = f"rbac-{variant}-system"
+    run_ns = f"rbac-{variant}-runs"
+    for ns in (release_ns, run_ns):
+        _ensure_namespace(plane, ns, restricted=False)
+    values: dict[str, Any] = {"loops": {"enabled": True}}
+    if variant == "namespaced":
+        values["watchNamespaces"] = [run_ns]
+    release = f"rbac-{variant}"
+    docs = _install_identity(plane, helm, tmp, release, release_ns, values)
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    # The Job controller's pods need the namespace's default ServiceAccount to exist.
+    _eventually(
+        lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
+        60,
+        f"the default ServiceAccount in {run_ns}",
+    )
+    try:
+        yield Installed(plane, kubeconfig, run_ns, variant == "cluster-wide", docs)
+    finally:
+        _delete(plane, docs)
+
+
+def _expected_rules() -> dict[tuple[str, str], set[str]]:
+    return {
+        ("agents.proompteng.ai", "agentruns"): {"get", "list", "watch", "delete"},
+        ("agents.proompteng.ai", "agentruns/status"): {"update"},
+        ("agents.proompteng.ai", "agentruns/finalizers"): {"update"},
+        ("agents.proompteng.ai", "agents"): {"get"},
+        ("agents.proompteng.ai", "agentproviders"): {"get"},
+        ("agents.proompteng.ai", "implementationspecs"): {"get"},
+        ("batch", "jobs"): {"create", "get", "list", "watch", "delete", "patch"},
+        ("", "pods"): {"list", "watch"},
+        ("", "events"): {"create"},
+        ("coordination.k8s.io", "leases"): {"get", "create"},
+    }
+
+
+def test_rbac_rules_are_exactly_the_documented_set(installed: Installed) -> None:
+    roles = [d for d in installed.docs if d["kind"] in ("Role", "ClusterRole")]
+    assert len(roles) == 1
+    assert roles[0]["kind"] == ("ClusterRole" if installed.cluster_wide else "Role")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in roles[0]["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in (group, resource) and "*" not in rule["verbs"], rule
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == _expected_rules()
+
+
+def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
+    ns = installed.run_namespace
+    for (group, resource), verbs in _expected_rules().items():
+        qualified = f"{resource.split('/')[0]}.{group}" if group else resource.split("/")[0]
+        sub = ["--subresource", resource.split("/")[1]] if "/" in resource else []
+        for verb in sorted(verbs):
+            assert installed.can_i(verb, qualified, "-n", ns, *sub), (verb, qualified, sub)
+
+
+@pytest.mark.parametrize(
+    "request_args",
+    [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("create", "pods", "--subresource=exec"),
+        ("get", "pods", "--subresource=exec"),
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("get", "pods", "--subresource=log"),
+        ("get", "configmaps"),
+        ("create", "serviceaccounts", "--subresource=token"),
+        ("create", "persistentvolumeclaims"),
+        ("update", "agentruns.agents.proompteng.ai"),
+        ("patch", "agentruns.agents.proompteng.ai"),
+        ("create", "agentruns.agents.proompteng.ai"),
+        ("create", "agents.agents.proompteng.ai"),
+        ("update", "jobs.batch"),
+        ("update", "leases.coordination.k8s.io"),
+        ("delete", "leases.coordination.k8s.io"),
+        ("patch", "events"),
+        ("create", "roles.rbac.authorization.k8s.io"),
+        ("create", "rolebindings.rbac.authorization.k8s.io"),
+        ("list", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("list", "nodes"),
+        ("impersonate", "serviceaccounts"),
+    ],
+    ids=lambda a: "-".join(a).replace("--subresource=", ""),
+)
+def test_token_is_refused_what_the_operator_does_not_use(
+    installed: Installed, request_args: tuple[str, ...]
+) -> None:
+    assert not installed.can_i(*request_args, "-n", installed.run_namespace), request_args
+    if not installed.cluster_wide:
+        # Namespaced: nothing at all outside the watched namespaces, nor cluster-wide.
+        assert not installed.can_i("list", "agentruns.agents.proompteng.ai", "-A")
+        assert not installed.can_i("create", "jobs.batch", "-n", "default")
+
+
+def test_token_is_refused_secrets_by_the_api_server(installed: Installed) -> None:
+    """Not only `can-i`: the API server itself answers 403 to that token."""
+    proc = _kubectl_as(installed.plane, installed.kubeconfig, "get", "secrets", "-n", installed.run_namespace)
+    assert proc.returncode != 0 and "Forbidden" in proc.stderr, proc.stderr
+    proc = _kubectl_as(
+        installed.plane,
+        installed.kubeconfig,
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{installed.run_namespace}/pods/any/exec?command=true&stdout=true",
+        "-f",
+        "/dev/null",
+    )
+    assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
+
+
+def _succeeds(_iteration: int, _attempt: int) -> PodOutcome:
+    return PodOutcome()
+
+
+class World:
+    """Outcome per (run, iteration, attempt), consulted by the kubelet driver."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Callable[[int, int], PodOutcome]] = {}
+
+    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
+        labels = pod["metadata"].get("labels", {})
+        fn = self.runs.get(str(labels.get(naming.LABEL_RUN)), _succeeds)
+        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
+
+
+@dataclass
+class Running:
+    installed: Installed
+    operator: OperatorProcess
+    world: World
+    first_served_after: float = 0.0
+
+    @property
+    def plane(self) -> ControlPlane:
+        return self.installed.plane
+
+    @property
+    def ns(self) -> str:
+        return self.installed.run_namespace
+
+    def create(self, manifest: dict[str, Any]) -> None:
+        manifest["metadata"]["namespace"] = self.ns
+        self.plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        code, data = self.plane.api_get(
+            f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{self.ns}/agentruns/{name}"
+        )
+        return dict(json.loads(data)) if code == 200 else None
+
+    def wait_finished(self, name: str, timeout: float = 90) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def done() -> bool:
+            run = self.get(name) or {}
+            seen.update(run)
+            return (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+
+        try:
+            _eventually(done, timeout, f"agentrun {name} to finish")
+        except AssertionError:
+            print(json.dumps(seen.get("status"), indent=1))
+            print(self.operator.logs()[-6000:])
+            raise
+        return seen
+
+    def jobs(self, run: str) -> list[dict[str, Any]]:
+        out = self.plane.kubectl(
+            "get", "jobs", "-n", self.ns, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json"
+        )
+        return list(json.loads(out)["items"])
+
+
+@pytest.fixture(scope="module")
+def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """The operator as a process whose only credential is the chart ServiceAccount's token."""
+    world = World()
+    driver = KubeletDriver(installed.plane, installed.run_namespace, world.outcome).start()
+    env = {
+        "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,
+        # No periodic resync: every step below must be driven by the watches this token allows.
+        "AGENTS_CONTROLLER_RESYNC_SECONDS": "3600",
+    }
+    operator = OperatorProcess(
+        installed.plane,
+        tmp_path_factory.mktemp("rbac-operator"),
+        env=env,
+        args=(f"--kubeconfig={installed.kubeconfig}",),  # the last --kubeconfig wins
+    ).start()
+    started = time.monotonic()
+    running = Running(installed, operator, world)
+    try:
+        # Warm-up: the first run served shows the watches are live (see test_first_run_served_promptly).
+        running.create(_run("rbac-warmup", {"loop": {"maxIterations": 1}}))
+        running.wait_finished("rbac-warmup", timeout=150)
+        running.first_served_after = time.monotonic() - started
+        print(f"first run served {running.first_served_after:.1f}s after the operator started")
+        yield running
+    finally:
+        operator.stop()
+        driver.stop()
+        assert not driver.errors, driver.errors[:5]
+
+
+def _run(name: str, step: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": {"type": "workflow"},
+            "workload": {
+                "image": "busybox:1.36",
+                "command": ["sh", "-c", "true"],
+                "volumes": [
+                    {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
+                ],
+            },
+            "workflow": {"steps": [{"name": "implement", **step}]},
+            **spec,
+        },
+    }
+
+
+def _job_refs(run: dict[str, Any]) -> list[str]:
+    """The Jobs a run's status names, iteration by iteration (Jobs themselves may already be gone)."""
+    return [
+        str(it["jobRef"]["name"])
+        for step in run["status"]["workflow"]["steps"]
+        for it in (step.get("loop") or {}).get("iterations", [])
+    ]
+
+
+def test_operator_with_chart_rbac_runs_the_conditional_loop(running: Running) -> None:
+    name = "rbac-conditional"
+    running.world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2})
+    loop = {
+        "maxIterations": 5,
+        "condition": {
+            "type": "cel",
+            "expression": "iteration.last.control.continue == true",
+            "source": {"type": "file", "onMissing": "stop", "onInvalid": "fail"},
+        },
+    }
+    running.create(_run(name, {"loop": loop}))
+    run = running.wait_finished(name)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = run["status"]["workflow"]["steps"][0]
+    assert step["loop"]["stopReason"] == "LoopConditionFalse"
+    assert step["loop"]["completedIterations"] == 2
+    assert step["loop"]["lastControl"] == {"continue": False}
+    assert _job_refs(run) == [f"{name}-step-1-iter-1-attempt-1", f"{name}-step-1-iter-2-attempt-1"]
+    # Its Events were posted (events: create) and the Jobs still there got their TTL (jobs: patch).
+    events = running.plane.kubectl(
+        "get", "events", "-n", running.ns, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    )
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"LoopStarted", "ConditionEvaluated", "LoopCompleted"} <= reasons, reasons
+    _eventually(
+        lambda: all(j["spec"].get("ttlSecondsAfterFinished") is not None for j in running.jobs(name)),
+        30,
+        "the Jobs' TTL to be set",
+    )
+
+
+def test_operator_with_chart_rbac_reads_references_and_claims_idempotency(running: Running) -> None:
+    for kind, obj, spec in (
+        ("AgentProvider", "rbac-provider", {"image": "busybox:1.36", "command": ["sh", "-c", "true"]}),
+        ("Agent", "rbac-agent", {"providerRef": {"name": "rbac-provider"}}),
+        ("ImplementationSpec", "rbac-impl", {"text": "Do the thing.", "summary": "thing"}),
+    ):
+        running.create(
+            {
+                "apiVersion": "agents.proompteng.ai/v1alpha1",
+                "kind": kind,
+                "metadata": {"name": obj},
+                "spec": spec,
+            }
+        )
+    base = {
+        "agentRef": {"name": "rbac-agent"},
+        "implementationSpecRef": {"name": "rbac-impl"},
+        "idempotencyKey": "rbac-key",
+    }
+    first = _run("rbac-agent-first", {"loop": {"maxIterations": 1}}, **base)
+    del first["spec"]["workload"]["image"], first["spec"]["workload"]["command"]
+    running.create(first)
+    run = running.wait_finished("rbac-agent-first")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    duplicate = _run("rbac-agent-second", {"loop": {"maxIterations": 1}}, **base)
+    running.create(duplicate)
+    run = running.wait_finished("rbac-agent-second")
+    assert run["status"]["phase"] == "Failed"
+    assert any(c["type"] == "Duplicate" for c in run["status"]["conditions"]), run["status"]
+    assert running.jobs("rbac-agent-second") == []
+
+
+def test_operator_with_chart_rbac_cancels_and_deletes_finished_runs(running: Running) -> None:
+    name = "rbac-cancel"
+    running.world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    running.create(_run(name, {"loop": {"maxIterations": 3}}, ttlSecondsAfterFinished=1))
+    _eventually(lambda: len(running.jobs(name)) == 1, 30, "the first Job")
+    running.plane.kubectl(
+        "patch", "agentrun", name, "-n", running.ns, "--type=merge", "-p", '{"spec":{"cancel":"Immediate"}}'
+    )
+    # Cancelled (jobs: delete), then removed after its TTL (agentruns: delete).
+    _eventually(lambda: running.get(name) is None, 60, f"agentrun {name} to be cancelled and deleted")
+    assert "HTTP 403" not in running.operator.logs()
+
+
+def test_operator_logs_show_no_forbidden_request_of_its_own(running: Running) -> None:
+    logs = running.operator.logs()
+    assert "HTTP 403" not in logs
+    # kopf's own scans of namespaces and CRDs are denied on purpose; it falls back to the listed
+    # namespaces and the CRDs found at start (docs/operations.md#rbac). Nothing else may be refused.
+    for line in logs.splitlines():
+        if re.search(r"APIForbiddenError|\bforbidden\b|\b403\b(?!\d)", line, re.IGNORECASE):
+            assert (
+                "/api/v1/namespaces ->" in line
+                or "/customresourcedefinitions ->" in line
+                or "Not enough permissions" in line
+            ), line
+
+
+def test_operator_serves_promptly_with_least_privilege(running: Running) -> None:
+    assert running.first_served_after < 15, f"first run served after {running.first_served_after:.0f}s"
+
+
+# -- HA: replicas > 1 with kopf peering ------------------------------------------------------------
+@dataclass
+class Peered:
+    running: Running
+    operators: list[OperatorProcess]
+
+
+@pytest.fixture(scope="module")
+def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peered]:
+    """Two operator processes with `--peering`, each with the chart's token, as replicas: 2 deploys them."""
+    tmp = tmp_path_factory.mktemp("rbac-peering")
+    release_ns, run_ns = "rbac-peering-system", "rbac-peering-runs"
+    for ns in (release_ns, run_ns):
+        _ensure_namespace(plane, ns, restricted=False)
+    values: dict[str, Any] = {"watchNamespaces": [run_ns], "replicas": 2, "loops": {"enabled": True}}
+    docs = _install_identity(plane, helm, tmp, "rbac-peering", release_ns, values)
+    peering = [d for d in helm.render(values, "rbac-peering", release_ns) if d["kind"] == "KopfPeering"]
+    assert [p["metadata"]["namespace"] for p in peering] == [run_ns]
+    plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(peering[0]))
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    _eventually(
+        lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
+        60,
+        f"the default ServiceAccount in {run_ns}",
+    )
+    installed = Installed(plane, kubeconfig, run_ns, False, docs)
+    world = World()
+    driver = KubeletDriver(plane, run_ns, world.outcome).start()
+    operators = [
+        OperatorProcess(
+            plane,
+            tmp / f"operator-{pod}",
+            env={
+                "AGENTS_CONTROLLER_NAMESPACES": run_ns,
+                "AGENTS_CONTROLLER_RESYNC_SECONDS": "3600",
+                "POD_ID": f"agentrun-operator-{pod}",  # what the Deployment sets from metadata.name
+            },
+            args=(f"--kubeconfig={kubeconfig}", "--peering"),
+        ).start()
+        for pod in ("a", "b")
+    ]
+    try:
+        yield Peered(Running(installed, operators[0], world), operators)
+    finally:
+        for operator in operators:
+            operator.stop()
+        driver.stop()
+        _delete(plane, docs + peering)
+
+
+def _peers(plane: ControlPlane, namespace: str) -> set[str]:
+    code, data = plane.api_get(f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/default")
+    return set((json.loads(data).get("status") or {}) if code == 200 else {})
+
+
+def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> None:
+    running = peered.running
+    # Both replicas have announced themselves in the peering object and seen each other.
+    _eventually(
+        lambda: _peers(running.plane, running.ns) >= {"agentrun-operator-a", "agentrun-operator-b"},
+        90,
+        "both replicas in the KopfPeering",
+    )
+    time.sleep(3)
+    # They did not freeze each other (kopf pauses every operator of equal priority it sees).
+    frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
+    assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
+    # One of them serves (the other is on standby).
+    running.create(_run("ha-first", {"loop": {"maxIterations": 2}}))
+    first = running.wait_finished("ha-first", timeout=60)
+    assert first["status"]["phase"] == "Succeeded"
+    # The first replica goes (a rolling update, a lost node): the other one carries on.
+    peered.operators[0].stop()
+    running.create(_run("ha-second", {"loop": {"maxIterations": 2}}))
+    second = running.wait_finished("ha-second", timeout=90)
+    assert second["status"]["phase"] == "Succeeded"
+    names = _job_refs(first) + _job_refs(second)
+    assert len(names) == len(set(names)) == 4
