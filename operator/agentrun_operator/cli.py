@@ -24,6 +24,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from agentrun_operator.devcluster import dev, toolchain
     from agentrun_operator.devcluster.controlplane import ControlPlaneError
+    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
 
     try:
         if args.dev_command == "up":
@@ -34,10 +35,20 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             return dev.status()
         if args.dev_command == "env":
             return dev.env()
+        if args.dev_command == "logs":
+            return dev.logs(args.pod, args.container, args.namespace, args.previous)
+        if args.dev_command == "run":
+            return dev.run_example(Path(args.manifest), args.namespace, args.timeout, fresh=not args.keep)
+        if args.dev_command == "pod-runner":
+            from agentrun_operator.devcluster.podrunner.main import run_pod_runner
+
+            return run_pod_runner(
+                Path(args.kubeconfig), Path(args.state_dir), args.node, tuple(args.namespace or ())
+            )
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0
-    except (toolchain.ToolchainError, ControlPlaneError) as exc:
+    except (toolchain.ToolchainError, ControlPlaneError, SandboxUnavailable) as exc:
         print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
     raise AssertionError(args.dev_command)
@@ -113,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub.add_parser("status", help="show each component, its pid and health")
     dev_sub.add_parser("env", help='print shell exports: eval "$(agentrun dev env)"')
     dev_sub.add_parser("tools", help="build (or reuse) the control plane tools and print their directory")
+    logs = dev_sub.add_parser("logs", help="print a container's log from the local pod runner")
+    logs.add_argument("pod")
+    logs.add_argument("-c", "--container", help="container name (default: the pod's first container)")
+    logs.add_argument("-n", "--namespace", default="default")
+    logs.add_argument("-p", "--previous", action="store_true", help="the log of the previous restart")
+    run = dev_sub.add_parser("run", help="apply an example, follow it to the end, show status and files")
+    run.add_argument("manifest")
+    run.add_argument("-n", "--namespace", default="default")
+    run.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    run.add_argument("--keep", action="store_true", help="keep an earlier run of it and its PVC files")
+    runner = dev_sub.add_parser("pod-runner", help="run the local pod runner in the foreground")
+    runner.add_argument("--kubeconfig", required=True)
+    runner.add_argument("--state-dir", required=True, help="pods, logs and PVC directories go here")
+    runner.add_argument("--node", default="agentrun-local", help="the Node it registers")
+    runner.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
     dev.set_defaults(func=_cmd_dev)
     return parser
 

@@ -360,3 +360,20 @@ def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> N
     assert conditions["Duplicate"]["status"] == "True"
     assert conditions["Duplicate"]["reason"] == "IdempotencyKeyCompleted"
     assert _jobs(plane, "idem-second") == []
+
+
+def test_recreated_run_never_adopts_the_jobs_of_its_namesake(cluster: Any, world: World) -> None:
+    """Jobs left by a deleted AgentRun of the same name are not this run's: deleted, not adopted."""
+    plane, operator, _ = cluster
+    name = "namesake"
+    _create(plane, _loop_run(name, {"maxIterations": 1}))
+    first = _wait_finished(plane, name, operator)
+    # Orphan the Jobs, as when the garbage collector has not caught up yet.
+    plane.kubectl("delete", "agentrun", name, "-n", NAMESPACE, "--cascade=orphan", "--wait=true")
+    assert len(_jobs(plane, name)) == 1
+    _create(plane, _loop_run(name, {"maxIterations": 1}))
+    second = _wait_finished(plane, name, operator, timeout=120)
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert second["status"]["phase"] == "Succeeded", second["status"]
+    jobs = _jobs(plane, name)
+    assert [j["metadata"]["ownerReferences"][0]["uid"] for j in jobs] == [second["metadata"]["uid"]]

@@ -1,18 +1,40 @@
-"""`agentrun dev`: the local default environment (control plane now; pod runner and operator later).
+"""`agentrun dev`: the local default environment — control plane, local pod runner and operator.
 
 State lives under `~/.agentrun/dev` (or `$AGENTRUN_DEV_HOME`); tools come from the shared cache.
+Every component is a detached process with a pid file under `<home>/run/`, so `up` is idempotent and
+`down` (from any shell) stops them all. The pod runner keeps its pods' files, logs and the PVC
+directories under `<home>/pods/` and `<home>/pvc/`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from agentrun_operator.devcluster import toolchain
-from agentrun_operator.devcluster.controlplane import ControlPlane
+import yaml
+
+from agentrun_operator import naming
+from agentrun_operator.devcluster import processes, toolchain
+from agentrun_operator.devcluster.controlplane import ControlPlane, ControlPlaneError
+
+RUNNER = "pod-runner"
+OPERATOR = "operator"
+SERVICES = (RUNNER, OPERATOR)
+HEALTH_STALE_SECONDS = 15.0
+RUN_LOOPS_ENV = {
+    "AGENTS_CONTROLLER_WORKFLOW_LOOPS_ENABLED": "true",
+    "AGENTS_CONTROLLER_RESYNC_SECONDS": "10",
+}
 
 
 def dev_home() -> Path:
@@ -38,17 +60,123 @@ def write_generated_crds(directory: Path) -> Path:
     return directory
 
 
+# ----------------------------------------------------------------------------------- services
+
+
+def _cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentrun_operator.cli", *args]
+
+
+def _service_env() -> dict[str, str]:
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    if venv_bin not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _operator_port_file(home: Path) -> Path:
+    return home / "run" / "operator.json"
+
+
+def runner_healthy(home: Path) -> bool:
+    """The runner's heartbeat is fresh and its watches are up."""
+    try:
+        doc = json.loads((home / "run" / "pod-runner.health.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(doc.get("watching")) and time.time() - float(doc.get("time", 0)) < HEALTH_STALE_SECONDS
+
+
+def operator_healthy(home: Path) -> bool:
+    """kopf's liveness endpoint answers 200."""
+    try:
+        port = int(json.loads(_operator_port_file(home).read_text())["port"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _wait_healthy(
+    home: Path,
+    name: str,
+    check: Callable[[Path], bool],
+    proc: subprocess.Popen[bytes] | None = None,
+    timeout: float = 90.0,
+) -> None:
+    deadline = time.monotonic() + timeout
+    run_dir = home / "run"
+    while time.monotonic() < deadline:
+        record = processes.read_record(run_dir, name)
+        exited = proc.poll() is not None if proc is not None else record is None or not record.alive()
+        if exited:
+            log = home / "logs" / f"{name}.log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise ControlPlaneError(f"{name} exited at start; log: {log}\n{tail}")
+        if check(home):
+            return
+        time.sleep(0.2)
+    raise ControlPlaneError(f"{name} did not become healthy within {timeout:.0f}s; see {home / 'logs'}")
+
+
+def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = ()) -> None:
+    argv = _cli_argv("dev", "pod-runner", f"--kubeconfig={plane.kubeconfig}", f"--state-dir={plane.home}") + [
+        f"--namespace={ns}" for ns in namespaces
+    ]
+    proc = processes.start_process(
+        plane.run_dir, RUNNER, argv, plane.log_dir / f"{RUNNER}.log", env=_service_env()
+    )
+    _wait_healthy(plane.home, RUNNER, runner_healthy, proc)
+
+
+def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None) -> None:
+    port = processes.free_port()
+    _operator_port_file(plane.home).parent.mkdir(parents=True, exist_ok=True)
+    _operator_port_file(plane.home).write_text(json.dumps({"port": port}))
+    env = {**_service_env(), **RUN_LOOPS_ENV, **(extra_env or {})}
+    argv = _cli_argv("operator", f"--kubeconfig={plane.kubeconfig}", f"--liveness-port={port}")
+    proc = processes.start_process(plane.run_dir, OPERATOR, argv, plane.log_dir / f"{OPERATOR}.log", env=env)
+    _wait_healthy(plane.home, OPERATOR, operator_healthy, proc)
+
+
 def up() -> int:
+    from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
+
+    find_bwrap()  # fail before starting anything when bubblewrap is missing
     toolchain.ensure_tools(_say)
     plane = control_plane()
+    was_up = plane.is_up()
     plane.start(crds_dir=write_generated_crds(plane.home / "crds"))
+    if not was_up:  # a new control plane (new ports): services started against the old one go
+        for name in reversed(SERVICES):
+            processes.stop_process(plane.run_dir, name)
+    starters: dict[str, Callable[[], None]] = {
+        RUNNER: lambda: start_runner(plane),
+        OPERATOR: lambda: start_operator(plane),
+    }
+    checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
+    for name in SERVICES:
+        current = processes.read_record(plane.run_dir, name)
+        if current is not None and current.alive():
+            _say(f"  {name} already running (pid {current.pid})")
+            if not checks[name](plane.home):
+                _wait_healthy(plane.home, name, checks[name], timeout=30)
+            continue
+        processes.stop_process(plane.run_dir, name)  # a stale pid file
+        starters[name]()
+        record = processes.read_record(plane.run_dir, name)
+        _say(f"  {name} ready (pid {record.pid if record else '?'})")
     _say(f'ready. Use it with:  eval "$(agentrun dev env)"   (state: {plane.home})')
     return 0
 
 
 def down(purge: bool = False) -> int:
     plane = control_plane()
-    stopped = plane.stop()
+    stopped = [name for name in reversed(SERVICES) if processes.stop_process(plane.run_dir, name, grace=20)]
+    stopped += plane.stop()
+    _operator_port_file(plane.home).unlink(missing_ok=True)
+    (plane.home / "run" / "pod-runner.health.json").unlink(missing_ok=True)
     _say(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
     if purge and plane.home.exists():
         shutil.rmtree(plane.home)
@@ -56,15 +184,42 @@ def down(purge: bool = False) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Row:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    log: str | None
+
+
+def component_rows(plane: ControlPlane) -> list[Row]:
+    rows = [Row(c.name, c.pid, c.running, c.healthy, c.log) for c in plane.component_status()]
+    checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
+    for name in SERVICES:
+        record = processes.read_record(plane.run_dir, name)
+        running = record is not None and record.alive()
+        rows.append(
+            Row(
+                name,
+                record.pid if record else None,
+                running,
+                running and checks[name](plane.home),
+                record.log if record else None,
+            )
+        )
+    return rows
+
+
 def status() -> int:
     plane = control_plane()
-    rows = plane.component_status()
+    rows = component_rows(plane)
     print(f"{'COMPONENT':<26}{'PID':>8}  {'STATE':<10}LOG")
     for row in rows:
         state = "healthy" if row.healthy else ("running" if row.running else "stopped")
         print(f"{row.name:<26}{row.pid or '-':>8}  {state:<10}{row.log or '-'}")
     if all(r.healthy for r in rows):
-        print(f"server: {plane.server}\nkubeconfig: {plane.kubeconfig}")
+        print(f"server: {plane.server}\nkubeconfig: {plane.kubeconfig}\nstate: {plane.home}")
         return 0
     return 1
 
@@ -74,4 +229,173 @@ def env() -> int:
     path = f"{toolchain.bin_dir()}:{os.environ.get('PATH', '')}"
     print(f"export KUBECONFIG={shlex.quote(str(plane.kubeconfig))}")
     print(f"export PATH={shlex.quote(path)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- logs
+
+
+def find_pod_dir(home: Path, namespace: str, pod: str) -> Path | None:
+    """The newest run of pod `namespace/pod` under the runner's state (pods are kept by uid)."""
+    base = home / "pods" / namespace / pod
+    runs = [p for p in base.glob("*/pod.json")] if base.is_dir() else []
+    if not runs:
+        return None
+    return max(runs, key=lambda p: p.stat().st_mtime).parent
+
+
+def logs(pod: str, container: str | None = None, namespace: str = "default", previous: bool = False) -> int:
+    home = dev_home()
+    pod_dir = find_pod_dir(home, namespace, pod)
+    if pod_dir is None:
+        print(f"agentrun dev logs: no pod {namespace}/{pod} has run here ({home / 'pods'})", file=sys.stderr)
+        return 1
+    meta = json.loads((pod_dir / "pod.json").read_text())
+    name = container or meta.get("default")
+    if name not in meta.get("containers", []):
+        print(
+            f"agentrun dev logs: container {name!r} is not in pod {pod}; "
+            f"choose one of: {' '.join(meta.get('containers', []))}",
+            file=sys.stderr,
+        )
+        return 1
+    files = sorted((pod_dir / "logs" / str(name)).glob("*.log"), key=lambda p: int(p.stem))
+    if previous:
+        files = files[:-1]
+    if not files:
+        print(f"agentrun dev logs: container {name} of {pod} has no log (yet)", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(files[-1].read_bytes())
+    sys.stdout.flush()
+    return 0
+
+
+# ----------------------------------------------------------------------------------- run an example
+
+
+def _claims(run: dict[str, Any]) -> list[str]:
+    spec = run.get("spec") or {}
+    workloads = [spec.get("workload") or {}]
+    workloads += [s.get("workload") or {} for s in (spec.get("workflow") or {}).get("steps") or []]
+    claims: list[str] = []
+    for workload in workloads:
+        for volume in workload.get("volumes") or []:
+            claim = volume.get("claimName")
+            if volume.get("type") == "pvc" and claim and claim not in claims:
+                claims.append(str(claim))
+    return claims
+
+
+def _progress_line(run: dict[str, Any]) -> str:
+    status = run.get("status") or {}
+    steps = (status.get("workflow") or {}).get("steps") or []
+    current = next(
+        (s for s in steps if s.get("phase") in ("Running", "Retrying")), steps[-1] if steps else {}
+    )
+    loop = current.get("loop") or {}
+    iteration = f"{loop.get('currentIteration', '-')}/{loop.get('maxIterations', '-')}" if loop else "-"
+    return (
+        f"{run['metadata']['name']:<40} {status.get('phase') or 'Pending':<10} "
+        f"{current.get('name') or '-':<12} {iteration:<9} {status.get('reason') or ''}"
+    )
+
+
+def _show_files(root: Path, limit: int = 2048) -> None:
+    if not root.exists():
+        print(f"  (nothing: {root} does not exist)")
+        return
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root)
+        data = path.read_bytes()
+        print(f"--- {rel} ({len(data)} bytes)")
+        text = data[:limit].decode("utf-8", "replace")
+        print(text.rstrip("\n") + ("\n  …" if len(data) > limit else ""))
+
+
+def run_example(
+    manifest: Path, namespace: str = "default", timeout: float = 300.0, fresh: bool = True
+) -> int:
+    """Apply an example, follow its AgentRun(s) to the end, print the status and the volume's files."""
+    plane = control_plane()
+    if not plane.is_up():
+        raise ControlPlaneError("the local default is not running; start it with `agentrun dev up`")
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    runs = [d for d in docs if d.get("kind") == "AgentRun"]
+    claims = [c for r in runs for c in _claims(r)]
+    base = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{namespace}/agentruns"
+    if fresh:
+        for run in runs:
+            name = run["metadata"]["name"]
+            if plane.api_get(f"{base}/{name}")[0] == 200:
+                _say(f"deleting the previous run {namespace}/{name}")
+                plane.kubectl("delete", "agentrun", name, "-n", namespace, "--wait=true", "--timeout=120s")
+            # Its Jobs and pods too, at once: the new run's Jobs have the same deterministic names,
+            # and the garbage collector only learns about CRDs at its 30 s discovery resync.
+            selector = f"{naming.LABEL_RUN}={naming.label_value(name)}"
+            for kind in ("jobs", "pods"):
+                plane.kubectl(
+                    "delete",
+                    kind,
+                    "-n",
+                    namespace,
+                    "-l",
+                    selector,
+                    "--cascade=foreground",
+                    "--wait=true",
+                    "--timeout=120s",
+                    "--ignore-not-found",
+                )
+        for claim in claims:
+            shutil.rmtree(plane.home / "pvc" / namespace / claim, ignore_errors=True)
+    _say(plane.kubectl("apply", "-n", namespace, "-f", str(manifest)).rstrip())
+    print(f"{'NAME':<40} {'PHASE':<10} {'STEP':<12} {'ITERATION':<9} REASON", flush=True)
+    deadline = time.monotonic() + timeout
+    last: dict[str, str] = {}
+    final: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline and len(final) < len(runs):
+        for run in runs:
+            name = run["metadata"]["name"]
+            code, body = plane.api_get(f"{base}/{name}")
+            if code != 200:
+                continue
+            obj = json.loads(body)
+            line = _progress_line(obj)
+            if last.get(name) != line:
+                last[name] = line
+                print(line, flush=True)
+            if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
+                final[name] = obj
+        time.sleep(0.5)
+    for run in runs:
+        name = run["metadata"]["name"]
+        print()
+        print(plane.kubectl("get", "agentrun", name, "-n", namespace).rstrip())
+        code, body = plane.api_get(f"{base}/{name}")
+        obj = json.loads(body) if code == 200 else {}
+        status = obj.get("status") or {}
+        print(
+            f"phase: {status.get('phase')}  reason: {status.get('reason')}  message: {status.get('message')}"
+        )
+        for step in (status.get("workflow") or {}).get("steps") or []:
+            loop = step.get("loop") or {}
+            print(
+                f"step {step.get('name')}: {step.get('phase')}"
+                + (
+                    f", {loop.get('completedIterations')} iterations, stop reason {loop.get('stopReason')}"
+                    if loop
+                    else ""
+                )
+            )
+            for it in loop.get("iterations") or []:
+                print(
+                    f"  iteration {it.get('index')}: {it.get('phase')} (attempts {it.get('attempts')}) "
+                    f"{it.get('message') or ''}".rstrip()
+                )
+    for claim in claims:
+        root = plane.home / "pvc" / namespace / claim
+        print(f"\nfiles the iterations left on PVC {claim} ({root}):")
+        _show_files(root)
+    if len(final) < len(runs):
+        _say(f"timed out after {timeout:.0f}s before every run ended")
+        return 1
     return 0

@@ -20,7 +20,8 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             # Only plain values: kopf attaches its whole settings object to every record.
-            if key not in _STANDARD and not key.startswith("_") and isinstance(value, str | int | float | bool):
+            plain = isinstance(value, str | int | float | bool)
+            if plain and key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)

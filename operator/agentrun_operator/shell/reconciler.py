@@ -178,6 +178,15 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 created, job = await self.kube.create_job(action.manifest)
+                if not created and not _owned_by(job, meta["uid"]):
+                    # Left by an earlier AgentRun of the same name (its owner is gone): never adopt it.
+                    await self.kube.delete_job(namespace, action.name)
+                    log.info(
+                        "stale job of an earlier run deleted",
+                        extra={**corr, "job": action.name, "decision": "delete-foreign-job"},
+                    )
+                    result.requeue_after = 1.0
+                    continue
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
                 log.info(
                     "job created" if created else "job adopted",

@@ -1,0 +1,15 @@
+"""The local pod runner: the kubelet's part of the local default, with real processes (SPEC §8).
+
+It registers a Node, binds pending pods to it and runs their containers as local processes in the
+kubelet's order, each in a bubblewrap sandbox (`bwrap`) where every volume is bind-mounted at its
+`mountPath` and the host's root is read-only. Images are not pulled: the host's tools run.
+
+- `spec` — pure: which containers run in which order, environment and `$(VAR)` expansion, volumes
+  and mount checks, termination messages.
+- `status` — pure: container records to a `PodStatus` (phase, conditions, container states).
+- `sandbox` — the `bwrap` command line (pure) and the check that `bwrap` is installed.
+- `api` — a small synchronous API client from a kubeconfig (requests and watches).
+- `runner` — the imperative shell: watches, binds, runs, reports, kills.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,129 @@
+"""The bubblewrap (`bwrap`) command line that runs one container (building it is pure).
+
+The sandbox's `/` is a tmpfs holding the host's top-level entries bind-mounted read-only (symlinks
+such as `/bin -> usr/bin` re-created as symlinks), so a mount path like `/workspace` can be created
+without touching the host; then a fresh `/dev` and `/proc`, the pod's own `/tmp`, the volumes (in
+depth order, so nested mounts work) and the termination-message files, and finally `/` is made
+read-only. Writable are only the volumes, the pod's tmp and the termination-message files.
+
+Each container gets its own PID namespace (`--unshare-pid`): bwrap's small init is PID 1 and the
+command PID 2, so a SIGTERM to the command behaves as in a shell (no PID-1 signal immunity), and
+when the command exits, or the init is SIGKILLed, the kernel kills everything left in the namespace.
+`--die-with-parent` ties the sandbox to its bwrap monitor, which runs in the runner's process group.
+Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+SKIPPED_TOP_LEVEL = frozenset({"proc", "dev", "tmp"})
+
+
+class SandboxUnavailable(RuntimeError):
+    """`bwrap` is missing or cannot create namespaces here."""
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """A top-level entry of the host's `/`: a directory, a file or a symlink (with its target)."""
+
+    name: str
+    kind: str  # dir | file | symlink
+    target: str = ""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Host path `source` mounted at `target` in the sandbox."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+def host_root_entries(root: str = "/") -> list[HostEntry]:
+    """The entries of a host directory, by default `/` (sockets and devices are left out)."""
+    entries: list[HostEntry] = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if os.path.islink(path):
+            entries.append(HostEntry(name, "symlink", os.readlink(path)))
+        elif os.path.isdir(path):
+            entries.append(HostEntry(name, "dir"))
+        elif os.path.isfile(path):
+            entries.append(HostEntry(name, "file"))
+    return entries
+
+
+def find_bwrap() -> str:
+    """The `bwrap` executable, or SandboxUnavailable saying how to install it."""
+    path = shutil.which("bwrap") or next(
+        (p for p in ("/usr/bin/bwrap", "/usr/local/bin/bwrap") if os.access(p, os.X_OK)), None
+    )
+    if path is None:
+        raise SandboxUnavailable(
+            "bubblewrap (`bwrap`) is not installed; the local pod runner needs it to mount each pod's "
+            "volumes. Install it with `make setup` (as root) or `apt-get install -y bubblewrap`."
+        )
+    return path
+
+
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def bwrap_argv(
+    bwrap: str,
+    argv: Sequence[str],
+    host_entries: Iterable[HostEntry],
+    pod_tmp: str,
+    binds: Iterable[Bind],
+    files: Iterable[Bind],
+    workdir: str,
+    status_fd: int | None = None,
+    hostname: str | None = None,
+    expand: Sequence[tuple[str, Sequence[HostEntry]]] = (),
+) -> list[str]:
+    """The full command line: sandbox set-up, then `--` and the container's argv.
+
+    `expand` lists host directories re-created as a tmpfs holding their entries (see
+    `spec.resolve_on_host`), so mount points can be made inside them; they end read-only too.
+    """
+    binds = sorted(binds, key=lambda b: (_depth(b.target), b.target))
+    top_level_targets = {b.target.strip("/") for b in binds if _depth(b.target) == 1}
+    out = [bwrap, "--tmpfs", "/"]
+    for entry in host_entries:
+        if entry.name in SKIPPED_TOP_LEVEL or entry.name in top_level_targets:
+            continue
+        path = "/" + entry.name
+        if entry.kind == "symlink":
+            out += ["--symlink", entry.target, path]
+        else:
+            out += ["--ro-bind", path, path]
+    out += ["--dev", "/dev", "--proc", "/proc", "--bind", pod_tmp, "/tmp"]
+    expand = sorted(expand, key=lambda e: (_depth(e[0]), e[0]))
+    for directory, entries in expand:
+        out += ["--tmpfs", directory]
+        for entry in entries:
+            path = f"{directory.rstrip('/')}/{entry.name}"
+            if entry.kind == "symlink":
+                out += ["--symlink", entry.target, path]
+            else:
+                out += ["--ro-bind", path, path]
+    for bind in binds:
+        out += ["--ro-bind" if bind.read_only else "--bind", bind.source, bind.target]
+    for file in files:
+        out += ["--ro-bind" if file.read_only else "--bind", file.source, file.target]
+    for directory, _entries in reversed(expand):
+        out += ["--remount-ro", directory]
+    out += ["--remount-ro", "/", "--unshare-pid", "--die-with-parent", "--chdir", workdir]
+    if hostname:
+        out += ["--unshare-uts", "--hostname", hostname]
+    if status_fd is not None:
+        out += ["--json-status-fd", str(status_fd)]
+    out += ["--", *argv]
+    return out

@@ -1,0 +1,208 @@
+"""The e2e tier: the real control plane, the operator as a process and the local pod runner as a
+process, so every pod of every iteration runs real commands on real (bind-mounted) volumes.
+
+The runner and the operator watch only the `e2e` namespace, so they never meet the integration
+tests' fake kubelet (namespace `loops`). PVC claims are directories under the runner's state
+directory: `<state>/pvc/e2e/<claim>/`, which the tests read to check what the iterations left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.devcluster.podrunner.main import READY_LINE
+from tests.integration.operator_process import OperatorProcess
+
+NAMESPACE = "e2e"
+NODE = "agentrun-e2e"
+EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
+
+
+def eventually(check: Callable[[], Any], timeout: float = 120.0, what: str = "", every: float = 0.2) -> Any:
+    """Poll until `check()` is truthy; return its value. Generous: the machine has 2 cores."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def processes_with(*argv: str) -> list[int]:
+    """PIDs whose command line is exactly `argv` (e.g. ("sleep", "7777")), zombies excluded."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes() != wanted:
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found
+
+
+class RunnerProcess:
+    """`agentrun dev pod-runner` as its own process (own session, so it can be stopped as a group)."""
+
+    def __init__(self, plane: ControlPlane, state_dir: Path) -> None:
+        self.plane = plane
+        self.state_dir = state_dir
+        self.log_path = state_dir / "pod-runner.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RunnerProcess:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "agentrun_operator.cli",
+                    "dev",
+                    "pod-runner",
+                    f"--kubeconfig={self.plane.kubeconfig}",
+                    f"--state-dir={self.state_dir}",
+                    f"--node={NODE}",
+                    f"--namespace={NAMESPACE}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = self.proc
+        eventually(
+            lambda: READY_LINE in self.log_path.read_text(errors="replace") or proc.poll() is not None,
+            timeout=60,
+            what="the pod runner to start",
+        )
+        if proc.poll() is not None:
+            raise RuntimeError(f"pod runner exited {proc.returncode}:\n{self.logs()[-3000:]}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class LocalDefault:
+    """What an e2e test works with."""
+
+    plane: ControlPlane
+    runner: RunnerProcess
+    operator: OperatorProcess
+
+    @property
+    def state_dir(self) -> Path:
+        return self.runner.state_dir
+
+    def claim_dir(self, claim: str) -> Path:
+        return self.state_dir / "pvc" / NAMESPACE / claim
+
+    def apply(self, manifest: str) -> None:
+        self.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
+
+    def apply_example(self, name: str, edit: Callable[[str], str] | None = None) -> str:
+        text = (EXAMPLES / name).read_text()
+        if edit is not None:
+            text = edit(text)
+        self.apply(text)
+        return text
+
+    def run(self, name: str) -> dict[str, Any]:
+        code, body = self.plane.api_get(f"{AR_PATH}/{name}")
+        assert code == 200, (code, body[:300])
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def wait_for_end(self, name: str, timeout: float = 240.0) -> dict[str, Any]:
+        def ended() -> dict[str, Any] | None:
+            obj = self.run(name)
+            return obj if (obj.get("status") or {}).get("phase") in TERMINAL else None
+
+        try:
+            result: dict[str, Any] = eventually(ended, timeout=timeout, what=f"AgentRun {name} to end")
+        except AssertionError:
+            raise AssertionError(
+                f"AgentRun {name} did not end: {json.dumps(self.run(name).get('status'), indent=1)}\n"
+                f"--- runner log ---\n{self.runner.logs()[-3000:]}\n"
+                f"--- operator log ---\n{self.operator.logs()[-3000:]}"
+            ) from None
+        return result
+
+    def patch_run(self, name: str, patch: dict[str, Any]) -> None:
+        self.plane.kubectl(
+            "patch", "agentrun", name, "-n", NAMESPACE, "--type", "merge", "-p", json.dumps(patch)
+        )
+
+
+def step_status(run: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    steps = ((run.get("status") or {}).get("workflow") or {}).get("steps") or []
+    result: dict[str, Any] = steps[index]
+    return result
+
+
+@pytest.fixture(autouse=True)
+def needs_bubblewrap() -> None:
+    """The pod runner cannot mount volumes without bwrap (`make setup` installs it as root)."""
+    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+
+    try:
+        find_bwrap()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def local_default(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalDefault]:
+    plane = control_plane
+    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        plane.kubectl("create", "namespace", NAMESPACE)
+    eventually(
+        lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
+        what="the e2e namespace's default ServiceAccount",
+    )
+    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state")).start()
+    operator = OperatorProcess(
+        plane,
+        tmp_path_factory.mktemp("e2e-operator"),
+        env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE, "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "600"},
+    )
+    try:
+        operator.start()
+        yield LocalDefault(plane, runner, operator)
+    finally:
+        # Runs end here, so no later operator (the integration tier's is cluster-wide) picks them up.
+        plane.kubectl("delete", "agentruns", "--all", "-n", NAMESPACE, "--wait=false", check=False)
+        operator.stop()
+        runner.stop()

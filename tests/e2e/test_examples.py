@@ -1,0 +1,120 @@
+"""Every example in examples/ runs for real and reaches the outcome examples/README.md promises,
+including the files its iterations leave on the PVC (state continuity across iterations)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.e2e.conftest import LocalDefault, eventually, processes_with, step_status
+
+
+def iterations(run: dict[str, object]) -> list[dict[str, object]]:
+    loop = step_status(run).get("loop") or {}
+    result: list[dict[str, object]] = loop.get("iterations") or []
+    return result
+
+
+def test_fixed_loop(local_default: LocalDefault) -> None:
+    local_default.apply_example("fixed-loop.yaml")
+    run = local_default.wait_for_end("fixed-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopMaxIterationsReached"
+    assert loop["completedIterations"] == 3
+    lines = (local_default.claim_dir("fixed-loop-workspace") / "log.txt").read_text().splitlines()
+    assert [line.split(" at ")[0] for line in lines] == [f"iteration {k} of 3" for k in (1, 2, 3)]
+
+
+def test_conditional_loop(local_default: LocalDefault) -> None:
+    local_default.apply_example("conditional-loop.yaml")
+    run = local_default.wait_for_end("conditional-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3
+    assert loop["lastControl"] == {"continue": False, "outputs": {"iteration": 3, "notes": 3}}
+    root = local_default.claim_dir("conditional-loop-workspace")
+    assert len((root / "notes" / "progress.log").read_text().splitlines()) == 3
+    assert json.loads((root / ".agentrun" / "loop-control.json").read_text())["continue"] is False
+    # each iteration saw the notes of the ones before it, and got the previous control object
+    assert (root / "notes" / "iteration-1.txt").read_text().startswith("iteration 1: found 0 earlier notes")
+    third = (root / "notes" / "iteration-3.txt").read_text()
+    assert third.startswith("iteration 3: found 2 earlier notes")
+    assert '"iteration":2' in third
+
+
+def test_retries_with_a_command_that_fails_once(local_default: LocalDefault) -> None:
+    local_default.apply_example("retries.yaml")
+    run = local_default.wait_for_end("retries")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert [(it["index"], it["phase"], it["attempts"]) for it in iterations(run)] == [
+        (1, "Succeeded", 2),
+        (2, "Succeeded", 1),
+    ]
+    root = local_default.claim_dir("retries-workspace")
+    assert (root / "attempts.log").read_text().splitlines() == [
+        "iteration 1 attempt 1",
+        "iteration 1 attempt 2",
+        "iteration 2 attempt 1",
+    ]
+    assert (root / "flaky-marker").exists()
+
+
+def test_timeout_kills_the_sleeping_process_and_the_retry_succeeds(local_default: LocalDefault) -> None:
+    local_default.apply_example("timeout.yaml")
+    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run")
+    run = local_default.wait_for_end("timeout")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Succeeded", 2)]
+    assert not processes_with("sleep", "7777"), "the timed-out attempt's process is still running"
+    lines = (local_default.claim_dir("timeout-workspace") / "attempts.log").read_text().splitlines()
+    assert lines == ["attempt 1 sleeping", "attempt 2 done"]
+
+
+def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault) -> None:
+    def no_retry(text: str) -> str:
+        return (
+            text.replace("name: timeout\n", "name: timeout-no-retry\n")
+            .replace("retries: 1", "retries: 0")
+            .replace("timeout-workspace", "timeout-no-retry-workspace")
+            .replace("sleep 7777", "sleep 7779")
+        )
+
+    local_default.apply_example("timeout.yaml", edit=no_retry)
+    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run")
+    run = local_default.wait_for_end("timeout-no-retry")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopIterationFailed"
+    assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Failed", 1)]
+    eventually(lambda: not processes_with("sleep", "7779"), timeout=60, what="the sleep to be killed")
+    lines = (local_default.claim_dir("timeout-no-retry-workspace") / "attempts.log").read_text().splitlines()
+    assert lines == ["attempt 1 sleeping"]
+
+
+def test_immediate_cancel(local_default: LocalDefault) -> None:
+    local_default.apply_example("cancel-immediate.yaml")
+    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run")
+    local_default.patch_run("cancel-immediate", {"spec": {"cancel": "Immediate"}})
+    run = local_default.wait_for_end("cancel-immediate")
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopCancelled"
+    assert [it["phase"] for it in iterations(run)] == ["Cancelled"]
+    eventually(lambda: not processes_with("sleep", "7778"), timeout=60, what="the sleep to be killed")
+    started = (local_default.claim_dir("cancel-immediate-workspace") / "started.log").read_text()
+    assert len(started.splitlines()) == 1
+
+
+def test_agent_provider_and_implementation_spec(local_default: LocalDefault) -> None:
+    local_default.apply_example("agent-trio.yaml")
+    run = local_default.wait_for_end("agent-trio")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert step_status(run)["loop"]["completedIterations"] == 2
+    root = local_default.claim_dir("agent-trio-workspace")
+    assert (root / "task.md").read_text() == (
+        "Write a haiku about iterating on the same workspace.\nKeep each line short.\n\n"
+    )
+    lines = (root / "agent.log").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["shell-agent iteration 1", "shell-agent iteration 2"]
+    assert all("write a haiku about loops" in line for line in lines)
