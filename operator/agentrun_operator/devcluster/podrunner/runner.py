@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -58,9 +59,16 @@ _SMP = "application/strategic-merge-patch+json"
 _LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
+def host_tool_paths() -> list[str]:
+    """Where this Python's tools live: the venv (its `agentrun`) and the package's source tree."""
+    import agentrun_operator
+
+    package_root = Path(agentrun_operator.__file__).resolve().parent.parent
+    return sorted({sys.prefix, str(package_root)})
+
+
 def default_container_path() -> str:
     """PATH inside pods: the running Python's bin (the venv, so `agentrun` works) then the system's."""
-    import sys
 
     return f"{Path(sys.executable).parent}:{S.SYSTEM_PATH}"
 
@@ -579,7 +587,17 @@ class PodWorker:
         hostname = str(env.get("HOSTNAME") or self.name)[:63]
         return ContainerProcess(
             lambda fd: bwrap_argv(
-                bwrap, argv, entries, str(self.dir / "tmp"), binds, files, workdir, fd, hostname, expand
+                bwrap,
+                argv,
+                entries,
+                str(self.dir / "tmp"),
+                binds,
+                files,
+                workdir,
+                fd,
+                hostname,
+                expand,
+                tool_paths=host_tool_paths(),
             ),
             env,
             log_path,

@@ -87,6 +87,7 @@ def bwrap_argv(
     status_fd: int | None = None,
     hostname: str | None = None,
     expand: Sequence[tuple[str, Sequence[HostEntry]]] = (),
+    tool_paths: Sequence[str] = (),
 ) -> list[str]:
     """The full command line: sandbox set-up, then `--` and the container's argv.
 
@@ -105,6 +106,11 @@ def bwrap_argv(
         else:
             out += ["--ro-bind", path, path]
     out += ["--dev", "/dev", "--proc", "/proc", "--bind", pod_tmp, "/tmp"]
+    for path in tool_paths:
+        # The host's tools (the venv with `agentrun`, an editable source tree) may live under the
+        # host's /tmp, which the pod's own /tmp hides: show them again, read-only, at their paths.
+        if path.startswith("/tmp/"):
+            out += ["--ro-bind", path, path]
     expand = sorted(expand, key=lambda e: (_depth(e[0]), e[0]))
     for directory, entries in expand:
         out += ["--tmpfs", directory]
