@@ -187,3 +187,21 @@ def test_bwrap_argv_layout() -> None:
     assert "--tmpfs /run --ro-bind /run/lock /run/lock --symlink /dev/shm /run/shm" in text
     assert text.index("--tmpfs /run") < text.index("--bind /state/pvc")
     assert text.index("--remount-ro /run") < text.index("--remount-ro / ")
+
+
+def test_host_tools_under_tmp_are_shown_again_after_the_pods_tmp() -> None:
+    """A venv or source tree under the host's /tmp (a CI clone) stays visible, read-only, in pods."""
+    argv = bwrap_argv(
+        "/usr/bin/bwrap",
+        ["agentrun", "reporter"],
+        [HostEntry("usr", "dir")],
+        "/state/pod/tmp",
+        [],
+        [],
+        "/",
+        tool_paths=["/tmp/ci/.venv", "/tmp/ci/operator", "/work/main/.venv"],
+    )
+    text = " ".join(argv)
+    assert text.index("--bind /state/pod/tmp /tmp") < text.index("--ro-bind /tmp/ci/.venv /tmp/ci/.venv")
+    assert "--ro-bind /tmp/ci/operator /tmp/ci/operator" in text
+    assert "/work/main/.venv" not in text  # not hidden, so not bound again

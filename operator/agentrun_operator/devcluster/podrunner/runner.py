@@ -502,7 +502,8 @@ class PodWorker:
     def _host_path(self, path: str, binds: list[Bind]) -> str:
         """Where a path inside the sandbox is on the host (volumes and /tmp are mapped)."""
         best: Bind | None = None
-        for bind in [*binds, Bind(str(self.dir / "tmp"), "/tmp")]:
+        tools = [Bind(p, p, True) for p in host_tool_paths() if p.startswith("/tmp/")]
+        for bind in [*binds, Bind(str(self.dir / "tmp"), "/tmp"), *tools]:
             root = bind.target.rstrip("/")
             if (path == root or path.startswith(root + "/")) and (
                 best is None or len(root) > len(best.target)
