@@ -126,7 +126,7 @@ def test_kubelet_order_env_volumes_and_messages(local_default: LocalDefault) -> 
                         f"echo main >> {order}; echo $(GREETING) $POD_NAME $NS $TOKEN; echo $FULL; pwd; "
                         "cat /creds/token; echo; "
                         "touch /creds/new 2>/dev/null && echo secret-writable; "
-                        f"touch {Path.cwd()}/written-by-a-pod 2>/dev/null && echo host-writable; "
+                        f"touch {sys.prefix}/written-by-a-pod 2>/dev/null && echo host-writable; "
                         "touch /scratch/ok && echo scratch-writable; "
                         "head -c 5000 /dev/zero | tr '\\0' m > /dev/termination-log; exit 3"
                     ],
@@ -171,7 +171,7 @@ def test_kubelet_order_env_volumes_and_messages(local_default: LocalDefault) -> 
     assert out[3] == "s3cret"
     assert "secret-writable" not in out and "host-writable" not in out
     assert "scratch-writable" in out
-    assert not (Path.cwd() / "written-by-a-pod").exists()
+    assert not (Path(sys.prefix) / "written-by-a-pod").exists()  # the host (here: the venv) is read-only
 
 
 def test_a_missing_binary_is_exit_128_and_the_runner_goes_on(local_default: LocalDefault) -> None:
