@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,10 @@ def repo_root() -> Path:
     return REPO
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A running etcd + kube-apiserver + kube-controller-manager with our CRDs installed."""
@@ -43,6 +48,10 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     home = tmp_path_factory.mktemp("controlplane")
     plane = ControlPlane(home, bin_dir, progress=print)
     atexit.register(plane.stop)  # even if the session dies between yield and teardown
+    # A SIGTERM (a CI timeout, a `kill`) would skip both `finally` and atexit: make it an
+    # interrupt, which pytest turns into an orderly stop with fixture teardown.
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         plane.start(crds_dir=REPO / "crds")
         os.environ.setdefault("AGENTRUN_TEST_KUBECONFIG", str(plane.kubeconfig))
