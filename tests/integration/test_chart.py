@@ -30,6 +30,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
+from tests.integration.support import eventually, workflow_run
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "agentrun-operator"
@@ -315,15 +316,6 @@ def _can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
     return answer == "yes"
 
 
-def _eventually(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @dataclass
 class Installed:
     """The chart's identity (ServiceAccount + RBAC) created for real, and a token kubeconfig for it."""
@@ -376,7 +368,7 @@ def installed(
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
     # The Job controller's pods need the namespace's default ServiceAccount to exist.
-    _eventually(
+    eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
         60,
         f"the default ServiceAccount in {run_ns}",
@@ -532,7 +524,7 @@ class Running:
             return (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
 
         try:
-            _eventually(done, timeout, f"agentrun {name} to finish")
+            eventually(done, timeout, f"agentrun {name} to finish")
         except AssertionError:
             print(json.dumps(seen.get("status"), indent=1))
             print(self.operator.logs()[-6000:])
@@ -566,7 +558,7 @@ def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> I
     running = Running(installed, operator, world)
     try:
         # Warm-up: the first run served shows the watches are live (see test_first_run_served_promptly).
-        running.create(_run("rbac-warmup", {"loop": {"maxIterations": 1}}))
+        running.create(workflow_run("rbac-warmup", {"loop": {"maxIterations": 1}}))
         running.wait_finished("rbac-warmup", timeout=150)
         running.first_served_after = time.monotonic() - started
         print(f"first run served {running.first_served_after:.1f}s after the operator started")
@@ -575,26 +567,6 @@ def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> I
         operator.stop()
         driver.stop()
         assert not driver.errors, driver.errors[:5]
-
-
-def _run(name: str, step: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "agents.proompteng.ai/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "runtime": {"type": "workflow"},
-            "workload": {
-                "image": "busybox:1.36",
-                "command": ["sh", "-c", "true"],
-                "volumes": [
-                    {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
-                ],
-            },
-            "workflow": {"steps": [{"name": "implement", **step}]},
-            **spec,
-        },
-    }
 
 
 def _job_refs(run: dict[str, Any]) -> list[str]:
@@ -617,7 +589,7 @@ def test_operator_with_chart_rbac_runs_the_conditional_loop(running: Running) ->
             "source": {"type": "file", "onMissing": "stop", "onInvalid": "fail"},
         },
     }
-    running.create(_run(name, {"loop": loop}))
+    running.create(workflow_run(name, {"loop": loop}))
     run = running.wait_finished(name)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     step = run["status"]["workflow"]["steps"][0]
@@ -631,7 +603,7 @@ def test_operator_with_chart_rbac_runs_the_conditional_loop(running: Running) ->
     )
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"LoopStarted", "ConditionEvaluated", "LoopCompleted"} <= reasons, reasons
-    _eventually(
+    eventually(
         lambda: all(j["spec"].get("ttlSecondsAfterFinished") is not None for j in running.jobs(name)),
         30,
         "the Jobs' TTL to be set",
@@ -657,12 +629,12 @@ def test_operator_with_chart_rbac_reads_references_and_claims_idempotency(runnin
         "implementationSpecRef": {"name": "rbac-impl"},
         "idempotencyKey": "rbac-key",
     }
-    first = _run("rbac-agent-first", {"loop": {"maxIterations": 1}}, **base)
+    first = workflow_run("rbac-agent-first", {"loop": {"maxIterations": 1}}, **base)
     del first["spec"]["workload"]["image"], first["spec"]["workload"]["command"]
     running.create(first)
     run = running.wait_finished("rbac-agent-first")
     assert run["status"]["phase"] == "Succeeded", run["status"]
-    duplicate = _run("rbac-agent-second", {"loop": {"maxIterations": 1}}, **base)
+    duplicate = workflow_run("rbac-agent-second", {"loop": {"maxIterations": 1}}, **base)
     running.create(duplicate)
     run = running.wait_finished("rbac-agent-second")
     assert run["status"]["phase"] == "Failed"
@@ -673,13 +645,13 @@ def test_operator_with_chart_rbac_reads_references_and_claims_idempotency(runnin
 def test_operator_with_chart_rbac_cancels_and_deletes_finished_runs(running: Running) -> None:
     name = "rbac-cancel"
     running.world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
-    running.create(_run(name, {"loop": {"maxIterations": 3}}, ttlSecondsAfterFinished=1))
-    _eventually(lambda: len(running.jobs(name)) == 1, 30, "the first Job")
+    running.create(workflow_run(name, {"loop": {"maxIterations": 3}}, ttlSecondsAfterFinished=1))
+    eventually(lambda: len(running.jobs(name)) == 1, 30, "the first Job")
     running.plane.kubectl(
         "patch", "agentrun", name, "-n", running.ns, "--type=merge", "-p", '{"spec":{"cancel":"Immediate"}}'
     )
     # Cancelled (jobs: delete), then removed after its TTL (agentruns: delete).
-    _eventually(lambda: running.get(name) is None, 60, f"agentrun {name} to be cancelled and deleted")
+    eventually(lambda: running.get(name) is None, 60, f"agentrun {name} to be cancelled and deleted")
     assert "HTTP 403" not in running.operator.logs()
 
 
@@ -723,7 +695,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
     plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(peering[0]))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
-    _eventually(
+    eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
         60,
         f"the default ServiceAccount in {run_ns}",
@@ -761,7 +733,7 @@ def _peers(plane: ControlPlane, namespace: str) -> set[str]:
 def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> None:
     running = peered.running
     # Both replicas have announced themselves in the peering object and seen each other.
-    _eventually(
+    eventually(
         lambda: _peers(running.plane, running.ns) >= {"agentrun-operator-a", "agentrun-operator-b"},
         90,
         "both replicas in the KopfPeering",
@@ -771,12 +743,12 @@ def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> No
     frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
     assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
     # One of them serves (the other is on standby).
-    running.create(_run("ha-first", {"loop": {"maxIterations": 2}}))
+    running.create(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
     first = running.wait_finished("ha-first", timeout=60)
     assert first["status"]["phase"] == "Succeeded"
     # The first replica goes (a rolling update, a lost node): the other one carries on.
     peered.operators[0].stop()
-    running.create(_run("ha-second", {"loop": {"maxIterations": 2}}))
+    running.create(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))
     second = running.wait_finished("ha-second", timeout=90)
     assert second["status"]["phase"] == "Succeeded"
     names = _job_refs(first) + _job_refs(second)

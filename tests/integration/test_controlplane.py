@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agentrun_operator.devcluster import processes, toolchain
 from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+from tests.integration.support import eventually
 
 
 def _apply(plane: ControlPlane, obj: dict[str, object]) -> dict[str, object]:
@@ -72,15 +62,15 @@ def test_job_gets_a_pod_and_owner_deletion_garbage_collects(control_plane: Contr
         return list(json.loads(out)["items"])
 
     # The Job controller (not us) creates the pod; it may first wait for the default ServiceAccount.
-    _eventually(lambda: len(pods()) == 1, what="the Job controller to create a pod")
+    eventually(lambda: len(pods()) == 1, what="the Job controller to create a pod")
     control_plane.kubectl("delete", "configmap", "owner", "-n", ns, "--wait=true")
 
     def job_gone() -> bool:
         out = control_plane.kubectl("get", "jobs", "-n", ns, "-o", "name")
         return out.strip() == ""
 
-    _eventually(job_gone, what="the garbage collector to delete the owned Job")
-    _eventually(lambda: not pods(), what="the garbage collector to delete the Job's pod")
+    eventually(job_gone, what="the garbage collector to delete the owned Job")
+    eventually(lambda: not pods(), what="the garbage collector to delete the Job's pod")
 
 
 def test_start_survives_busy_ports_and_stop_leaves_nothing(

@@ -20,6 +20,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
+from tests.integration.support import eventually, workflow_run
 
 NAMESPACE = "loops"
 HISTORY_LIMIT = 3
@@ -56,7 +57,7 @@ def cluster(
     plane = control_plane
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
-    _eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
     driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
     operator = OperatorProcess(
         plane,
@@ -68,15 +69,6 @@ def cluster(
     finally:
         operator.stop()
         driver.stop()
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _get(plane: ControlPlane, kind: str, name: str) -> dict[str, Any]:
@@ -105,7 +97,7 @@ def _wait_finished(
         return (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
 
     try:
-        _eventually(done, timeout, f"agentrun {name} to finish")
+        eventually(done, timeout, f"agentrun {name} to finish")
     except AssertionError:
         print(json.dumps(result.get("status"), indent=1))
         print(operator.logs()[-5000:])
@@ -114,22 +106,7 @@ def _wait_finished(
 
 
 def _loop_run(name: str, loop: dict[str, Any], **step: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "agents.proompteng.ai/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "runtime": {"type": "workflow"},
-            "workload": {
-                "image": "busybox:1.36",
-                "command": ["sh", "-c", "true"],
-                "volumes": [
-                    {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
-                ],
-            },
-            "workflow": {"steps": [{"name": "implement", "loop": loop, **step}]},
-        },
-    }
+    return workflow_run(name, {"loop": loop, **step})
 
 
 def _conditional(
@@ -301,7 +278,7 @@ def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World
     name = "cancel-now"
     world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     _create(plane, _loop_run(name, {"maxIterations": 5}))
-    _eventually(lambda: len(_jobs(plane, name)) == 1, what="the first Job")
+    eventually(lambda: len(_jobs(plane, name)) == 1, what="the first Job")
     plane.kubectl(
         "patch", "agentrun", name, "-n", NAMESPACE, "--type=merge", "-p", '{"spec":{"cancel":"Immediate"}}'
     )
@@ -310,7 +287,7 @@ def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World
     step = _step_status(run)
     assert step["loop"]["stopReason"] == "LoopCancelled"
     assert step["loop"]["iterations"][-1]["phase"] == "Cancelled"
-    _eventually(lambda: _jobs(plane, name) == [], what="the cancelled Job to be deleted")
+    eventually(lambda: _jobs(plane, name) == [], what="the cancelled Job to be deleted")
 
 
 def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, world: World) -> None:
@@ -322,7 +299,7 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, worl
     def on_iteration_2() -> bool:
         return any(j["metadata"]["labels"][naming.LABEL_ITERATION] == "2" for j in _jobs(plane, name))
 
-    _eventually(on_iteration_2, what="iteration 2 to start")
+    eventually(on_iteration_2, what="iteration 2 to start")
     operator.kill()
     time.sleep(1.5)  # iteration 2 finishes while no operator runs
     operator.start()
