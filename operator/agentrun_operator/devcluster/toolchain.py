@@ -45,6 +45,10 @@ class Tool:
     go_mod: Callable[[], str]
     extra_files: dict[str, str] = field(default_factory=dict)
     ldflags: str = "-s -w"
+    # Flags that depend on the resolved module graph (read with `go list -m`), as upstream Makefiles do.
+    module_ldflags: Callable[[Callable[[str], str]], str] | None = None
+    # Bumped when the build recipe changes, so a cache built the old way is rebuilt.
+    recipe: int = 1
 
 
 def cache_root() -> Path:
@@ -163,6 +167,24 @@ import (
 func main() { etcdmain.Main(os.Args) }
 """
 
+def helm_kube_version_ldflags(client_go_version: str) -> str:
+    """The Kubernetes version Helm assumes without a cluster, as helm's own Makefile sets it.
+
+    Without these flags `helm template` and `helm lint` take Kubernetes v1.20 and refuse charts that
+    declare `kubeVersion: >=1.29` (ours does). Upstream derives them from the client-go it links:
+    `v0.36.2` → major 1, minor 36.
+    """
+    parts = client_go_version.lstrip("v").split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        raise ToolchainError(f"cannot read a Kubernetes version from k8s.io/client-go {client_go_version!r}")
+    major, minor = str(int(parts[0]) + 1), parts[1]
+    return " ".join(
+        f"-X helm.sh/helm/v3/{pkg}.k8sVersion{part}={value}"
+        for pkg in ("pkg/lint/rules", "pkg/chartutil")
+        for part, value in (("Major", major), ("Minor", minor))
+    )
+
+
 TOOLS: tuple[Tool, ...] = (
     Tool(
         name="kubernetes",
@@ -196,7 +218,13 @@ TOOLS: tuple[Tool, ...] = (
             "module agentrun.local/controlplane/helm\n\ngo 1.26.0\n\n"
             f"require helm.sh/helm/v3 v{HELM_VERSION}\n"
         ),
-        ldflags=f"-s -w -X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}",
+        ldflags=(
+            f"-s -w -X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}"
+            " -X helm.sh/helm/v3/internal/version.metadata="
+            " -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+        ),
+        module_ldflags=lambda module_version: helm_kube_version_ldflags(module_version("k8s.io/client-go")),
+        recipe=2,
     ),
 )
 
@@ -206,7 +234,8 @@ def _stamp(tool: Tool) -> Path:
 
 
 def _stamp_text(tool: Tool) -> str:
-    return f"{tool.name} {tool.version} {' '.join(tool.binaries)}\n"
+    recipe = f" recipe {tool.recipe}" if tool.recipe > 1 else ""
+    return f"{tool.name} {tool.version} {' '.join(tool.binaries)}{recipe}\n"
 
 
 def is_built(tool: Tool) -> bool:
@@ -270,6 +299,21 @@ def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label:
         )
 
 
+def _module_version(go: str, work: Path, module: str) -> str:
+    """The version of `module` in the build's resolved module graph (`go list -m`)."""
+    done = subprocess.run(
+        [go, "list", "-f", "{{.Version}}", "-m", module],
+        cwd=work,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        raise ToolchainError(f"`go list -m {module}` in {work} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
 def build_tool(tool: Tool, progress: Progress) -> None:
     go = find_go()
     work = toolchain_dir() / "src" / tool.name
@@ -284,18 +328,12 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     log.write_text("")
     out_dir = work / "out"
     out_dir.mkdir(exist_ok=True)
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags", tool.ldflags, "-o", f"{out_dir}/", *tool.packages]
+    ldflags = tool.ldflags
+    if tool.module_ldflags is not None:
+        ldflags = f"{ldflags} {tool.module_ldflags(lambda module: _module_version(go, work, module))}"
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}/", *tool.packages]
     if tool.packages == (".",):
-        cmd = [
-            go,
-            "build",
-            "-v",
-            "-trimpath",
-            "-ldflags",
-            tool.ldflags,
-            "-o",
-            str(out_dir / tool.binaries[0]),
-        ]
+        cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out_dir / tool.binaries[0])]
         _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)")
     started = time.monotonic()
     _run_logged(cmd, work, log, progress, f"{tool.name} v{tool.version}")
