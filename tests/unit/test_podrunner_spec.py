@@ -364,3 +364,15 @@ def test_default_env_points_in_cluster_clients_at_the_api_server() -> None:
     assert env["KUBERNETES_SERVICE_PORT"] == "36443"
     assert env["KUBERNETES_PORT"] == "tcp://127.0.0.1:36443"
     assert "KUBERNETES_SERVICE_HOST" not in S.default_env(POD, "/bin")
+
+
+def test_only_pods_that_serve_ports_get_their_own_network() -> None:
+    from agentrun_operator.devcluster.podrunner.network import wants_own_network
+
+    server = {"containers": [{"name": "op", "ports": [{"containerPort": 8080}]}]}
+    assert wants_own_network(server)
+    assert not wants_own_network({**server, "hostNetwork": True})
+    assert not wants_own_network({"containers": [{"name": "main", "command": ["sh"]}]})
+    assert wants_own_network(
+        {"initContainers": [{"name": "s", "ports": [{"containerPort": 1}]}], "containers": []}
+    )
