@@ -24,6 +24,7 @@ from agentrun_operator.planner.context import (
     PlanContext,
     clip,
 )
+from agentrun_operator.planner.facts import IterationFinished, IterationResult
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import decide_next
 from agentrun_operator.planner.observed import ObservedJob
@@ -235,6 +236,10 @@ def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
     return job.message or f"Job {job.name} failed"
 
 
+def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResult) -> None:
+    ctx.facts.append(IterationFinished(step.name, step.iteration, step.st.attempt, result))
+
+
 def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
     """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails."""
     st = step.st
@@ -251,12 +256,14 @@ def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, c
         if record is not None:
             record.phase = "Retrying"
             record.message = message
+        _iteration_finished(ctx, step, "Retrying")
         ctx.emit("Warning", "IterationRetrying", f"step {step.name}: {st.message}")
         return True
     if record is not None:
         record.phase = "Failed"
         record.finished_at = finished
         record.message = message
+    _iteration_finished(ctx, step, "Failed")
     ctx.emit("Warning", "IterationFailed", f"step {step.name}: {message}")
     if ctx.stopping is not None:
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
@@ -275,6 +282,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
     if loop is None:
         st.control = control
+        _iteration_finished(ctx, step, "Succeeded")
         ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})")
         end_step(ctx, step, "Succeeded", None, f"succeeded{tries}")
         return
@@ -286,5 +294,6 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     loop.completed_iterations = min(max(loop.completed_iterations, step.iteration), loop.max_iterations)
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
+    _iteration_finished(ctx, step, "Succeeded")
     ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})")
     decide_next(ctx, step, envelope)

@@ -11,6 +11,7 @@ from agentrun_operator.api import AgentRun, AgentRunStatus, StepStatus, Workflow
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import References
 from agentrun_operator.planner.actions import Action, EmitEvent, Requeue
+from agentrun_operator.planner.facts import Fact, RunPhaseChanged
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.validate import Problem
 
@@ -31,10 +32,12 @@ StopMode = Literal["Graceful", "Immediate", "timeout"]
 
 @dataclass(frozen=True)
 class Plan:
-    """The planner's answer: the status to write and the actions for the shell, in order."""
+    """The planner's answer: the status to write, the actions for the shell in order, and the facts
+    (what happened, for metrics)."""
 
     status: AgentRunStatus
     actions: tuple[Action, ...]
+    facts: tuple[Fact, ...] = ()
 
 
 @dataclass
@@ -54,6 +57,7 @@ class PlanContext:
     halted: bool = False
     writes: list[Action] = field(default_factory=list)
     events: list[EmitEvent] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
     requeue_after: float | None = None
     delete_reasons: dict[str, str] = field(default_factory=dict)
 
@@ -85,7 +89,11 @@ class PlanContext:
         actions: list[Action] = [*self.writes, *self.events]
         if self.requeue_after is not None:
             actions.append(Requeue(self.requeue_after))
-        return Plan(self.status, tuple(actions))
+        facts = list(self.facts)
+        previous = self.prior.phase if self.prior is not None else None
+        if self.status.phase is not None and self.status.phase != previous:
+            facts.append(RunPhaseChanged(previous, self.status.phase, self.status.reason))
+        return Plan(self.status, tuple(actions), tuple(facts))
 
 
 def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

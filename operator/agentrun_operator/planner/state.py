@@ -41,6 +41,7 @@ from typing import Literal
 
 from agentrun_operator.api import IterationRecord, LoopStatus, StepStatus, WorkflowStep
 from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
+from agentrun_operator.planner.facts import LoopStopped
 
 
 @dataclass
@@ -124,6 +125,7 @@ def _end_loop_event(ctx: PlanContext, step: StepView, warning: bool) -> None:
     loop = step.loop
     if loop is None:
         return
+    ctx.facts.append(LoopStopped(step.name, str(loop.stop_reason), loop.completed_iterations))
     ctx.emit(
         "Warning" if warning else "Normal",
         "LoopCompleted",

@@ -229,10 +229,11 @@ class Reconciler:
                 await self.kube.set_job_ttl(namespace, action.name, action.seconds)
             elif isinstance(action, EmitEvent):
                 await self._event(raw, action)
-                metrics.observe_event(action.reason, action.message)
                 log.info(action.message, extra={**corr, "decision": action.reason})
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(namespace, name, action.uid)
+        for fact in decision.facts:
+            metrics.observe_fact(fact)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         return result
 
