@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-GROUP = "agents.proompteng.ai"
+from agentrun_operator.api.base import GROUP as GROUP  # labels and annotations are prefixed with it
+
 LABEL_RUN = f"{GROUP}/agent-run"
 LABEL_STEP = f"{GROUP}/step"
 LABEL_STEP_INDEX = f"{GROUP}/step-index"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrun_operator.api import DEFAULT_CONTROL_PATH
 from agentrun_operator.control.envelope import (
-    DEFAULT_CONTROL_PATH,
     MAX_CONTROL_DEPTH,
     MAX_CONTROL_FILE_BYTES,
     MAX_ENVELOPE_BYTES,

@@ -16,9 +16,9 @@ from agentrun_operator.jobs import (
     CONTROL_FALLBACK_VOLUME,
     META_VOLUME,
     PlannedAttempt,
-    References,
     build_iteration_job,
 )
+from agentrun_operator.planner.resolution import References
 
 CONFIG = OperatorConfig(runner_image="runner:1", reporter_image="operator:1")
 PVC = {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}

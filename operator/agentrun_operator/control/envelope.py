@@ -33,8 +33,6 @@ MAX_CONTROL_FILE_BYTES: Final = 64 * 1024
 MAX_CONTROL_DEPTH: Final = 32
 #: Reasons are for humans and land in the AgentRun status; keep them short.
 MAX_REASON_CHARS: Final = 512
-#: The default control path (SPEC §3), used in docs and as the budget example.
-DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 
 ControlStatus = Literal["found", "missing", "stale", "invalid", "tooLarge"]
 EffectiveStatus = Literal["found", "missing", "invalid"]

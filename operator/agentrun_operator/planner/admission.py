@@ -16,8 +16,19 @@ from agentrun_operator.planner.context import (
     PlanContext,
     clip,
 )
-from agentrun_operator.planner.run import finish_run, set_condition, set_pending
-from agentrun_operator.planner.validate import REASON_LOOPS_DISABLED, Problem, validate_run
+from agentrun_operator.planner.run import (
+    CONDITION_DUPLICATE,
+    finish_run,
+    mark_invalid_spec,
+    set_condition,
+    set_pending,
+)
+from agentrun_operator.planner.validate import (
+    REASON_INVALID_SPEC,
+    REASON_LOOPS_DISABLED,
+    Problem,
+    validate_run,
+)
 
 REFERENCE_GRACE_SECONDS: Final = 30.0
 """A missing Agent/AgentProvider/ImplementationSpec/PVC is waited for this long after creation."""
@@ -95,11 +106,12 @@ def problems_message(problems: list[Problem]) -> str:
 
 def _fail_invalid(ctx: PlanContext, problems: list[Problem]) -> None:
     reason = (
-        REASON_LOOPS_DISABLED if any(p.reason == REASON_LOOPS_DISABLED for p in problems) else "InvalidSpec"
+        REASON_LOOPS_DISABLED
+        if any(p.reason == REASON_LOOPS_DISABLED for p in problems)
+        else REASON_INVALID_SPEC
     )
     message = clip(problems_message(problems), 4 * MAX_MESSAGE_CHARS)
-    set_condition(ctx, "InvalidSpec", "True", reason, message)
-    ctx.emit("Warning", "InvalidSpec", message)
+    mark_invalid_spec(ctx, reason, message)
     finish_run(ctx, "Failed", reason, message)
 
 
@@ -122,6 +134,6 @@ def _hold_idempotency_claim(ctx: PlanContext, key: str) -> bool:
         f"idempotencyKey {key!r} (agent {agent or '-'}) belongs to AgentRun {claim.holder_name!r} "
         f"(uid {claim.holder_uid}), which {state}; this run starts no Jobs and does not resume its loops"
     )
-    set_condition(ctx, "Duplicate", "True", reason, message)
+    set_condition(ctx, CONDITION_DUPLICATE, "True", reason, message)
     finish_run(ctx, "Failed", reason, message)
     return False

@@ -9,13 +9,7 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import IterationRecord, JobRef, format_timestamp
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
-from agentrun_operator.jobs.builder import (
-    PlannedAttempt,
-    build_iteration_job,
-    control_path,
-    step_retries,
-    step_timeout_seconds,
-)
+from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_job
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
 from agentrun_operator.planner.context import (
@@ -28,8 +22,10 @@ from agentrun_operator.planner.facts import IterationFinished, IterationResult
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import decide_next
 from agentrun_operator.planner.observed import ObservedJob
+from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.state import StepView, end_step
+from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
 JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""
@@ -77,7 +73,7 @@ def start_attempt(
             ctx.requeue(GATE_REQUEUE_SECONDS)
             return False
         if ctx.ref_problems:
-            end_step(ctx, step, "Failed", "InvalidSpec", problems_message(list(ctx.ref_problems)))
+            end_step(ctx, step, "Failed", REASON_INVALID_SPEC, problems_message(list(ctx.ref_problems)))
             return False
         manifest = build_iteration_job(
             ctx.run, _planned_attempt(step, iteration, attempt), ctx.refs, ctx.config

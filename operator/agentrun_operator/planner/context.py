@@ -9,10 +9,10 @@ from typing import Final, Literal
 
 from agentrun_operator.api import AgentRun, AgentRunStatus, StepStatus, WorkflowStep
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.jobs.builder import References
 from agentrun_operator.planner.actions import Action, EmitEvent, Requeue
 from agentrun_operator.planner.facts import Fact, RunPhaseChanged
 from agentrun_operator.planner.observed import Observed
+from agentrun_operator.planner.resolution import References
 from agentrun_operator.planner.validate import Problem
 
 TERMINAL_RUN_PHASES: Final = frozenset({"Succeeded", "Failed", "Cancelled"})

@@ -17,8 +17,8 @@ from agentrun_operator.celeval import (
     evaluate_list,
 )
 from agentrun_operator.control.envelope import ControlEnvelope, effective_status
-from agentrun_operator.jobs.builder import effective_parameters
 from agentrun_operator.planner.context import PlanContext, clip
+from agentrun_operator.planner.resolution import condition_cel, control_path, effective_parameters
 from agentrun_operator.planner.state import StepView, end_step
 
 MAX_ITEMS_JSON_BYTES: Final = 8 * 1024
@@ -216,12 +216,8 @@ def decide_next(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> 
 
 
 def _evaluate_condition(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> _Verdict:
-    spec_loop = step.spec.loop
-    loop = step.loop
-    assert spec_loop is not None and spec_loop.condition is not None and loop is not None
-    condition = spec_loop.condition
     index = step.iteration
-    path = envelope.path or condition.source.path
+    path = envelope.path or control_path(step.spec)
     status = effective_status(envelope)
     because = f": {envelope.reason}" if envelope.reason else ""
     if status == "missing":
@@ -241,12 +237,7 @@ def _evaluate_cel_condition(ctx: PlanContext, step: StepView, control: dict[str,
     assert step.spec.loop is not None and step.spec.loop.condition is not None and step.loop is not None
     condition = step.spec.loop.condition
     index = step.iteration
-    field_name, expression = (
-        ("expression", condition.expression)
-        if condition.expression is not None
-        else ("until", condition.until)
-    )
-    assert expression is not None
+    field_name, expression = condition_cel(condition)
     item = (
         step.loop.items[index - 1] if step.loop.items is not None and index <= len(step.loop.items) else None
     )

@@ -27,7 +27,6 @@ from typing import Final
 
 from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.jobs.builder import effective_steps
 from agentrun_operator.planner.admission import admit
 from agentrun_operator.planner.attempts import observe_attempt, start_attempt
 from agentrun_operator.planner.compaction import compact, compact_history
@@ -41,6 +40,7 @@ from agentrun_operator.planner.context import (
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
 from agentrun_operator.planner.loops import start_step
 from agentrun_operator.planner.observed import Observed
+from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
     conclude,

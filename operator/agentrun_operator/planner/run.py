@@ -18,6 +18,10 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.gating import delete_strays, set_job_ttls
 from agentrun_operator.planner.state import StepView, step_views
+from agentrun_operator.planner.validate import REASON_INVALID_SPEC
+
+CONDITION_INVALID_SPEC: Final = "InvalidSpec"
+CONDITION_DUPLICATE: Final = "Duplicate"
 
 REASON_TIMED_OUT: Final = "WorkflowTimedOut"
 
@@ -56,6 +60,12 @@ def set_condition(
             observed_generation=ctx.status.observed_generation,
         )
     )
+
+
+def mark_invalid_spec(ctx: PlanContext, reason: str, message: str) -> None:
+    """The InvalidSpec condition and its Warning Event (the run itself is finished by the caller)."""
+    set_condition(ctx, CONDITION_INVALID_SPEC, "True", reason, message)
+    ctx.emit("Warning", REASON_INVALID_SPEC, message)
 
 
 def start_run(ctx: PlanContext) -> None:
@@ -99,9 +109,8 @@ def conclude(ctx: PlanContext) -> None:
     steps = step_views(ctx)
     failed = next((s for s in steps if s.st.phase == "Failed"), None)
     if failed is not None:
-        if failed.st.reason == "InvalidSpec":
-            set_condition(ctx, "InvalidSpec", "True", "InvalidSpec", failed.st.message or "")
-            ctx.emit("Warning", "InvalidSpec", failed.st.message or "")
+        if failed.st.reason == REASON_INVALID_SPEC:
+            mark_invalid_spec(ctx, REASON_INVALID_SPEC, failed.st.message or "")
         finish_run(
             ctx, "Failed", failed.st.reason or REASON_STEP_FAILED, f"step {failed.name}: {failed.st.message}"
         )

@@ -37,9 +37,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, cast
 
-from agentrun_operator.api import IterationRecord, LoopStatus, StepStatus, WorkflowStep
+from agentrun_operator.api import (
+    LOOP_STOP_REASONS,
+    IterationRecord,
+    LoopStatus,
+    LoopStopReason,
+    StepStatus,
+    WorkflowStep,
+)
 from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
 from agentrun_operator.planner.facts import LoopStopped
 
@@ -134,6 +141,14 @@ def _end_loop_event(ctx: PlanContext, step: StepView, warning: bool) -> None:
     )
 
 
+def _loop_stop_reason(phase: str, reason: str | None) -> LoopStopReason | None:
+    if phase == "Cancelled":
+        return "LoopCancelled"
+    if reason in LOOP_STOP_REASONS:
+        return cast(LoopStopReason, reason)
+    return "LoopIterationFailed" if phase == "Failed" else None
+
+
 def end_step(
     ctx: PlanContext,
     step: StepView,
@@ -163,9 +178,5 @@ def end_step(
     st.finished_at = ctx.now
     st.next_retry_at = None
     if loop is not None:
-        if phase == "Failed":
-            assert reason is not None
-            loop.stop_reason = reason if reason.startswith("Loop") else "LoopIterationFailed"
-        else:
-            loop.stop_reason = reason
+        loop.stop_reason = _loop_stop_reason(phase, reason)
         _end_loop_event(ctx, step, warning=phase != "Succeeded")

@@ -17,9 +17,11 @@ from typing import Any
 import kopf
 
 from agentrun_operator import naming
+from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.kube import GROUP, VERSION, Kube
+from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import TERMINAL, Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
@@ -163,8 +165,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
     def on_pod(body: Any, **_: Any) -> None:
         meta = body.get("metadata", {})
-        run = (meta.get("annotations") or {}).get(f"{GROUP}/agent-run-name") or (
-            meta.get("labels") or {}
-        ).get(naming.LABEL_RUN)
+        run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or (meta.get("labels") or {}).get(
+            naming.LABEL_RUN
+        )
         if run:
             state.enqueue((meta["namespace"], run))

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api.agentrun import AgentRun, parse_agentrun
+from agentrun_operator.api import API_VERSION, AgentRun, format_timestamp, parse_agentrun
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
     Action,
     ClaimIdempotencyKey,
@@ -132,7 +133,7 @@ class Reconciler:
             if lease is not None:
                 holder_uid = (lease.get("spec") or {}).get("holderIdentity", "")
                 holder_name = ((lease.get("metadata") or {}).get("annotations") or {}).get(
-                    f"{naming.GROUP}/agent-run-name", ""
+                    ANNOTATION_RUN_NAME, ""
                 )
                 finished = False
                 if holder_uid != uid:
@@ -247,14 +248,14 @@ class Reconciler:
                 "namespace": meta["namespace"],
                 "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
                 "annotations": {
-                    f"{naming.GROUP}/agent-run-name": meta["name"],
+                    ANNOTATION_RUN_NAME: meta["name"],
                     f"{naming.GROUP}/idempotency-key": action.key[:253],
                     f"{naming.GROUP}/agent-ref": action.agent_ref,
                 },
                 # The claim lives as long as the run that holds it.
                 "ownerReferences": [
                     {
-                        "apiVersion": "agents.proompteng.ai/v1alpha1",
+                        "apiVersion": API_VERSION,
                         "kind": "AgentRun",
                         "name": meta["name"],
                         "uid": meta["uid"],
@@ -267,13 +268,13 @@ class Reconciler:
 
     async def _event(self, raw: dict[str, Any], action: EmitEvent) -> None:
         meta = raw["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_timestamp(datetime.now(UTC).replace(microsecond=0))
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": raw.get("apiVersion", "agents.proompteng.ai/v1alpha1"),
+                "apiVersion": raw.get("apiVersion", API_VERSION),
                 "kind": "AgentRun",
                 "name": meta["name"],
                 "namespace": meta["namespace"],
@@ -287,7 +288,7 @@ class Reconciler:
             "lastTimestamp": now,
             "count": 1,
             "source": {"component": "agentrun-operator"},
-            "reportingComponent": "agents.proompteng.ai/agentrun-operator",
+            "reportingComponent": f"{naming.GROUP}/agentrun-operator",
             "reportingInstance": self.instance,
         }
         try:
