@@ -6,18 +6,23 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Final
 
+from pydantic import ValidationError
+
 from agentrun_operator import naming
-from agentrun_operator.api import AgentRun
+from agentrun_operator.api import AgentRun, AgentRunStatus, Condition
 from agentrun_operator.planner.actions import ClaimIdempotencyKey
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
     REASON_CANCELLED,
     RESULT_REQUEUE_SECONDS,
+    TERMINAL_RUN_PHASES,
     PlanContext,
     clip,
 )
+from agentrun_operator.planner.observed import IdempotencyClaim
 from agentrun_operator.planner.run import (
     CONDITION_DUPLICATE,
+    CONDITION_INVALID_SPEC,
     finish_run,
     mark_invalid_spec,
     set_condition,
@@ -128,8 +133,9 @@ def _hold_idempotency_claim(ctx: PlanContext, key: str) -> bool:
         return False
     if claim.holder_uid == ctx.uid:
         return True
-    reason = REASON_KEY_COMPLETED if claim.holder_finished else REASON_KEY_IN_USE
-    state = "has finished" if claim.holder_finished else "is still running"
+    finished = holder_finished(claim)
+    reason = REASON_KEY_COMPLETED if finished else REASON_KEY_IN_USE
+    state = "has finished" if finished else "is still running"
     message = (
         f"idempotencyKey {key!r} (agent {agent or '-'}) belongs to AgentRun {claim.holder_name!r} "
         f"(uid {claim.holder_uid}), which {state}; this run starts no Jobs and does not resume its loops"
@@ -137,3 +143,35 @@ def _hold_idempotency_claim(ctx: PlanContext, key: str) -> bool:
     set_condition(ctx, CONDITION_DUPLICATE, "True", reason, message)
     finish_run(ctx, "Failed", reason, message)
     return False
+
+
+def holder_finished(claim: IdempotencyClaim) -> bool:
+    """The claim's holder run has reached a terminal phase, or is gone (its key is then "completed")."""
+    return claim.holder_gone or claim.holder_phase in TERMINAL_RUN_PHASES
+
+
+def unparseable_status(
+    prior_phase: str | None, generation: int | None, err: ValidationError, now: datetime
+) -> AgentRunStatus | None:
+    """The status of a run the CRD admitted but the models refuse: Failed, InvalidSpec, the first
+    problem named. None when the run is already Failed (nothing to write, nothing to retry)."""
+    if prior_phase == "Failed":
+        return None
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first.get("loc", ()))
+    message = f"spec is not valid: {path}: {first.get('msg')} (see docs/api.md)"
+    return AgentRunStatus(
+        phase="Failed",
+        reason=REASON_INVALID_SPEC,
+        message=message,
+        observed_generation=generation,
+        conditions=[
+            Condition(
+                type=CONDITION_INVALID_SPEC,
+                status="True",
+                reason=REASON_INVALID_SPEC,
+                message=message,
+                last_transition_time=now.replace(microsecond=0),
+            )
+        ],
+    )

@@ -20,9 +20,10 @@ from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.kube import Kube
-from agentrun_operator.shell.reconciler import TERMINAL, Reconciler
+from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
@@ -79,9 +80,11 @@ class OperatorState:
                         meta = run["metadata"]
                         phase = (run.get("status") or {}).get("phase") or "Pending"
                         counts[phase] = counts.get(phase, 0) + 1
-                        if phase not in TERMINAL or (run.get("spec") or {}).get("ttlSecondsAfterFinished"):
+                        if phase not in TERMINAL_RUN_PHASES or (run.get("spec") or {}).get(
+                            "ttlSecondsAfterFinished"
+                        ):
                             self.enqueue((meta["namespace"], meta["name"]))
-                for phase in ("Pending", "Running", *TERMINAL):
+                for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
                     metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
             except Exception:  # the next round retries; a resync must never kill the operator
                 log.exception("resync failed")
