@@ -28,8 +28,9 @@ def test_an_unparseable_run_fails_with_invalid_spec_naming_the_field() -> None:
     status = unparseable_status("Running", 3, bad_step_name(), NOW)
     assert status is not None
     assert (status.phase, status.reason, status.observed_generation) == ("Failed", "InvalidSpec", 3)
-    assert status.message is not None and status.message.startswith("spec is not valid: spec.workflow.steps")
-    assert status.message.endswith("(see docs/api.md)")
+    assert status.message is not None
+    assert status.message.startswith("spec is not valid: spec.workflow.steps[0].name: steps[].name must be")
+    assert status.message.endswith("See docs/api.md#step-name")
     [condition] = status.conditions
     assert (condition.type, condition.status, condition.reason) == ("InvalidSpec", "True", "InvalidSpec")
     assert condition.message == status.message
@@ -44,3 +45,12 @@ def test_the_condition_time_is_whole_seconds_as_the_shell_wrote_it() -> None:
 
 def test_an_already_failed_run_is_left_alone() -> None:
     assert unparseable_status("Failed", 1, bad_step_name(), NOW) is None
+
+
+def test_a_problem_without_an_anchor_points_at_the_api_reference() -> None:
+    obj = manifest()
+    obj["spec"]["workflow"]["steps"][0]["retries"] = "many"
+    status = unparseable_status(None, 1, error_of(obj), NOW)
+    assert status is not None and status.message is not None
+    assert status.message.startswith("spec is not valid: spec.workflow.steps[0].retries: ")
+    assert status.message.endswith(" (see docs/api.md)")

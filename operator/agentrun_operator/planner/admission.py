@@ -9,7 +9,8 @@ from typing import Final
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api import AgentRun, AgentRunStatus, Condition
+from agentrun_operator.api import AgentRun, AgentRunStatus, Condition, format_validation_error
+from agentrun_operator.api.base import DOCS_API
 from agentrun_operator.planner.actions import ClaimIdempotencyKey
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
@@ -157,9 +158,9 @@ def unparseable_status(
     problem named. None when the run is already Failed (nothing to write, nothing to retry)."""
     if prior_phase == "Failed":
         return None
-    first = err.errors()[0]
-    path = ".".join(str(p) for p in first.get("loc", ()))
-    message = f"spec is not valid: {path}: {first.get('msg')} (see docs/api.md)"
+    first = format_validation_error(err)[0]
+    see = "" if "docs/" in first else f" (see {DOCS_API})"
+    message = f"spec is not valid: {first}{see}"
     return AgentRunStatus(
         phase="Failed",
         reason=REASON_INVALID_SPEC,

@@ -22,6 +22,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ValidationError
 
 from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume, error_path
+from agentrun_operator.api.base import DOCS_API
 from agentrun_operator.api.resources import (
     Agent,
     AgentProvider,
@@ -45,7 +46,7 @@ REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 
 DOCS_CONCEPTS: Final = "docs/concepts.md"
-DOCS_API: Final = "docs/api.md"
+
 _MAX_VALUE_CHARS: Final = 120
 _SEE_DOCS: Final = re.compile(r"\s*See (docs/[\w./-]+#[\w-]+)\s*$")
 
