@@ -1,4 +1,4 @@
-"""The control envelope and the payload rules (SPEC §4, §5; docs/control-file.md)."""
+"""The control envelope and the payload rules (docs/control-file.md, docs/design.md#iteration-pod)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The iteration Job manifest (SPEC §5): names, labels, env, volumes, the reporter, container resolution."""
+"""The iteration Job manifest (docs/concepts.md#iteration-pod): names, labels, env, volumes, the
+reporter, container resolution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The planner's execution semantics (SPEC §4, the reference note's test matrix and more).
+"""The planner's execution semantics (docs/concepts.md; docs/design.md#test-matrix and more).
 
 Each test drives the real planner through `World`, a planner-level simulation: actions are applied
 to plain ObservedJob/ObservedPod values, and the test finishes pods and moves the clock.

@@ -1,6 +1,6 @@
 """The AgentRun kind: a workflow of steps, each run as Jobs, optionally looping over a shared PVC.
 
-Field names, defaults and limits follow SPEC §3; the static rules live in `rules` and are checked
+Field names, defaults and limits follow docs/design.md#api; the static rules live in `rules` and are checked
 here and in the generated CRD alike.
 """
 

@@ -1,6 +1,6 @@
 """The supporting kinds: Agent, AgentProvider and ImplementationSpec.
 
-They are deliberately minimal (SPEC §3): enough to launch an agent CLI with a task, nothing more.
+They are deliberately minimal (docs/design.md#api): enough to launch an agent CLI with a task, nothing more.
 """
 
 from __future__ import annotations

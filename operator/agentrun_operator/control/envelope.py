@@ -1,8 +1,8 @@
 """The control envelope: how an iteration's loop-control payload travels from its pod to the operator.
 
-The operator never mounts the PVC (SPEC §5). Instead the reporter sidecar reads the control file when
-the main container has ended and writes a *control envelope* to its own termination message, which
-the kubelet copies into the pod status, where the operator reads it back:
+The operator never mounts the PVC (docs/design.md#iteration-pod). Instead the reporter sidecar reads
+the control file when the main container has ended and writes a *control envelope* to its own
+termination message, which the kubelet copies into the pod status, where the operator reads it back:
 
     {"v":1,"status":"found","path":"/workspace/.agentrun/loop-control.json","size":41,
      "reason":null,"control":{"continue":true}}

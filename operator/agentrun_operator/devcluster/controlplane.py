@@ -28,7 +28,8 @@ from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
 Progress = Callable[[str], None]
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
-# Controllers a Job-running cluster needs (SPEC §8): Jobs, owner GC, TTL, and what makes a namespace usable.
+# Controllers a Job-running cluster needs (docs/design.md#real-parts): Jobs, owner GC, TTL, and what
+# makes a namespace usable.
 CONTROLLERS = (
     "job-controller",
     "garbage-collector-controller",

@@ -1,4 +1,5 @@
-"""Pure builders that turn one planned iteration attempt into a batch/v1 Job manifest (SPEC §5).
+"""Pure builders that turn one planned iteration attempt into a batch/v1 Job manifest
+(docs/design.md#iteration-pod).
 
 Nothing here talks to Kubernetes: the planner calls `build_iteration_job` and hands the dict to the
 shell inside a `CreateJob` action. Because the output depends only on the inputs, the same planned
@@ -112,7 +113,9 @@ def _merge_env(layers: Iterable[Iterable[EnvVar] | None]) -> list[dict[str, Any]
 def resolve_container(
     run: AgentRun, step: WorkflowStep, refs: References, config: OperatorConfig
 ) -> ResolvedContainer:
-    """Container resolution (SPEC §3): step workload → run workload → Agent's provider → default.
+    """Container resolution: step workload → run workload → Agent's provider → default.
+
+    See docs/concepts.md#iteration-pod.
 
     A workload image brings its own command/args (the provider's would belong to another image); when
     the image comes from the provider, a workload's command/args still override the provider's.
@@ -411,7 +414,7 @@ def build_iteration_job(
     refs: References,
     config: OperatorConfig,
 ) -> dict[str, Any]:
-    """The Job manifest of one iteration attempt (SPEC §5). Pure and deterministic.
+    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod). Pure and deterministic.
 
     `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the

@@ -159,7 +159,10 @@ class _Verdict:
 
 
 def decide_next(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> None:
-    """After a successful iteration: stop at the cap, or ask the condition (SPEC §4)."""
+    """After a successful iteration: stop at the cap, or ask the condition.
+
+    See docs/concepts.md#conditional-loops.
+    """
     spec_loop = step.spec.loop
     loop = step.loop
     assert spec_loop is not None and loop is not None
@@ -168,8 +171,9 @@ def decide_next(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> 
     condition = spec_loop.condition
     what = "items" if loop.items is not None else "iterations"
     if at_cap:
-        # SPEC §4: at the cap the control file is not consulted. onMaxIterations only matters for
-        # a loop with a condition; a fixed loop or a plain forEach reaching its count is its goal.
+        # At the cap the control file is not consulted (docs/concepts.md#on-max-iterations).
+        # onMaxIterations only matters for a loop with a condition; a fixed loop or a plain forEach
+        # reaching its count is its goal.
         if condition is not None and spec_loop.on_max_iterations == "Fail":
             end_step(
                 ctx,

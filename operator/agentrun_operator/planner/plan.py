@@ -1,6 +1,6 @@
 """The planner: a pure function from (AgentRun, observed Jobs/Pods, clock, config) to (status, actions).
 
-Every execution rule of SPEC §4 and the reference note lives here: validation before the first Job,
+Every execution rule (docs/concepts.md) lives in this package: validation before the first Job,
 fixed / conditional / forEach loops, `when`, retries with backoff, per-attempt timeouts,
 cancellation, the workflow timeout, idempotency claims, history compaction and restart safety.
 

@@ -1,4 +1,5 @@
-"""Validation of an AgentRun before its first Job (SPEC §4, the reference note's validation rules).
+"""Validation of an AgentRun before its first Job (docs/concepts.md#validation;
+why these rules: docs/design.md#validation-rules).
 
 Two entry points share every rule:
 

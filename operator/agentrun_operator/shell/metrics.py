@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC §7). Derived from the planner's decisions, so the numbers match Events."""
+"""Prometheus metrics (docs/design.md#observability), counted from the planner's facts."""
 
 from __future__ import annotations
 
