@@ -1,4 +1,4 @@
-"""The Helm chart against the real local control plane (SPEC §2, §6; docs/operations.md).
+"""The Helm chart against the real local control plane (docs/operations.md, docs/operator.md).
 
 - `helm lint --strict` passes for the defaults and for every value set below;
 - each value set renders and applies cleanly with `kubectl apply --dry-run=server`, in namespaces

@@ -28,9 +28,9 @@ from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
 Progress = Callable[[str], None]
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
-# Controllers the local default runs (docs/local-dev.md#what-runs): Jobs, owner GC, TTL, what makes a
-# namespace usable, and what `helm install` of a Deployment needs (Deployments, ReplicaSets, a
-# Service's endpoints, the kube-root-ca.crt ConfigMap in-cluster clients read).
+# Controllers the local default runs (docs/design.md#real-parts, docs/local-dev.md): Jobs, owner GC,
+# TTL, what makes a namespace usable, and what `helm install` of a Deployment needs (Deployments,
+# ReplicaSets, a Service's endpoints, the kube-root-ca.crt ConfigMap in-cluster clients read).
 CONTROLLERS = (
     "job-controller",
     "garbage-collector-controller",

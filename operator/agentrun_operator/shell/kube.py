@@ -14,10 +14,8 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
+from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.shell import metrics
-
-GROUP = "agents.proompteng.ai"
-VERSION = "v1alpha1"
 
 
 def _resource_of(path: str) -> str:
