@@ -19,8 +19,10 @@ class OperatorProcess:
         log_dir: Path,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        kubeconfig: Path | None = None,
     ) -> None:
         self.args = args
+        self.kubeconfig = kubeconfig or plane.kubeconfig  # e.g. a proxy's (tests/integration/watch_proxy.py)
         self.plane = plane
         self.log_dir = log_dir
         self.env = env or {}
@@ -51,7 +53,7 @@ class OperatorProcess:
                     "-m",
                     "agentrun_operator.cli",
                     "operator",
-                    f"--kubeconfig={self.plane.kubeconfig}",
+                    f"--kubeconfig={self.kubeconfig}",
                     *self.args,
                 ],
                 stdout=out,
