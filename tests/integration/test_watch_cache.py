@@ -301,5 +301,8 @@ def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
     events = {e["reason"]: e for e in json.loads(out)["items"]}
     assert set(events) == {"IterationStarted", "RunSucceeded"}
     assert events["IterationStarted"]["count"] == 3
-    assert events["IterationStarted"]["message"] == "iteration 3 succeeded; iteration 4 started"
+    assert (
+        events["IterationStarted"]["message"]
+        == "IterationSucceeded: iteration 3 succeeded; IterationStarted: iteration 4 started"
+    )
     assert writes == 3  # two POSTs and one PATCH for four reconciles' worth of Events

@@ -3,8 +3,8 @@
 The planner asks for Events per transition (docs/concepts.md#events); posting each as its own object
 cost 2-3 writes per iteration. Here (docs/operator.md#events):
 
-- the Events one reconcile plans become one Event: the messages joined in order, type `Warning` when
-  any is, reason the most telling one (`rank`);
+- the Events one reconcile plans become one Event: `Reason: message` of each joined in order, type
+  `Warning` when any is, reason the most telling one (`rank`);
 - an Event whose reason and type repeat the run's existing series only updates that series in memory
   (count, lastTimestamp, newest message); the series object is patched when `flush_seconds` have
   passed since it was last written, when the run finishes, or when the operator stops, so
@@ -48,7 +48,10 @@ def merge(events: Sequence[EmitEvent]) -> EmitEvent:
     for event in events[1:]:
         if rank(event) >= rank(best):
             best = event
-    message = "; ".join(e.message.rstrip(".") for e in events) if len(events) > 1 else events[0].message
+    if len(events) == 1:
+        message = events[0].message
+    else:  # each part keeps its reason, so describe (and a grep for a reason) still finds it
+        message = "; ".join(f"{e.reason}: {e.message.rstrip('.')}" for e in events)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     return EmitEvent("Warning" if warning else "Normal", best.reason, message)
