@@ -132,8 +132,8 @@ def test_merge_keeps_every_message_and_the_most_telling_reason() -> None:
     assert merged == EmitEvent(
         "Normal",
         "RunSucceeded",
-        "IterationSucceeded: iteration 3/3 succeeded; LoopCompleted: loop completed: LoopMaxIterationsReached; "
-        "RunSucceeded: run succeeded",
+        "IterationSucceeded: iteration 3/3 succeeded; "
+        "LoopCompleted: loop completed: LoopMaxIterationsReached; RunSucceeded: run succeeded",
     )
 
 
