@@ -304,8 +304,13 @@ def _step_changes(
             if step.get("message"):
                 line += f": {_clip(str(step['message']), MAX_MESSAGE_CHARS)}"
         lines.append(line)
+    step_line = lines.pop() if lines else None
+    if step_line is not None and phase not in (*TERMINAL_PHASES, "Skipped"):
+        lines.append(step_line)  # a step that starts comes before its iterations, one that ends after
+        step_line = None
     records = [r for r in (loop or {}).get("iterations") or [] if isinstance(r, Mapping)]
-    newest = records[-1].get("index") if records else None
+    succeeded = [r.get("index") for r in records if r.get("phase") == "Succeeded"]
+    newest = succeeded[-1] if succeeded else None  # lastControl is the newest successful one's
     for record in records:
         index = record.get("index")
         if not isinstance(index, int):
@@ -328,4 +333,6 @@ def _step_changes(
         if rec_phase == "Succeeded" and index == newest and (loop or {}).get("lastControl") is not None:
             line += f"; control {_clip(_compact_json((loop or {})['lastControl']), MAX_CONTROL_CHARS)}"
         lines.append(line)
+    if step_line is not None:
+        lines.append(step_line)
     return lines
