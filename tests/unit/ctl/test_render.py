@@ -1,4 +1,4 @@
-"""The CLI's rendering, against golden files (regenerate with AGENTRUN_UPDATE_GOLDEN=1 and review the diff)."""
+"""The CLI's rendering, against golden files (AGENTRUN_UPDATE_GOLDEN=1 rewrites them; review the diff)."""
 
 from __future__ import annotations
 
