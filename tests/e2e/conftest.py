@@ -2,8 +2,9 @@
 process, so every pod of every iteration runs real commands on real (bind-mounted) volumes.
 
 The runner and the operator watch only the `e2e` namespace, so they never meet the integration
-tests' fake kubelet (namespace `loops`). PVC claims are directories under the runner's state
-directory: `<state>/pvc/e2e/<claim>/`, which the tests read to check what the iterations left.
+tests' fake kubelet (namespace `loops`). Claims are real PersistentVolumeClaims, bound by the
+controller-manager to volumes the runner's local provisioner creates (directories under its state,
+`<state>/pv/pvc-<claim uid>/`), which the tests read to check what the iterations left.
 """
 
 from __future__ import annotations
@@ -125,7 +126,34 @@ class LocalDefault:
         return self.runner.state_dir
 
     def claim_dir(self, claim: str) -> Path:
-        return self.state_dir / "pvc" / NAMESPACE / claim
+        """The directory of the volume bound to `claim` (waits for the binding)."""
+
+        def bound_volume() -> str | None:
+            code, body = self.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{claim}")
+            obj = json.loads(body) if code == 200 else {}
+            return (
+                (obj.get("spec") or {}).get("volumeName")
+                if (obj.get("status") or {}).get("phase") == "Bound"
+                else None
+            )
+
+        volume = eventually(bound_volume, timeout=60, what=f"claim {claim} to be bound")
+        code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
+        assert code == 200, (code, body[:300])
+        path = Path(json.loads(body)["spec"]["hostPath"]["path"])
+        assert self.state_dir in path.parents, f"{path} is not under the runner's state {self.state_dir}"
+        return path
+
+    def create_claim(self, claim: str, storage_class: str | None = None) -> None:
+        """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        }
+        if storage_class is not None:
+            spec["storageClassName"] = storage_class
+        doc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}, "spec": spec}
+        self.apply(json.dumps(doc))
 
     def apply(self, manifest: str) -> None:
         self.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
