@@ -391,6 +391,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "pods"): {"list", "watch"},
         ("", "events"): {"create"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
+        ("", "persistentvolumeclaims"): {"get"},
     }
 
 
@@ -431,6 +432,8 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("get", "configmaps"),
         ("create", "serviceaccounts", "--subresource=token"),
         ("create", "persistentvolumeclaims"),
+        ("list", "persistentvolumeclaims"),
+        ("delete", "persistentvolumeclaims"),
         ("update", "agentruns.agents.proompteng.ai"),
         ("patch", "agentruns.agents.proompteng.ai"),
         ("create", "agentruns.agents.proompteng.ai"),

@@ -138,3 +138,17 @@ def test_became_true_once() -> None:
     assert C.became_true(before, after, "StatusSizeWarning")
     again = C.derive(status("running", after), 1, T1, 950, BUDGET)
     assert not C.became_true(after, again, "StatusSizeWarning")
+
+
+def test_unbound_claims_wait_names_each_claim_and_its_phase() -> None:
+    from agentrun_operator.planner.observed import Observed
+    from agentrun_operator.planner.volumes import REASON_CLAIM_PENDING, unbound_claims
+
+    assert unbound_claims(Observed()) is None
+    assert unbound_claims(Observed(pvc_names=frozenset({"ws"}))) is None
+    one = unbound_claims(Observed(pvc_names=frozenset({"ws"}), pvc_unbound={"ws": "Pending"}))
+    assert one is not None and one.reason == REASON_CLAIM_PENDING
+    assert "PersistentVolumeClaim ws (phase Pending) to be bound" in one.message
+    assert "kubectl describe pvc ws" in one.message
+    two = unbound_claims(Observed(pvc_names=frozenset({"a", "b"}), pvc_unbound={"b": "Lost", "a": "Pending"}))
+    assert two is not None and "PersistentVolumeClaims a (phase Pending), b (phase Lost)" in two.message

@@ -102,3 +102,45 @@ def test_api_metric_label_is_the_resource() -> None:
     )
     assert _resource_of("/api/v1/namespaces/ns/events") == "events"
     assert _resource_of("/apis/agents.proompteng.ai/v1alpha1/agentruns") == "agentruns"
+
+
+def test_claim_names_are_the_pvc_volumes_of_every_step_once() -> None:
+    from agentrun_operator.api.agentrun import parse_agentrun
+    from agentrun_operator.shell.observe import claim_names, claim_phase
+
+    run = parse_agentrun(
+        {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {
+                "workload": {
+                    "image": "busybox",
+                    "volumes": [
+                        {"name": "ws", "type": "pvc", "claimName": "shared", "mountPath": "/workspace"},
+                        {"name": "tmp", "type": "emptyDir", "mountPath": "/scratch"},
+                    ],
+                },
+                "workflow": {
+                    "steps": [
+                        {"name": "a"},
+                        {
+                            "name": "b",
+                            "workload": {
+                                "volumes": [
+                                    {"name": "own", "type": "pvc", "claimName": "own", "mountPath": "/own"},
+                                ]
+                            },
+                        },
+                        {"name": "c"},
+                    ]
+                },
+            },
+        }
+    )
+    assert claim_names(run) == ["shared", "own"]
+    assert claim_phase(None) is None
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {"volumeName": "pv"}}) == "Bound"
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {}}) == "Pending"
+    assert claim_phase({"status": {}}) == "Pending"
+    assert claim_phase({"status": {"phase": "Lost"}, "spec": {"volumeName": "pv"}}) == "Lost"
