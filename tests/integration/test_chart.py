@@ -30,7 +30,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "agentrun-operator"
@@ -545,6 +545,7 @@ class Running:
 def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The operator as a process whose only credential is the chart ServiceAccount's token."""
     world = World()
+    bound_claim(installed.plane, installed.run_namespace, "ws")
     driver = KubeletDriver(installed.plane, installed.run_namespace, world.outcome).start()
     env = {
         "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,
