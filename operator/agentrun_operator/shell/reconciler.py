@@ -19,8 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentrun_operator import naming
+from agentrun_operator.api import AgentRunStatus, Condition
 from agentrun_operator.api.agentrun import AgentRun, parse_agentrun
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner import conditions
 from agentrun_operator.planner.actions import (
     Action,
     ClaimIdempotencyKey,
@@ -313,22 +315,28 @@ class Reconciler:
         first = err.errors()[0]
         path = ".".join(str(p) for p in first.get("loc", ()))
         message = f"spec is not valid: {path}: {first.get('msg')} (see docs/api.md)"
-        body = dict(raw)
-        body["status"] = {
-            "phase": "Failed",
-            "reason": "InvalidSpec",
-            "message": message,
-            "observedGeneration": raw["metadata"].get("generation"),
-            "conditions": [
-                {
-                    "type": "InvalidSpec",
-                    "status": "True",
-                    "reason": "InvalidSpec",
-                    "message": message,
-                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                }
+        generation = raw["metadata"].get("generation")
+        now = datetime.now(UTC)
+        status = AgentRunStatus(
+            phase="Failed",
+            reason="InvalidSpec",
+            message=message,
+            observed_generation=generation,
+            finished_at=now,
+            conditions=[
+                Condition(
+                    type=conditions.INVALID_SPEC,
+                    status="True",
+                    reason="InvalidSpec",
+                    message=message,
+                    observed_generation=generation,
+                    last_transition_time=now,
+                )
             ],
-        }
+        )
+        status.conditions = conditions.derive(status, generation, now)
+        body = dict(raw)
+        body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
             await self.kube.replace_run_status(body)
         except KubeError as exc:
