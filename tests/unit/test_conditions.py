@@ -152,3 +152,52 @@ def test_unbound_claims_wait_names_each_claim_and_its_phase() -> None:
     assert "kubectl describe pvc ws" in one.message
     two = unbound_claims(Observed(pvc_names=frozenset({"a", "b"}), pvc_unbound={"b": "Lost", "a": "Pending"}))
     assert two is not None and "PersistentVolumeClaims a (phase Pending), b (phase Lost)" in two.message
+
+
+def _long_status(records: int, message: str = "attempt 1: exit 1") -> AgentRunStatus:
+    from agentrun_operator.api import IterationRecord, JobRef, LoopStatus, StepStatus, WorkflowStatus
+
+    iterations = [
+        IterationRecord(
+            index=i,
+            phase="Failed",
+            attempts=3,
+            started_at=T0,
+            finished_at=T1 + timedelta(microseconds=123456),
+            message=message,
+            job_ref=JobRef(name="x" * 63, uid="0123456789abcdef0123456789abcdef0123"),
+        )
+        for i in range(1, records + 1)
+    ]
+    loop = LoopStatus(
+        current_iteration=records,
+        completed_iterations=records,
+        max_iterations=1000,
+        stop_reason="LoopIterationFailed",
+        last_control={"continue": True, "notes": "ü" * 300},
+        iterations=iterations,
+    )
+    step = StepStatus(name="implement", phase="Failed", attempt=3, message="ö" * 500, loop=loop)
+    return AgentRunStatus(
+        phase="Failed",
+        reason="LoopIterationFailed",
+        message="x" * 1000,
+        workflow=WorkflowStatus(phase="Failed", steps=[step]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("records", "message"), [(0, ""), (1, "é" * 1024), (50, "short"), (200, "中" * 1024)]
+)
+def test_the_size_bound_is_never_below_the_real_size(records: int, message: str) -> None:
+    status = _long_status(records, message)
+    assert C.size_upper_bound(status) >= C.exact_size(status)
+
+
+def test_the_exact_size_is_measured_only_near_the_budget_or_after_a_warning() -> None:
+    small = _long_status(2)
+    assert C.status_size(small, 256 * 1024) is None
+    assert C.status_size(small, 4096) == C.exact_size(small)
+    warned = C.derive(small, 1, T0, C.exact_size(small), 4096)
+    small.conditions = warned
+    assert C.status_size(small, 256 * 1024) == C.exact_size(small)  # to lift the warning

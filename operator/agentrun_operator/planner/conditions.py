@@ -20,10 +20,11 @@ phase gets the same conditions, and a re-plan of the same status changes nothing
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from agentrun_operator.api import AgentRunStatus, Condition
 
@@ -111,6 +112,57 @@ def status_size_want(size_bytes: int, budget_bytes: int, current: Sequence[Condi
     return None
 
 
+_RECORD_FIXED_BYTES: Final = 400
+"""More than an iteration record takes in JSON besides its message (keys, index, phase, attempts,
+two timestamps, a Job name of at most 63 characters and a uid)."""
+_STEP_FIXED_BYTES: Final = 800
+_RUN_FIXED_BYTES: Final = 1200
+
+
+def _json_bytes(value: Any) -> int:
+    return 0 if value is None else len(json.dumps(value, separators=(",", ":"))) * 2
+
+
+def _text_bytes(*texts: str | None) -> int:
+    return sum(4 * len(t) for t in texts if t)  # at most 4 bytes per character in UTF-8
+
+
+def size_upper_bound(status: AgentRunStatus) -> int:
+    """A cheap bound on the serialized status (without its conditions): never below the real size.
+
+    Serializing a status with a long history costs a few hundred microseconds per plan; this bound
+    costs a few, so the exact size is measured only when the bound comes near the budget."""
+    total = _RUN_FIXED_BYTES + _text_bytes(
+        status.reason, status.message, status.current_step, status.iteration
+    )
+    for step in status.workflow.steps if status.workflow is not None else []:
+        total += _STEP_FIXED_BYTES + _text_bytes(step.name, step.reason, step.message)
+        total += _json_bytes(step.control)
+        if step.job_ref is not None:
+            total += _text_bytes(step.job_ref.name, step.job_ref.uid)
+        loop = step.loop
+        if loop is None:
+            continue
+        total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
+        for record in loop.iterations:
+            total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
+    return total
+
+
+def exact_size(status: AgentRunStatus) -> int:
+    """The serialized size of the status as written, without its conditions (bytes)."""
+    return len(status.model_dump_json(by_alias=True, exclude_none=True, exclude={"conditions"}).encode())
+
+
+def status_size(status: AgentRunStatus, budget_bytes: int) -> int | None:
+    """The status size when it matters for `StatusSizeWarning` (near the budget, or warned before);
+    None when the bound shows it is far below and no warning is to be lifted."""
+    warned = any(c.type == STATUS_SIZE_WARNING for c in status.conditions)
+    if not warned and size_upper_bound(status) <= budget_bytes * STATUS_WARNING_FRACTION:
+        return None
+    return exact_size(status)
+
+
 def apply(
     current: Sequence[Condition], wants: Sequence[Want], generation: int | None, now: datetime
 ) -> list[Condition]:
@@ -148,7 +200,9 @@ def derive(
     size_bytes: int | None = None,
     budget_bytes: int | None = None,
 ) -> list[Condition]:
-    """The run's conditions after this plan (see the module docstring for the rules)."""
+    """The run's conditions after this plan (see the module docstring for the rules).
+
+    `size_bytes` is the status size from `status_size` (None: far below the budget)."""
     wants = wanted(status)
     if size_bytes is not None and budget_bytes:
         size = status_size_want(size_bytes, budget_bytes, status.conditions)
