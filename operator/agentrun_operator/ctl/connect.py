@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 from kubernetes_asyncio.config.kube_config import KubeConfigMerger
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -60,8 +61,12 @@ async def connect(kubeconfig: str | None, context: str | None, namespace: str | 
         if context:
             raise CtlError(f"--context {context} needs a kubeconfig, and none was found (running in-cluster)")
         configuration = client.Configuration()
+        loader = InClusterConfigLoader(
+            token_filename=str(SERVICE_ACCOUNT_DIR / "token"),
+            cert_filename=str(SERVICE_ACCOUNT_DIR / "ca.crt"),
+        )
         try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            loader.load_and_set(configuration)
         except config.ConfigException as exc:
             raise CtlError(f"in-cluster credentials are unusable: {exc}") from None
         ns = namespace

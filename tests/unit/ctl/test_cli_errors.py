@@ -68,3 +68,40 @@ def test_bad_arguments_exit_4_not_2(argv: list[str], capsys: pytest.CaptureFixtu
     """2 means Cancelled for `watch`, so argument errors of the cluster commands use 4."""
     assert main(argv) == 4
     assert "usage:" in capsys.readouterr().err
+
+
+def test_in_cluster_credentials_and_namespace(no_credentials: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kubeconfig, in a pod: the ServiceAccount's token, CA and namespace, as kubectl uses them."""
+    import asyncio
+
+    from agentrun_operator.ctl import connect
+
+    account = no_credentials / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("tok3n")
+    from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
+
+    ensure_pki(no_credentials / "pki")  # any real CA certificate
+    (account / "ca.crt").write_bytes(PKIPaths(no_credentials / "pki").ca_cert.read_bytes())
+    (account / "namespace").write_text("team-a\n")
+    monkeypatch.setattr(connect, "SERVICE_ACCOUNT_DIR", account)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+
+    async def resolve(namespace: str | None) -> tuple[str, str, str, str]:
+        target = await connect.connect(None, None, namespace)
+        try:
+            token = target.api.configuration.api_key["BearerToken"]
+            return target.namespace, target.server, target.source, token
+        finally:
+            await target.api.close()
+
+    assert asyncio.run(resolve(None)) == (
+        "team-a",
+        "https://10.0.0.1:443",
+        "in-cluster ServiceAccount",
+        "Bearer tok3n",
+    )
+    assert asyncio.run(resolve("other"))[0] == "other"
+    with pytest.raises(connect.CtlError, match="--context prod needs a kubeconfig"):
+        asyncio.run(connect.connect(None, "prod", None))
