@@ -58,7 +58,8 @@ def cluster(
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
-    bound_claim(plane, NAMESPACE, "ws")
+    for claim in ("ws", "codex-workspace"):  # workflow_run's, and the reference manifests'
+        bound_claim(plane, NAMESPACE, claim)
     driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
     operator = OperatorProcess(
         plane,
