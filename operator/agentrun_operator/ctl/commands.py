@@ -17,9 +17,10 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.ctl import render
 from agentrun_operator.ctl.connect import CtlError, Target
-from agentrun_operator.shell.kube import GROUP, VERSION, Kube
+from agentrun_operator.shell.kube import Kube
 
 WATCH_CHUNK_SECONDS = 240
 CANCEL_ATTEMPTS = 5

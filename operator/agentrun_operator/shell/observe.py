@@ -11,11 +11,9 @@ from typing import Any
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
-from agentrun_operator.jobs.builder import effective_steps, effective_workload
+from agentrun_operator.jobs.builder import MAIN_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
-
-REPORTER_CONTAINER = "reporter"
-MAIN_CONTAINER = "main"
+from agentrun_operator.planner.resolution import effective_steps, effective_workload
 
 
 def parse_time(value: Any) -> datetime | None:
