@@ -25,7 +25,7 @@ from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 
 NAMESPACE = "cache"
@@ -54,6 +54,7 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    bound_claim(plane, NAMESPACE)
     outcomes = Outcomes()
     driver = KubeletDriver(plane, NAMESPACE, outcomes).start()
     proxy = WatchProxy(plane, tmp_path_factory.mktemp("proxy")).start()
