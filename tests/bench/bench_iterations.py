@@ -154,9 +154,15 @@ def lost_and_repeated(
 ) -> dict[str, Any]:
     """What a correct operator never does: lose an iteration or run one twice."""
     by_name = {r["metadata"]["name"]: r for r in runs}
-    not_succeeded, lost, repeated = [], [], []
+    not_succeeded, unfinished, lost, repeated = [], [], [], []
+    completed = 0
     for name in names:
         status = (by_name.get(name) or {}).get("status") or {}
+        steps_now = (status.get("workflow") or {}).get("steps") or [{}]
+        completed += int((steps_now[0].get("loop") or {}).get("completedIterations") or 0)
+        if status.get("phase") not in FINAL:
+            unfinished.append(name)  # neither lost nor repeated yet: it ran out of time
+            continue
         if status.get("phase") != "Succeeded":
             not_succeeded.append(f"{name}: {status.get('phase')}")
         steps = (status.get("workflow") or {}).get("steps") or [{}]
@@ -182,7 +188,9 @@ def lost_and_repeated(
             repeated.append(f"{name}: a Job for iteration {iterations + 1}")
     return {
         "runs": len(names),
-        "succeeded": len(names) - len(not_succeeded),
+        "succeeded": len(names) - len(not_succeeded) - len(unfinished),
+        "unfinished": len(unfinished),
+        "completed_iterations": completed,
         "not_succeeded": not_succeeded[:20],
         "lost": len(lost),
         "repeated": len(repeated),
@@ -292,15 +300,15 @@ def main() -> int:
             if k.startswith("agentrun_api_requests_total{") and 'verb="GET"' in k
         )
         total_writes = sum(writes.values())
+        check = lost_and_repeated(runs, names, args.iterations, watch)
         reconciles = delta("agentrun_reconcile_duration_seconds_count")
         plan_seconds = delta("agentrun_plan_duration_seconds_sum")
-        check = lost_and_repeated(runs, names, args.iterations, watch)
         report: dict[str, Any] = {
             "runs": args.runs,
             "iterations_per_run": args.iterations,
             "iterations": iterations,
             "wall_seconds": elapsed,
-            "iterations_per_second": iterations / elapsed if elapsed else float("nan"),
+            "iterations_per_second": check["completed_iterations"] / elapsed if elapsed else float("nan"),
             "turnaround_ms": distribution(turnaround),
             "raw_get_ms": distribution(gets),
             "raw_post_ms": distribution(posts),
@@ -321,8 +329,8 @@ def main() -> int:
             f"wall={elapsed:.1f}s  iterations/s={report['iterations_per_second']:.1f}"
         )
         print(
-            f"check: {check['succeeded']}/{check['runs']} Succeeded, lost={check['lost']} "
-            f"repeated={check['repeated']}"
+            f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished "
+            f"after {args.timeout:.0f}s, lost={check['lost']} repeated={check['repeated']}"
         )
         for example in check["examples"]:
             print("   ", example)
