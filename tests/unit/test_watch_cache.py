@@ -157,3 +157,27 @@ def test_steady_state_iterations_share_one_reason() -> None:
         [EmitEvent("Normal", "IterationSucceeded", "1"), EmitEvent("Normal", "IterationStarted", "2")]
     )
     assert start.reason == step.reason == "IterationStarted"
+
+
+def _pod(phase: str, rv: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": NS,
+            "uid": "pod-uid",
+            "resourceVersion": str(rv),
+            "labels": {naming.LABEL_RUN: "r", "job-name": "j"},
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_a_pod_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
+    """Neither can change a plan (ObservedPod/ObservedJob.plan_relevant); a pod's end does."""
+    cache = RunCache()
+    assert cache.pods.upsert(_pod("Pending", 1)) == (NS, "r")
+    assert cache.pods.upsert(_pod("Running", 2)) is None
+    assert cache.pods.upsert(_pod("Succeeded", 3)) == (NS, "r")
+    started = _job("j", 1)
+    cache.jobs.upsert({**started, "status": {}})
+    assert cache.jobs.upsert(_job("j", 2)) is None

@@ -26,6 +26,7 @@ from typing import Any
 from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.planner.observed import ObservedJob, ObservedPod
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
 
@@ -71,13 +72,23 @@ def owner_uids(obj: Obj) -> tuple[str, ...]:
     return tuple(str(r.get("uid", "")) for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
-def job_view(job: Obj) -> Hashable:
-    """What the planner can see of a Job: a change of anything else needs no reconcile."""
+def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
+    """The Job as the planner sees it, and its owners (the reconciler reads both from here)."""
     return (job_from_k8s(job), owner_uids(job))
 
 
-def pod_view(pod: Obj) -> Hashable:
+def job_change(view: Any) -> Hashable:
+    """What of a Job's view can change a plan: a change of anything else needs no reconcile."""
+    job, owners = view
+    return (job.plan_relevant() if job is not None else None, owners)
+
+
+def pod_view(pod: Obj) -> ObservedPod | None:
     return pod_from_k8s(pod)
+
+
+def pod_change(view: Any) -> Hashable:
+    return view.plan_relevant() if view is not None else None
 
 
 def run_view(run: Obj) -> Hashable:
@@ -96,11 +107,18 @@ def run_view(run: Obj) -> Hashable:
 
 
 class Store:
-    """Objects of one kind, by run and by name, with a view of each used to detect changes."""
+    """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
+    it); `change` picks from a view what decides whether the run must be re-planned."""
 
-    def __init__(self, run_of: Callable[[Obj], str | None], view: Callable[[Obj], Hashable]) -> None:
+    def __init__(
+        self,
+        run_of: Callable[[Obj], str | None],
+        view: Callable[[Obj], Any],
+        change: Callable[[Any], Hashable] = lambda view: view,
+    ) -> None:
         self._run_of = run_of
         self._view = view
+        self._change = change
         self._by_run: dict[Key, dict[str, tuple[Obj, Hashable]]] = {}
         self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
 
@@ -126,7 +144,7 @@ class Store:
         view = self._view(obj)
         entries[name] = (obj, view)
         self._where[(ns, name)] = key
-        changed = current is None or current[1] != view or old_key != key
+        changed = current is None or self._change(current[1]) != self._change(view) or old_key != key
         return key if changed else None
 
     def delete(self, obj: Obj) -> Key | None:
@@ -194,8 +212,8 @@ class RunCache:
 
     def __init__(self) -> None:
         self.runs = Store(run_of_run, run_view)
-        self.jobs = Store(run_of_job, job_view)
-        self.pods = Store(run_of_pod, pod_view)
+        self.jobs = Store(run_of_job, job_view, job_change)
+        self.pods = Store(run_of_pod, pod_view, pod_change)
         self.ready = asyncio.Event()
 
     def run(self, namespace: str, name: str) -> Obj | None:
