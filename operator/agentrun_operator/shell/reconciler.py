@@ -247,7 +247,8 @@ class Reconciler:
                 after_status.append(action)
 
         new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        fill_job_uids(new_status, job_uids)
+        if job_uids:
+            fill_job_uids(new_status, job_uids)
         if new_status != status_dict(run):
             body = dict(raw)
             body["status"] = new_status
