@@ -208,13 +208,24 @@ class Store:
 
 
 class RunCache:
-    """The three stores and the readiness gate the work queue waits on."""
+    """The three stores and the readiness gate the work queue waits on: `ready` is set once every
+    feeder (kopf, each informer) has opened its gate, i.e. delivered its initial list."""
 
-    def __init__(self) -> None:
+    def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
         self.runs = Store(run_of_run, run_view)
         self.jobs = Store(run_of_job, job_view, job_change)
         self.pods = Store(run_of_pod, pod_view, pod_change)
         self.ready = asyncio.Event()
+        self._closed_gates = set(gates)
+
+    def add_gate(self, name: str) -> None:
+        if not self.ready.is_set():
+            self._closed_gates.add(name)
+
+    def open_gate(self, name: str) -> None:
+        self._closed_gates.discard(name)
+        if not self._closed_gates:
+            self.ready.set()
 
     def run(self, namespace: str, name: str) -> Obj | None:
         return self.runs.one((namespace, name), name)

@@ -1,4 +1,4 @@
-"""kopf wiring: watch AgentRuns and their labelled Jobs and Pods, feed the watch cache and one work queue.
+"""kopf wiring: AgentRuns and their labelled Jobs through kopf, Pods through our informer; one work queue.
 
 Only `index` and `on.event` handlers are used, so kopf itself never writes to our objects (no
 finalizers, no progress annotations): the reconciler is the one writer of status, and API writes per
@@ -27,6 +27,7 @@ from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache, Store, relist
 from agentrun_operator.shell.events import EventRecorder
+from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
@@ -63,6 +64,8 @@ class OperatorState:
         self.reconciler: Reconciler | None = None
         self.events: EventRecorder | None = None
         self.resync_task: asyncio.Task[None] | None = None
+        self.ready_task: asyncio.Task[None] | None = None
+        self.pod_informer: Informer | None = None
         self.cache = RunCache()
 
     def enqueue(self, key: Key | None) -> None:
@@ -77,8 +80,11 @@ class OperatorState:
     def released(self) -> None:
         """kopf runs event handlers only once every indexed kind's initial list is in the cache."""
         if not self.cache.ready.is_set():
-            self.cache.ready.set()
-            log.info("watch cache filled", extra=self.cache.sizes())
+            self.cache.open_gate("kopf")
+
+    async def announce_ready(self) -> None:
+        await self.cache.ready.wait()
+        log.info("watch cache filled", extra=self.cache.sizes())
 
     async def reconcile(self, key: Key) -> float | None:
         assert self.reconciler is not None
@@ -143,7 +149,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         settings.watching.reconnect_backoff = 1.0
         # Server-side filtering: only our Jobs and Pods reach the operator at all.
         settings.watching.label_selectors["batch", "v1", "jobs"] = naming.LABEL_RUN
-        settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
         if state.config.watched_namespaces:
             # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
             settings.scanning.disabled = True
@@ -160,7 +165,19 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=state.cache.ready)
+        state.pod_informer = Informer(
+            state.kube,
+            state.cache,
+            state.cache.pods,
+            "/api/v1",
+            "pods",
+            naming.LABEL_RUN,
+            state.config.watched_namespaces,
+            state.enqueue,
+        )
+        state.pod_informer.start()
         state.queue.start()
+        state.ready_task = asyncio.create_task(state.announce_ready())
         state.resync_task = asyncio.create_task(state.resync())
         log.info(
             "operator started",
@@ -174,10 +191,13 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if state.resync_task is not None:
-            state.resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await state.resync_task
+        for task in (state.resync_task, state.ready_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if state.pod_informer is not None:
+            await state.pod_informer.stop()
         if state.queue is not None:
             await state.queue.stop()
         if state.events is not None:
@@ -201,10 +221,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def job_cache(body: Any, **_: Any) -> None:
         state.observed(state.cache.jobs, body, None)
 
-    @kopf.index("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    async def pod_cache(body: Any, **_: Any) -> None:
-        state.observed(state.cache.pods, body, None)
-
     @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
     async def on_agentrun(body: Any, type: str | None, **_: Any) -> None:
         state.released()
@@ -216,9 +232,3 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.released()
         if type == "DELETED":
             state.observed(state.cache.jobs, body, type)
-
-    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    async def on_pod(body: Any, type: str | None, **_: Any) -> None:
-        state.released()
-        if type == "DELETED":
-            state.observed(state.cache.pods, body, type)
