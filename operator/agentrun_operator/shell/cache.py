@@ -3,9 +3,10 @@
 A reconcile reads its run, the run's Jobs and their Pods from here instead of listing them from the
 API server (docs/operator.md#cache). Why it is correct:
 
-- **Restart.** The stores are fed by kopf *indexing* handlers, and kopf runs no other handler before
-  every indexed resource's initial listing has been indexed. The work queue starts reconciling only
-  once an event handler has run (`ready`), so no reconcile ever sees a half-filled cache.
+- **Restart.** Runs and Jobs are fed by kopf *indexing* handlers, and kopf runs no other handler
+  before every indexed resource's initial listing has been indexed; Pods by our informer
+  (shell/informer.py), after its first LIST. The work queue starts reconciling only once every feeder
+  has opened its gate (`ready`), so no reconcile ever sees a half-filled cache.
 - **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer).
   Anything else that is stale makes a write fail safely: the status PUT carries the cached
   resourceVersion (409 -> the run is fetched fresh and re-planned), and Job names are deterministic
