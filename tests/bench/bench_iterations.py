@@ -292,6 +292,7 @@ def main() -> int:
             for k, v in after.items()
             if k.startswith("agentrun_api_requests_total{")
             and 'verb="GET"' not in k
+            and 'verb="WATCH"' not in k
             and v - before.get(k, 0.0)
         }
         reads = sum(

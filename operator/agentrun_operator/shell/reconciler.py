@@ -96,6 +96,23 @@ class Reconciler:
         self.cache = cache
         self.instance = instance
         self.events = events or EventRecorder(kube, instance)
+        # The last parse of each run, by (uid, resourceVersion): between two writes a run is
+        # reconciled several times unchanged, and validating it was the costliest step of a reconcile.
+        self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, dict[str, Any]]] = {}
+
+    def _parse(self, raw: dict[str, Any]) -> tuple[AgentRun, dict[str, Any]]:
+        """The run as the planner's model and its status as persisted (the planner never mutates
+        either: it is pure, and copies what it changes)."""
+        meta = raw["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        stamp = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        hit = self._parsed.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1], hit[2]
+        run = parse_agentrun(raw)
+        persisted = status_dict(run)
+        self._parsed[key] = (stamp, run, persisted)
+        return run, persisted
 
     async def _observe(self, raw: dict[str, Any], run: AgentRun) -> Observed:
         """The run's Jobs and Pods from the watch cache (docs/operator.md#cache), already converted."""
@@ -195,10 +212,11 @@ class Reconciler:
         result = ReconcileResult()
         raw = self.cache.run(namespace, name)
         if raw is None:
+            self._parsed.pop((namespace, name), None)
             return result
         meta = raw["metadata"]
         try:
-            run = parse_agentrun(raw)
+            run, persisted = self._parse(raw)
         except ValidationError as err:
             # The CRD admitted something our models refuse: fail the run clearly instead of crashing.
             await self._write_unparseable(raw, err)
@@ -249,7 +267,7 @@ class Reconciler:
         new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
         if job_uids:
             fill_job_uids(new_status, job_uids)
-        if new_status != status_dict(run):
+        if new_status != persisted:
             body = dict(raw)
             body["status"] = new_status
             try:
