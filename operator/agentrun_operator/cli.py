@@ -24,11 +24,13 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from agentrun_operator.devcluster import dev, toolchain
     from agentrun_operator.devcluster.controlplane import ControlPlaneError
+    from agentrun_operator.devcluster.dockerengine import EngineUnavailable
+    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
     from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
 
     try:
         if args.dev_command == "up":
-            return dev.up()
+            return dev.up(runtime=args.runtime)
         if args.dev_command == "down":
             return dev.down(purge=args.purge)
         if args.dev_command == "status":
@@ -43,15 +45,54 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             from agentrun_operator.devcluster.podrunner.main import run_pod_runner
 
             return run_pod_runner(
-                Path(args.kubeconfig), Path(args.state_dir), args.node, tuple(args.namespace or ())
+                Path(args.kubeconfig),
+                Path(args.state_dir),
+                args.node,
+                tuple(args.namespace or ()),
+                runtime=args.runtime,
             )
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0
-    except (toolchain.ToolchainError, ControlPlaneError, SandboxUnavailable) as exc:
+        if args.dev_command in ("engine", "base-images", "image"):
+            return _cmd_dev_docker(args)
+    except (
+        toolchain.ToolchainError,
+        ControlPlaneError,
+        SandboxUnavailable,
+        EngineUnavailable,
+        RuntimeUnavailable,
+    ) as exc:
         print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
     raise AssertionError(args.dev_command)
+
+
+def _cmd_dev_docker(args: argparse.Namespace) -> int:
+    """`agentrun dev engine|base-images|image`: the Docker side of the local default."""
+    from agentrun_operator.devcluster import baseimages, dockerengine, imagebuild
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    if args.dev_command == "engine":
+        if args.stop:
+            stopped = dockerengine.stop_engine()
+            say("stopped the dockerd we started" if stopped else "no dockerd of ours was running")
+            return 0
+        dockerengine.ensure_engine(say)
+        say("a Docker engine answers")
+        return 0
+    if args.dev_command == "base-images":
+        print(baseimages.ensure_python_base(say))
+        print(baseimages.ensure_busybox(say))
+        return 0
+    built = imagebuild.build_image(args.tag, args.base, say)
+    if args.with_busybox:
+        baseimages.ensure_busybox(say)
+    say(f"image {built.tag} ({'cached' if built.cached else 'built'}, from {built.base})")
+    print(built.tag)
+    return 0
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
@@ -88,6 +129,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     )
 
 
+def _default_image_tag() -> str:
+    from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
+
+    return DEFAULT_REPORTER_IMAGE
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
@@ -118,7 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    runtime_help = (
+        "how the local pod runner runs containers: process (host tools in a sandbox, the default), "
+        "docker (real containers from local images), auto (docker when a Docker engine answers)"
+    )
+    up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    runtimes = ["process", "docker", "auto"]
+    up.add_argument("--runtime", choices=runtimes, default="process", help=runtime_help)
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     dev_sub.add_parser("status", help="show each component, its pid and health")
@@ -139,6 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--state-dir", required=True, help="pods, logs and PVC directories go here")
     runner.add_argument("--node", default="agentrun-local", help="the Node it registers")
     runner.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
+    runner.add_argument(
+        "--runtime", choices=["process", "docker", "auto"], default="process", help=runtime_help
+    )
+    engine = dev_sub.add_parser(
+        "engine", help="make sure a Docker engine answers (root: install and start one)"
+    )
+    engine.add_argument("--stop", action="store_true", help="stop the dockerd `agentrun dev engine` started")
+    dev_sub.add_parser(
+        "base-images", help="make the local python and busybox base images from Debian packages"
+    )
+    image = dev_sub.add_parser("image", help="build the operator image with a Docker engine (`make image`)")
+    image.add_argument("--tag", default=_default_image_tag(), help="image tag (default: %(default)s)")
+    image.add_argument(
+        "--base",
+        choices=["auto", "local", "registry"],
+        default="auto",
+        help="build from the pinned registry base, the local Debian-made one, or whichever is available",
+    )
+    image.add_argument("--with-busybox", action="store_true", help="also make busybox:1.36 for the examples")
     dev.set_defaults(func=_cmd_dev)
     return parser
 

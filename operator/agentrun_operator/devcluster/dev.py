@@ -120,10 +120,14 @@ def _wait_healthy(
     raise ControlPlaneError(f"{name} did not become healthy within {timeout:.0f}s; see {home / 'logs'}")
 
 
-def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = ()) -> None:
-    argv = _cli_argv("dev", "pod-runner", f"--kubeconfig={plane.kubeconfig}", f"--state-dir={plane.home}") + [
-        f"--namespace={ns}" for ns in namespaces
-    ]
+def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = (), runtime: str = "process") -> None:
+    argv = _cli_argv(
+        "dev",
+        "pod-runner",
+        f"--kubeconfig={plane.kubeconfig}",
+        f"--state-dir={plane.home}",
+        f"--runtime={runtime}",
+    ) + [f"--namespace={ns}" for ns in namespaces]
     proc = processes.start_process(
         plane.run_dir, RUNNER, argv, plane.log_dir / f"{RUNNER}.log", env=_service_env()
     )
@@ -140,10 +144,36 @@ def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None)
     _wait_healthy(plane.home, OPERATOR, operator_healthy, proc)
 
 
-def up() -> int:
+def check_runtime(runtime: str) -> str:
+    """Fail before starting anything when the runtime cannot run; returns the runtime to use.
+
+    process needs bubblewrap; docker needs a Docker engine (started here as root on Debian, see
+    `dockerengine`); auto is docker when an engine answers already, else process."""
+    from agentrun_operator.devcluster import dockerengine
+    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
     from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
 
-    find_bwrap()  # fail before starting anything when bubblewrap is missing
+    if runtime == "auto":
+        runtime = "docker" if dockerengine.engine_problem() is None else "process"
+    if runtime == "process":
+        find_bwrap()
+        return runtime
+    try:
+        dockerengine.ensure_engine(_say)
+    except dockerengine.EngineUnavailable as exc:
+        raise RuntimeUnavailable(f"--runtime docker: {exc}") from None
+    from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
+
+    if not dockerengine.image_exists(DEFAULT_REPORTER_IMAGE):
+        _say(
+            f"  note: {DEFAULT_REPORTER_IMAGE} is not present locally, so the reporter containers of "
+            "iteration pods will wait with ErrImageNeverPull: run `make image`"
+        )
+    return runtime
+
+
+def up(runtime: str = "process") -> int:
+    runtime = check_runtime(runtime)
     toolchain.ensure_tools(_say)
     plane = control_plane()
     was_up = plane.is_up()
@@ -152,7 +182,7 @@ def up() -> int:
         for name in reversed(SERVICES):
             processes.stop_process(plane.run_dir, name)
     starters: dict[str, Callable[[], None]] = {
-        RUNNER: lambda: start_runner(plane),
+        RUNNER: lambda: start_runner(plane, runtime=runtime),
         OPERATOR: lambda: start_operator(plane),
     }
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
@@ -167,7 +197,7 @@ def up() -> int:
         starters[name]()
         record = processes.read_record(plane.run_dir, name)
         _say(f"  {name} ready (pid {record.pid if record else '?'})")
-    _say(f'ready. Use it with:  eval "$(agentrun dev env)"   (state: {plane.home})')
+    _say(f'ready ({runtime} runtime). Use it with:  eval "$(agentrun dev env)"   (state: {plane.home})')
     return 0
 
 
