@@ -98,7 +98,7 @@ def choose_base(base: str, pinned: str, say: Progress) -> str:
         return baseimages.ensure_python_base(say)
     if base == "registry" or engine.image_exists(pinned):
         return pinned
-    pull = engine.docker("pull", pinned, timeout=300)
+    pull = engine.docker("pull", pinned, timeout=120)
     if pull.returncode == 0:
         return pinned
     why = (pull.stderr.strip().splitlines() or ["no output"])[-1]
