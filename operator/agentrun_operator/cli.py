@@ -30,7 +30,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     try:
         if args.dev_command == "up":
-            return dev.up(runtime=args.runtime)
+            return dev.up(operator=not args.no_operator, runtime=args.runtime)
         if args.dev_command == "down":
             return dev.down(purge=args.purge)
         if args.dev_command == "status":
@@ -54,8 +54,12 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0
-        if args.dev_command in ("engine", "base-images", "image"):
-            return _cmd_dev_docker(args)
+        if args.dev_command == "engine":
+            return dev.engine(stop=args.stop)
+        if args.dev_command == "base-images":
+            return dev.base_images()
+        if args.dev_command == "image":
+            return dev.image(args.tag, args.base, with_busybox=args.with_busybox)
     except (
         toolchain.ToolchainError,
         ControlPlaneError,
@@ -66,33 +70,6 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
     raise AssertionError(args.dev_command)
-
-
-def _cmd_dev_docker(args: argparse.Namespace) -> int:
-    """`agentrun dev engine|base-images|image`: the Docker side of the local default."""
-    from agentrun_operator.devcluster import baseimages, dockerengine, imagebuild
-
-    def say(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    if args.dev_command == "engine":
-        if args.stop:
-            stopped = dockerengine.stop_engine()
-            say("stopped the dockerd we started" if stopped else "no dockerd of ours was running")
-            return 0
-        dockerengine.ensure_engine(say)
-        say("a Docker engine answers")
-        return 0
-    if args.dev_command == "base-images":
-        print(baseimages.ensure_python_base(say))
-        print(baseimages.ensure_busybox(say))
-        return 0
-    built = imagebuild.build_image(args.tag, args.base, say)
-    if args.with_busybox:
-        baseimages.ensure_busybox(say)
-    say(f"image {built.tag} ({'cached' if built.cached else 'built'}, from {built.base})")
-    print(built.tag)
-    return 0
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
@@ -170,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
         "docker (real containers from local images), auto (docker when a Docker engine answers)"
     )
     up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    up.add_argument(
+        "--no-operator",
+        action="store_true",
+        help="start the control plane and the pod runner only (install the operator with Helm)",
+    )
     runtimes = ["process", "docker", "auto"]
     up.add_argument("--runtime", choices=runtimes, default="process", help=runtime_help)
     down = dev_sub.add_parser("down", help="stop everything `up` started")

@@ -71,14 +71,14 @@ class RunnerProcess:
         self,
         plane: ControlPlane,
         state_dir: Path,
-        namespace: str = NAMESPACE,
         node: str = NODE,
+        namespaces: tuple[str, ...] = (NAMESPACE,),
         runtime: str = "process",
     ) -> None:
         self.plane = plane
         self.state_dir = state_dir
-        self.namespace = namespace
         self.node = node
+        self.namespaces = namespaces
         self.runtime = runtime
         self.log_path = state_dir / "pod-runner.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -96,7 +96,7 @@ class RunnerProcess:
                     f"--kubeconfig={self.plane.kubeconfig}",
                     f"--state-dir={self.state_dir}",
                     f"--node={self.node}",
-                    f"--namespace={self.namespace}",
+                    *(f"--namespace={ns}" for ns in self.namespaces),
                     f"--runtime={self.runtime}",
                 ],
                 stdout=out,
@@ -124,6 +124,11 @@ class RunnerProcess:
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of a pod this runner ran has printed so far (all restarts, in order)."""
+        logs = sorted((self.state_dir / "pods" / namespace / pod).glob(f"*/logs/{container}/*.log"))
+        return "".join(path.read_text(errors="replace") for path in logs)
 
 
 @dataclass
@@ -211,7 +216,9 @@ def start_local_default(
         lambda: plane.api_get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
         what=f"the {namespace} namespace's default ServiceAccount",
     )
-    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state"), namespace, node, runtime).start()
+    runner = RunnerProcess(
+        plane, tmp_path_factory.mktemp("runner-state"), node, (namespace,), runtime
+    ).start()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp(f"{namespace}-operator"),

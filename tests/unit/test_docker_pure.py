@@ -1,4 +1,4 @@
-"""The pure parts of the Docker side: the `docker run` command line of the pod runner's docker
+"""The pure parts of the Docker side: the `docker create` command line of the pod runner's docker
 runtime, the securityContext rules, the base images' recipe and layout, the image's build inputs."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.docker import (
     LABEL_NODE,
     container_name,
+    create_argv,
     non_root_problem,
-    run_argv,
     user_flag,
 )
 from agentrun_operator.devcluster.podrunner.runtime import ImageNeverPulled, Launch
@@ -47,15 +47,15 @@ def test_command_becomes_the_entrypoint_and_args_follow_the_image() -> None:
         {"name": "main", "image": "busybox:1.36", "command": ["sh", "-c"], "args": ["echo $(WHO) $$HOME"]},
         env={"HOSTNAME": "it-1", "WHO": "me"},
     )
-    argv = run_argv("docker", lc, "n", "node-a", {})
-    assert argv[:2] == ["docker", "run"]
+    argv = create_argv("docker", lc, "n", "node-a", {})
+    assert argv[:2] == ["docker", "create"]
     assert argv[-4:] == ["sh", "busybox:1.36", "-c", "echo me $HOME"]
     assert values(argv, "--entrypoint") == ["sh"]
 
 
 def test_without_command_the_image_entrypoint_runs_with_args_as_cmd() -> None:
     lc = launch({"name": "op", "image": "ghcr.io/x/op:1", "args": ["operator", "--peering"]})
-    argv = run_argv("docker", lc, "n", "node-a", {})
+    argv = create_argv("docker", lc, "n", "node-a", {})
     assert "--entrypoint" not in argv
     assert argv[-3:] == ["ghcr.io/x/op:1", "operator", "--peering"]
 
@@ -64,7 +64,7 @@ def test_volumes_termination_file_network_env_and_labels() -> None:
     lc = launch(
         {"name": "main", "image": "busybox:1.36", "command": ["true"]}, env={"A": "1", "B": "two words"}
     )
-    argv = run_argv("docker", lc, "the-name", "node-a", {})
+    argv = create_argv("docker", lc, "the-name", "node-a", {})
     assert values(argv, "--mount") == [
         "type=bind,source=/state/pvc/e2e/ws,target=/workspace",
         "type=bind,source=/state/pods/x/volumes/meta,target=/meta,readonly",
@@ -81,11 +81,11 @@ def test_volumes_termination_file_network_env_and_labels() -> None:
 def test_security_context_user_groups_and_read_only_root() -> None:
     lc = launch({"name": "main", "image": "i", "command": ["true"]})
     ctx = {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 2000, "readOnlyRootFilesystem": True}
-    argv = run_argv("docker", lc, "n", "node", ctx)
+    argv = create_argv("docker", lc, "n", "node", ctx)
     assert values(argv, "--user") == ["10001:10001"]
     assert values(argv, "--group-add") == ["2000"]
     assert "--read-only" in argv
-    plain = run_argv("docker", lc, "n", "node", {})
+    plain = create_argv("docker", lc, "n", "node", {})
     assert "--user" not in plain and "--read-only" not in plain
 
 
@@ -116,7 +116,7 @@ def test_a_bad_mount_path_is_a_start_error() -> None:
     lc = launch({"name": "main", "image": "i", "command": ["true"]})
     bad = replace(lc, binds=[Bind("/x", "/proc/foo")])
     with pytest.raises(S.StartError, match="/proc"):
-        run_argv("docker", bad, "n", "node", {})
+        create_argv("docker", bad, "n", "node", {})
 
 
 def test_container_names_are_docker_safe_and_unique_per_restart() -> None:

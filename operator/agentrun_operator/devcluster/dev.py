@@ -172,7 +172,14 @@ def check_runtime(runtime: str) -> str:
     return runtime
 
 
-def up(runtime: str = "process") -> int:
+def _no_operator_marker(home: Path) -> Path:
+    return home / "run" / "no-operator"
+
+
+def up(operator: bool = True, runtime: str = "process") -> int:
+    """Start what is not running. `operator=False` (`--no-operator`) leaves the operator to a
+    `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs.
+    `runtime` is how the pod runner runs containers (see `check_runtime`)."""
     runtime = check_runtime(runtime)
     toolchain.ensure_tools(_say)
     plane = control_plane()
@@ -186,7 +193,15 @@ def up(runtime: str = "process") -> int:
         OPERATOR: lambda: start_operator(plane),
     }
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
-    for name in SERVICES:
+    marker = _no_operator_marker(plane.home)
+    if operator:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("the operator is installed with Helm, not started by `agentrun dev up`\n")
+        if processes.stop_process(plane.run_dir, OPERATOR, grace=20):
+            _say(f"  {OPERATOR} stopped (--no-operator)")
+    for name in SERVICES if operator else (RUNNER,):
         current = processes.read_record(plane.run_dir, name)
         if current is not None and current.alive():
             _say(f"  {name} already running (pid {current.pid})")
@@ -229,6 +244,8 @@ def component_rows(plane: ControlPlane) -> list[Row]:
     for name in SERVICES:
         record = processes.read_record(plane.run_dir, name)
         running = record is not None and record.alive()
+        if name == OPERATOR and not running and _no_operator_marker(plane.home).exists():
+            continue  # `up --no-operator`: the chart's operator pod serves instead
         rows.append(
             Row(
                 name,
@@ -259,6 +276,47 @@ def env() -> int:
     path = f"{toolchain.bin_dir()}:{os.environ.get('PATH', '')}"
     print(f"export KUBECONFIG={shlex.quote(str(plane.kubeconfig))}")
     print(f"export PATH={shlex.quote(path)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- docker
+
+
+def engine(stop: bool = False) -> int:
+    """`agentrun dev engine [--stop]`: make sure a Docker engine answers (see `dockerengine`)."""
+    from agentrun_operator.devcluster import dockerengine
+
+    if stop:
+        stopped = dockerengine.stop_engine()
+        _say(
+            "stopped the dockerd `agentrun dev engine` started"
+            if stopped
+            else "no dockerd of ours was running"
+        )
+        return 0
+    dockerengine.ensure_engine(_say)
+    _say("a Docker engine answers")
+    return 0
+
+
+def base_images() -> int:
+    """`agentrun dev base-images`: the local Python base and busybox:1.36 from Debian packages."""
+    from agentrun_operator.devcluster import baseimages
+
+    print(baseimages.ensure_python_base(_say))
+    print(baseimages.ensure_busybox(_say))
+    return 0
+
+
+def image(tag: str, base: str, with_busybox: bool = False) -> int:
+    """`agentrun dev image` (`make image`): build the operator image (see `imagebuild`)."""
+    from agentrun_operator.devcluster import baseimages, imagebuild
+
+    built = imagebuild.build_image(tag, base, _say)
+    if with_busybox:
+        baseimages.ensure_busybox(_say)
+    _say(f"image {built.tag} ({'cached' if built.cached else 'built'}, from {built.base})")
+    print(built.tag)
     return 0
 
 

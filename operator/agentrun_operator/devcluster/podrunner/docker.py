@@ -1,15 +1,19 @@
 """The docker runtime: each container of a pod as a real container from a local image.
 
-`docker run` (attached, so its output goes to the container's log file for `agentrun dev logs`)
-with the pod's volumes bind-mounted (the same host directories the process runtime uses), the
-termination-message file bind-mounted at its path and read back by the runner when it ends, the
-securityContext's user, groups and read-only root filesystem, and `--init` (a small init is PID 1,
-so a SIGTERM reaches the command as in the process runtime). Images are never pulled: a missing one
-leaves the container waiting with `ErrImageNeverPull`, retried until it is there.
+`docker create`, then `docker start --attach` (so its output goes to the container's log file for
+`agentrun dev logs`), with the pod's volumes bind-mounted (the same host directories the process
+runtime uses), the termination-message file bind-mounted at its path and read back by the runner
+when it ends, the securityContext's user, groups and read-only root filesystem, and `--init` (a
+small init is PID 1, so a SIGTERM reaches the command as in the process runtime). Images are never
+pulled: a missing one leaves the container waiting with `ErrImageNeverPull`, retried until it is
+there.
 
-Every container shares the host's network (`--network host`), as pods do in the process runtime
-(their status reports podIP 127.0.0.1): the engine we start has no bridge network, and pods that
-talk to the API server (the operator installed by Helm) reach it on the host's loopback.
+Networking follows the process runtime (docs/local-dev.md#network): a pod shares the host's network
+(`--network host`; the engine we start has no bridge network anyway), except a pod that serves
+ports, which gets its own network namespace: a pause container (`busybox:1.36`, `--network none`)
+holds it, the pod's containers join it (`--network container:<pause>`), and the API server is
+forwarded into it at the address `KUBERNETES_SERVICE_HOST/PORT` name (network.py), so the operator
+installed by Helm, two replicas of it included, works unchanged.
 
 Containers carry labels with the node, namespace, pod and uid; the runtime removes its node's
 leftovers when it starts (pods of an earlier runner process are reported lost, as in process mode).
@@ -27,7 +31,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentrun_operator.devcluster import dockerengine as engine
+from agentrun_operator.devcluster.baseimages import BUSYBOX
 from agentrun_operator.devcluster.podrunner import spec as S
+from agentrun_operator.devcluster.podrunner.network import PodNetwork
 from agentrun_operator.devcluster.podrunner.runtime import (
     ImageNeverPulled,
     Launch,
@@ -49,12 +55,49 @@ CLIENT_ENV: Final = (
     "DOCKER_TLS_VERIFY",
 )
 _NAME_UNSAFE: Final = re.compile(r"[^a-zA-Z0-9_.-]")
+PAUSE_IMAGE: Final = BUSYBOX
+"""What holds a pod's own network namespace: any local image with `sleep` would do."""
 
 
 def container_name(launch: Launch) -> str:
     """A unique, readable Docker name: namespace, pod, container, uid prefix and restart count."""
     raw = f"agentrun_{launch.namespace}_{launch.pod_name}_{launch.name}_{launch.uid[:8]}_{launch.restart}"
     return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+def pause_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_POD_{str(meta.get('uid', ''))[:8]}"
+    return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+def pod_labels(node: str, pod: Mapping[str, Any]) -> list[str]:
+    meta = pod.get("metadata") or {}
+    argv: list[str] = []
+    for label, value in (
+        (LABEL_NODE, node),
+        (LABEL_POD, f"{meta.get('namespace')}/{meta.get('name')}"),
+        (LABEL_UID, str(meta.get("uid", ""))),
+    ):
+        argv += ["--label", f"{label}={value}"]
+    return argv
+
+
+class DockerPodNetwork:
+    """A pod's own network namespace: the pause container holding it and the API forwarder in it."""
+
+    def __init__(self, pause: str, forwarder: PodNetwork | None = None) -> None:
+        self.pause = pause
+        self.forwarder = forwarder
+
+    @property
+    def mode(self) -> str:
+        return f"container:{self.pause}"
+
+    def stop(self) -> None:
+        if self.forwarder is not None:
+            self.forwarder.stop()
+        engine.docker("rm", "--force", self.pause, timeout=60)
 
 
 def _security(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,24 +136,22 @@ def non_root_problem(ctx: Mapping[str, Any], image_user: str) -> str | None:
     return None
 
 
-def run_argv(
+def create_argv(
     docker: str,
     launch: Launch,
     name: str,
     node: str,
     ctx: Mapping[str, Any],
 ) -> list[str]:
-    """The `docker run` command line (pure). Env values are passed by name (`-e NAME`) from the
+    """The `docker create` command line (pure). Env values are passed by name (`-e NAME`) from the
     client's environment, so secrets never show on a command line."""
     container = launch.container
-    argv = [docker, "run", "--name", name, "--network", "host", "--init", "--hostname", launch.hostname]
-    argv += [
-        "--label",
-        f"{LABEL_NODE}={node}",
-        "--label",
-        f"{LABEL_POD}={launch.namespace}/{launch.pod_name}",
-    ]
-    argv += ["--label", f"{LABEL_UID}={launch.uid}"]
+    argv = [docker, "create", "--name", name, "--init"]
+    if isinstance(launch.network, DockerPodNetwork):  # the hostname is the pause container's
+        argv += ["--network", launch.network.mode]
+    else:
+        argv += ["--network", "host", "--hostname", launch.hostname]
+    argv += pod_labels(node, launch.pod)
     user = user_flag(ctx)
     if user is not None:
         argv += ["--user", user]
@@ -141,11 +182,16 @@ def run_argv(
 
 
 class DockerContainer:
-    """One started container: `docker run` attached, its exit read back with `docker inspect`."""
+    """One container: created (so it exists once this returns), started attached, its exit read back
+    with `docker inspect`. A create that fails is a `StartError` (the runner reports exit 128)."""
 
     def __init__(
         self, argv: Sequence[str], env: Mapping[str, str], name: str, log_path: Path, on_exit: OnExit
-    ):
+    ) -> None:
+        created = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env), check=False)
+        if created.returncode != 0:
+            lines = [ln for ln in created.stderr.splitlines() if ln.strip()] or ["docker create failed"]
+            raise S.StartError(lines[0])
         self.name = name
         self.log_path = log_path
         self.container_id = f"docker://{name}"
@@ -155,7 +201,11 @@ class DockerContainer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=dict(env)
+                [argv[0], "start", "--attach", name],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={k: v for k, v in env.items() if k in CLIENT_ENV},
             )
         threading.Thread(target=self._wait, daemon=True, name=f"docker-wait-{name}").start()
 
@@ -168,8 +218,8 @@ class DockerContainer:
         engine.docker("rm", "--force", self.name, timeout=60)
         if state.get("Error"):
             self._failure = str(state["Error"])
-        elif not state:  # `docker run` failed before the container existed
-            self._failure = _last_log_line(self.log_path) or f"docker run exited {client_code}"
+        elif not state:  # the container vanished before it could be inspected
+            self._failure = _last_log_line(self.log_path) or f"docker start exited {client_code}"
         code = int(state.get("ExitCode", client_code if client_code >= 0 else 128 - client_code))
         self._exit_code = 137 if state.get("OOMKilled") and code == 0 else code
         self._on_exit(self)
@@ -224,9 +274,37 @@ class DockerRuntime:
         if ids:
             engine.docker("rm", "--force", *ids, timeout=120)
 
-    def base_env(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        env = S.default_env(pod, "")
+    def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
+        env = S.default_env(pod, "", api_server)
         return {k: v for k, v in env.items() if k not in IMAGE_ENV}
+
+    def start_network(
+        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
+    ) -> DockerPodNetwork:
+        if not engine.image_exists(PAUSE_IMAGE):
+            raise OSError(
+                f"the pause image {PAUSE_IMAGE} is not present locally (make it: agentrun dev base-images)"
+            )
+        name = pause_name(pod)
+        spec = pod.get("spec") or {}
+        hostname = str(spec.get("hostname") or (pod.get("metadata") or {}).get("name") or "pod")[:63]
+        engine.docker("rm", "--force", name, timeout=60)
+        started = engine.docker(
+            "run", "--detach", "--init", "--name", name, "--network", "none", "--hostname", hostname,
+            *pod_labels(self.node, pod), "--entrypoint", "sleep", PAUSE_IMAGE, "2147483647",
+            timeout=120,
+        )  # fmt: skip
+        network = DockerPodNetwork(name)
+        pid = engine.docker("inspect", "--format", "{{.State.Pid}}", name, timeout=30).stdout.strip()
+        if started.returncode != 0 or not pid.isdigit() or pid == "0":
+            network.stop()
+            raise OSError(f"the pause container did not start: {started.stderr.strip() or 'no pid'}")
+        try:
+            network.forwarder = PodNetwork(api_host, api_port, log_path, netns=f"/proc/{pid}/ns/net").start()
+        except OSError:
+            network.stop()
+            raise
+        return network
 
     def _image_user(self, image: str) -> str | None:
         """The image's USER, or None when the image is not present locally."""
@@ -247,6 +325,6 @@ class DockerRuntime:
             raise S.ContainerConfigError(problem)
         name = container_name(launch)
         engine.docker("rm", "--force", name, timeout=60)  # a leftover of the same name
-        argv = run_argv(self.docker, launch, name, self.node, ctx)
+        argv = create_argv(self.docker, launch, name, self.node, ctx)
         client_env = {k: os.environ[k] for k in CLIENT_ENV if k in os.environ}
         return DockerContainer(argv, {**launch.env, **client_env}, name, launch.log_path, on_exit)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun_operator.devcluster.podrunner import spec as S
+from agentrun_operator.devcluster.podrunner.network import PodNetwork
 from agentrun_operator.devcluster.podrunner.runtime import Launch, OnExit
 from agentrun_operator.devcluster.podrunner.sandbox import (
     Bind,
@@ -166,8 +167,13 @@ class ProcessRuntime:
         self.host_entries = host_root_entries()
         self.container_path = container_path or default_container_path()
 
-    def base_env(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        return S.default_env(pod, self.container_path)
+    def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
+        return S.default_env(pod, self.container_path, api_server)
+
+    def start_network(
+        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
+    ) -> PodNetwork:
+        return PodNetwork(api_host, api_port, log_path).start()
 
     def start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
         container = launch.container
@@ -198,19 +204,24 @@ class ProcessRuntime:
             )
         bwrap = self.bwrap
         entries = self.host_entries
+        network = launch.network
+        enter = network.enter_argv() if isinstance(network, PodNetwork) else []
         proc = ContainerProcess(
-            lambda fd: bwrap_argv(
-                bwrap,
-                argv,
-                entries,
-                str(pod_tmp),
-                binds,
-                files,
-                workdir,
-                fd,
-                launch.hostname,
-                expand,
-                tool_paths=host_tool_paths(),
+            lambda fd: (
+                enter
+                + bwrap_argv(
+                    bwrap,
+                    argv,
+                    entries,
+                    str(pod_tmp),
+                    binds,
+                    files,
+                    workdir,
+                    fd,
+                    launch.hostname,
+                    expand,
+                    tool_paths=host_tool_paths(),
+                )
             ),
             env,
             launch.log_path,

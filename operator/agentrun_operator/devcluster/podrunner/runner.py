@@ -24,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,8 +32,14 @@ from typing import Any
 
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
+from agentrun_operator.devcluster.podrunner.network import isolation_unavailable, wants_own_network
 from agentrun_operator.devcluster.podrunner.process import default_container_path
-from agentrun_operator.devcluster.podrunner.runtime import Launch, RunningContainer, make_runtime
+from agentrun_operator.devcluster.podrunner.runtime import (
+    Launch,
+    PodSandbox,
+    RunningContainer,
+    make_runtime,
+)
 from agentrun_operator.devcluster.podrunner.sandbox import Bind
 from agentrun_operator.devcluster.podrunner.status import (
     ContainerRecord,
@@ -165,6 +172,7 @@ class PodWorker:
         self.volumes: dict[str, S.Volume] = {}
         self.volume_dirs: dict[str, Path] = {}
         self._published: dict[str, Any] | None = None
+        self.network: PodSandbox | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -264,6 +272,8 @@ class PodWorker:
         finally:
             for proc in list(self.procs.values()):
                 proc.kill()
+            if self.network is not None:
+                self.network.stop()
             if not self.shutdown:
                 self._cleanup()
             self.runner.forget(self.uid)
@@ -282,7 +292,7 @@ class PodWorker:
         self.start_time = now_rfc3339()
         self._write_pod_json()
         self.publish()
-        if not self._prepare_volumes():
+        if not self._start_network() or not self._prepare_volumes():
             self._await_deletion()
             return
         self._run_containers()
@@ -357,6 +367,20 @@ class PodWorker:
             )
         self.verdict = PodVerdict("Failed", reason, message)
         self.publish()
+
+    def _start_network(self) -> bool:
+        """A pod serving ports gets its own network namespace (see `network.py`) where possible."""
+        if not wants_own_network(self.spec) or self.runner.network_unavailable is not None:
+            return True
+        endpoint = urllib.parse.urlsplit(self.api.server)
+        try:
+            self.network = self.runner.runtime.start_network(
+                self.pod, endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
+            )
+        except OSError as exc:
+            self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
+            return False
+        return True
 
     # -- volumes --------------------------------------------------------------------------------
     def _prepare_volumes(self) -> bool:
@@ -488,7 +512,7 @@ class PodWorker:
         rec = self.records[name]
         restart = rec.restart_count
         try:
-            base = self.runner.runtime.base_env(self.pod)
+            base = self.runner.runtime.base_env(self.pod, self.api.server)
             env = S.resolve_env(self.pod, container, self.runner.lookups, base)
             now = now_rfc3339()
             proc = self._spawn(name, container, env, restart)
@@ -532,6 +556,7 @@ class PodWorker:
             pod_dir=self.dir,
             log_path=self.dir / "logs" / name / f"{restart}.log",
             restart=restart,
+            network=self.network,
         )
         return self.runner.runtime.start(launch, self._notify)
 
@@ -748,6 +773,7 @@ class PodRunner:
         self.stopping = threading.Event()
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
+        self.network_unavailable = isolation_unavailable()
 
     # -- lookups --------------------------------------------------------------------------------
     def secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
@@ -954,6 +980,8 @@ class PodRunner:
         for ns in targets:
             self.watching[ns or "*"] = False
             threading.Thread(target=self._watch, args=(ns,), daemon=True, name=f"watch-{ns or 'all'}").start()
+        if self.network_unavailable:
+            log.info("%s", self.network_unavailable)
         log.info(
             "pod runner (%s runtime) on node %s watching %s (state %s)",
             self.runtime.name,

@@ -48,6 +48,8 @@ class Launch:
     pod_dir: Path
     log_path: Path
     restart: int
+    network: PodSandbox | None = None
+    """The pod's own network namespace (pods serving ports), made by the same runtime; None: the host's."""
 
     @property
     def namespace(self) -> str:
@@ -68,6 +70,12 @@ class Launch:
     @property
     def hostname(self) -> str:
         return str(self.env.get("HOSTNAME") or self.pod_name)[:63]
+
+
+class PodSandbox(Protocol):
+    """What holds a pod's own network namespace (see network.py) until the pod ends."""
+
+    def stop(self) -> None: ...
 
 
 class RunningContainer(Protocol):
@@ -100,8 +108,14 @@ class ContainerRuntime(Protocol):
 
     name: str
 
-    def base_env(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        """The variables a runtime adds before the container's own `env` (HOSTNAME, PATH...)."""
+    def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
+        """The variables a runtime adds before the container's own `env` (HOSTNAME, PATH,
+        KUBERNETES_SERVICE_HOST/PORT for `api_server`...)."""
+
+    def start_network(
+        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
+    ) -> PodSandbox:
+        """The pod's own network namespace with the API server forwarded into it (OSError if not)."""
 
     def start(self, launch: Launch, on_exit: OnExit) -> RunningContainer:
         """Start the container; `S.StartError` when it cannot start, `S.ContainerConfigError`
