@@ -200,3 +200,38 @@ def test_deletion_sends_sigterm_then_the_container_is_gone(docker_default: Local
     eventually(lambda: get_pod(docker_default, "sleeper") is None, timeout=60, what="sleeper to go")
     assert not containers_of(uid)
     assert dev_logs(docker_default, "sleeper").splitlines() == ["started", "got TERM"]
+
+
+def test_a_pod_with_ports_gets_its_own_network_with_the_api_server_in_it(
+    docker_default: LocalDefault,
+) -> None:
+    script = (
+        "readlink /proc/self/ns/net; "
+        'nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" </dev/null '
+        "&& echo api-reachable || echo api-unreachable"
+    )
+    create_pod(
+        docker_default,
+        "server",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", script],
+                    "ports": [{"containerPort": 8080}],
+                }
+            ]
+        },
+    )
+    pod = wait_terminal(docker_default, "server")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    namespace_link, reachable = dev_logs(docker_default, "server").splitlines()
+    assert namespace_link.startswith("net:[")
+    assert namespace_link != os.readlink("/proc/self/ns/net"), "the pod has a network namespace of its own"
+    assert reachable == "api-reachable"
+    uid = pod["metadata"]["uid"]
+    assert containers_of(uid), "the pause container holds the namespace while the pod exists"
+    docker_default.plane.kubectl("delete", "pod", "server", "-n", NAMESPACE, "--wait=false")
+    eventually(lambda: get_pod(docker_default, "server") is None, timeout=60, what="server to go")
+    eventually(lambda: not containers_of(uid), timeout=30, what="the pause container to go")
