@@ -95,7 +95,10 @@ def _run(argv: list[str], what: str, timeout: float = 1800, cwd: Path | None = N
     except subprocess.TimeoutExpired:
         raise BaseImageError(f"{what} timed out after {timeout:.0f}s") from None
     if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        # the last line on stderr (debootstrap's `E: ...`), else on stdout
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or [
+            ln for ln in proc.stdout.splitlines() if ln.strip()
+        ]
         raise BaseImageError(f"{what} failed (exit {proc.returncode}): {lines[-1] if lines else 'no output'}")
 
 
