@@ -267,6 +267,9 @@ class DockerRuntime:
         self.docker = engine.docker_cli()
         self.remove_leftovers()
 
+    def close(self) -> None:
+        self.remove_leftovers()
+
     def remove_leftovers(self) -> None:
         """Containers of this node from an earlier runner process (their pods are reported lost)."""
         listing = engine.docker("ps", "--all", "--quiet", "--filter", f"label={LABEL_NODE}={self.node}")

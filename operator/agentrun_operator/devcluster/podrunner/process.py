@@ -170,6 +170,9 @@ class ProcessRuntime:
     def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
         return S.default_env(pod, self.container_path, api_server)
 
+    def close(self) -> None:
+        """Nothing to do: a sandbox dies with its bwrap monitor (`--die-with-parent`)."""
+
     def start_network(
         self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
     ) -> PodNetwork:

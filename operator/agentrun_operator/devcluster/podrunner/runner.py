@@ -1011,5 +1011,6 @@ class PodRunner:
                 proc.kill()
         for worker in workers:
             worker.thread.join(timeout=10)
+        self.runtime.close()
         self.layout.health_file.unlink(missing_ok=True)
         log.info("pod runner stopped")

@@ -117,6 +117,9 @@ class ContainerRuntime(Protocol):
     ) -> PodSandbox:
         """The pod's own network namespace with the API server forwarded into it (OSError if not)."""
 
+    def close(self) -> None:
+        """The runner stops: remove what is left of its containers (their pods are reported lost)."""
+
     def start(self, launch: Launch, on_exit: OnExit) -> RunningContainer:
         """Start the container; `S.StartError` when it cannot start, `S.ContainerConfigError`
         (e.g. `ImageNeverPulled`) when it must wait and be retried."""
