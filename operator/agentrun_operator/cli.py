@@ -144,7 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["reporter"]:
+        # Straight to the reporter's own parser: argparse.REMAINDER would refuse a leading option
+        # (`agentrun reporter --help` exited 2 with "unrecognized arguments").
+        from agentrun_operator.control.reporter import main as reporter_main
+
+        return int(reporter_main(words[1:]))
+    args = build_parser().parse_args(words)
     return int(args.func(args))
 
 

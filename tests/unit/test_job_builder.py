@@ -242,7 +242,7 @@ def test_implementation_from_spec_ref_and_step_override() -> None:
 
 
 def test_acceptance_criteria_reach_the_pod_as_a_json_list() -> None:
-    """docs/api.md#acceptance-criteria: the ImplementationSpec's criteria, from the same source as the text."""
+    """docs/api.md#acceptance-criteria: the ImplementationSpec's criteria, from the text's source."""
     criteria = ["tests pass", "the README says how to run it", 'quotes " and ünïcode']
     specs = {
         "run-task": ImplementationSpecSpec(text="run text", acceptance_criteria=criteria),

@@ -167,6 +167,7 @@ import (
 func main() { etcdmain.Main(os.Args) }
 """
 
+
 def helm_kube_version_ldflags(client_go_version: str) -> str:
     """The Kubernetes version Helm assumes without a cluster, as helm's own Makefile sets it.
 
