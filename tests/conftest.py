@@ -1,4 +1,5 @@
-"""Shared fixtures. The control plane is real (SPEC §8): built once from upstream, started per session."""
+"""Shared fixtures. The control plane is real (docs/design.md#real-parts): built once from upstream,
+started per session."""
 
 from __future__ import annotations
 

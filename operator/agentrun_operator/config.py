@@ -1,7 +1,8 @@
-"""Operator configuration from the environment (SPEC §6), mapped from Helm values.
+"""Operator configuration from the environment (docs/operator.md), mapped from Helm values.
 
-Every `AGENTS_…` variable is also accepted with the `JANGAR_` prefix the reference note uses; when
-both are set the `AGENTS_` one wins. Bad values are refused at start-up with the variable named.
+Every `AGENTS_…` variable is also accepted with the `JANGAR_` prefix of the loop proposal
+(docs/design.md#origin); when both are set the `AGENTS_` one wins. Bad values are refused at start-up
+with the variable named.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Deterministic names and labels (SPEC §4 Restart, §5): the same input always gives the same Job."""
+"""Deterministic names and labels (docs/design.md#restart-safety): the same input gives the same Job."""
 
 from __future__ import annotations
 
 import hashlib
 
-GROUP = "agents.proompteng.ai"
+from agentrun_operator.api.base import GROUP as GROUP  # labels and annotations are prefixed with it
+
 LABEL_RUN = f"{GROUP}/agent-run"
 LABEL_STEP = f"{GROUP}/step"
 LABEL_STEP_INDEX = f"{GROUP}/step-index"
@@ -20,7 +21,8 @@ _HASH_LEN = 8
 def job_name(run_name: str, step_index: int, iteration: int, attempt: int) -> str:
     """`<run>-step-<i>-iter-<k>-attempt-<a>`; cut to 63 characters with a hash suffix when too long.
 
-    `step_index` and `iteration` are 1-based, as in the reference note's `run-step-1-iter-2-attempt-1`.
+    `step_index` and `iteration` are 1-based, as in the loop proposal's `run-step-1-iter-2-attempt-1`
+    (docs/design.md#origin).
     """
     suffix = f"-step-{step_index}-iter-{iteration}-attempt-{attempt}"
     full = f"{run_name}{suffix}"

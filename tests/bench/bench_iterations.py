@@ -1,4 +1,4 @@
-"""Benchmark: iteration turnaround, API writes and operator CPU per iteration (SPEC §10).
+"""Benchmark: iteration turnaround, API writes and operator CPU per iteration (docs/design.md#quality-bars).
 
 Runs on the real local control plane with the operator as its own process and the kubelet driver
 completing pods at once. Prints figures; asserts nothing about time (a slow shared machine is not a

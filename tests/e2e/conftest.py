@@ -64,9 +64,17 @@ def processes_with(*argv: str) -> list[int]:
 class RunnerProcess:
     """`agentrun dev pod-runner` as its own process (own session, so it can be stopped as a group)."""
 
-    def __init__(self, plane: ControlPlane, state_dir: Path) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        state_dir: Path,
+        node: str = NODE,
+        namespaces: tuple[str, ...] = (NAMESPACE,),
+    ) -> None:
         self.plane = plane
         self.state_dir = state_dir
+        self.node = node
+        self.namespaces = namespaces
         self.log_path = state_dir / "pod-runner.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -82,8 +90,8 @@ class RunnerProcess:
                     "pod-runner",
                     f"--kubeconfig={self.plane.kubeconfig}",
                     f"--state-dir={self.state_dir}",
-                    f"--node={NODE}",
-                    f"--namespace={NAMESPACE}",
+                    f"--node={self.node}",
+                    *(f"--namespace={ns}" for ns in self.namespaces),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -110,6 +118,11 @@ class RunnerProcess:
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of a pod this runner ran has printed so far (all restarts, in order)."""
+        logs = sorted((self.state_dir / "pods" / namespace / pod).glob(f"*/logs/{container}/*.log"))
+        return "".join(path.read_text(errors="replace") for path in logs)
 
 
 @dataclass

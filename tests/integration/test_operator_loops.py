@@ -1,4 +1,5 @@
-"""The reference note's test matrix against the real control plane, with the operator as a process.
+"""The loop proposal's test matrix (docs/design.md#test-matrix) against the real control plane, with
+the operator as a process.
 
 The Job controller creates the pods; `KubeletDriver` plays the kubelet (binds them, reports their
 end and the reporter's termination message). Each test names the outcomes per (iteration, attempt).

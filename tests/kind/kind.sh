@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kind path (SPEC §8), for hosts with a Docker engine: the Dockerfile image, a kind cluster, the
+# The kind path (docs/design.md#real-parts), for hosts with a Docker engine: the Dockerfile image, a kind cluster, the
 # Helm chart with loops on. tests/kind/test_kind.py drives it and runs the examples; `make kind` runs
 # that. Usage:
 #

@@ -1,5 +1,5 @@
-"""The kind path (SPEC §8): the Dockerfile image on a kind cluster, installed from the Helm chart with
-loops on, running AgentRuns in real containers (busybox) and checking how they end.
+"""The kind path (docs/design.md#real-parts): the Dockerfile image on a kind cluster, installed from
+the Helm chart with loops on, running AgentRuns in real containers (busybox) and checking how they end.
 
 Docker hosts only. Where no Docker engine answers, every test here is skipped and the reason is
 printed (`pytest -rs`, as `make kind` runs it). On a Docker host the path is opt-in, because it

@@ -1,4 +1,4 @@
-"""CEL over the documented context (SPEC §4; docs/cel.md)."""
+"""CEL over the documented context (docs/cel.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The control envelope and the payload rules (SPEC §4, §5; docs/control-file.md)."""
+"""The control envelope and the payload rules (docs/control-file.md, docs/design.md#iteration-pod)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrun_operator.api import DEFAULT_CONTROL_PATH
 from agentrun_operator.control.envelope import (
-    DEFAULT_CONTROL_PATH,
     MAX_CONTROL_DEPTH,
     MAX_CONTROL_FILE_BYTES,
     MAX_ENVELOPE_BYTES,

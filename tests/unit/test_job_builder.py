@@ -1,4 +1,5 @@
-"""The iteration Job manifest (SPEC §5): names, labels, env, volumes, the reporter, container resolution."""
+"""The iteration Job manifest (docs/concepts.md#iteration-pod): names, labels, env, volumes, the
+reporter, container resolution."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from agentrun_operator.jobs import (
     CONTROL_FALLBACK_VOLUME,
     META_VOLUME,
     PlannedAttempt,
-    References,
     build_iteration_job,
 )
+from agentrun_operator.planner.resolution import References
 
 CONFIG = OperatorConfig(runner_image="runner:1", reporter_image="operator:1")
 PVC = {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}

@@ -1,4 +1,4 @@
-"""The planner's execution semantics (SPEC §4, the reference note's test matrix and more).
+"""The planner's execution semantics (docs/concepts.md; docs/design.md#test-matrix and more).
 
 Each test drives the real planner through `World`, a planner-level simulation: actions are applied
 to plain ObservedJob/ObservedPod values, and the test finishes pods and moves the clock.
@@ -359,11 +359,18 @@ def test_claim_held_by_this_run_proceeds() -> None:
 
 
 @pytest.mark.parametrize(
-    ("finished", "reason"), [(False, "IdempotencyKeyInUse"), (True, "IdempotencyKeyCompleted")]
+    ("phase", "gone", "reason"),
+    [
+        ("Running", False, "IdempotencyKeyInUse"),
+        (None, False, "IdempotencyKeyInUse"),
+        ("Succeeded", False, "IdempotencyKeyCompleted"),
+        ("Cancelled", False, "IdempotencyKeyCompleted"),
+        (None, True, "IdempotencyKeyCompleted"),
+    ],
 )
-def test_claim_held_by_another_run_is_duplicate(finished: bool, reason: str) -> None:
+def test_claim_held_by_another_run_is_duplicate(phase: str | None, gone: bool, reason: str) -> None:
     world = World(manifest(idempotencyKey="key"))
-    world.claim = IdempotencyClaim("c", "uid-other", "other", holder_finished=finished)
+    world.claim = IdempotencyClaim("c", "uid-other", "other", holder_phase=phase, holder_gone=gone)
     result = world.plan()
     assert result.status.phase == "Failed" and result.status.reason == reason
     assert "other" in (result.status.message or "")

@@ -1,4 +1,5 @@
-"""`agentrun reporter`, run for real as a subprocess the way an iteration pod runs it (SPEC §5)."""
+"""`agentrun reporter`, run for real as a subprocess the way an iteration pod runs it
+(docs/design.md#iteration-pod)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The AgentRun kind: a workflow of steps, each run as Jobs, optionally looping over a shared PVC.
 
-Field names, defaults and limits follow SPEC §3; the static rules live in `rules` and are checked
+Field names, defaults and limits follow docs/design.md#api; the static rules live in `rules` and are checked
 here and in the generated CRD alike.
 """
 
@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, StringConstraints, ValidationError, fiel
 
 from . import rules
 from .base import (
+    API_VERSION,
     DNS_LABEL_MAX,
     DNS_LABEL_PATTERN,
     MAX_CEL_LENGTH,
@@ -24,6 +25,7 @@ from .base import (
     MAX_VOLUME_NAMES,
     NAME_MAX,
     ApiModel,
+    ApiVersion,
     StatusModel,
     Timestamp,
 )
@@ -417,6 +419,7 @@ class LoopStatus(StatusModel):
     max_iterations: int = Field(
         default=0, ge=0, description="Effective bound (spec value after the operator's cap)."
     )
+    # A str, not LoopStopReason: a status written by a newer operator (with a new reason) must parse.
     stop_reason: str | None = Field(
         default=None,
         description=(
@@ -509,9 +512,7 @@ class AgentRun(ApiModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["agents.proompteng.ai/v1alpha1"] = Field(
-        default="agents.proompteng.ai/v1alpha1", description="agents.proompteng.ai/v1alpha1"
-    )
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
     kind: Literal["AgentRun"] = Field(default="AgentRun", description="AgentRun")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: AgentRunSpec = Field(description="Desired state.")

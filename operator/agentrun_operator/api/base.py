@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -22,7 +22,10 @@ from pydantic.alias_generators import to_camel
 
 GROUP: Final = "agents.proompteng.ai"
 VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
+ApiVersion = Literal["agents.proompteng.ai/v1alpha1"]
+"""The `apiVersion` of our kinds, as the type the models check (a Literal is spelt out, not built)."""
+API_VERSION: Final[ApiVersion] = "agents.proompteng.ai/v1alpha1"
+assert f"{GROUP}/{VERSION}" == API_VERSION, "API_VERSION must be GROUP/VERSION"
 DOCS_API: Final = "docs/api.md"
 
 # Limits shared by the models and the generated CRDs. Every list that a CEL rule iterates needs a

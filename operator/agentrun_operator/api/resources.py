@@ -1,6 +1,6 @@
 """The supporting kinds: Agent, AgentProvider and ImplementationSpec.
 
-They are deliberately minimal (SPEC §3): enough to launch an agent CLI with a task, nothing more.
+They are deliberately minimal (docs/design.md#api): enough to launch an agent CLI with a task, nothing more.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from pydantic import ConfigDict, Field, StringConstraints
 
 from .agentrun import InlineImplementation
 from .base import (
+    API_VERSION,
     MAX_ACCEPTANCE_CRITERIA,
     MAX_COMMAND_ARGS,
     MAX_ENV,
     MAX_IMPLEMENTATION_TEXT,
     ApiModel,
+    ApiVersion,
     StatusModel,
 )
 from .common import Condition, ObjectRef
@@ -98,9 +100,7 @@ class ImplementationSpecSpec(ApiModel):
 class _Object(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["agents.proompteng.ai/v1alpha1"] = Field(
-        default="agents.proompteng.ai/v1alpha1", description="agents.proompteng.ai/v1alpha1"
-    )
+    api_version: ApiVersion = Field(default=API_VERSION, description=API_VERSION)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     status: SimpleStatus | None = Field(default=None, description="Observed state.")
 

@@ -1,8 +1,8 @@
 """The control envelope: how an iteration's loop-control payload travels from its pod to the operator.
 
-The operator never mounts the PVC (SPEC §5). Instead the reporter sidecar reads the control file when
-the main container has ended and writes a *control envelope* to its own termination message, which
-the kubelet copies into the pod status, where the operator reads it back:
+The operator never mounts the PVC (docs/design.md#iteration-pod). Instead the reporter sidecar reads
+the control file when the main container has ended and writes a *control envelope* to its own
+termination message, which the kubelet copies into the pod status, where the operator reads it back:
 
     {"v":1,"status":"found","path":"/workspace/.agentrun/loop-control.json","size":41,
      "reason":null,"control":{"continue":true}}
@@ -33,8 +33,6 @@ MAX_CONTROL_FILE_BYTES: Final = 64 * 1024
 MAX_CONTROL_DEPTH: Final = 32
 #: Reasons are for humans and land in the AgentRun status; keep them short.
 MAX_REASON_CHARS: Final = 512
-#: The default control path (SPEC §3), used in docs and as the budget example.
-DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 
 ControlStatus = Literal["found", "missing", "stale", "invalid", "tooLarge"]
 EffectiveStatus = Literal["found", "missing", "invalid"]

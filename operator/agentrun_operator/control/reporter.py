@@ -1,7 +1,7 @@
 """`agentrun reporter`: the small program in every iteration pod that carries the control payload out.
 
-The operator never mounts the PVC, so the pod reports for it (SPEC §5). Two containers of the operator
-image run this module, and the Job builder must declare them in this order:
+The operator never mounts the PVC, so the pod reports for it (docs/design.md#iteration-pod). Two
+containers of the operator image run this module, and the Job builder must declare them in this order:
 
 1. ``report`` — a native sidecar (an init container with ``restartPolicy: Always``) that lives for the
    whole pod. It blocks SIGTERM first thing, touches ``--ready-file``, and sleeps until the kubelet
@@ -314,7 +314,7 @@ def cmd_report(
 
 def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Carry an iteration's loop-control file out of its pod (SPEC §5)."
+        prog=prog, description="Carry an iteration's loop-control file out of its pod."
     )
     sub = parser.add_subparsers(dest="reporter_command", required=True)
 

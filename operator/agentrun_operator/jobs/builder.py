@@ -1,4 +1,5 @@
-"""Pure builders that turn one planned iteration attempt into a batch/v1 Job manifest (SPEC §5).
+"""Pure builders that turn one planned iteration attempt into a batch/v1 Job manifest
+(docs/design.md#iteration-pod).
 
 Nothing here talks to Kubernetes: the planner calls `build_iteration_job` and hands the dict to the
 shell inside a `CreateJob` action. Because the output depends only on the inputs, the same planned
@@ -25,22 +26,28 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import (
     API_VERSION,
-    DEFAULT_CONTROL_PATH,
     AgentRun,
     EnvVar,
     WorkflowStep,
     Workload,
     WorkloadVolume,
 )
-from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.resolution import (
+    References,
+    control_path,
+    effective_parameters,
+    effective_steps,
+    effective_workload,
+    step_timeout_seconds,
+)
 
 MAIN_CONTAINER: Final = "main"
 REPORTER_CONTAINER: Final = "reporter"
@@ -53,8 +60,6 @@ CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"
 TERMINATION_LOG: Final = "/dev/termination-log"
 ANNOTATION_RUN_NAME: Final = f"{naming.GROUP}/agent-run-name"
-IMPLICIT_STEP_NAME: Final = "main"
-"""Name of the single implicit step of a `runtime.type: job` run without `spec.workflow`."""
 
 HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
@@ -63,15 +68,6 @@ HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
 """Requests of the reporter and fingerprint containers: they idle, then parse at most 64 KiB of JSON."""
 
 _ENV_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9]")
-
-
-@dataclass(frozen=True)
-class References:
-    """The referenced objects of a run, already looked up and parsed (by the planner, from Observed)."""
-
-    agent: AgentSpec | None = None
-    provider: AgentProviderSpec | None = None
-    implementation_specs: Mapping[str, ImplementationSpecSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,38 +98,7 @@ class ResolvedContainer:
     source: str
 
 
-# ----------------------------------------------------------------------------------- resolution
-
-
-def effective_steps(run: AgentRun) -> list[WorkflowStep]:
-    """The steps that run: the workflow's, or the implicit `main` step of a `runtime.type: job` run."""
-    if run.spec.workflow is not None:
-        return list(run.spec.workflow.steps)
-    return [WorkflowStep(name=IMPLICIT_STEP_NAME)]
-
-
-def effective_workload(run_workload: Workload | None, step_workload: Workload | None) -> Workload:
-    """The step's workload laid field by field over the run's (a step's `volumes` replace the run's)."""
-    base = run_workload if run_workload is not None else Workload()
-    if step_workload is None:
-        return base
-    update = {
-        name: getattr(step_workload, name)
-        for name in Workload.model_fields
-        if getattr(step_workload, name) is not None
-    }
-    return base.model_copy(update=update)
-
-
-def control_path(step: WorkflowStep) -> str:
-    """Where the step's pod leaves its control file: the loop's source path, else the default.
-
-    Non-loop steps get the default path too, so `steps.<name>.control` works for every step.
-    """
-    loop = step.loop
-    if loop is not None and loop.condition is not None:
-        return loop.condition.source.path
-    return DEFAULT_CONTROL_PATH
+# ----------------------------------------------------------------------------------- container
 
 
 def _merge_env(layers: Iterable[Iterable[EnvVar] | None]) -> list[dict[str, Any]]:
@@ -148,7 +113,9 @@ def _merge_env(layers: Iterable[Iterable[EnvVar] | None]) -> list[dict[str, Any]
 def resolve_container(
     run: AgentRun, step: WorkflowStep, refs: References, config: OperatorConfig
 ) -> ResolvedContainer:
-    """Container resolution (SPEC §3): step workload → run workload → Agent's provider → default.
+    """Container resolution: step workload → run workload → Agent's provider → default.
+
+    See docs/concepts.md#iteration-pod.
 
     A workload image brings its own command/args (the provider's would belong to another image); when
     the image comes from the provider, a workload's command/args still override the provider's.
@@ -200,23 +167,6 @@ def resolve_implementation(run: AgentRun, step: WorkflowStep, refs: References) 
                 return Task()
             return Task(spec.text, spec.summary, tuple(spec.acceptance_criteria or ()))
     return Task()
-
-
-def effective_parameters(run: AgentRun, step: WorkflowStep) -> dict[str, str]:
-    """The run's parameters with the step's laid over them."""
-    return {**(run.spec.parameters or {}), **(step.parameters or {})}
-
-
-def step_timeout_seconds(step: WorkflowStep, refs: References) -> int:
-    """Per-attempt timeout: the step's, else the Agent's default, else 0 (none)."""
-    defaults = refs.agent.defaults if refs.agent is not None else None
-    return step.effective_timeout_seconds(defaults.timeout_seconds if defaults else None)
-
-
-def step_retries(step: WorkflowStep, refs: References) -> int:
-    """Retries per iteration: the step's, else the Agent's default, else 0."""
-    defaults = refs.agent.defaults if refs.agent is not None else None
-    return step.effective_retries(defaults.retries if defaults else None)
 
 
 # ----------------------------------------------------------------------------------- env
@@ -476,7 +426,7 @@ def build_iteration_job(
     refs: References,
     config: OperatorConfig,
 ) -> dict[str, Any]:
-    """The Job manifest of one iteration attempt (SPEC §5). Pure and deterministic.
+    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod). Pure and deterministic.
 
     `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the

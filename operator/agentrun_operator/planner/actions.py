@@ -70,7 +70,7 @@ class ClaimIdempotencyKey:
 
 @dataclass(frozen=True)
 class EmitEvent:
-    """A Kubernetes Event on the AgentRun (SPEC §7)."""
+    """A Kubernetes Event on the AgentRun (docs/concepts.md#events)."""
 
     type: Literal["Normal", "Warning"]
     reason: str

@@ -61,7 +61,10 @@ class IdempotencyClaim:
     name: str
     holder_uid: str
     holder_name: str
-    holder_finished: bool = False  # the holder run has reached a terminal phase (or is gone)
+    # The holder AgentRun as the shell found it: its phase, or gone (deleted, or replaced by a new
+    # run of the same name). Whether that counts as finished is the planner's rule.
+    holder_phase: str | None = None
+    holder_gone: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Validation of an AgentRun before its first Job (SPEC §4, the reference note's validation rules).
+"""Validation of an AgentRun before its first Job (docs/concepts.md#validation;
+why these rules: docs/design.md#validation-rules).
 
 Two entry points share every rule:
 
@@ -21,7 +22,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
-from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume
+from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume, error_path
+from agentrun_operator.api.base import DOCS_API
 from agentrun_operator.api.resources import (
     Agent,
     AgentProvider,
@@ -32,19 +34,20 @@ from agentrun_operator.api.resources import (
 )
 from agentrun_operator.celeval import CelCompileError, compile_expression, referenced_steps
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.jobs.builder import (
-    IMPLICIT_STEP_NAME,
-    RESERVED_VOLUME_PREFIX,
+from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
+from agentrun_operator.planner.observed import Observed
+from agentrun_operator.planner.resolution import (
     References,
+    condition_cel,
+    effective_steps,
     effective_workload,
 )
-from agentrun_operator.planner.observed import Observed
 
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 
 DOCS_CONCEPTS: Final = "docs/concepts.md"
-DOCS_API: Final = "docs/api.md"
+
 _MAX_VALUE_CHARS: Final = 120
 _SEE_DOCS: Final = re.compile(r"\s*See (docs/[\w./-]+#[\w-]+)\s*$")
 
@@ -81,17 +84,6 @@ def format_value(value: Any) -> str:
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
 
 
-def error_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as a Kubernetes field path: `spec.workflow.steps[0].name`."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out = f"{out}.{part}" if out else str(part)
-    return out
-
-
 def _concepts(anchor: str) -> str:
     return f"{DOCS_CONCEPTS}#{anchor}"
 
@@ -113,9 +105,11 @@ class _StepView:
 
 
 def _step_views(run: AgentRun) -> list[_StepView]:
-    if run.spec.workflow is None:
-        return [_StepView(WorkflowStep(name=IMPLICIT_STEP_NAME), "spec", 0)]
-    return [_StepView(step, f"spec.workflow.steps[{i}]", i) for i, step in enumerate(run.spec.workflow.steps)]
+    implicit = run.spec.workflow is None
+    return [
+        _StepView(step, "spec" if implicit else f"spec.workflow.steps[{i}]", i)
+        for i, step in enumerate(effective_steps(run))
+    ]
 
 
 def _effective_volumes(run: AgentRun, view: _StepView) -> tuple[list[WorkloadVolume], str]:
@@ -143,14 +137,6 @@ def _runtime_problems(run: AgentRun, config: OperatorConfig, check_flag: bool) -
     for view in _step_views(run):
         if view.step.loop is None:
             continue
-        if spec.runtime.type != "workflow":
-            yield Problem(
-                "spec.runtime.type",
-                spec.runtime.type,
-                f"step {view.step.name!r} has a loop, and loops are only valid with runtime.type workflow",
-                "set spec.runtime.type: workflow, or remove the loop",
-                _api("runtime-type"),
-            )
         if check_flag and not config.loops_enabled:
             yield Problem(
                 f"{view.path}.loop",
@@ -167,51 +153,15 @@ def _loop_problems(run: AgentRun, view: _StepView, config: OperatorConfig) -> It
     loop = view.step.loop
     if loop is None:
         return
-    path = f"{view.path}.loop"
-    if loop.max_iterations < 1:
+    if loop.max_iterations > config.loop_max_iterations:
         yield Problem(
-            f"{path}.maxIterations",
-            loop.max_iterations,
-            "loop.maxIterations must be at least 1",
-            "set maxIterations: 1 or more",
-            _api("loop-maxiterations"),
-        )
-    elif loop.max_iterations > config.loop_max_iterations:
-        yield Problem(
-            f"{path}.maxIterations",
+            f"{view.path}.loop.maxIterations",
             loop.max_iterations,
             f"loop.maxIterations exceeds this operator's cap of {config.loop_max_iterations}",
             f"set maxIterations to at most {config.loop_max_iterations}, or ask the operator's admin "
             "to raise AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS",
             _concepts("iteration-cap"),
         )
-    condition = loop.condition
-    if condition is not None:
-        if condition.type != "cel":
-            yield Problem(
-                f"{path}.condition.type",
-                condition.type,
-                "loop.condition.type must be cel",
-                "set type: cel",
-                _api("loop-condition"),
-            )
-        if (condition.expression is None) == (condition.until is None):
-            yield Problem(
-                f"{path}.condition",
-                {"expression": condition.expression, "until": condition.until},
-                "loop.condition needs exactly one of expression (continue while true) "
-                "or until (stop when true)",
-                "keep exactly one of expression and until",
-                _api("loop-condition"),
-            )
-        if not condition.source.path.startswith("/"):
-            yield Problem(
-                f"{path}.condition.source.path",
-                condition.source.path,
-                "loop.condition.source.path must be an absolute path",
-                "start the path with '/', e.g. /workspace/.agentrun/loop-control.json",
-                _api("loop-condition-source"),
-            )
     yield from _state_problems(run, view)
 
 
@@ -224,17 +174,7 @@ def _state_problems(run: AgentRun, view: _StepView) -> Iterator[Problem]:
     names = list(state.volume_names or [])
     volumes, volumes_path = _effective_volumes(run, view)
     by_name = {v.name: v for v in volumes}
-    seen: set[str] = set()
     for i, name in enumerate(names):
-        if name in seen:
-            yield Problem(
-                f"{path}.volumeNames[{i}]",
-                name,
-                f"volume {name!r} is listed twice in loop.state.volumeNames",
-                "remove the duplicate name",
-                _concepts("loop-state"),
-            )
-        seen.add(name)
         if name not in by_name:
             known = sorted(by_name) or "none"
             yield Problem(
@@ -247,15 +187,6 @@ def _state_problems(run: AgentRun, view: _StepView) -> Iterator[Problem]:
                 _concepts("loop-state"),
             )
     if not state.required:
-        return
-    if not names:
-        yield Problem(
-            f"{path}.volumeNames",
-            names,
-            "loop.state.required is true but no state volume is listed",
-            "list the pvc volume(s) that carry state between iterations, e.g. volumeNames: [workspace]",
-            _concepts("loop-state"),
-        )
         return
     listed = [by_name[n] for n in names if n in by_name]
     pvcs = [v for v in listed if v.type == "pvc"]
@@ -298,22 +229,6 @@ def _volume_list_problems(
     mount_paths: dict[str, str] = {}
     for i, volume in enumerate(volumes):
         path = f"{list_path}[{i}]"
-        if volume.type == "pvc" and not volume.claim_name:
-            yield Problem(
-                f"{path}.claimName",
-                volume.claim_name,
-                f"volume {volume.name!r} of type pvc has no claimName",
-                "add claimName: <the PersistentVolumeClaim to mount>",
-                _api("workload-volumes"),
-            )
-        if volume.type == "secret" and not volume.secret_name:
-            yield Problem(
-                f"{path}.secretName",
-                volume.secret_name,
-                f"volume {volume.name!r} of type secret has no secretName",
-                "add secretName: <the Secret to mount>",
-                _api("workload-volumes"),
-            )
         if volume.name.startswith(RESERVED_VOLUME_PREFIX):
             yield Problem(
                 f"{path}.name",
@@ -399,10 +314,8 @@ def _expressions(view: _StepView) -> Iterator[tuple[str, str]]:
     if loop.items is not None:
         yield f"{view.path}.loop.items", loop.items
     if loop.condition is not None:
-        if loop.condition.expression is not None:
-            yield f"{view.path}.loop.condition.expression", loop.condition.expression
-        if loop.condition.until is not None:
-            yield f"{view.path}.loop.condition.until", loop.condition.until
+        field_name, expression = condition_cel(loop.condition)
+        yield f"{view.path}.loop.condition.{field_name}", expression
 
 
 # ----------------------------------------------------------------------------------- references

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import random
 from typing import Any
 
 import kopf
 
 from agentrun_operator import naming
+from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.kube import GROUP, VERSION, Kube
-from agentrun_operator.shell.reconciler import TERMINAL, Reconciler
+from agentrun_operator.shell.kube import Kube, in_cluster_server
+from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
@@ -77,9 +82,11 @@ class OperatorState:
                         meta = run["metadata"]
                         phase = (run.get("status") or {}).get("phase") or "Pending"
                         counts[phase] = counts.get(phase, 0) + 1
-                        if phase not in TERMINAL or (run.get("spec") or {}).get("ttlSecondsAfterFinished"):
+                        if phase not in TERMINAL_RUN_PHASES or (run.get("spec") or {}).get(
+                            "ttlSecondsAfterFinished"
+                        ):
                             self.enqueue((meta["namespace"], meta["name"]))
-                for phase in ("Pending", "Running", *TERMINAL):
+                for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
                     metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
             except Exception:  # the next round retries; a resync must never kill the operator
                 log.exception("resync failed")
@@ -97,8 +104,13 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """kopf's own credential readers: in-cluster ServiceAccount first, then the kubeconfig."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        """kopf's own credential readers: in-cluster ServiceAccount first (at the address the pod's
+        environment names, see `in_cluster_server`), then the kubeconfig."""
+        in_cluster = kopf.login_with_service_account(**kwargs)
+        server = in_cluster_server(os.environ)
+        if in_cluster is not None and server is not None:
+            in_cluster = dataclasses.replace(in_cluster, server=server)
+        return in_cluster or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -163,8 +175,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
     def on_pod(body: Any, **_: Any) -> None:
         meta = body.get("metadata", {})
-        run = (meta.get("annotations") or {}).get(f"{GROUP}/agent-run-name") or (
-            meta.get("labels") or {}
-        ).get(naming.LABEL_RUN)
+        run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or (meta.get("labels") or {}).get(
+            naming.LABEL_RUN
+        )
         if run:
             state.enqueue((meta["namespace"], run))

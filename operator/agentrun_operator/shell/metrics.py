@@ -1,8 +1,10 @@
-"""Prometheus metrics (SPEC §7). Derived from the planner's decisions, so the numbers match Events."""
+"""Prometheus metrics (docs/design.md#observability), counted from the planner's facts."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from agentrun_operator.planner.facts import Fact, IterationFinished, LoopStopped
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
@@ -31,20 +33,10 @@ STATUS_BYTES = Histogram(
     buckets=(512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
 )
 
-_RESULT_BY_EVENT = {
-    "IterationSucceeded": "Succeeded",
-    "IterationFailed": "Failed",
-    "IterationRetrying": "Retrying",
-}
 
-
-def observe_event(reason: str, message: str) -> None:
-    """Count the lifecycle Events the planner emits."""
-    result = _RESULT_BY_EVENT.get(reason)
-    if result:
-        ITERATIONS.labels(result=result).inc()
-    if reason == "LoopCompleted":
-        stop = next(
-            (w for w in message.replace(":", " ").replace(",", " ").split() if w.startswith("Loop")), ""
-        )
-        LOOP_STOPS.labels(reason=stop or "Unknown").inc()
+def observe_fact(fact: Fact) -> None:
+    """Count what the planner reports as having happened (its facts, not its Event texts)."""
+    if isinstance(fact, IterationFinished):
+        ITERATIONS.labels(result=fact.result).inc()
+    elif isinstance(fact, LoopStopped):
+        LOOP_STOPS.labels(reason=fact.reason).inc()

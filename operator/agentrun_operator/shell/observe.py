@@ -10,10 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from agentrun_operator import naming
+from agentrun_operator.jobs.builder import MAIN_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
-
-REPORTER_CONTAINER = "reporter"
-MAIN_CONTAINER = "main"
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api.agentrun import AgentRun, parse_agentrun
+from agentrun_operator.api import API_VERSION, AgentRun, format_timestamp, parse_agentrun
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
     Action,
     ClaimIdempotencyKey,
@@ -32,6 +33,8 @@ from agentrun_operator.planner.actions import (
     SetJobTTL,
     Where,
 )
+from agentrun_operator.planner.admission import unparseable_status
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed
 from agentrun_operator.planner.plan import plan
 from agentrun_operator.shell import metrics
@@ -39,8 +42,6 @@ from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
 
 log = logging.getLogger("agentrun.reconciler")
-
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 @dataclass
@@ -104,7 +105,7 @@ class Reconciler:
         job_names = {j.name for j in jobs}
         pods = tuple(p for p in (pod_from_k8s(x) for x in pods_raw) if p and p.job_name in job_names)
         observed = Observed(jobs=jobs, pods=pods)
-        terminal = run.status is not None and run.status.phase in TERMINAL
+        terminal = run.status is not None and run.status.phase in TERMINAL_RUN_PHASES
         if terminal:
             return observed
         return await self._observe_references(ns, uid, run, observed)
@@ -140,15 +141,20 @@ class Reconciler:
             if lease is not None:
                 holder_uid = (lease.get("spec") or {}).get("holderIdentity", "")
                 holder_name = ((lease.get("metadata") or {}).get("annotations") or {}).get(
-                    f"{naming.GROUP}/agent-run-name", ""
+                    ANNOTATION_RUN_NAME, ""
                 )
-                finished = False
+                holder_phase: str | None = None
+                holder_gone = False
                 if holder_uid != uid:
                     holder = await self.kube.get_custom(ns, "agentruns", holder_name) if holder_name else None
-                    holder_alive = holder is not None and holder["metadata"].get("uid") == holder_uid
-                    finished = (not holder_alive) or (holder or {}).get("status", {}).get("phase") in TERMINAL
+                    holder_gone = holder is None or holder["metadata"].get("uid") != holder_uid
+                    holder_phase = ((holder or {}).get("status") or {}).get("phase")
                 claim = IdempotencyClaim(
-                    name=lease_name, holder_uid=holder_uid, holder_name=holder_name, holder_finished=finished
+                    name=lease_name,
+                    holder_uid=holder_uid,
+                    holder_name=holder_name,
+                    holder_phase=holder_phase,
+                    holder_gone=holder_gone,
                 )
         return Observed(
             jobs=observed.jobs,
@@ -265,7 +271,6 @@ class Reconciler:
                 )
             elif isinstance(action, EmitEvent):
                 await self._event(raw, action)
-                metrics.observe_event(action.reason, action.message)
                 log.info(action.message, extra={**corr, **_where(action.where), "decision": action.reason})
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(namespace, name, action.uid)
@@ -273,6 +278,8 @@ class Reconciler:
                     "run deleted (spec.ttlSecondsAfterFinished passed)",
                     extra={**corr, **_where(None), "decision": "delete-run"},
                 )
+        for fact in decision.facts:
+            metrics.observe_fact(fact)
         return result
 
     async def _claim(self, raw: dict[str, Any], action: ClaimIdempotencyKey) -> None:
@@ -285,14 +292,14 @@ class Reconciler:
                 "namespace": meta["namespace"],
                 "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
                 "annotations": {
-                    f"{naming.GROUP}/agent-run-name": meta["name"],
+                    ANNOTATION_RUN_NAME: meta["name"],
                     f"{naming.GROUP}/idempotency-key": action.key[:253],
                     f"{naming.GROUP}/agent-ref": action.agent_ref,
                 },
                 # The claim lives as long as the run that holds it.
                 "ownerReferences": [
                     {
-                        "apiVersion": "agents.proompteng.ai/v1alpha1",
+                        "apiVersion": API_VERSION,
                         "kind": "AgentRun",
                         "name": meta["name"],
                         "uid": meta["uid"],
@@ -305,13 +312,13 @@ class Reconciler:
 
     async def _event(self, raw: dict[str, Any], action: EmitEvent) -> None:
         meta = raw["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_timestamp(datetime.now(UTC).replace(microsecond=0))
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": raw.get("apiVersion", "agents.proompteng.ai/v1alpha1"),
+                "apiVersion": raw.get("apiVersion", API_VERSION),
                 "kind": "AgentRun",
                 "name": meta["name"],
                 "namespace": meta["namespace"],
@@ -325,7 +332,7 @@ class Reconciler:
             "lastTimestamp": now,
             "count": 1,
             "source": {"component": "agentrun-operator"},
-            "reportingComponent": "agents.proompteng.ai/agentrun-operator",
+            "reportingComponent": f"{naming.GROUP}/agentrun-operator",
             "reportingInstance": self.instance,
         }
         try:
@@ -334,28 +341,12 @@ class Reconciler:
             log.warning("event not posted: %s", exc)
 
     async def _write_unparseable(self, raw: dict[str, Any], err: ValidationError) -> None:
-        status = raw.get("status") or {}
-        if status.get("phase") == "Failed":
+        prior = (raw.get("status") or {}).get("phase")
+        status = unparseable_status(prior, raw["metadata"].get("generation"), err, datetime.now(UTC))
+        if status is None:
             return
-        first = err.errors()[0]
-        path = ".".join(str(p) for p in first.get("loc", ()))
-        message = f"spec is not valid: {path}: {first.get('msg')} (see docs/api.md)"
         body = dict(raw)
-        body["status"] = {
-            "phase": "Failed",
-            "reason": "InvalidSpec",
-            "message": message,
-            "observedGeneration": raw["metadata"].get("generation"),
-            "conditions": [
-                {
-                    "type": "InvalidSpec",
-                    "status": "True",
-                    "reason": "InvalidSpec",
-                    "message": message,
-                    "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                }
-            ],
-        }
+        body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
             await self.kube.replace_run_status(body)
         except KubeError as exc:

@@ -1,4 +1,5 @@
-"""The local pod runner: the kubelet's part of the local default, with real processes (SPEC §8).
+"""The local pod runner: the kubelet's part of the local default, with real processes
+(docs/design.md#real-parts).
 
 It registers a Node, binds pending pods to it and runs their containers as local processes in the
 kubelet's order, each in a bubblewrap sandbox (`bwrap`) where every volume is bind-mounted at its

@@ -1,0 +1,295 @@
+"""Attempts: start (or adopt) an attempt's Job, observe it, read its result, and record a success,
+a failure (retry after the backoff while the budget lasts) or a timeout."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from agentrun_operator import naming
+from agentrun_operator.api import IterationRecord, JobRef, format_timestamp
+from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
+from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_job
+from agentrun_operator.planner.actions import CreateJob
+from agentrun_operator.planner.admission import problems_message
+from agentrun_operator.planner.context import (
+    REASON_STEP_FAILED,
+    RESULT_REQUEUE_SECONDS,
+    PlanContext,
+    clip,
+)
+from agentrun_operator.planner.facts import IterationFinished, IterationResult
+from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
+from agentrun_operator.planner.loops import decide_next
+from agentrun_operator.planner.observed import ObservedJob
+from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
+from agentrun_operator.planner.run import stop_message
+from agentrun_operator.planner.state import StepView, end_step
+from agentrun_operator.planner.validate import REASON_INVALID_SPEC
+
+JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
+"""A Job the planner asked for but has never observed is waited for this long, then requested again."""
+
+DEADLINE_GRACE_SECONDS: Final = 30.0
+"""A Job still Active this long past activeDeadlineSeconds is deleted by the planner itself."""
+
+RESULT_GRACE_SECONDS: Final = 10.0
+"""How long a succeeded Job's pod may be missing from the observation before its result is read as lost."""
+
+RESULT_MAX_WAIT_SECONDS: Final = 60.0
+"""How long a succeeded Job's pod may stay non-terminal before the planner stops waiting for it."""
+
+GATE_REQUEUE_SECONDS: Final = 2.0
+
+
+def _planned_attempt(step: StepView, iteration: int, attempt: int) -> PlannedAttempt:
+    loop = step.loop
+    if loop is None:
+        return PlannedAttempt(step.index, 1, attempt, 1)
+    item: Any = None
+    item_index: int | None = None
+    if loop.items is not None and 1 <= iteration <= len(loop.items):
+        item, item_index = loop.items[iteration - 1], iteration - 1
+    previous = loop.last_control if iteration > 1 else None
+    return PlannedAttempt(step.index, iteration, attempt, loop.max_iterations, previous, item, item_index)
+
+
+def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> str:
+    return naming.job_name(ctx.name, step.index, iteration, attempt)
+
+
+def start_attempt(
+    ctx: PlanContext, step: StepView, iteration: int, attempt: int, not_before: datetime | None = None
+) -> bool:
+    """Start (or adopt) an attempt. True when an existing Job was adopted, so planning continues;
+    False when a Job was requested or the start must wait (backoff, other pods still alive)."""
+    name = _job_name(ctx, step, iteration, attempt)
+    existing = ctx.observed.job(name)
+    if existing is None:
+        if not_before is not None and ctx.now < not_before:
+            ctx.requeue((not_before - ctx.now).total_seconds())
+            return False
+        if not gate_clear(ctx, name):
+            ctx.requeue(GATE_REQUEUE_SECONDS)
+            return False
+        if ctx.ref_problems:
+            end_step(ctx, step, "Failed", REASON_INVALID_SPEC, problems_message(list(ctx.ref_problems)))
+            return False
+        manifest = build_iteration_job(
+            ctx.run, _planned_attempt(step, iteration, attempt), ctx.refs, ctx.config
+        )
+        ctx.writes.append(CreateJob(manifest))
+    _mark_attempt_started(ctx, step, iteration, attempt, name, existing)
+    return existing is not None
+
+
+def _mark_attempt_started(
+    ctx: PlanContext, step: StepView, iteration: int, attempt: int, name: str, existing: ObservedJob | None
+) -> None:
+    st = step.st
+    st.phase = "Running"
+    st.attempt = attempt
+    st.job_ref = JobRef(name=name, uid=existing.uid if existing is not None else None)
+    if attempt == 1:
+        st.next_retry_at = None
+    loop = step.loop
+    if loop is not None:
+        loop.current_iteration = iteration
+        record = step.record()
+        if attempt == 1 or record is None:
+            loop.iterations.append(
+                IterationRecord(
+                    index=iteration,
+                    phase="Running",
+                    attempts=attempt,
+                    started_at=ctx.now,
+                    job_ref=JobRef(name=name),
+                )
+            )
+        else:
+            record.phase = "Running"
+            record.attempts = attempt
+            record.job_ref = JobRef(name=name)
+    retries = step_retries(step.spec, ctx.refs)
+    where = f"iteration {iteration}/{step.max_iterations} " if loop is not None else ""
+    st.message = f"{where}attempt {attempt}/{retries + 1} running (Job {name})"
+    ctx.emit(
+        "Normal",
+        "IterationStarted",
+        f"step {step.name}: {where}attempt {attempt}/{retries + 1} started (Job {name})",
+    )
+
+
+def _attempt_requested_at(step: StepView) -> datetime | None:
+    """When the current attempt's Job was asked for (step start, iteration start or retry due time)."""
+    record = step.record()
+    moments = [
+        m for m in (step.st.started_at, record.started_at if record else None, step.st.next_retry_at) if m
+    ]
+    return max(moments) if moments else None
+
+
+def observe_attempt(ctx: PlanContext, step: StepView) -> bool:
+    """Read the running attempt's Job. True when its result was recorded (the step moved on)."""
+    st = step.st
+    assert st.job_ref is not None
+    name = st.job_ref.name
+    job = ctx.observed.job(name)
+    if job is not None and st.job_ref.uid is not None and job.uid != st.job_ref.uid:
+        ctx.delete_reasons[name] = "a different Job took the name of a recorded attempt"
+        job = None  # the Job we recorded is gone; this one is an impostor
+    if ctx.stopping == "Immediate" and (job is None or not job.finished):
+        ctx.delete_reasons[name] = "the run was cancelled (Immediate)"
+        end_step(
+            ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted"
+        )
+        return True
+    if job is None:
+        return _handle_missing_job(ctx, step, name)
+    if st.job_ref.uid is None:
+        st.job_ref.uid = job.uid
+    if not job.finished:
+        succeeded = succeeded_by_pod(ctx, job)
+        if succeeded is None:
+            return _handle_active_job(ctx, step, job)
+        job = succeeded
+    if job.outcome == "Succeeded":
+        envelope = _read_envelope(ctx, step, job)
+        if envelope is None:
+            ctx.requeue(RESULT_REQUEUE_SECONDS)
+            return False
+        _record_success(ctx, step, job, envelope)
+        return True
+    return _record_failure(ctx, step, job, _failure_cause(ctx, step, job))
+
+
+def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
+    """Not observed: not visible yet (or its creation was lost: ask again), or vanished (a failed attempt)."""
+    st = step.st
+    assert st.job_ref is not None
+    if st.job_ref.uid is None:
+        waited = ctx.seconds_since(_attempt_requested_at(step))
+        if waited < JOB_VISIBILITY_GRACE_SECONDS:
+            ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS - waited)
+            return False
+        if gate_clear(ctx, name) and not ctx.ref_problems:
+            planned = _planned_attempt(step, step.iteration, st.attempt)
+            ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
+        ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS)
+        return False
+    return _record_failure(ctx, step, None, f"Job {name} vanished before its result was recorded")
+
+
+def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
+    if job.deleting:
+        return _record_failure(ctx, step, job, f"Job {job.name} was deleted before it finished")
+    timeout = step_timeout_seconds(step.spec, ctx.refs)
+    if timeout > 0:
+        start = job.started_at or _attempt_requested_at(step) or ctx.now
+        kill_at = start + timedelta(seconds=timeout + DEADLINE_GRACE_SECONDS)
+        if ctx.now >= kill_at:
+            ctx.delete_reasons[job.name] = "still active past its activeDeadlineSeconds"
+            return _record_failure(
+                ctx, step, None, f"timed out after {timeout}s (the Job outlived its deadline and was deleted)"
+            )
+        ctx.requeue((kill_at - ctx.now).total_seconds())
+    return False
+
+
+def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> ControlEnvelope | None:
+    """The control envelope of a succeeded attempt, or None while its pod has not reported yet."""
+    path = control_path(step.spec)
+    pods = ctx.observed.pods_of(job.name)
+    since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
+    if any(not p.terminal for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
+        return None
+    reported = [p for p in pods if p.reporter_message is not None]
+    if reported:
+        newest = max(reported, key=lambda p: (p.finished_at is not None, p.finished_at or ctx.now, p.name))
+        return decode_envelope(newest.reporter_message, path)
+    if not pods and since_finished < RESULT_GRACE_SECONDS:
+        return None
+    envelope = decode_envelope(None, path)
+    if not pods:
+        return envelope.model_copy(
+            update={"reason": f"the pod of Job {job.name} was gone before its report could be read"}
+        )
+    return envelope
+
+
+def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
+    if job.outcome == "DeadlineExceeded":
+        timeout = step_timeout_seconds(step.spec, ctx.refs)
+        return f"timed out after {timeout}s (activeDeadlineSeconds)"
+    for pod in ctx.observed.pods_of(job.name):
+        if pod.main_exit_code is not None or pod.main_reason:
+            cause = f"main container exited with code {pod.main_exit_code}"
+            if pod.main_reason:
+                cause += f" ({pod.main_reason})"
+            if pod.main_message:
+                cause += f": {clip(pod.main_message.strip(), 300)}"
+            return cause
+    return job.message or f"Job {job.name} failed"
+
+
+def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResult) -> None:
+    ctx.facts.append(IterationFinished(step.name, step.iteration, step.st.attempt, result))
+
+
+def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
+    """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails."""
+    st = step.st
+    attempt = st.attempt
+    retries = step_retries(step.spec, ctx.refs)
+    finished = job.finished_at if job is not None and job.finished_at is not None else ctx.now
+    message = clip(f"{step.what()} failed: {cause}")
+    record = step.record()
+    if attempt <= retries and ctx.stopping is None:
+        due = finished + timedelta(seconds=step.spec.retry_backoff_seconds)
+        st.phase = "Retrying"
+        st.next_retry_at = due
+        st.message = clip(f"{message}; attempt {attempt + 1}/{retries + 1} starts at {format_timestamp(due)}")
+        if record is not None:
+            record.phase = "Retrying"
+            record.message = message
+        _iteration_finished(ctx, step, "Retrying")
+        ctx.emit("Warning", "IterationRetrying", f"step {step.name}: {st.message}")
+        return True
+    if record is not None:
+        record.phase = "Failed"
+        record.finished_at = finished
+        record.message = message
+    _iteration_finished(ctx, step, "Failed")
+    ctx.emit("Warning", "IterationFailed", f"step {step.name}: {message}")
+    if ctx.stopping is not None:
+        end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
+        return True
+    reason = "LoopIterationFailed" if step.loop is not None else REASON_STEP_FAILED
+    budget = f"no retries left ({retries} allowed)" if retries else "no retries configured"
+    end_step(ctx, step, "Failed", reason, f"{message}; {budget}")
+    return True
+
+
+def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope: ControlEnvelope) -> None:
+    st = step.st
+    control = envelope.control if envelope.status == "found" else None
+    loop = step.loop
+    retries = step_retries(step.spec, ctx.refs)
+    tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
+    if loop is None:
+        st.control = control
+        _iteration_finished(ctx, step, "Succeeded")
+        ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})")
+        end_step(ctx, step, "Succeeded", None, f"succeeded{tries}")
+        return
+    record = step.record()
+    if record is not None:
+        record.phase = "Succeeded"
+        record.finished_at = job.finished_at or ctx.now
+        record.message = f"succeeded{tries}" if tries else None
+    loop.completed_iterations = min(max(loop.completed_iterations, step.iteration), loop.max_iterations)
+    loop.last_control = control
+    st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
+    _iteration_finished(ctx, step, "Succeeded")
+    ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})")
+    decide_next(ctx, step, envelope)

@@ -1,0 +1,48 @@
+"""What happened in one plan, as structured facts for the shell's metrics (never parsed from Events).
+
+Each fact is reported once, with the Event that tells a user the same thing: re-planning a persisted
+status reports nothing again, so the shell may count facts after the status write succeeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentrun_operator.api import RunPhase
+
+IterationResult = Literal["Succeeded", "Failed", "Retrying"]
+
+
+@dataclass(frozen=True)
+class IterationFinished:
+    """An attempt of an iteration ended: Succeeded, Failed (no retry left) or Retrying (one is due).
+
+    `iteration` is 1 for a step without a loop.
+    """
+
+    step: str
+    iteration: int
+    attempt: int
+    result: IterationResult
+
+
+@dataclass(frozen=True)
+class LoopStopped:
+    """A looped step's loop ended, with its `status...loop.stopReason`."""
+
+    step: str
+    reason: str
+    completed_iterations: int
+
+
+@dataclass(frozen=True)
+class RunPhaseChanged:
+    """The run's phase differs from the persisted one (`previous` is None for a new run)."""
+
+    previous: RunPhase | None
+    phase: RunPhase
+    reason: str | None
+
+
+Fact = IterationFinished | LoopStopped | RunPhaseChanged

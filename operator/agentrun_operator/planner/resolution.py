@@ -1,0 +1,87 @@
+"""Spec resolution: what a run's spec means once defaults and layers are applied.
+
+The effective steps (the implicit step of a `runtime.type: job` run), a step's effective workload,
+parameters, retries and per-attempt timeout (step, else the Agent's default), the control path, and
+the referenced objects (`References`). Validation, the planner and the Job builder all read the spec
+through these, so each rule has one home and validation does not depend on manifest building.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, LoopCondition, WorkflowStep, Workload
+from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
+
+IMPLICIT_STEP_NAME: Final = "main"
+"""Name of the single implicit step of a `runtime.type: job` run without `spec.workflow`."""
+
+
+@dataclass(frozen=True)
+class References:
+    """The referenced objects of a run, already looked up and parsed (by the planner, from Observed)."""
+
+    agent: AgentSpec | None = None
+    provider: AgentProviderSpec | None = None
+    implementation_specs: Mapping[str, ImplementationSpecSpec] = field(default_factory=dict)
+
+
+def effective_steps(run: AgentRun) -> list[WorkflowStep]:
+    """The steps that run: the workflow's, or the implicit `main` step of a `runtime.type: job` run."""
+    if run.spec.workflow is not None:
+        return list(run.spec.workflow.steps)
+    return [WorkflowStep(name=IMPLICIT_STEP_NAME)]
+
+
+def effective_workload(run_workload: Workload | None, step_workload: Workload | None) -> Workload:
+    """The step's workload laid field by field over the run's (a step's `volumes` replace the run's)."""
+    base = run_workload if run_workload is not None else Workload()
+    if step_workload is None:
+        return base
+    update = {
+        name: getattr(step_workload, name)
+        for name in Workload.model_fields
+        if getattr(step_workload, name) is not None
+    }
+    return base.model_copy(update=update)
+
+
+def control_path(step: WorkflowStep) -> str:
+    """Where the step's pod leaves its control file: the loop's source path, else the default.
+
+    Non-loop steps get the default path too, so `steps.<name>.control` works for every step.
+    """
+    loop = step.loop
+    if loop is not None and loop.condition is not None:
+        return loop.condition.source.path
+    return DEFAULT_CONTROL_PATH
+
+
+def condition_cel(condition: LoopCondition) -> tuple[Literal["expression", "until"], str]:
+    """The condition's CEL and its field: `expression` continues while true, `until` stops once true.
+
+    The model guarantees exactly one of them is set.
+    """
+    if condition.expression is not None:
+        return "expression", condition.expression
+    assert condition.until is not None
+    return "until", condition.until
+
+
+def effective_parameters(run: AgentRun, step: WorkflowStep) -> dict[str, str]:
+    """The run's parameters with the step's laid over them."""
+    return {**(run.spec.parameters or {}), **(step.parameters or {})}
+
+
+def step_timeout_seconds(step: WorkflowStep, refs: References) -> int:
+    """Per-attempt timeout: the step's, else the Agent's default, else 0 (none)."""
+    defaults = refs.agent.defaults if refs.agent is not None else None
+    return step.effective_timeout_seconds(defaults.timeout_seconds if defaults else None)
+
+
+def step_retries(step: WorkflowStep, refs: References) -> int:
+    """Retries per iteration: the step's, else the Agent's default, else 0."""
+    defaults = refs.agent.defaults if refs.agent is not None else None
+    return step.effective_retries(defaults.retries if defaults else None)

@@ -1,0 +1,182 @@
+"""A step's state machine: the step view, its states, the transitions between them, and `end_step`.
+
+A step is in exactly one `StepState`, derived from its persisted status entry by `state_of` (nothing
+else is stored). `plan._advance` moves a step along these transitions as far as one observation
+allows; each row names the function that takes it.
+
+| from      | when                                                   | to             | taken by          |
+|-----------|--------------------------------------------------------|----------------|-------------------|
+| PENDING   | the run is stopping (cancel, workflow timeout)         | PENDING, halts | plan._plan_step   |
+| PENDING   | `when` is false                                        | DONE Skipped   | loops.start_step  |
+| PENDING   | `when`/`loop.items` errs; too many or too large items  | DONE Failed    | loops.start_step  |
+| PENDING   | `loop.items` is empty                                  | DONE Succeeded | loops.start_step  |
+| PENDING   | started (loop set up, forEach items frozen)            | NEXT_DUE       | loops.start_step  |
+| NEXT_DUE  | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| NEXT_DUE  | gate clear: the next Job is created, or adopted        | RUNNING        | attempts.start_.. |
+| NEXT_DUE  | a reference went missing before the Job's creation     | DONE Failed    | attempts.start_.. |
+| RUNNING   | cancel Immediate (its Job is deleted)                  | DONE Cancelled | attempts.observe_ |
+| RUNNING   | succeeded, no loop                                     | DONE Succeeded | attempts.record_. |
+| RUNNING   | succeeded, and the loop goes on                        | NEXT_DUE       | loops.decide_next |
+| RUNNING   | succeeded, and the cap or the condition ends the loop  | DONE Succ./Fa. | loops.decide_next |
+| RUNNING   | failed, timed out or vanished; retries left, not stopping | RETRY_DUE   | attempts.record_. |
+| RUNNING   | failed, timed out or vanished; no retries left         | DONE Failed    | attempts.record_. |
+| RUNNING   | failed, timed out or vanished while the run is stopping | DONE Cancelled | attempts.record_. |
+| RETRY_DUE | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| RETRY_DUE | the backoff has passed, gate clear: the retry's Job    | RUNNING        | attempts.start_.. |
+
+"Timed out" is the Job's DeadlineExceeded (activeDeadlineSeconds = the step's timeout), or the Job
+still active DEADLINE_GRACE_SECONDS past it (the planner deletes it): a retry after a timeout is
+RUNNING -> RETRY_DUE -> RUNNING like any other failed attempt. "Gate clear": no other live Job and
+no other non-terminal pod of the run (`gating.gate_clear`).
+
+Waiting (for a Job to appear or finish, a backoff, other pods to end) keeps the state and asks for
+a requeue. Every move to DONE other than Skipped goes through `end_step`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal, cast
+
+from agentrun_operator.api import (
+    LOOP_STOP_REASONS,
+    IterationRecord,
+    LoopStatus,
+    LoopStopReason,
+    StepStatus,
+    WorkflowStep,
+)
+from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
+from agentrun_operator.planner.facts import LoopStopped
+
+
+@dataclass
+class StepView:
+    """A spec step together with its (mutable, working-copy) status entry."""
+
+    index: int  # 1-based, as in Job names
+    spec: WorkflowStep
+    st: StepStatus
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def loop(self) -> LoopStatus | None:
+        return self.st.loop if self.spec.loop is not None else None
+
+    @property
+    def iteration(self) -> int:
+        """The current (or last) iteration, 1-based; 1 for a step without a loop."""
+        return self.st.loop.current_iteration if self.loop is not None and self.st.loop else 1
+
+    @property
+    def max_iterations(self) -> int:
+        return self.st.loop.max_iterations if self.loop is not None and self.st.loop else 1
+
+    def record(self) -> IterationRecord | None:
+        """The history entry of the current iteration (always the newest, never pruned)."""
+        loop = self.loop
+        if loop is None or not loop.iterations:
+            return None
+        newest = loop.iterations[-1]
+        return newest if newest.index == loop.current_iteration else None
+
+    def what(self, attempt: int | None = None) -> str:
+        """`iteration 3 attempt 2` (loops) or `attempt 2` — how messages name the current attempt."""
+        attempt = self.st.attempt if attempt is None else attempt
+        if self.loop is None:
+            return f"attempt {attempt}"
+        return f"iteration {self.iteration} attempt {attempt}"
+
+
+def step_views(ctx: PlanContext) -> list[StepView]:
+    workflow = ctx.status.workflow
+    assert workflow is not None
+    return [StepView(i, spec, workflow.steps[i - 1]) for i, spec in enumerate(ctx.steps, 1)]
+
+
+class StepState(Enum):
+    """Where a step is; see the transition table in this module's docstring."""
+
+    PENDING = "pending"  # not started: `when`, the loop set-up and the first attempt are ahead
+    NEXT_DUE = "next_due"  # started, and its next iteration (or its one attempt) is due
+    RUNNING = "running"  # an attempt's Job is requested or running
+    RETRY_DUE = "retry_due"  # an attempt failed; the next one starts after the backoff
+    DONE = "done"  # terminal: Succeeded, Skipped, Failed or Cancelled
+
+
+def state_of(step: StepView) -> StepState:
+    """The step's state, derived from its status entry (and the newest iteration record of a loop)."""
+    st = step.st
+    if st.phase in TERMINAL_STEP_PHASES:
+        return StepState.DONE
+    if st.phase == "Pending":
+        return StepState.PENDING
+    if st.phase == "Retrying":
+        return StepState.RETRY_DUE
+    if st.job_ref is None:
+        return StepState.NEXT_DUE
+    if step.loop is not None:
+        record = step.record()
+        if record is None or record.phase == "Succeeded":
+            return StepState.NEXT_DUE
+        if record.phase == "Retrying":
+            return StepState.RETRY_DUE
+    return StepState.RUNNING
+
+
+def _end_loop_event(ctx: PlanContext, step: StepView, warning: bool) -> None:
+    loop = step.loop
+    if loop is None:
+        return
+    ctx.facts.append(LoopStopped(step.name, str(loop.stop_reason), loop.completed_iterations))
+    ctx.emit(
+        "Warning" if warning else "Normal",
+        "LoopCompleted",
+        f"step {step.name}: loop stopped: {loop.stop_reason} after {loop.completed_iterations} completed "
+        f"iteration(s): {step.st.message}",
+    )
+
+
+def _loop_stop_reason(phase: str, reason: str | None) -> LoopStopReason | None:
+    if phase == "Cancelled":
+        return "LoopCancelled"
+    if reason in LOOP_STOP_REASONS:
+        return cast(LoopStopReason, reason)
+    return "LoopIterationFailed" if phase == "Failed" else None
+
+
+def end_step(
+    ctx: PlanContext,
+    step: StepView,
+    phase: Literal["Succeeded", "Failed", "Cancelled"],
+    reason: str | None,
+    message: str,
+) -> None:
+    """The step's one way to DONE (but Skipped): phase, reason, message, and for a loop its stop reason.
+
+    `reason` is the step's reason (for a loop that succeeded, its stop reason; it may be None).
+    Cancelled (a cancel request or the workflow timeout) ignores it: the reason is LoopCancelled for
+    a loop, Cancelled otherwise, and an unfinished iteration record is Cancelled too. A failed
+    loop's stop reason is the reason when it is a loop reason, else LoopIterationFailed.
+    """
+    st = step.st
+    loop = step.loop
+    if phase == "Cancelled":
+        reason = "LoopCancelled" if loop is not None else REASON_CANCELLED
+        record = step.record()
+        if record is not None and record.phase in ("Running", "Retrying", "Pending"):
+            record.phase = "Cancelled"
+            record.finished_at = ctx.now
+            record.message = clip(message)
+    st.phase = phase
+    st.reason = reason
+    st.message = clip(message)
+    st.finished_at = ctx.now
+    st.next_retry_at = None
+    if loop is not None:
+        loop.stop_reason = _loop_stop_reason(phase, reason)
+        _end_loop_event(ctx, step, warning=phase != "Succeeded")

@@ -1,0 +1,103 @@
+"""The import contracts: the planner is pure, and the product does not depend on the dev cluster.
+
+The planner (functional core) imports no shell, no kopf, no Kubernetes client and no dev cluster,
+directly or through another module of the package. No product module imports the dev cluster, but
+the `agentrun dev` command of the CLI. The checker itself is tested on synthetic packages and on a
+copy of the real one with a forbidden import added, so a passing contract cannot be vacuous.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.support.import_contracts import Import, import_graph, modules_of, render, violations
+
+ROOT = Path(__file__).resolve().parents[2] / "operator"
+PACKAGE = "agentrun_operator"
+CLIENTS = ("kopf", "kubernetes_asyncio", "kubernetes")
+
+
+def _under(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def planner_violations(root: Path) -> list[list[Import]]:
+    graph = import_graph(root, PACKAGE)
+    planner = [m for m in graph if _under(m, f"{PACKAGE}.planner")]
+    assert planner, "no planner modules found: the contract would pass vacuously"
+    return violations(
+        graph,
+        planner,
+        lambda target: _under(target, f"{PACKAGE}.shell", f"{PACKAGE}.devcluster", *CLIENTS),
+    )
+
+
+def devcluster_violations(root: Path) -> list[list[Import]]:
+    graph = import_graph(root, PACKAGE)
+    product = [m for m in graph if not _under(m, f"{PACKAGE}.devcluster")]
+    return violations(
+        graph,
+        product,
+        lambda target: _under(target, f"{PACKAGE}.devcluster"),
+        allowed=lambda imp: imp.importer == f"{PACKAGE}.cli" and imp.scope == "_cmd_dev",
+    )
+
+
+def test_the_planner_imports_no_shell_kopf_client_or_dev_cluster() -> None:
+    assert planner_violations(ROOT) == [], render(planner_violations(ROOT))
+
+
+def test_product_modules_never_import_the_dev_cluster() -> None:
+    assert devcluster_violations(ROOT) == [], render(devcluster_violations(ROOT))
+
+
+# ----------------------------------------------------------------------------------- the checker
+
+
+def copy_of_package(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_a_shell_import_added_to_a_planner_module_breaks_the_contract(tmp_path: Path) -> None:
+    root = copy_of_package(tmp_path)
+    gating = root / PACKAGE / "planner" / "gating.py"
+    gating.write_text(gating.read_text() + "\nfrom agentrun_operator.shell import metrics\n")
+    chains = planner_violations(root)
+    assert chains
+    assert {c[-1].importer for c in chains} == {f"{PACKAGE}.planner.gating"}
+    assert {c[-1].target for c in chains} == {f"{PACKAGE}.shell", f"{PACKAGE}.shell.metrics"}
+
+
+def test_a_client_imported_lazily_through_another_module_breaks_the_contract(tmp_path: Path) -> None:
+    root = copy_of_package(tmp_path)
+    naming = root / PACKAGE / "naming.py"
+    naming.write_text(naming.read_text() + "\n\ndef _late() -> None:\n    import kubernetes_asyncio.client\n")
+    chains = planner_violations(root)
+    assert chains
+    assert all(chain[-1].importer == f"{PACKAGE}.naming" and chain[-1].scope == "_late" for chain in chains)
+    assert "kubernetes_asyncio.client" in render(chains)
+
+
+def test_a_dev_cluster_import_outside_agentrun_dev_breaks_the_contract(tmp_path: Path) -> None:
+    root = copy_of_package(tmp_path)
+    handlers = root / PACKAGE / "shell" / "handlers.py"
+    handlers.write_text(handlers.read_text() + "\nfrom agentrun_operator.devcluster import toolchain\n")
+    chains = devcluster_violations(root)
+    assert chains and {chain[-1].importer for chain in chains} >= {f"{PACKAGE}.shell.handlers"}
+
+
+def test_relative_and_submodule_imports_are_resolved(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from .. import tools\nfrom . import b\n")
+    (pkg / "core" / "b.py").write_text("import json\n")
+    (pkg / "tools.py").write_text("class X:\n    def f(self) -> None:\n        import kopf\n")
+    assert set(modules_of(tmp_path, "pkg")) == {"pkg", "pkg.core", "pkg.core.a", "pkg.core.b", "pkg.tools"}
+    graph = import_graph(tmp_path, "pkg")
+    assert {i.target for i in graph["pkg.core.a"]} == {"pkg", "pkg.tools", "pkg.core", "pkg.core.b"}
+    [chain] = violations(graph, ["pkg.core.a"], lambda t: t == "kopf")
+    assert [str(i) for i in chain] == ["pkg.core.a:1 imports pkg.tools", "pkg.tools:3 in X.f() imports kopf"]
