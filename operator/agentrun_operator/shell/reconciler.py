@@ -196,6 +196,7 @@ class Reconciler:
 
         after_status: list[Action] = []
         job_uids: dict[str, str] = {}
+        jobs_created: dict[str, datetime] = {}
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 created, job = await self.kube.create_job(action.manifest)
@@ -214,6 +215,8 @@ class Reconciler:
                     result.requeue_after = 1.0
                     continue
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
+                if created:
+                    jobs_created[action.name] = datetime.now(UTC)
                 log.info(
                     "job created" if created else "job adopted",
                     extra={
@@ -279,7 +282,7 @@ class Reconciler:
                     extra={**corr, **_where(None), "decision": "delete-run"},
                 )
         for fact in decision.facts:
-            metrics.observe_fact(fact)
+            metrics.observe_fact(fact, jobs_created)
         return result
 
     async def _claim(self, raw: dict[str, Any], action: ClaimIdempotencyKey) -> None:
