@@ -190,6 +190,7 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     # Turnaround: one sample per iteration that followed a succeeded one (2 of the fixed loop; a
     # retry is not a turnaround), each the time from the pod's end to the next Job's creation.
     assert moved("agentrun_iteration_turnaround_seconds_count") == 2
+    print("turnaround samples: 2, sum", moved("agentrun_iteration_turnaround_seconds_sum"), "s")
     assert moved("agentrun_iteration_turnaround_seconds_sum") >= 0
     # Every reconcile is timed, every status write is measured (at least one per iteration).
     assert moved("agentrun_reconcile_duration_seconds_count") >= 5
