@@ -4,9 +4,11 @@ tested on bad pages, so a doc that names something unknown is proven to fail it.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.unit import docs_checker
 from tests.unit.docs_checker import REPO, Finding, check_page, doc_files
@@ -55,7 +57,9 @@ def test_the_check_reads_every_kind_of_name_in_the_real_docs() -> None:
         commands += sum(1 for _, f in docs_checker.code_fragments(lines) for _ in docs_checker.commands_in(f))
         metrics += sum(1 for line in lines for _ in docs_checker._METRIC.finditer(line.text))
         names += sum(1 for _ in docs_checker.named_conditions_and_reasons(rel, lines))
-        manifests += sum(1 for _ in docs_checker.yaml_blocks(lines))
+        for _, text in docs_checker.yaml_blocks(lines):
+            with contextlib.suppress(yaml.YAMLError):
+                manifests += sum(1 for d in yaml.safe_load_all(text) if docs_checker._is_full_agentrun(d))
     assert commands >= 30 and metrics >= 7 and names >= 40 and manifests >= 1, (
         commands,
         metrics,
