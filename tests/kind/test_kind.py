@@ -29,12 +29,12 @@ NAMESPACE = "agentrun-kind-examples"
 RUNNER_IMAGE = os.environ.get("AGENTRUN_KIND_RUNNER_IMAGE", "busybox:1.36")
 
 
-def _docker_engine_problem() -> str | None:
-    """Why the kind path cannot run here, or None when a Docker engine answers."""
-    proc = subprocess.run([str(SCRIPT), "check"], capture_output=True, text=True, check=False)
+def _kind_sh_problem(command: str) -> str | None:
+    """Why the kind path cannot run here (`kind.sh check`: no engine; `images`: no node image)."""
+    proc = subprocess.run([str(SCRIPT), command], capture_output=True, text=True, check=False, timeout=600)
     if proc.returncode == 0:
         return None
-    return proc.stderr.strip() or f"kind.sh check exited {proc.returncode}"
+    return proc.stderr.strip() or f"kind.sh {command} exited {proc.returncode}"
 
 
 @dataclass
@@ -76,11 +76,14 @@ class Kind:
 
 @pytest.fixture(scope="module")
 def kind() -> Iterator[Kind]:
-    problem = _docker_engine_problem()
+    problem = _kind_sh_problem("check")
     if problem is not None:
         pytest.skip(f"kind path skipped: {problem}")
     if os.environ.get("AGENTRUN_KIND") != "1":
         pytest.skip("kind path is opt-in on Docker hosts (it builds an image and a cluster): run `make kind`")
+    problem = _kind_sh_problem("images")
+    if problem is not None:
+        pytest.skip(f"kind path skipped: {problem}")
     proc = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=3600)
     print(proc.stderr[-5000:])
     assert proc.returncode == 0, f"kind.sh up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -150,29 +153,10 @@ EXAMPLES = {
 }
 
 
-def _claims(docs: list[dict[str, Any]]) -> set[str]:
-    found = set()
-    for doc in docs:
-        spec = doc.get("spec") or {}
-        workloads = [spec.get("workload") or {}] + [
-            s.get("workload") or {} for s in (spec.get("workflow") or {}).get("steps", [])
-        ]
-        for workload in workloads:
-            found |= {v["claimName"] for v in workload.get("volumes", []) if v.get("type") == "pvc"}
-    return found
-
-
 def _apply_example(kind: Kind, filename: str) -> None:
+    """Every example carries its PersistentVolumeClaim (kind's default StorageClass binds it)."""
     docs = [d for d in yaml.safe_load_all((EXAMPLES_DIR / filename).read_text()) if d]
-    for claim in sorted(_claims(docs)):
-        kind.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}},
-            }
-        )
+    assert any(d.get("kind") == "PersistentVolumeClaim" for d in docs), filename
     for doc in docs:
         kind.apply(doc)
 
