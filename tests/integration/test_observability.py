@@ -24,7 +24,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane, ControlPlaneError
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 
 NAMESPACE = "observe"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -69,6 +69,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    bound_claim(plane, NAMESPACE)  # workflow_run's `ws`: the operator starts a run once its claim is Bound
     pods = Pods()
     driver = KubeletDriver(plane, NAMESPACE, pods.outcome).start()
     port = _free_port()
