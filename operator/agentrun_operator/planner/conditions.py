@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from agentrun_operator.api import AgentRunStatus, Condition
+from agentrun_operator.planner.context import PlanContext
 
 READY: Final = "Ready"
 SUCCEEDED: Final = "Succeeded"
@@ -216,3 +217,17 @@ def became_true(before: Sequence[Condition], after: Sequence[Condition], type_: 
     old = next((c for c in before if c.type == type_), None)
     new = next((c for c in after if c.type == type_), None)
     return new is not None and new.status == "True" and (old is None or old.status != "True")
+
+
+def conclude(ctx: PlanContext) -> None:
+    """The last step of every plan: the conditions of the status just decided, and a Warning Event
+    `StatusSizeWarning` when the status has just crossed 80 % of its budget."""
+    status = ctx.status
+    before = list(status.conditions)
+    budget = ctx.config.status_budget_bytes
+    status.conditions = derive(
+        status, status.observed_generation, ctx.now, status_size(status, budget), budget
+    )
+    if became_true(before, status.conditions, STATUS_SIZE_WARNING):
+        warning = next(c for c in status.conditions if c.type == STATUS_SIZE_WARNING)
+        ctx.emit("Warning", STATUS_SIZE_WARNING, warning.message or "")
