@@ -174,6 +174,14 @@ def apply(
     updated: dict[str, Condition] = {}
     for want in wants:
         old = by_type.get(want.type)
+        if (
+            old is not None
+            and (old.status, old.reason, old.message, old.observed_generation)
+            == (want.status, want.reason, want.message, generation)
+            and old.last_transition_time is not None
+        ):
+            updated[want.type] = old  # the steady state: nothing to build
+            continue
         moved = old is None or old.status != want.status or old.last_transition_time is None
         updated[want.type] = Condition(
             type=want.type,
