@@ -58,7 +58,7 @@ down: setup
 # The operator image, built with a Docker engine (a running one; as root on Debian one is installed
 # and started). BASE=auto uses the Dockerfile's digest-pinned base when it is present or can be
 # pulled, else a base made from Debian packages (BASE=local forces it, BASE=registry forbids it).
-# Cached: nothing is rebuilt while the build inputs are unchanged. docs/operations.md#image
+# Cached: nothing is rebuilt while the build inputs are unchanged. docs/operations.md#make-image
 BASE ?= auto
 image: setup
 	$(BIN)/agentrun dev image --base $(BASE) --with-busybox
