@@ -23,8 +23,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ValidationError
 
 from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume, error_path
-from agentrun_operator.api.errors import at_rule_field
 from agentrun_operator.api.base import DOCS_API
+from agentrun_operator.api.errors import at_rule_field
 from agentrun_operator.api.resources import (
     Agent,
     AgentProvider,
