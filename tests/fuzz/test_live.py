@@ -29,6 +29,8 @@ from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.support import eventually
 
+pytestmark = pytest.mark.integration  # needs the local control plane
+
 NAMESPACE: Final = "fuzz"
 COUNT: Final = int(os.environ.get("AGENTRUN_FUZZ_LIVE", "20"))
 SEED: Final = int(os.environ.get("AGENTRUN_FUZZ_SEED", "0"))

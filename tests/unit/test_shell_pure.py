@@ -115,3 +115,16 @@ def test_in_cluster_server_follows_the_pods_service_environment() -> None:
     )
     assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}) is None
     assert in_cluster_server({}) is None
+
+
+def test_pod_level_reason_and_message_are_observed() -> None:
+    """The pod's own status.reason/message (who failed it, e.g. an eviction) reach the planner."""
+    pod = pod_from_k8s(
+        {
+            "metadata": {"name": "p", "labels": {"job-name": "j"}},
+            "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."},
+        }
+    )
+    assert pod is not None and pod.reason == "Evicted" and pod.message == "The node was low on memory."
+    plain = pod_from_k8s({"metadata": {"name": "p", "labels": {"job-name": "j"}}, "status": {}})
+    assert plain is not None and plain.reason is None and plain.message is None
