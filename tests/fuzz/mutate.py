@@ -19,6 +19,8 @@ from typing import Any, Final
 
 import yaml
 
+from agentrun_operator.api import GROUP
+
 EXAMPLES: Final = Path(__file__).resolve().parents[2] / "examples"
 
 Path_ = tuple[str | int, ...]
@@ -182,4 +184,19 @@ def mutant(seed: int, kinds: tuple[str, ...] = ("AgentRun",), name: str | None =
 
 def support_objects() -> list[dict[str, Any]]:
     """The unmutated Agents, AgentProviders and ImplementationSpecs the examples refer to."""
-    return [copy.deepcopy(doc) for _, doc in example_documents() if doc.get("kind") != "AgentRun"]
+    return [
+        copy.deepcopy(doc)
+        for _, doc in example_documents()
+        if str(doc.get("apiVersion", "")).startswith(f"{GROUP}/") and doc.get("kind") != "AgentRun"
+    ]
+
+
+def example_claims() -> list[str]:
+    """The PersistentVolumeClaims the example AgentRuns mount (a mutant may name another one)."""
+    names: set[str] = set()
+    for _, doc in example_documents():
+        if doc.get("kind") == "AgentRun":
+            for volume in ((doc.get("spec") or {}).get("workload") or {}).get("volumes") or []:
+                if volume.get("claimName"):
+                    names.add(str(volume["claimName"]))
+    return sorted(names)

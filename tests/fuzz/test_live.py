@@ -24,10 +24,10 @@ import pytest
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.fuzz.mutate import Mutant, mutant, support_objects
+from tests.fuzz.mutate import Mutant, example_claims, mutant, support_objects
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually
+from tests.integration.support import bound_claim, eventually
 
 pytestmark = pytest.mark.integration  # needs the local control plane
 
@@ -62,6 +62,8 @@ def fuzz_cluster(
     for obj in support_objects():
         obj["metadata"]["namespace"] = NAMESPACE
         plane.kubectl("apply", "-f", "-", input_text=json.dumps(obj))
+    for claim in example_claims():  # bound, as the operator requires before a run starts
+        bound_claim(plane, NAMESPACE, claim)
     driver = KubeletDriver(plane, NAMESPACE, outcome_of).start()
     operator = OperatorProcess(
         plane, tmp_path_factory.mktemp("fuzz-operator"), env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE}

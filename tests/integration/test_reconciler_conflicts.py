@@ -21,7 +21,7 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 
 NAMESPACE = "conflicts"
 CONFIG = OperatorConfig(loops_enabled=True)
@@ -35,6 +35,7 @@ def plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         lambda: control_plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
         what="the namespace's default ServiceAccount",
     )
+    bound_claim(control_plane, NAMESPACE)  # the runs' `ws` claim: the operator starts nothing without it
     yield control_plane
     control_plane.kubectl("delete", "agentruns", "--all", "-n", NAMESPACE, "--wait=false", check=False)
 

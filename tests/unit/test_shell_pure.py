@@ -117,6 +117,48 @@ def test_in_cluster_server_follows_the_pods_service_environment() -> None:
     assert in_cluster_server({}) is None
 
 
+def test_claim_names_are_the_pvc_volumes_of_every_step_once() -> None:
+    from agentrun_operator.api.agentrun import parse_agentrun
+    from agentrun_operator.shell.observe import claim_names, claim_phase
+
+    run = parse_agentrun(
+        {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {
+                "workload": {
+                    "image": "busybox",
+                    "volumes": [
+                        {"name": "ws", "type": "pvc", "claimName": "shared", "mountPath": "/workspace"},
+                        {"name": "tmp", "type": "emptyDir", "mountPath": "/scratch"},
+                    ],
+                },
+                "workflow": {
+                    "steps": [
+                        {"name": "a"},
+                        {
+                            "name": "b",
+                            "workload": {
+                                "volumes": [
+                                    {"name": "own", "type": "pvc", "claimName": "own", "mountPath": "/own"},
+                                ]
+                            },
+                        },
+                        {"name": "c"},
+                    ]
+                },
+            },
+        }
+    )
+    assert claim_names(run) == ["shared", "own"]
+    assert claim_phase(None) is None
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {"volumeName": "pv"}}) == "Bound"
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {}}) == "Pending"
+    assert claim_phase({"status": {}}) == "Pending"
+    assert claim_phase({"status": {"phase": "Lost"}, "spec": {"volumeName": "pv"}}) == "Lost"
+
+
 def test_pod_level_reason_and_message_are_observed() -> None:
     """The pod's own status.reason/message (who failed it, e.g. an eviction) reach the planner."""
     pod = pod_from_k8s(
