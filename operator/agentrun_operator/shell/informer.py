@@ -7,7 +7,7 @@ cost more than everything the operator does with them. Here an event costs one J
 one cache update; the run is enqueued only when what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
-cache. A watch that ends (timeout, 410 Gone, a broken connection) is followed by a fresh LIST
+cache. A watch that ends (timeout, 410 Gone, a broken or silent connection) is followed by a fresh LIST
 merged into the cache, so nothing that happened in between is missed.
 """
 
@@ -19,6 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import ClientTimeout
+
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store
 from agentrun_operator.shell.kube import Kube
@@ -26,6 +28,7 @@ from agentrun_operator.shell.kube import Kube
 log = logging.getLogger("agentrun.informer")
 
 WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
+SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
 
 
@@ -106,7 +109,9 @@ class Informer:
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=False,
-            _request_timeout=WATCH_SECONDS + 30,
+            _request_timeout=ClientTimeout(
+                total=WATCH_SECONDS + 30, sock_connect=10, sock_read=SILENT_SECONDS
+            ),
         )
         raw: Any = resp[0] if isinstance(resp, tuple) else resp
         try:
