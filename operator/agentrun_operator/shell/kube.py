@@ -71,6 +71,13 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.counters = Counters()
+        # kubernetes_asyncio opens its aiohttp session with trust_env=True, which reads ~/.netrc and
+        # the proxy variables in a worker thread on *every* request: two thread hand-offs per call,
+        # a visible share of CPU in the profile (docs/operator.md#performance). The API server is
+        # reached directly (in-cluster, or the kubeconfig's server), so neither applies.
+        session = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+        if session is not None and hasattr(session, "_trust_env"):
+            session._trust_env = False
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
