@@ -148,15 +148,19 @@ def test_merge_is_a_warning_when_any_part_is() -> None:
     assert merged.reason == "ConditionEvaluated"
 
 
-def test_steady_state_iterations_share_one_reason() -> None:
-    """So they fold into one series: the run's start and each iteration's hand-over alike."""
+def test_hand_overs_share_one_reason_and_a_loop_start_keeps_its_own() -> None:
+    """Hand-overs fold into one series; a loop's start stays its own Event (describe shows it)."""
     start = merge(
         [EmitEvent("Normal", "LoopStarted", "loop started"), EmitEvent("Normal", "IterationStarted", "1")]
     )
     step = merge(
         [EmitEvent("Normal", "IterationSucceeded", "1"), EmitEvent("Normal", "IterationStarted", "2")]
     )
-    assert start.reason == step.reason == "IterationStarted"
+    again = merge(
+        [EmitEvent("Normal", "IterationSucceeded", "2"), EmitEvent("Normal", "IterationStarted", "3")]
+    )
+    assert start.reason == "LoopStarted"
+    assert step.reason == again.reason == "IterationStarted"
 
 
 def _pod(phase: str, rv: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ _RANK = {
     "RunCancelled": 50,
     "InvalidSpec": 45,
     "LoopCompleted": 40,
+    "LoopStarted": 40,
     "IterationFailed": 35,
     "IterationRetrying": 30,
     "StepSkipped": 20,
