@@ -11,8 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Hypothesis, deliberately: no per-example deadline. Hypothesis' default (200 ms) is a timed
+# assertion, and on a 2-core machine shared with control planes and pod runners a CEL evaluation or a
+# planner step can take longer for reasons that say nothing about correctness; speed is measured by
+# the benchmarks, not here. Every property still runs its `max_examples`, and a failure prints the
+# blob that reproduces it (`@reproduce_failure`). `HYPOTHESIS_PROFILE=…` picks another profile.
+settings.register_profile(
+    "agentrun",
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
