@@ -107,6 +107,11 @@ def run_view(run: Obj) -> Hashable:
     )
 
 
+def _identity(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
+
+
 class Store:
     """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
     it); `change` picks from a view what decides whether the run must be re-planned."""
@@ -116,10 +121,14 @@ class Store:
         run_of: Callable[[Obj], str | None],
         view: Callable[[Obj], Any],
         change: Callable[[Any], Hashable] = lambda view: view,
+        keep_body: bool = True,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
+        # Jobs and Pods are read only through their views: keeping just their identity (not the
+        # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
+        self._keep_body = keep_body
         self._by_run: dict[Key, dict[str, tuple[Obj, Hashable]]] = {}
         self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
 
@@ -143,7 +152,7 @@ class Store:
         if current is not None and is_older(obj, current[0]):
             return None
         view = self._view(obj)
-        entries[name] = (obj, view)
+        entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[(ns, name)] = key
         changed = current is None or self._change(current[1]) != self._change(view) or old_key != key
         return key if changed else None
@@ -214,8 +223,8 @@ class RunCache:
 
     def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
         self.runs = Store(run_of_run, run_view)
-        self.jobs = Store(run_of_job, job_view, job_change)
-        self.pods = Store(run_of_pod, pod_view, pod_change)
+        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
+        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False)
         self.ready = asyncio.Event()
         self._closed_gates = set(gates)
 
