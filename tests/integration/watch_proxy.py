@@ -9,6 +9,8 @@ predicate picks. That is how the tests make a watch lag or lose events against r
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import ssl
 import threading
@@ -30,6 +32,7 @@ class StreamPolicy:
     drop: Callable[[dict[str, Any]], bool] | None = None  # given the watch event; True drops it
     dropped: int = 0
     relayed: int = 0
+    streams: int = 0  # watch streams opened under this policy
 
 
 def _plural(path: str) -> str:
@@ -74,7 +77,9 @@ class WatchProxy:
     def stop(self) -> None:
         loop = self._loop
         if loop is not None:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+            # Open watch streams hold the runner's cleanup; the loop is stopped regardless.
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -123,6 +128,8 @@ class WatchProxy:
             response.content_type = upstream.headers.get("Content-Type", "application/json").split(";")[0]
             await response.prepare(request)
             policy = self.policies.get(_plural(request.path))
+            if policy is not None:
+                policy.streams += 1
             # Each event is held until `delay_seconds` after it arrived (a lag, not a backlog).
             lines: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
             loop = asyncio.get_running_loop()
