@@ -23,7 +23,7 @@ import pytest
 
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.devcluster.podrunner.main import READY_LINE
-from tests.integration.operator_process import OperatorProcess
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "e2e"
 NODE = "agentrun-e2e"

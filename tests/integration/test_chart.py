@@ -29,8 +29,8 @@ import yaml
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.support.polling import eventually, workflow_run
+from tests.support.processes import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "agentrun-operator"

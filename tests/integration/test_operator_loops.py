@@ -20,8 +20,8 @@ import yaml
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.support.polling import eventually, workflow_run
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "loops"
 HISTORY_LIMIT = 3

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.plan import result_recorded
-from tests.unit.planner_world import World, envelope_from_bytes, loop_step, manifest
+from tests.unit.planner.world import World, envelope_from_bytes, loop_step, manifest
 
 compile_expression("true")  # celpy raises the recursion limit once; do it before hypothesis watches
 

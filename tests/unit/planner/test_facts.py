@@ -6,7 +6,7 @@ from prometheus_client import REGISTRY
 
 from agentrun_operator.planner.facts import IterationFinished, LoopStopped, RunPhaseChanged
 from agentrun_operator.shell import metrics
-from tests.unit.planner_world import World, loop_step, manifest
+from tests.unit.planner.world import World, loop_step, manifest
 
 
 def facts_of(world: World) -> list[object]:

@@ -25,7 +25,7 @@ from agentrun_operator.planner.actions import (
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, ObservedJob, ObservedPod
 from agentrun_operator.planner.plan import compact_history
 from agentrun_operator.planner.validate import Problem, validate_run
-from tests.unit.planner_world import (
+from tests.unit.planner.world import (
     LOOPS_ON,
     T0,
     World,

@@ -1,6 +1,6 @@
 """Micro-benchmark of `plan()` (not a test: prints p50/p95, asserts nothing).
 
-Run: .venv/bin/python tests/unit/bench_planner.py
+Run: .venv/bin/python tests/unit/planner/bench_plan.py
 
 Cases: a steady-state re-plan of a running iteration (the common reconcile), and the transition
 "iteration succeeded → evaluate CEL → create the next Job", each with a short history and with a full
@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.plan import plan
-from tests.unit.planner_world import World, loop_step, manifest
+from tests.unit.planner.world import World, loop_step, manifest
 
 CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=1000, loop_status_history_limit=50)
 CONTINUE = "iteration.last.control.continue == true"
