@@ -23,6 +23,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster import processes, toolchain
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.support.manifests import agentrun
 from tests.support.processes import OperatorProcess
 
 NS = "bench"
@@ -124,15 +125,12 @@ def main() -> int:
         cpu_before = cpu_seconds(operator.proc.pid)
         started = time.monotonic()
         for r in range(args.runs):
-            run = {
-                "apiVersion": "agents.proompteng.ai/v1alpha1",
-                "kind": "AgentRun",
-                "metadata": {"name": f"bench-{r}", "namespace": NS},
-                "spec": {
-                    "workload": {"image": "busybox:1.36", "command": ["true"]},
-                    "workflow": {"steps": [{"name": "loop", "loop": {"maxIterations": args.iterations}}]},
-                },
-            }
+            run = agentrun(
+                f"bench-{r}",
+                [{"name": "loop", "loop": {"maxIterations": args.iterations}}],
+                metadata={"namespace": NS},
+                workload={"image": "busybox:1.36", "command": ["true"]},
+            )
             plane.kubectl("create", "-f", "-", input_text=json.dumps(run))
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:

@@ -9,11 +9,6 @@ directory: `<state>/pvc/e2e/<claim>/`, which the tests read to check what the it
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,94 +17,14 @@ from typing import Any
 import pytest
 
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from agentrun_operator.devcluster.podrunner.main import READY_LINE
-from tests.support.processes import OperatorProcess
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess, RunnerProcess
 
 NAMESPACE = "e2e"
 NODE = "agentrun-e2e"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 120.0, what: str = "", every: float = 0.2) -> Any:
-    """Poll until `check()` is truthy; return its value. Generous: the machine has 2 cores."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def processes_with(*argv: str) -> list[int]:
-    """PIDs whose command line is exactly `argv` (e.g. ("sleep", "7777")), zombies excluded."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "cmdline").read_bytes() != wanted:
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
-                continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
-
-
-class RunnerProcess:
-    """`agentrun dev pod-runner` as its own process (own session, so it can be stopped as a group)."""
-
-    def __init__(self, plane: ControlPlane, state_dir: Path) -> None:
-        self.plane = plane
-        self.state_dir = state_dir
-        self.log_path = state_dir / "pod-runner.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RunnerProcess:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "agentrun_operator.cli",
-                    "dev",
-                    "pod-runner",
-                    f"--kubeconfig={self.plane.kubeconfig}",
-                    f"--state-dir={self.state_dir}",
-                    f"--node={NODE}",
-                    f"--namespace={NAMESPACE}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        proc = self.proc
-        eventually(
-            lambda: READY_LINE in self.log_path.read_text(errors="replace") or proc.poll() is not None,
-            timeout=60,
-            what="the pod runner to start",
-        )
-        if proc.poll() is not None:
-            raise RuntimeError(f"pod runner exited {proc.returncode}:\n{self.logs()[-3000:]}")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @dataclass
@@ -149,7 +64,9 @@ class LocalDefault:
             return obj if (obj.get("status") or {}).get("phase") in TERMINAL else None
 
         try:
-            result: dict[str, Any] = eventually(ended, timeout=timeout, what=f"AgentRun {name} to end")
+            result: dict[str, Any] = eventually(
+                ended, timeout=timeout, what=f"AgentRun {name} to end", every=0.2
+            )
         except AssertionError:
             raise AssertionError(
                 f"AgentRun {name} did not end: {json.dumps(self.run(name).get('status'), indent=1)}\n"
@@ -190,9 +107,10 @@ def local_default(
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
+        timeout=120,
         what="the e2e namespace's default ServiceAccount",
     )
-    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state")).start()
+    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state"), NODE, NAMESPACE).start()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp("e2e-operator"),

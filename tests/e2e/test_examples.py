@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import LocalDefault, eventually, processes_with, step_status
+from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.polling import eventually
+from tests.support.processes import processes_with
 
 
 def iterations(run: dict[str, object]) -> list[dict[str, object]]:
@@ -62,7 +64,7 @@ def test_retries_with_a_command_that_fails_once(local_default: LocalDefault) -> 
 
 def test_timeout_kills_the_sleeping_process_and_the_retry_succeeds(local_default: LocalDefault) -> None:
     local_default.apply_example("timeout.yaml")
-    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run")
+    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout")
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Succeeded", 2)]
@@ -81,7 +83,7 @@ def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault
         )
 
     local_default.apply_example("timeout.yaml", edit=no_retry)
-    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run")
+    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout-no-retry")
     assert run["status"]["phase"] == "Failed", run["status"]
     step = step_status(run)
@@ -94,7 +96,7 @@ def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault
 
 def test_immediate_cancel(local_default: LocalDefault) -> None:
     local_default.apply_example("cancel-immediate.yaml")
-    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run")
+    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run", timeout=120)
     local_default.patch_run("cancel-immediate", {"spec": {"cancel": "Immediate"}})
     run = local_default.wait_for_end("cancel-immediate")
     assert run["status"]["phase"] == "Cancelled", run["status"]

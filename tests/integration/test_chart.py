@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ import yaml
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.support.polling import eventually, workflow_run
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -474,27 +475,11 @@ def test_token_is_refused_secrets_by_the_api_server(installed: Installed) -> Non
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
 
 
-def _succeeds(_iteration: int, _attempt: int) -> PodOutcome:
-    return PodOutcome()
-
-
-class World:
-    """Outcome per (run, iteration, attempt), consulted by the kubelet driver."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, Callable[[int, int], PodOutcome]] = {}
-
-    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
-        labels = pod["metadata"].get("labels", {})
-        fn = self.runs.get(str(labels.get(naming.LABEL_RUN)), _succeeds)
-        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
-
-
 @dataclass
 class Running:
     installed: Installed
     operator: OperatorProcess
-    world: World
+    outcomes: ScriptedOutcomes
     first_served_after: float = 0.0
 
     @property
@@ -541,8 +526,8 @@ class Running:
 @pytest.fixture(scope="module")
 def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The operator as a process whose only credential is the chart ServiceAccount's token."""
-    world = World()
-    driver = KubeletDriver(installed.plane, installed.run_namespace, world.outcome).start()
+    outcomes = ScriptedOutcomes()
+    driver = KubeletDriver(installed.plane, installed.run_namespace, outcomes.outcome).start()
     env = {
         "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,
         # No periodic resync: every step below must be driven by the watches this token allows.
@@ -555,7 +540,7 @@ def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> I
         args=(f"--kubeconfig={installed.kubeconfig}",),  # the last --kubeconfig wins
     ).start()
     started = time.monotonic()
-    running = Running(installed, operator, world)
+    running = Running(installed, operator, outcomes)
     try:
         # Warm-up: the first run served shows the watches are live (see test_first_run_served_promptly).
         running.create(workflow_run("rbac-warmup", {"loop": {"maxIterations": 1}}))
@@ -580,7 +565,7 @@ def _job_refs(run: dict[str, Any]) -> list[str]:
 
 def test_operator_with_chart_rbac_runs_the_conditional_loop(running: Running) -> None:
     name = "rbac-conditional"
-    running.world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2})
+    running.outcomes.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2})
     loop = {
         "maxIterations": 5,
         "condition": {
@@ -644,7 +629,7 @@ def test_operator_with_chart_rbac_reads_references_and_claims_idempotency(runnin
 
 def test_operator_with_chart_rbac_cancels_and_deletes_finished_runs(running: Running) -> None:
     name = "rbac-cancel"
-    running.world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    running.outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     running.create(workflow_run(name, {"loop": {"maxIterations": 3}}, ttlSecondsAfterFinished=1))
     eventually(lambda: len(running.jobs(name)) == 1, 30, "the first Job")
     running.plane.kubectl(
@@ -701,8 +686,8 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
         f"the default ServiceAccount in {run_ns}",
     )
     installed = Installed(plane, kubeconfig, run_ns, False, docs)
-    world = World()
-    driver = KubeletDriver(plane, run_ns, world.outcome).start()
+    outcomes = ScriptedOutcomes()
+    driver = KubeletDriver(plane, run_ns, outcomes.outcome).start()
     operators = [
         OperatorProcess(
             plane,
@@ -717,7 +702,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
         for pod in ("a", "b")
     ]
     try:
-        yield Peered(Running(installed, operators[0], world), operators)
+        yield Peered(Running(installed, operators[0], outcomes), operators)
     finally:
         for operator in operators:
             operator.stop()

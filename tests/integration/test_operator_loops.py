@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,48 +18,32 @@ import pytest
 import yaml
 
 from agentrun_operator import naming
+from agentrun_operator.api import API_VERSION
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.support.polling import eventually, workflow_run
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
 NAMESPACE = "loops"
 HISTORY_LIMIT = 3
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "reference"
 
-Outcomes = Callable[[int, int], PodOutcome]  # (iteration, attempt) -> outcome
-
-
-class World:
-    """Per-run outcome functions the kubelet driver consults."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, Outcomes] = {}
-
-    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
-        meta = pod["metadata"]
-        labels = meta.get("labels", {})
-        run = (meta.get("annotations") or {}).get(f"{naming.GROUP}/agent-run-name") or labels.get(
-            naming.LABEL_RUN
-        )
-        fn = self.runs.get(str(run), lambda _i, _a: PodOutcome())
-        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
-
 
 @pytest.fixture(scope="module")
-def world() -> World:
-    return World()
+def outcomes() -> ScriptedOutcomes:
+    return ScriptedOutcomes()
 
 
 @pytest.fixture(scope="module")
 def cluster(
-    control_plane: ControlPlane, world: World, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane, outcomes: ScriptedOutcomes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     plane = control_plane
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
-    driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
+    driver = KubeletDriver(plane, NAMESPACE, outcomes.outcome).start()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp("operator"),
@@ -127,7 +111,7 @@ def _step_status(run: dict[str, Any]) -> dict[str, Any]:
     return dict(run["status"]["workflow"]["steps"][0])
 
 
-def test_fixed_loop_runs_to_max(cluster: Any, world: World) -> None:
+def test_fixed_loop_runs_to_max(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     _create(plane, _loop_run("fixed", {"maxIterations": 2}))
     run = _wait_finished(plane, "fixed", operator)
@@ -141,7 +125,7 @@ def test_fixed_loop_runs_to_max(cluster: Any, world: World) -> None:
     ]
 
 
-def test_reference_conditional_example_stops_on_false(cluster: Any, world: World) -> None:
+def test_reference_conditional_example_stops_on_false(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     manifest = yaml.safe_load((REFERENCE / "agentrun-workflow-loop-conditional.yaml").read_text())
     name = manifest["metadata"]["name"]
@@ -154,7 +138,7 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
         _create(
             plane,
             {
-                "apiVersion": "agents.proompteng.ai/v1alpha1",
+                "apiVersion": API_VERSION,
                 "kind": kind,
                 "metadata": {"name": obj_name},
                 "spec": spec,
@@ -166,13 +150,13 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
             _create(
                 plane,
                 {
-                    "apiVersion": "agents.proompteng.ai/v1alpha1",
+                    "apiVersion": API_VERSION,
                     "kind": "ImplementationSpec",
                     "metadata": {"name": ref["name"]},
                     "spec": {"text": "Implement the thing.", "summary": "thing"},
                 },
             )
-    world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2, "iteration": i})
+    outcomes.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2, "iteration": i})
     _create(plane, manifest)
     run = _wait_finished(plane, name, operator)
     status = run["status"]
@@ -196,10 +180,12 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
 
 
 @pytest.mark.parametrize(("policy", "phase"), [("stop", "Succeeded"), ("fail", "Failed")])
-def test_missing_control_file_follows_on_missing(cluster: Any, world: World, policy: str, phase: str) -> None:
+def test_missing_control_file_follows_on_missing(
+    cluster: Any, outcomes: ScriptedOutcomes, policy: str, phase: str
+) -> None:
     plane, operator, _ = cluster
     name = f"missing-{policy}"
-    world.runs[name] = lambda _i, _a: PodOutcome(control=None)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(control=None)
     _create(plane, _loop_run(name, _conditional(on_missing=policy)))
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == phase
@@ -209,7 +195,7 @@ def test_missing_control_file_follows_on_missing(cluster: Any, world: World, pol
     assert len(_jobs(plane, name)) == 1
 
 
-def test_invalid_control_payload_fails_deterministically(cluster: Any, world: World) -> None:
+def test_invalid_control_payload_fails_deterministically(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "invalid-json"
     envelope = {
@@ -219,7 +205,7 @@ def test_invalid_control_payload_fails_deterministically(cluster: Any, world: Wo
         "size": 7,
         "reason": "Expecting value: line 1 column 1 (char 0)",
     }
-    world.runs[name] = lambda _i, _a: PodOutcome(envelope=envelope)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(envelope=envelope)
     _create(plane, _loop_run(name, _conditional(on_invalid="fail")))
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Failed"
@@ -229,10 +215,10 @@ def test_invalid_control_payload_fails_deterministically(cluster: Any, world: Wo
     assert "iteration 1" in text and "Expecting value" in text
 
 
-def test_timeout_with_retries_remaining_retries(cluster: Any, world: World) -> None:
+def test_timeout_with_retries_remaining_retries(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _driver = cluster
     name = "timeout-retry"
-    world.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
+    outcomes.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
     _create(
         plane,
         _loop_run(name, {"maxIterations": 1}, timeoutSeconds=2, retries=1, retryBackoffSeconds=1),
@@ -247,10 +233,10 @@ def test_timeout_with_retries_remaining_retries(cluster: Any, world: World) -> N
     assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
 
 
-def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, world: World) -> None:
+def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "timeout-exhausted"
-    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     _create(plane, _loop_run(name, {"maxIterations": 3}, timeoutSeconds=1, retries=1, retryBackoffSeconds=1))
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Failed"
@@ -258,7 +244,9 @@ def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, world: Worl
     assert len(_jobs(plane, name)) == 2
 
 
-def test_required_pvc_misconfigured_is_invalid_before_any_job(cluster: Any, world: World) -> None:
+def test_required_pvc_misconfigured_is_invalid_before_any_job(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     plane, operator, _ = cluster
     name = "pvc-misconfigured"
     manifest = _loop_run(name, {"maxIterations": 2, "state": {"required": True, "volumeNames": ["scratch"]}})
@@ -274,10 +262,10 @@ def test_required_pvc_misconfigured_is_invalid_before_any_job(cluster: Any, worl
     assert _jobs(plane, name) == []
 
 
-def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World) -> None:
+def test_immediate_cancel_stops_the_running_iteration(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "cancel-now"
-    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     _create(plane, _loop_run(name, {"maxIterations": 5}))
     eventually(lambda: len(_jobs(plane, name)) == 1, what="the first Job")
     plane.kubectl(
@@ -291,10 +279,12 @@ def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World
     eventually(lambda: _jobs(plane, name) == [], what="the cancelled Job to be deleted")
 
 
-def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, world: World) -> None:
+def test_operator_restart_mid_loop_resumes_without_duplicates(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     plane, operator, _ = cluster
     name = "restart"
-    world.runs[name] = lambda _i, _a: PodOutcome(run_seconds=1.0)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(run_seconds=1.0)
     _create(plane, _loop_run(name, {"maxIterations": 3}))
 
     def on_iteration_2() -> bool:
@@ -311,7 +301,7 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, worl
     assert _step_status(run)["loop"]["completedIterations"] == 3
 
 
-def test_history_is_pruned_with_counters_kept(cluster: Any, world: World) -> None:
+def test_history_is_pruned_with_counters_kept(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "pruned"
     _create(plane, _loop_run(name, {"maxIterations": 5}))
@@ -323,7 +313,7 @@ def test_history_is_pruned_with_counters_kept(cluster: Any, world: World) -> Non
     assert [it["index"] for it in loop["iterations"]] == [3, 4, 5]
 
 
-def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> None:
+def test_idempotent_resubmission_starts_nothing(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     first = _loop_run("idem-first", {"maxIterations": 1})
     first["spec"]["idempotencyKey"] = "ticket-42"
@@ -340,7 +330,9 @@ def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> N
     assert _jobs(plane, "idem-second") == []
 
 
-def test_recreated_run_never_adopts_the_jobs_of_its_namesake(cluster: Any, world: World) -> None:
+def test_recreated_run_never_adopts_the_jobs_of_its_namesake(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     """Jobs left by a deleted AgentRun of the same name are not this run's: deleted, not adopted."""
     plane, operator, _ = cluster
     name = "namesake"

@@ -19,15 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.plan import plan
-from tests.unit.planner.world import World, loop_step, manifest
+from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=1000, loop_status_history_limit=50)
 CONTINUE = "iteration.last.control.continue == true"
 
 
-def _world_at(iterations_done: int, expression: str | None) -> World:
+def _world_at(iterations_done: int, expression: str | None) -> PlannerWorld:
     work = loop_step("impl", 500, expression=expression, retries=2)
-    world = World(manifest([{"name": "prep"}, work]), config=CONFIG)
+    world = PlannerWorld(manifest([{"name": "prep"}, work]), config=CONFIG)
     world.plan()
     world.succeed(control={"ready": True})
     world.plan()
@@ -39,7 +39,7 @@ def _world_at(iterations_done: int, expression: str | None) -> World:
     return world
 
 
-def _measure(label: str, world: World, rounds: int = 2000) -> None:
+def _measure(label: str, world: PlannerWorld, rounds: int = 2000) -> None:
     call = functools.partial(plan, world.agentrun(), world.observed(), world.now, CONFIG)
     for _ in range(50):
         call()

@@ -6,15 +6,15 @@ from prometheus_client import REGISTRY
 
 from agentrun_operator.planner.facts import IterationFinished, LoopStopped, RunPhaseChanged
 from agentrun_operator.shell import metrics
-from tests.unit.planner.world import World, loop_step, manifest
+from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 
-def facts_of(world: World) -> list[object]:
+def facts_of(world: PlannerWorld) -> list[object]:
     return [fact for p in world.plans for fact in p.facts]
 
 
 def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.drive(lambda w, job: w.succeed(job, control={"continue": True}))
     assert facts_of(world) == [
         RunPhaseChanged(None, "Running", None),
@@ -26,7 +26,7 @@ def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() 
 
 
 def test_a_retried_then_failed_iteration_reports_retrying_then_failed() -> None:
-    world = World(manifest([loop_step(max_iterations=3, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, retries=1, retryBackoffSeconds=0)]))
     world.drive(lambda w, job: w.fail(job))
     finished = [f for f in facts_of(world) if not isinstance(f, RunPhaseChanged)]
     assert finished == [
@@ -38,7 +38,7 @@ def test_a_retried_then_failed_iteration_reports_retrying_then_failed() -> None:
 
 
 def test_a_step_without_a_loop_reports_iteration_one_and_no_loop_stop() -> None:
-    world = World(manifest())
+    world = PlannerWorld(manifest())
     world.drive(lambda w, job: w.succeed(job))
     assert [f for f in facts_of(world) if isinstance(f, IterationFinished | LoopStopped)] == [
         IterationFinished("a", 1, 1, "Succeeded")
@@ -46,10 +46,10 @@ def test_a_step_without_a_loop_reports_iteration_one_and_no_loop_stop() -> None:
 
 
 def test_facts_match_the_events_one_for_one() -> None:
-    world = World(manifest([loop_step(max_iterations=4, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=4, retries=1, retryBackoffSeconds=0)]))
     outcomes = iter(["fail", "ok", "ok", "fail", "fail"])
 
-    def outcome(w: World, job: str) -> None:
+    def outcome(w: PlannerWorld, job: str) -> None:
         w.succeed(job, control={}) if next(outcomes, "ok") == "ok" else w.fail(job)
 
     world.drive(outcome)
@@ -67,7 +67,7 @@ def test_facts_match_the_events_one_for_one() -> None:
 
 
 def test_replanning_the_persisted_status_reports_nothing_again() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     world.succeed(control={})
     assert world.plan().facts

@@ -2,7 +2,7 @@
 
 Random sequences of Job/Pod outcomes (success with various control payloads, failure, deadline,
 vanish), operator restarts, lost status writes, lost actions and cancellations are applied to a
-`World`; after every step the safety properties must hold, and at the end a world that keeps
+`PlannerWorld`; after every step the safety properties must hold, and at the end a world that keeps
 completing pods must bring the run to a terminal phase.
 """
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.plan import result_recorded
-from tests.unit.planner.world import World, envelope_from_bytes, loop_step, manifest
+from tests.unit.planner.world import PlannerWorld, envelope_from_bytes, loop_step, manifest
 
 compile_expression("true")  # celpy raises the recursion limit once; do it before hypothesis watches
 
@@ -86,7 +86,7 @@ class Checker:
     seen_created: int = 0
     terminal_phase: str | None = None
 
-    def check(self, world: World) -> None:
+    def check(self, world: PlannerWorld) -> None:
         live_per_step: dict[int, int] = {}
         for job in world.jobs.values():
             if not job.finished:
@@ -102,7 +102,7 @@ class Checker:
         self.seen_created = len(world.created)
         self._check_status(world)
 
-    def _check_status(self, world: World) -> None:
+    def _check_status(self, world: PlannerWorld) -> None:
         status = world.status
         if status is None:
             return
@@ -132,7 +132,7 @@ class Checker:
         for name in self.succeeded_jobs:
             assert f"Job {name} vanished" not in message, f"the result of succeeded {name} was lost"
 
-    def mark_succeeded(self, world: World, name: str) -> None:
+    def mark_succeeded(self, world: PlannerWorld, name: str) -> None:
         job = world.jobs[name]
         if result_recorded(world.status, job):
             return  # already recorded as failed (e.g. timed out, its deletion lost): too late to count
@@ -140,7 +140,7 @@ class Checker:
         self.succeeded_jobs.add(name)
 
 
-def apply_op(world: World, checker: Checker, op: tuple[Any, ...]) -> None:
+def apply_op(world: PlannerWorld, checker: Checker, op: tuple[Any, ...]) -> None:
     kind = op[0]
     live = world.live_jobs()
     if kind == "plan":
@@ -172,7 +172,7 @@ def apply_op(world: World, checker: Checker, op: tuple[Any, ...]) -> None:
         world.spec_manifest["spec"].setdefault("cancel", ["Graceful", "Immediate"][op[1] % 2])
 
 
-def finish(world: World, checker: Checker) -> None:
+def finish(world: PlannerWorld, checker: Checker) -> None:
     """A world that keeps completing pods: the run must reach a terminal phase (no wedge)."""
     for _ in range(400):
         world.plan()
@@ -193,7 +193,7 @@ def finish(world: World, checker: Checker) -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=spec_shapes(), ops=st.lists(OPS, min_size=40, max_size=200))
 def test_random_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any], ops: list[Any]) -> None:
-    world = World(spec, config=CONFIG)
+    world = PlannerWorld(spec, config=CONFIG)
     checker = Checker()
     for op in ops:
         apply_op(world, checker, op)
@@ -205,7 +205,7 @@ def test_random_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any
 @given(spec=spec_shapes(), ops=st.lists(OPS, min_size=5, max_size=80))
 def test_replanning_without_change_is_quiet(spec: dict[str, Any], ops: list[Any]) -> None:
     """Re-planning a persisted status against an unchanged observation emits no events and no Jobs."""
-    world = World(spec, config=CONFIG)
+    world = PlannerWorld(spec, config=CONFIG)
     checker = Checker()
     for op in ops:
         apply_op(world, checker, op)
@@ -228,11 +228,11 @@ def test_status_stays_under_32_kib_at_1000_iterations_with_limit_50() -> None:
         retries=1,
         retryBackoffSeconds=0,
     )
-    world = World(manifest([step], name="r" * 40), config=config)
+    world = PlannerWorld(manifest([step], name="r" * 40), config=config)
     big = {"continue": True, "outputs": {"summary": "s" * 3400}}
     attempt = 0
 
-    def outcome(w: World, job: str) -> None:
+    def outcome(w: PlannerWorld, job: str) -> None:
         nonlocal attempt
         attempt += 1
         if attempt % 2:
