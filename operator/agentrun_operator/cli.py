@@ -28,7 +28,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
     try:
         if args.dev_command == "up":
-            return dev.up()
+            return dev.up(operator=not args.no_operator)
         if args.dev_command == "down":
             return dev.down(purge=args.purge)
         if args.dev_command == "status":
@@ -118,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
+    up.add_argument(
+        "--no-operator",
+        action="store_true",
+        help="start the control plane and the pod runner only (install the operator with Helm)",
+    )
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     dev_sub.add_parser("status", help="show each component, its pid and health")

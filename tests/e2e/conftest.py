@@ -110,7 +110,9 @@ def local_default(
         timeout=120,
         what="the e2e namespace's default ServiceAccount",
     )
-    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state"), NODE, NAMESPACE).start()
+    runner = RunnerProcess(
+        plane, tmp_path_factory.mktemp("runner-state"), node=NODE, namespaces=(NAMESPACE,)
+    ).start()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp("e2e-operator"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 import time
@@ -28,15 +27,12 @@ import yaml
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
+from tests.integration.helm import CHART, RELEASE_NS, Helm
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "agentrun-operator"
-KUBE_VERSION = "1.36.3"  # the local control plane's version (helm's built-in default is older)
-RELEASE_NS = "agentrun-system"
 WATCHED = ["chart-team-a", "chart-team-b"]
 
 # Value sets that must lint, render and apply: the defaults and the shapes operators deploy.
@@ -64,66 +60,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 
 Kinds = set[str]
 IDENTITY_KINDS: Kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-
-
-# -- helm -----------------------------------------------------------------------------------------
-def _helm_env(home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-    )
-    return env
-
-
-@dataclass
-class Helm:
-    binary: Path
-    home: Path
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [str(self.binary), *args],
-            capture_output=True,
-            text=True,
-            env=_helm_env(self.home),
-            check=False,
-            timeout=120,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-        return proc
-
-    def values_file(self, values: dict[str, Any]) -> Path:
-        path = self.home / f"values-{abs(hash(json.dumps(values, sort_keys=True)))}.yaml"
-        path.write_text(yaml.safe_dump(values))
-        return path
-
-    def template(
-        self, values: dict[str, Any], release: str = "agentrun", namespace: str = RELEASE_NS
-    ) -> subprocess.CompletedProcess[str]:
-        return self.run(
-            "template",
-            release,
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--kube-version",
-            KUBE_VERSION,
-            "--values",
-            str(self.values_file(values)),
-            check=False,
-        )
-
-    def render(
-        self, values: dict[str, Any], release: str = "agentrun", namespace: str = RELEASE_NS
-    ) -> list[dict[str, Any]]:
-        proc = self.template(values, release, namespace)
-        assert proc.returncode == 0, proc.stderr
-        return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +104,19 @@ def plane(control_plane: ControlPlane) -> ControlPlane:
 
 
 # -- lint, render, apply --------------------------------------------------------------------------
+def test_plain_helm_template_and_lint_work_without_a_kube_version(helm: Helm) -> None:
+    """What a user types first: no --kube-version. helm is built with the Kubernetes version it links
+    (as helm's own Makefile does), so the chart's `kubeVersion: >=1.29` is satisfied offline."""
+    rendered = helm.run("template", str(CHART), check=False)
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d}
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    lint = helm.run("lint", str(CHART), check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    version = helm.run("version", "--template", "{{.Version}}").stdout.strip()
+    assert version.startswith("v3."), version
+
+
 def test_helm_lint_strict_defaults(helm: Helm) -> None:
     proc = helm.run("lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in proc.stdout, proc.stdout + proc.stderr

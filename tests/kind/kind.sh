@@ -4,6 +4,7 @@
 # that. Usage:
 #
 #   tests/kind/kind.sh check     exit 0 when a Docker engine answers, else print why and exit 3
+#   tests/kind/kind.sh images    exit 0 when kind's node image is here or can be pulled, else say why, exit 4
 #   tests/kind/kind.sh up        build the image, create (or reuse) the cluster, load, helm install
 #   tests/kind/kind.sh down      delete the cluster
 #   tests/kind/kind.sh env       print KUBECONFIG=… for the cluster
@@ -38,6 +39,19 @@ check() {
   fi
 }
 
+images() {  # kind's node image must be local or pullable: no registry, no kind cluster
+  check
+  if docker image inspect "$KIND_NODE_IMAGE" >/dev/null 2>&1 \
+    || docker image inspect "${KIND_NODE_IMAGE%@*}" >/dev/null 2>&1; then
+    return 0
+  fi
+  local err
+  if ! err="$(timeout "${AGENTRUN_KIND_PULL_TIMEOUT:-120}" docker pull "$KIND_NODE_IMAGE" 2>&1)"; then
+    say "kind's node image ${KIND_NODE_IMAGE%@*} is not here and cannot be pulled ($(printf '%s' "$err" | tail -n 1)); with registry access run \`make kind\`, or \`docker load\` the image first"
+    return 4
+  fi
+}
+
 tool() {  # tool NAME: print the path of a tool, building kind or the control-plane tools if needed
   local name="$1"
   if command -v "$name" >/dev/null 2>&1; then command -v "$name"; return; fi
@@ -58,7 +72,7 @@ tool() {  # tool NAME: print the path of a tool, building kind or the control-pl
 }
 
 up() {
-  check
+  images
   local kind helm kubectl
   kind="$(tool kind)"; helm="$(tool helm)"; kubectl="$(tool kubectl)"
   mkdir -p "$STATE"
@@ -103,8 +117,9 @@ down() {
 
 case "${1:-}" in
   check) check ;;
+  images) images ;;
   up) up ;;
   down) down ;;
   env) echo "KUBECONFIG=$KUBECONFIG_FILE" ;;
-  *) say "usage: $0 check|up|down|env"; exit 2 ;;
+  *) say "usage: $0 check|images|up|down|env"; exit 2 ;;
 esac

@@ -31,12 +31,12 @@ NAMESPACE = "agentrun-kind-examples"
 RUNNER_IMAGE = os.environ.get("AGENTRUN_KIND_RUNNER_IMAGE", "busybox:1.36")
 
 
-def _docker_engine_problem() -> str | None:
-    """Why the kind path cannot run here, or None when a Docker engine answers."""
-    proc = subprocess.run([str(SCRIPT), "check"], capture_output=True, text=True, check=False)
+def _kind_sh_problem(command: str) -> str | None:
+    """Why the kind path cannot run here (`kind.sh check`: no engine; `images`: no node image)."""
+    proc = subprocess.run([str(SCRIPT), command], capture_output=True, text=True, check=False, timeout=600)
     if proc.returncode == 0:
         return None
-    return proc.stderr.strip() or f"kind.sh check exited {proc.returncode}"
+    return proc.stderr.strip() or f"kind.sh {command} exited {proc.returncode}"
 
 
 @dataclass
@@ -78,11 +78,14 @@ class Kind:
 
 @pytest.fixture(scope="module")
 def kind() -> Iterator[Kind]:
-    problem = _docker_engine_problem()
+    problem = _kind_sh_problem("check")
     if problem is not None:
         pytest.skip(f"kind path skipped: {problem}")
     if os.environ.get("AGENTRUN_KIND") != "1":
         pytest.skip("kind path is opt-in on Docker hosts (it builds an image and a cluster): run `make kind`")
+    problem = _kind_sh_problem("images")
+    if problem is not None:
+        pytest.skip(f"kind path skipped: {problem}")
     proc = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=3600)
     print(proc.stderr[-5000:])
     assert proc.returncode == 0, f"kind.sh up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -112,17 +112,19 @@ class OperatorProcess(GroupProcess):
 
 
 class RunnerProcess(GroupProcess):
-    """`agentrun dev pod-runner` for one node and namespace, its state under `state_dir`."""
+    """`agentrun dev pod-runner` for one node and its namespaces, its state under `state_dir`."""
 
     ready_text = READY_LINE
     what = "pod runner"
 
-    def __init__(self, plane: ControlPlane, state_dir: Path, node: str, namespace: str) -> None:
+    def __init__(
+        self, plane: ControlPlane, state_dir: Path, *, node: str, namespaces: tuple[str, ...]
+    ) -> None:
         super().__init__(state_dir / "pod-runner.log")
         self.plane = plane
         self.state_dir = state_dir
         self.node = node
-        self.namespace = namespace
+        self.namespaces = namespaces
 
     def start(self) -> RunnerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,7 @@ class RunnerProcess(GroupProcess):
                 f"--kubeconfig={self.plane.kubeconfig}",
                 f"--state-dir={self.state_dir}",
                 f"--node={self.node}",
-                f"--namespace={self.namespace}",
+                *(f"--namespace={ns}" for ns in self.namespaces),
             ],
             timeout=60,
         )
@@ -144,6 +146,11 @@ class RunnerProcess(GroupProcess):
 
     def logs(self) -> str:
         return self.log_text()
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of a pod this runner ran has printed so far (all restarts, in order)."""
+        logs = sorted((self.state_dir / "pods" / namespace / pod).glob(f"*/logs/{container}/*.log"))
+        return "".join(path.read_text(errors="replace") for path in logs)
 
 
 def processes_with(*argv: str) -> list[int]:

@@ -28,8 +28,9 @@ from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
 Progress = Callable[[str], None]
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
-# Controllers a Job-running cluster needs (docs/design.md#real-parts): Jobs, owner GC, TTL, and what
-# makes a namespace usable.
+# Controllers the local default runs (docs/design.md#real-parts, docs/local-dev.md): Jobs, owner GC,
+# TTL, what makes a namespace usable, and what `helm install` of a Deployment needs (Deployments,
+# ReplicaSets, a Service's endpoints, the kube-root-ca.crt ConfigMap in-cluster clients read).
 CONTROLLERS = (
     "job-controller",
     "garbage-collector-controller",
@@ -37,6 +38,11 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "namespace-controller",
     "pod-garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "root-ca-certificate-publisher-controller",
 )
 _PORT_ATTEMPTS = 5
 

@@ -140,7 +140,13 @@ def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None)
     _wait_healthy(plane.home, OPERATOR, operator_healthy, proc)
 
 
-def up() -> int:
+def _no_operator_marker(home: Path) -> Path:
+    return home / "run" / "no-operator"
+
+
+def up(operator: bool = True) -> int:
+    """Start what is not running. `operator=False` (`--no-operator`) leaves the operator to a
+    `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs."""
     from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
 
     find_bwrap()  # fail before starting anything when bubblewrap is missing
@@ -156,7 +162,15 @@ def up() -> int:
         OPERATOR: lambda: start_operator(plane),
     }
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
-    for name in SERVICES:
+    marker = _no_operator_marker(plane.home)
+    if operator:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("the operator is installed with Helm, not started by `agentrun dev up`\n")
+        if processes.stop_process(plane.run_dir, OPERATOR, grace=20):
+            _say(f"  {OPERATOR} stopped (--no-operator)")
+    for name in SERVICES if operator else (RUNNER,):
         current = processes.read_record(plane.run_dir, name)
         if current is not None and current.alive():
             _say(f"  {name} already running (pid {current.pid})")
@@ -199,6 +213,8 @@ def component_rows(plane: ControlPlane) -> list[Row]:
     for name in SERVICES:
         record = processes.read_record(plane.run_dir, name)
         running = record is not None and record.alive()
+        if name == OPERATOR and not running and _no_operator_marker(plane.home).exists():
+            continue  # `up --no-operator`: the chart's operator pod serves instead
         rows.append(
             Row(
                 name,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import random
 from typing import Any
 
@@ -22,7 +24,7 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.kube import Kube
+from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
@@ -102,8 +104,13 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """kopf's own credential readers: in-cluster ServiceAccount first, then the kubeconfig."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        """kopf's own credential readers: in-cluster ServiceAccount first (at the address the pod's
+        environment names, see `in_cluster_server`), then the kubeconfig."""
+        in_cluster = kopf.login_with_service_account(**kwargs)
+        server = in_cluster_server(os.environ)
+        if in_cluster is not None and server is not None:
+            in_cluster = dataclasses.replace(in_cluster, server=server)
+        return in_cluster or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,17 @@ def _resource_of(path: str) -> str:
     if not rest:
         return "namespaces"
     return rest[0] + ("/" + rest[2] if len(rest) > 2 else "")
+
+
+def in_cluster_server(env: Mapping[str, str]) -> str | None:
+    """The API server an in-cluster client talks to, as client-go's InClusterConfig finds it: from
+    `KUBERNETES_SERVICE_HOST/PORT`, which the kubelet sets in every pod. kopf's own ServiceAccount
+    login names `https://kubernetes.default.svc` instead, which needs cluster DNS: a `hostNetwork`
+    pod with `dnsPolicy: Default`, or a pod on the local default, has none."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 class KubeError(Exception):

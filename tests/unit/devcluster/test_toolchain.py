@@ -77,3 +77,22 @@ def test_cache_location_is_outside_the_repo_and_overridable(monkeypatch: pytest.
     monkeypatch.delenv("AGENTRUN_CACHE_DIR")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert str(toolchain.bin_dir()).startswith(os.path.expanduser("~/.cache/agentrun-operator/"))
+
+
+def test_helm_gets_the_kubernetes_version_of_the_client_go_it_links() -> None:
+    flags = toolchain.helm_kube_version_ldflags("v0.36.2")
+    for pkg in ("helm.sh/helm/v3/pkg/lint/rules", "helm.sh/helm/v3/pkg/chartutil"):
+        assert f"-X {pkg}.k8sVersionMajor=1" in flags
+        assert f"-X {pkg}.k8sVersionMinor=36" in flags
+
+
+def test_helm_kube_version_refuses_an_unreadable_module_version() -> None:
+    with pytest.raises(toolchain.ToolchainError, match="client-go"):
+        toolchain.helm_kube_version_ldflags("(devel)")
+
+
+def test_a_changed_build_recipe_makes_the_cached_tool_stale() -> None:
+    helm = next(t for t in toolchain.TOOLS if t.name == "helm")
+    assert "recipe 2" in toolchain._stamp_text(helm)
+    kubernetes = next(t for t in toolchain.TOOLS if t.name == "kubernetes")
+    assert "recipe" not in toolchain._stamp_text(kubernetes)

@@ -102,3 +102,16 @@ def test_api_metric_label_is_the_resource() -> None:
     )
     assert _resource_of("/api/v1/namespaces/ns/events") == "events"
     assert _resource_of("/apis/agents.proompteng.ai/v1alpha1/agentruns") == "agentruns"
+
+
+def test_in_cluster_server_follows_the_pods_service_environment() -> None:
+    from agentrun_operator.shell.kube import in_cluster_server
+
+    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}) == (
+        "https://10.96.0.1:443"
+    )
+    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}) == (
+        "https://[fd00::1]:6443"
+    )
+    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}) is None
+    assert in_cluster_server({}) is None

@@ -25,6 +25,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,11 @@ from typing import Any
 
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
+from agentrun_operator.devcluster.podrunner.network import (
+    PodNetwork,
+    isolation_unavailable,
+    wants_own_network,
+)
 from agentrun_operator.devcluster.podrunner.process import ContainerProcess
 from agentrun_operator.devcluster.podrunner.sandbox import (
     Bind,
@@ -183,6 +189,7 @@ class PodWorker:
         self.volumes: dict[str, S.Volume] = {}
         self.volume_dirs: dict[str, Path] = {}
         self._published: dict[str, Any] | None = None
+        self.network: PodNetwork | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -282,6 +289,8 @@ class PodWorker:
         finally:
             for proc in list(self.procs.values()):
                 proc.kill()
+            if self.network is not None:
+                self.network.stop()
             if not self.shutdown:
                 self._cleanup()
             self.runner.forget(self.uid)
@@ -300,7 +309,7 @@ class PodWorker:
         self.start_time = now_rfc3339()
         self._write_pod_json()
         self.publish()
-        if not self._prepare_volumes():
+        if not self._start_network() or not self._prepare_volumes():
             self._await_deletion()
             return
         self._run_containers()
@@ -375,6 +384,20 @@ class PodWorker:
             )
         self.verdict = PodVerdict("Failed", reason, message)
         self.publish()
+
+    def _start_network(self) -> bool:
+        """A pod serving ports gets its own network namespace (see `network.py`) where possible."""
+        if not wants_own_network(self.spec) or self.runner.network_unavailable is not None:
+            return True
+        endpoint = urllib.parse.urlsplit(self.api.server)
+        try:
+            self.network = PodNetwork(
+                endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
+            ).start()
+        except OSError as exc:
+            self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
+            return False
+        return True
 
     # -- volumes --------------------------------------------------------------------------------
     def _prepare_volumes(self) -> bool:
@@ -519,7 +542,7 @@ class PodWorker:
         rec = self.records[name]
         restart = rec.restart_count
         try:
-            base = S.default_env(self.pod, self.runner.config.container_path)
+            base = S.default_env(self.pod, self.runner.config.container_path, self.api.server)
             env = S.resolve_env(self.pod, container, self.runner.lookups, base)
         except S.ContainerConfigError as exc:
             self._set(name, State("waiting", reason=exc.reason, message=str(exc)))
@@ -586,19 +609,23 @@ class PodWorker:
         bwrap = self.runner.bwrap
         entries = self.runner.host_entries
         hostname = str(env.get("HOSTNAME") or self.name)[:63]
+        enter = self.network.enter_argv() if self.network is not None else []
         return ContainerProcess(
-            lambda fd: bwrap_argv(
-                bwrap,
-                argv,
-                entries,
-                str(self.dir / "tmp"),
-                binds,
-                files,
-                workdir,
-                fd,
-                hostname,
-                expand,
-                tool_paths=host_tool_paths(),
+            lambda fd: (
+                enter
+                + bwrap_argv(
+                    bwrap,
+                    argv,
+                    entries,
+                    str(self.dir / "tmp"),
+                    binds,
+                    files,
+                    workdir,
+                    fd,
+                    hostname,
+                    expand,
+                    tool_paths=host_tool_paths(),
+                )
             ),
             env,
             log_path,
@@ -866,6 +893,7 @@ class PodRunner:
         self.stopping = threading.Event()
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
+        self.network_unavailable = isolation_unavailable()
 
     # -- lookups --------------------------------------------------------------------------------
     def secret(self, namespace: str, name: str) -> Mapping[str, bytes] | None:
@@ -1071,6 +1099,8 @@ class PodRunner:
         for ns in targets:
             self.watching[ns or "*"] = False
             threading.Thread(target=self._watch, args=(ns,), daemon=True, name=f"watch-{ns or 'all'}").start()
+        if self.network_unavailable:
+            log.info("%s", self.network_unavailable)
         log.info(
             "pod runner on node %s watching %s (state %s)",
             self.config.node_name,

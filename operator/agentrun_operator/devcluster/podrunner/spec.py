@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -214,12 +215,60 @@ def _key_ref(
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def default_env(pod: Mapping[str, Any], path: str) -> dict[str, str]:
-    """What a runtime adds from the image: PATH (here with the venv's bin first), HOME and HOSTNAME."""
+def default_env(pod: Mapping[str, Any], path: str, api_server: str | None = None) -> dict[str, str]:
+    """What a runtime and the kubelet add: PATH (here with the venv's bin first), HOME, HOSTNAME, and
+    the `kubernetes` Service's variables in-cluster clients read (`KUBERNETES_SERVICE_HOST/PORT`).
+
+    Pods share the host's network, where no kube-proxy routes the Service's cluster IP, so the
+    variables point at the API server's own loopback address and port (its certificate names both).
+    """
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     hostname = spec.get("hostname") or meta.get("name") or "pod"
-    return {"PATH": path, "HOME": "/tmp", "HOSTNAME": str(hostname)[:63]}
+    env = {"PATH": path, "HOME": "/tmp", "HOSTNAME": str(hostname)[:63]}
+    endpoint = urllib.parse.urlsplit(api_server) if api_server else None
+    if endpoint is not None and endpoint.hostname and endpoint.port:
+        host, port = endpoint.hostname, str(endpoint.port)
+        env.update(
+            {
+                "KUBERNETES_SERVICE_HOST": host,
+                "KUBERNETES_SERVICE_PORT": port,
+                "KUBERNETES_SERVICE_PORT_HTTPS": port,
+                "KUBERNETES_PORT": f"tcp://{host}:{port}",
+                f"KUBERNETES_PORT_{port}_TCP": f"tcp://{host}:{port}",
+                f"KUBERNETES_PORT_{port}_TCP_PROTO": "tcp",
+                f"KUBERNETES_PORT_{port}_TCP_PORT": port,
+                f"KUBERNETES_PORT_{port}_TCP_ADDR": host,
+            }
+        )
+    return env
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The part of an image's config a runtime uses when a container gives no `command`/`args`."""
+
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...] = ()
+
+
+# Images are not pulled, so their configs are not read: the runner knows these by repository name
+# (registry, tag and digest ignored). The operator's image: ENTRYPOINT ["agentrun"], CMD ["operator"]
+# (see the Dockerfile), so the chart's operator container, which gives only `args`, runs.
+KNOWN_IMAGES: dict[str, ImageConfig] = {
+    "agentrun-operator": ImageConfig(entrypoint=("agentrun",), cmd=("operator",)),
+}
+
+
+def image_repository_name(image: str) -> str:
+    """`ghcr.io/proompteng/agentrun-operator:0.1.0@sha256:…` → `agentrun-operator`."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def known_image(image: str) -> ImageConfig | None:
+    return KNOWN_IMAGES.get(image_repository_name(image)) if image else None
 
 
 def resolve_env(
@@ -272,14 +321,23 @@ def resolve_env(
 
 
 def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """`command` + `args`, each `$(VAR)`-expanded. Without `command` nothing can run (no image)."""
-    command = container.get("command")
+    """`command` + `args`, each `$(VAR)`-expanded, as the kubelet combines them with the image's config:
+    no `command` takes the image's ENTRYPOINT (and its CMD too when `args` is absent). Images are not
+    pulled, so only the images of `KNOWN_IMAGES` can leave `command` out."""
+    command = list(container.get("command") or [])
+    args = container.get("args")
     if not command:
-        raise StartError(
-            f"container {container.get('name')!r} has no command: the local pod runner does not pull "
-            f"images, so it cannot use the entrypoint of {container.get('image')!r}; give `command`"
-        )
-    return [expand(str(a), env) for a in [*command, *(container.get("args") or [])]]
+        image = str(container.get("image") or "")
+        config = known_image(image)
+        if config is None:
+            raise StartError(
+                f"container {container.get('name')!r} has no command: the local pod runner does not pull "
+                f"images, so it cannot use the entrypoint of {image!r}; give `command`"
+            )
+        command = list(config.entrypoint)
+        if args is None:
+            args = list(config.cmd)
+    return [expand(str(a), env) for a in [*command, *(args or [])]]
 
 
 def find_executable(argv0: str, path: str, exists: Callable[[str], bool]) -> str | None:

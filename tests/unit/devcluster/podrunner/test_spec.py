@@ -320,3 +320,59 @@ def test_grace_seconds() -> None:
     assert S.grace_seconds({"spec": {"terminationGracePeriodSeconds": 7}}) == 7.0
     assert S.grace_seconds({}) == 30.0
     assert S.exit_reason(0) == "Completed" and S.exit_reason(143) == "Error"
+
+
+@pytest.mark.parametrize(
+    ("container", "argv"),
+    [
+        # The chart's operator container: only `args` → the image's ENTRYPOINT + those args.
+        (
+            {
+                "name": "operator",
+                "image": "ghcr.io/proompteng/agentrun-operator:0.1.0",
+                "args": ["operator", "--peering"],
+            },
+            ["agentrun", "operator", "--peering"],
+        ),
+        # Neither command nor args → ENTRYPOINT + CMD; digest and registry port do not matter.
+        (
+            {"name": "o", "image": "registry.local:5000/x/agentrun-operator@sha256:" + "a" * 64},
+            ["agentrun", "operator"],
+        ),
+        # An empty `args` list is given args: CMD is not used.
+        ({"name": "o", "image": "agentrun-operator", "args": []}, ["agentrun"]),
+        # A command always wins over the image's config.
+        (
+            {"name": "o", "image": "agentrun-operator:1", "command": ["sh"], "args": ["-c", "true"]},
+            ["sh", "-c", "true"],
+        ),
+    ],
+)
+def test_known_images_supply_their_entrypoint(container: dict[str, Any], argv: list[str]) -> None:
+    assert S.container_argv(container, {}) == argv
+
+
+def test_image_repository_name_ignores_registry_tag_and_digest() -> None:
+    assert S.image_repository_name("busybox:1.36") == "busybox"
+    assert S.image_repository_name("localhost:5000/team/agentrun-operator:0.1.0") == "agentrun-operator"
+    assert S.image_repository_name("agentrun-operator@sha256:abc") == "agentrun-operator"
+
+
+def test_default_env_points_in_cluster_clients_at_the_api_server() -> None:
+    env = S.default_env(POD, "/bin", "https://127.0.0.1:36443")
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "36443"
+    assert env["KUBERNETES_PORT"] == "tcp://127.0.0.1:36443"
+    assert "KUBERNETES_SERVICE_HOST" not in S.default_env(POD, "/bin")
+
+
+def test_only_pods_that_serve_ports_get_their_own_network() -> None:
+    from agentrun_operator.devcluster.podrunner.network import wants_own_network
+
+    server = {"containers": [{"name": "op", "ports": [{"containerPort": 8080}]}]}
+    assert wants_own_network(server)
+    assert not wants_own_network({**server, "hostNetwork": True})
+    assert not wants_own_network({"containers": [{"name": "main", "command": ["sh"]}]})
+    assert wants_own_network(
+        {"initContainers": [{"name": "s", "ports": [{"containerPort": 1}]}], "containers": []}
+    )

@@ -1,0 +1,318 @@
+"""`helm install` on the local default, as a user does it (docs/operations.md#install, #enable-loops,
+#roll-back): the chart's Deployment gets a pod (the controller-manager runs the deployment and
+replicaset controllers), the local pod runner runs the operator in it with in-cluster credentials of
+the chart's ServiceAccount (a TokenRequest token, the CA, `KUBERNETES_SERVICE_HOST/PORT`) and the
+image's entrypoint, and that operator runs the conditional example. Then the loop flag is rolled out:
+`helm upgrade --set loops.enabled=false` rolls the Deployment, a new loop run fails
+`InvalidSpec`/`WorkflowLoopsDisabled`, a run without loops still succeeds, a loop that was running
+when the flag went off runs to its end; `helm rollback` brings loops back.
+
+In process mode (this file) the operator pod runs the host's `agentrun` (the image is not pulled);
+its own runner watches only the release's namespaces, so the e2e session's operator never meets it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun_operator.devcluster import processes
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from tests.e2e.conftest import EXAMPLES, TERMINAL, step_status
+from tests.integration.helm import CHART, Helm
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import RunnerProcess
+
+RELEASE = "agentrun"
+RELEASE_NS = "agentrun-helm"
+RUNS_NS = "helm-runs"
+NODE = "agentrun-helm"
+IMAGE = "ghcr.io/proompteng/agentrun-operator"
+SELECTOR = "app.kubernetes.io/name=agentrun-operator"
+
+
+@dataclass
+class Release:
+    plane: ControlPlane
+    helm: Helm
+    runner: RunnerProcess
+
+    # -- helm ------------------------------------------------------------------------------------
+    def helm_run(self, *args: str) -> str:
+        return self.helm.run(*args, "--namespace", RELEASE_NS).stdout
+
+    def revision(self) -> int:
+        history = json.loads(self.helm_run("history", RELEASE, "--output", "json"))
+        return max(int(entry["revision"]) for entry in history)
+
+    # -- the operator's pods -----------------------------------------------------------------------
+    def pods(self) -> list[dict[str, Any]]:
+        out = self.plane.kubectl("get", "pods", "-n", RELEASE_NS, "-l", SELECTOR, "-o", "json")
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+    def running_pods(self, loops_enabled: str, count: int = 1) -> list[dict[str, Any]]:
+        """The operator pods, `count` of them and no others, each Running, Ready, started, with the flag."""
+
+        def serving(pod: dict[str, Any]) -> bool:
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+            conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+            return (
+                env.get("AGENTS_CONTROLLER_WORKFLOW_LOOPS_ENABLED") == loops_enabled
+                and pod["status"].get("phase") == "Running"
+                and conditions.get("Ready") == "True"
+                and "operator started" in self.operator_log(pod)
+            )
+
+        def ready() -> list[dict[str, Any]] | None:
+            pods = self.pods()
+            return pods if len(pods) == count and all(serving(p) for p in pods) else None
+
+        try:
+            pods: list[dict[str, Any]] = eventually(
+                ready, timeout=180, what=f"{count} Running operator pod(s) with loops.enabled={loops_enabled}"
+            )
+        except AssertionError:
+            raise AssertionError(self.diagnostics()) from None
+        return pods
+
+    def running_pod(self, loops_enabled: str) -> dict[str, Any]:
+        return self.running_pods(loops_enabled)[0]
+
+    def operator_log(self, pod: dict[str, Any]) -> str:
+        return self.runner.container_log(RELEASE_NS, pod["metadata"]["name"], "operator")
+
+    def diagnostics(self) -> str:
+        pods = [(p["metadata"]["name"], p.get("status", {}).get("phase")) for p in self.pods()]
+        deploy = self.plane.kubectl("get", "deploy,rs", "-n", RELEASE_NS, "-o", "wide", check=False)
+        logs = "\n".join(f"{p['metadata']['name']}:\n{self.operator_log(p)[-2000:]}" for p in self.pods())
+        return (
+            f"pods: {pods}\n{deploy}\n--- operator ---\n{logs}\n--- runner ---\n{self.runner.logs()[-3000:]}"
+        )
+
+    # -- runs ------------------------------------------------------------------------------------
+    def apply(self, manifest: dict[str, Any] | str) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        self.plane.kubectl("apply", "-n", RUNS_NS, "-f", "-", input_text=text)
+
+    def run(self, name: str) -> dict[str, Any]:
+        out = self.plane.kubectl("get", "agentrun", name, "-n", RUNS_NS, "-o", "json")
+        result: dict[str, Any] = json.loads(out)
+        return result
+
+    def wait_for_end(self, name: str, timeout: float = 180.0) -> dict[str, Any]:
+        def ended() -> dict[str, Any] | None:
+            obj = self.run(name)
+            return obj if (obj.get("status") or {}).get("phase") in TERMINAL else None
+
+        try:
+            result: dict[str, Any] = eventually(ended, timeout=timeout, what=f"AgentRun {name} to end")
+        except AssertionError:
+            status = json.dumps(self.run(name).get("status"), indent=1)
+            raise AssertionError(f"{name} did not end: {status}\n{self.diagnostics()}") from None
+        return result
+
+
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    plane = control_plane
+    for ns in (RELEASE_NS, RUNS_NS):
+        if not plane.kubectl("get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
+            plane.kubectl("create", "namespace", ns)
+    runner = RunnerProcess(
+        plane, tmp_path_factory.mktemp("helm-runner"), node=NODE, namespaces=(RELEASE_NS, RUNS_NS)
+    ).start()
+    helm = Helm(Path(plane.bin_dir) / "helm", tmp_path_factory.mktemp("helm-home"), plane.kubeconfig)
+    # Pods share the host's network here: free ports for kopf's /healthz and the metrics, so nothing
+    # else on the machine (another test's operator) collides with them.
+    values = {
+        "loops": {"enabled": True},
+        "watchNamespaces": [RUNS_NS],
+        "image": {"repository": IMAGE},
+        "probes": {"port": processes.free_port()},
+        "metrics": {"port": processes.free_port()},
+        # No periodic resync to fall back on: kopf's watches alone must drive the runs.
+        "resyncSeconds": 3600,
+    }
+    values_file = helm.values_file(values)
+    try:
+        helm.run(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            RELEASE_NS,
+            "--values",
+            str(values_file),
+            "--wait=false",
+        )
+        yield Release(plane, helm, runner)
+    finally:
+        plane.kubectl("delete", "agentruns", "--all", "-n", RUNS_NS, "--wait=false", check=False)
+        helm.run("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout", "60s", check=False)
+        runner.stop()
+
+
+def test_install_runs_the_operator_as_a_pod_with_the_charts_credentials(release: Release) -> None:
+    pod = release.running_pod("true")
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == f"{RELEASE}-agentrun-operator"  # the chart's, not `default`
+    assert spec["nodeName"] == NODE
+    container = spec["containers"][0]
+    assert "command" not in container, "the chart relies on the image's entrypoint"
+    # The ServiceAccount admission plugin added the projected token volume; the operator used it.
+    mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+    log = release.operator_log(pod)
+    started = next(json.loads(line) for line in log.splitlines() if "operator started" in line)
+    assert started.get("loops_enabled") is True, started
+    # kopf reached the API server too (its watches and peering use their own connection).
+    eventually(
+        lambda: "Initial authentication has finished" in release.operator_log(pod),
+        timeout=120,
+        what="kopf's login",
+    )
+    errors = [line for line in release.operator_log(pod).splitlines() if '"level":"error"' in line]
+    assert not errors, errors[:3]
+    deploy = json.loads(release.plane.kubectl("get", "deploy", "-n", RELEASE_NS, "-o", "json"))["items"][0]
+    assert deploy["status"].get("availableReplicas") == 1, deploy["status"]
+
+
+def test_the_installed_operator_runs_the_conditional_example(release: Release) -> None:
+    release.running_pod("true")
+    release.apply((EXAMPLES / "conditional-loop.yaml").read_text())
+    run = release.wait_for_end("conditional-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert (loop["stopReason"], loop["completedIterations"]) == ("LoopConditionFalse", 3)
+    notes = release.runner.state_dir / "pvc" / RUNS_NS / "conditional-loop-workspace" / "notes"
+    assert len((notes / "progress.log").read_text().splitlines()) == 3
+
+
+def _slow_loop(name: str, iterations: int, seconds: int) -> dict[str, Any]:
+    step = {"loop": {"maxIterations": iterations}}
+    run = workflow_run(name, step)
+    run["spec"]["workload"]["command"] = [
+        "sh",
+        "-c",
+        f"sleep {seconds}; echo $AGENTRUN_ITERATION >> /workspace/it",
+    ]
+    run["spec"]["workload"]["volumes"][0]["claimName"] = f"{name}-ws"
+    return run
+
+
+def _no_loop(name: str) -> dict[str, Any]:
+    run = workflow_run(name, {})
+    run["spec"]["workload"]["command"] = ["sh", "-c", "echo done > /workspace/out"]
+    return run
+
+
+def test_flag_rollout_and_rollback(release: Release) -> None:
+    first = release.running_pod("true")
+    installed_revision = release.revision()
+    # A loop that is running when the flag goes off: it was admitted, so it runs to its end.
+    release.apply(_slow_loop("admitted-loop", iterations=3, seconds=2))
+    eventually(
+        lambda: (release.run("admitted-loop").get("status") or {}).get("phase") == "Running",
+        timeout=120,
+        what="admitted-loop to run",
+    )
+
+    release.helm_run("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "loops.enabled=false")
+    second = release.running_pod("false")
+    assert second["metadata"]["name"] != first["metadata"]["name"], "the Deployment did not roll"
+    assert release.revision() == installed_revision + 1
+
+    release.apply(workflow_run("loop-after-off", {"loop": {"maxIterations": 2}}))
+    refused = release.wait_for_end("loop-after-off")
+    assert refused["status"]["phase"] == "Failed", refused["status"]
+    assert refused["status"]["reason"] == "WorkflowLoopsDisabled", refused["status"]
+    conditions = {c["type"]: c for c in refused["status"].get("conditions", [])}
+    assert conditions["InvalidSpec"]["status"] == "True", conditions
+    assert not release.plane.kubectl(
+        "get", "jobs", "-n", RUNS_NS, "-l", "agents.proompteng.ai/agent-run=loop-after-off", "-o", "name"
+    ).strip(), "a refused loop must start no Job"
+
+    release.apply(_no_loop("plain-after-off"))
+    plain = release.wait_for_end("plain-after-off")
+    assert plain["status"]["phase"] == "Succeeded", plain["status"]
+
+    admitted = release.wait_for_end("admitted-loop")
+    assert admitted["status"]["phase"] == "Succeeded", admitted["status"]
+    assert step_status(admitted)["loop"]["completedIterations"] == 3
+    lines = (release.runner.state_dir / "pvc" / RUNS_NS / "admitted-loop-ws" / "it").read_text().split()
+    assert lines == ["1", "2", "3"], "each iteration exactly once across the rollout"
+
+    release.helm_run("rollback", RELEASE, str(installed_revision))
+    release.running_pod("true")
+    release.apply(workflow_run("loop-after-rollback", {"loop": {"maxIterations": 2}}))
+    back = release.wait_for_end("loop-after-rollback")
+    assert back["status"]["phase"] == "Succeeded", back["status"]
+    assert step_status(back)["loop"]["completedIterations"] == 2
+
+
+def test_two_replicas_peer_and_the_standby_takes_over(release: Release) -> None:
+    """replicas: 2 implies kopf peering; each pod serves its ports in its own network namespace, so the
+    two replicas' /healthz and /metrics do not collide (docs/local-dev.md#network)."""
+    release.helm_run("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "replicas=2")
+    pods = release.running_pods("true", count=2)
+    assert all("--peering" in p["spec"]["containers"][0]["args"] for p in pods)
+
+    def roles() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        paused = [p for p in pods if "Pausing operations in favour of" in release.operator_log(p)]
+        active = [p for p in pods if p not in paused]
+        return (active[0], paused[0]) if len(paused) == 1 and len(active) == 1 else None
+
+    try:
+        active, standby = eventually(roles, timeout=120, what="one active and one paused replica")
+    except AssertionError:
+        raise AssertionError(release.diagnostics()) from None
+    release.apply(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
+    assert release.wait_for_end("ha-first")["status"]["phase"] == "Succeeded"
+
+    release.plane.kubectl("delete", "pod", active["metadata"]["name"], "-n", RELEASE_NS, "--wait=false")
+    eventually(
+        lambda: "Resuming operations after the pause" in release.operator_log(standby),
+        timeout=120,
+        what="the standby to resume when the active replica is gone",
+    )
+    release.apply(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))
+    second = release.wait_for_end("ha-second")
+    assert second["status"]["phase"] == "Succeeded", second["status"]
+    jobs = release.plane.kubectl("get", "jobs", "-n", RUNS_NS, "-o", "name").split()
+    ha_jobs = [j for j in jobs if "/ha-" in j]
+    assert len(ha_jobs) == len(set(ha_jobs)) == 4, ha_jobs
+
+
+def test_values_of_the_wrong_type_are_refused_before_anything_changes(release: Release) -> None:
+    before = release.revision()
+    refused = release.helm.run(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        RELEASE_NS,
+        "--reuse-values",
+        "--set-json",
+        'loops={"enabled": "yes"}',
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "loops" in refused.stderr and "enabled" in refused.stderr, refused.stderr
+    assert release.revision() == before
+
+
+def test_rendered_chart_names_the_image_entrypoint_nowhere(release: Release) -> None:
+    """The Deployment gives `args` only: the image's ENTRYPOINT (`agentrun`) must supply the command,
+    which is why the local pod runner knows the operator image's entrypoint."""
+    rendered = release.helm.run("template", RELEASE, str(CHART)).stdout
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "command" not in container and container["args"][0] == "operator"
