@@ -2,8 +2,9 @@
 process, so every pod of every iteration runs real commands on real (bind-mounted) volumes.
 
 The runner and the operator watch only the `e2e` namespace, so they never meet the integration
-tests' fake kubelet (namespace `loops`). PVC claims are directories under the runner's state
-directory: `<state>/pvc/e2e/<claim>/`, which the tests read to check what the iterations left.
+tests' fake kubelet (namespace `loops`). Claims are real PersistentVolumeClaims, bound by the
+controller-manager to volumes the runner's local provisioner creates (directories under its state,
+`<state>/pv/pvc-<claim uid>/`), which the tests read to check what the iterations left.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from agentrun_operator.devcluster.controlplane import ControlPlane
+from tests.support.claims import bound_claim_dir, create_claim
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
 
@@ -40,7 +42,12 @@ class LocalDefault:
         return self.runner.state_dir
 
     def claim_dir(self, claim: str) -> Path:
-        return self.state_dir / "pvc" / NAMESPACE / claim
+        """The directory of the volume bound to `claim` (waits for the binding)."""
+        return bound_claim_dir(self.plane, self.state_dir, NAMESPACE, claim)
+
+    def create_claim(self, claim: str, storage_class: str | None = None) -> None:
+        """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
+        create_claim(self.plane, NAMESPACE, claim, storage_class)
 
     def apply(self, manifest: str) -> None:
         self.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)

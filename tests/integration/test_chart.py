@@ -29,6 +29,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.helm import CHART, RELEASE_NS, Helm
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
@@ -341,6 +342,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "pods"): {"list", "watch"},
         ("", "events"): {"create"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
+        ("", "persistentvolumeclaims"): {"get"},
     }
 
 
@@ -381,6 +383,8 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("get", "configmaps"),
         ("create", "serviceaccounts", "--subresource=token"),
         ("create", "persistentvolumeclaims"),
+        ("list", "persistentvolumeclaims"),
+        ("delete", "persistentvolumeclaims"),
         ("update", "agentruns.agents.proompteng.ai"),
         ("patch", "agentruns.agents.proompteng.ai"),
         ("create", "agentruns.agents.proompteng.ai"),
@@ -476,6 +480,7 @@ class Running:
 def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The operator as a process whose only credential is the chart ServiceAccount's token."""
     outcomes = ScriptedOutcomes()
+    bound_claim(installed.plane, installed.run_namespace, "ws")
     driver = KubeletDriver(installed.plane, installed.run_namespace, outcomes.outcome).start()
     env = {
         "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import (
     Action,
@@ -47,7 +48,8 @@ def stored_run(**spec: Any) -> dict[str, Any]:
 
 
 class RecordingKube:
-    """Answers like an API server holding `run` and nothing else, and records every call in order."""
+    """Answers like an API server holding `run` and its Bound claims and nothing else, and records
+    every call in order."""
 
     def __init__(self, run: dict[str, Any], status_conflict: bool = False) -> None:
         self.run = run
@@ -70,6 +72,11 @@ class RecordingKube:
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.calls.append(("list", "pods"))
         return []
+
+    async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", f"persistentvolumeclaims/{name}"))
+        volume = {"volumeName": f"pv-{name}"}
+        return {"metadata": {"name": name}, "spec": volume, "status": {"phase": "Bound"}}
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get", f"leases/{name}"))
@@ -138,11 +145,12 @@ def fixed_plan(monkeypatch: pytest.MonkeyPatch, actions: tuple[Action, ...], cha
     monkeypatch.setattr(reconciler_module, "plan", planned)
 
 
+NEW_JOB_LABELS = {naming.LABEL_STEP: "a", naming.LABEL_ITERATION: "1", naming.LABEL_ATTEMPT: "1"}
 MIXED: tuple[Action, ...] = (
     EmitEvent("Normal", "First", "an event listed first"),
     SetJobTTL("old-job", 300),
     DeleteRun("uid-run"),
-    CreateJob({"metadata": {"name": "new-job", "ownerReferences": []}}),
+    CreateJob({"metadata": {"name": "new-job", "labels": NEW_JOB_LABELS}}),
     Requeue(5.0),
     DeleteJob("stray-job", "not the active attempt"),
     ClaimIdempotencyKey("claim", "agent", "key"),
