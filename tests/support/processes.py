@@ -118,13 +118,20 @@ class RunnerProcess(GroupProcess):
     what = "pod runner"
 
     def __init__(
-        self, plane: ControlPlane, state_dir: Path, *, node: str, namespaces: tuple[str, ...]
+        self,
+        plane: ControlPlane,
+        state_dir: Path,
+        *,
+        node: str,
+        namespaces: tuple[str, ...],
+        runtime: str = "process",
     ) -> None:
         super().__init__(state_dir / "pod-runner.log")
         self.plane = plane
         self.state_dir = state_dir
         self.node = node
         self.namespaces = namespaces
+        self.runtime = runtime
 
     def start(self) -> RunnerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -136,6 +143,7 @@ class RunnerProcess(GroupProcess):
                 f"--state-dir={self.state_dir}",
                 f"--node={self.node}",
                 *(f"--namespace={ns}" for ns in self.namespaces),
+                f"--runtime={self.runtime}",
             ],
             timeout=60,
         )
