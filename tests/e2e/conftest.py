@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.devcluster.podrunner.adopt import stop_leftovers
 from agentrun_operator.devcluster.podrunner.main import READY_LINE
 from tests.integration.operator_process import OperatorProcess
 
@@ -80,7 +81,7 @@ class RunnerProcess:
 
     def start(self) -> RunnerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as out:
+        with self.log_path.open("ab") as out:  # a restarted runner appends
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -115,6 +116,13 @@ class RunnerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        stop_leftovers(self.state_dir)  # containers outlive their runner, as on a node
+
+    def kill(self) -> None:
+        """SIGKILL the runner alone (its containers keep running, as after a kubelet crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")

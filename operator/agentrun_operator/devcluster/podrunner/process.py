@@ -45,6 +45,7 @@ class ContainerProcess:
                     env=dict(env),
                     pass_fds=(write_fd,),
                     close_fds=True,
+                    start_new_session=True,  # outlives a restart of the runner (see adopt.py)
                 )
         except BaseException:
             os.close(read_fd)

@@ -1,0 +1,81 @@
+"""The pod runner restarted under running pods, as a kubelet is: containers outlive it, the new
+runner adopts the ones still running and reports the ones that ended meanwhile truthfully."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.e2e.conftest import LocalDefault, eventually, processes_with
+from tests.e2e.test_pod_runner import container, create_pod, get_pod, wait_terminal
+
+
+def _running(env: LocalDefault, name: str) -> bool:
+    pod = get_pod(env, name) or {}
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
+    local_default: LocalDefault,
+) -> None:
+    env = local_default
+    gate = env.claim_dir("restart-gate") / "go"
+    gate.unlink(missing_ok=True)
+    # Ends with exit 3 and a termination message once the gate file exists (while no runner runs).
+    create_pod(
+        env,
+        "ends-unseen",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": [
+                        "sh",
+                        "-c",
+                        "while [ ! -e /gate/go ]; do sleep 0.2; done; "
+                        "echo finished-unseen > /dev/termination-log; exit 3",
+                    ],
+                    "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                }
+            ],
+            "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "restart-gate"}}],
+        },
+    )
+    create_pod(
+        env,
+        "keeps-running",
+        {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}]},
+    )
+    eventually(lambda: _running(env, "ends-unseen") and _running(env, "keeps-running"), what="both pods")
+    before = container(get_pod(env, "keeps-running") or {}, "main")
+    pids = processes_with("sleep", "7711")
+    assert len(pids) == 1
+
+    env.runner.kill()
+    try:
+        assert processes_with("sleep", "7711") == pids  # the container outlived its runner
+        gate.write_text("go")
+        eventually(
+            lambda: list(Path(env.state_dir).glob("pods/e2e/ends-unseen/*/containers/main/0.exit")),
+            what="the unseen container's shim to record its exit",
+        )
+    finally:
+        env.runner.start()
+
+    ended = wait_terminal(env, "ends-unseen")
+    main = container(ended, "main")
+    assert ended["status"]["phase"] == "Failed"
+    assert main["state"]["terminated"]["exitCode"] == 3
+    assert main["state"]["terminated"]["reason"] == "Error"
+    assert main["state"]["terminated"]["message"].strip() == "finished-unseen"
+
+    after = container(get_pod(env, "keeps-running") or {}, "main")
+    assert "running" in after["state"], after
+    assert after["containerID"] == before["containerID"] and after["restartCount"] == 0
+    assert processes_with("sleep", "7711") == pids  # adopted, not started again
+    assert "adopted main (running)" in env.runner.logs()
+
+    env.plane.kubectl(
+        "delete", "pod", "keeps-running", "ends-unseen", "-n", "e2e", "--wait=true", "--timeout=90s"
+    )
+    eventually(lambda: not processes_with("sleep", "7711"), what="the adopted container to be stopped")
