@@ -1,6 +1,6 @@
 """One container as a local process: `bwrap` with the container's argv, its log, its exit code.
 
-bwrap reports on a status pipe the host PID of its PID-namespace init (`child-pid`); the command is
+bwrap reports in a status file the host PID of its PID-namespace init (`child-pid`); the command is
 that init's only child. `terminate()` sends SIGTERM to the command (as a runtime signals the
 container's main process); `kill()` sends SIGKILL to the init, which takes the whole PID namespace
 with it, and to the bwrap monitor.
@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -34,7 +35,10 @@ class ContainerProcess:
         self._pid_known = threading.Event()
         self._on_exit = on_exit
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        read_fd, write_fd = os.pipe()
+        # bwrap's status goes to a file, not a pipe: a pipe would SIGPIPE the sandbox when it ends
+        # after the runner that read the pipe is gone (containers outlive the runner, see adopt.py).
+        self.status_path = log_path.with_suffix(".status")
+        write_fd = os.open(self.status_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with log_path.open("ab") as log:
                 self.proc = subprocess.Popen(
@@ -47,12 +51,8 @@ class ContainerProcess:
                     close_fds=True,
                     start_new_session=True,  # outlives a restart of the runner (see adopt.py)
                 )
-        except BaseException:
-            os.close(read_fd)
-            raise
         finally:
             os.close(write_fd)
-        self._status = os.fdopen(read_fd, "rb")
         threading.Thread(target=self._read_status, daemon=True, name=f"bwrap-status-{self.proc.pid}").start()
         threading.Thread(target=self._wait, daemon=True, name=f"bwrap-wait-{self.proc.pid}").start()
 
@@ -61,13 +61,16 @@ class ContainerProcess:
         return self.proc.pid
 
     def _read_status(self) -> None:
-        with self._status:
-            for line in self._status:
-                with contextlib.suppress(ValueError):
-                    doc = json.loads(line)
-                    if isinstance(doc, dict) and "child-pid" in doc:
-                        self.init_pid = int(doc["child-pid"])
-                        self._pid_known.set()
+        """Poll the status file until bwrap has written its init's pid (or the sandbox ended)."""
+        while self.init_pid is None and self.exit_code is None:
+            with contextlib.suppress(OSError):
+                for line in self.status_path.read_bytes().splitlines():
+                    with contextlib.suppress(ValueError):
+                        doc = json.loads(line)
+                        if isinstance(doc, dict) and "child-pid" in doc:
+                            self.init_pid = int(doc["child-pid"])
+            if self.init_pid is None:
+                time.sleep(0.02)
         self._pid_known.set()
 
     def _wait(self) -> None:
