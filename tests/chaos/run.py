@@ -5,7 +5,9 @@
 starts a local default of its own (`agentrun dev up` in a temporary AGENTRUN_DEV_HOME), creates
 `--runs` AgentRuns that loop `--iterations` times (each iteration sleeps `--iteration-seconds`, and
 writes `start N` and `done N` to a log on the run's PVC), and meanwhile injects `--faults` faults of
-each kind, round-robin in a shuffled order, `--gap` seconds apart:
+each kind, round-robin in a shuffled order, `--gap` seconds apart, while any run is in flight (a
+slow machine may end the runs before every fault is injected: the report counts what was injected;
+a longer `--iteration-seconds` keeps runs in flight longer):
 
 - operator-kill:     SIGKILL the operator, then `agentrun dev up` (restarts only what is down)
 - apiserver-freeze:  SIGSTOP the API server for `--freeze-seconds`, then SIGCONT
@@ -57,6 +59,9 @@ spec:
       - |
         set -eu
         echo "start $AGENTRUN_ITERATION" >> /workspace/chaos.log
+        if [ "$AGENTRUN_ITERATION" = 1 ] && [ "{hold}" = yes ]; then
+          while [ ! -e /workspace/release ]; do sleep 0.5; done
+        fi
         sleep {sleep}
         echo "done $AGENTRUN_ITERATION" >> /workspace/chaos.log
     volumes:
@@ -86,6 +91,9 @@ class Config:
     gap: float = 2.0
     timeout: float = 900.0
     seed: int = 0
+    hold: bool = False
+    """Hold every run in its first iteration (a running container) until every fault is in: each
+    fault meets running containers, however fast or slow the machine (the size `make test` runs)."""
 
 
 @dataclass
@@ -97,6 +105,8 @@ class Report:
     lost: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0
     home: str = ""
+    adopted: int = 0
+    """Pods a restarted pod runner adopted (their containers had outlived the old runner)."""
 
     @property
     def wrong_terminal(self) -> dict[str, str]:
@@ -111,11 +121,12 @@ class Report:
         lines = [
             f"chaos: {c.runs} runs x {c.iterations} iterations, {sum(self.injected.values())} faults "
             f"in {self.seconds:.0f}s (seed {c.seed})",
-            f"{'FAULT KIND':<20}{'INJECTED':>9}",
+            f"{'FAULT KIND':<20}{'INJECTED':>9}  (scheduled {c.faults} of each)",
             *(f"{kind:<20}{self.injected.get(kind, 0):>9}" for kind in c.kinds),
             f"runs: {len(self.phases)}  wrong terminal states: {len(self.wrong_terminal)}  "
             f"repeated iterations: {sum(len(v) for v in self.repeated.values())}  "
-            f"lost iterations: {sum(len(v) for v in self.lost.values())}",
+            f"lost iterations: {sum(len(v) for v in self.lost.values())}  "
+            f"pods adopted by a restarted runner: {self.adopted}",
         ]
         for name, phase in sorted(self.wrong_terminal.items()):
             lines.append(f"  {name}: {phase}")
@@ -204,6 +215,25 @@ class LocalDefault:
         items = json.loads(body).get("items") or []
         return {i["metadata"]["name"]: (i.get("status") or {}).get("phase") or "Pending" for i in items}
 
+    def all_ended(self, runs: int) -> bool:
+        phases = self.phases()
+        return phases is not None and len(phases) == runs and all(p in TERMINAL for p in phases.values())
+
+    def all_started(self, names: list[str]) -> bool:
+        return all("start 1" in self.claim_log(n) for n in names)
+
+    def release(self, names: list[str]) -> None:
+        for name in names:
+            claim = self.home / "pvc" / NAMESPACE / f"{name}-workspace"
+            claim.mkdir(parents=True, exist_ok=True)
+            (claim / "release").touch()
+
+    def wait_for(self, check: Callable[[], bool], deadline: float, what: str) -> None:
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(1.0)
+
     def claim_log(self, name: str) -> str:
         path = self.home / "pvc" / NAMESPACE / f"{name}-workspace" / "chaos.log"
         return path.read_text() if path.exists() else ""
@@ -220,7 +250,11 @@ def schedule(config: Config) -> list[str]:
     return order
 
 
-def run(config: Config, home: Path, say: Callable[[str], None] = print, keep: bool = False) -> Report:
+def _say(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: bool = False) -> Report:
     report = Report(config, home=str(home))
     env = LocalDefault(home, say)
     started = time.monotonic()
@@ -229,20 +263,30 @@ def run(config: Config, home: Path, say: Callable[[str], None] = print, keep: bo
         env.agentrun("dev", "up")
         names = [f"chaos-{i:03d}" for i in range(config.runs)]
         manifest = "---\n".join(
-            RUN_TEMPLATE.format(name=n, sleep=config.iteration_seconds, iterations=config.iterations)
+            RUN_TEMPLATE.format(
+                name=n,
+                sleep=config.iteration_seconds,
+                iterations=config.iterations,
+                hold="yes" if config.hold else "no",
+            )
             for n in names
         )
         env.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
         say(f"chaos: {len(names)} runs created; injecting {config.faults} faults of each kind")
         deadline = time.monotonic() + config.timeout
         phases: dict[str, str] = {}
-        for kind in schedule(config):
-            if time.monotonic() > deadline:
-                break
+        order = schedule(config)
+        if config.hold:
+            env.wait_for(lambda: env.all_started(names), deadline, "every run's first iteration to run")
+        for kind in order:
+            if time.monotonic() > deadline or (not config.hold and env.all_ended(len(names))):
+                break  # faults are injected while runs are in flight only
             time.sleep(config.gap)
             say(f"chaos: {kind}")
             env.inject(kind, config)
             report.injected[kind] += 1
+        if config.hold:
+            env.release(names)
         while time.monotonic() < deadline:
             seen = env.phases()
             if seen is not None:
@@ -255,6 +299,9 @@ def run(config: Config, home: Path, say: Callable[[str], None] = print, keep: bo
             repeated, lost = iteration_counts(env.claim_log(name), config.iterations)
             report.repeated[name] = repeated
             report.lost[name] = lost
+        runner_log = home / "logs" / "pod-runner.log"
+        if runner_log.exists():
+            report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
     finally:
         report.seconds = time.monotonic() - started
         if not keep:
@@ -275,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=Config.gap, help="seconds between two faults")
     parser.add_argument("--timeout", type=float, default=Config.timeout, help="give up after this long")
     parser.add_argument("--seed", type=int, default=Config.seed)
+    parser.add_argument(
+        "--hold",
+        action="store_true",
+        help="hold runs in iteration 1 until every fault is in (every fault meets running containers)",
+    )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
@@ -292,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         gap=args.gap,
         timeout=args.timeout,
         seed=args.seed,
+        hold=args.hold,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)
