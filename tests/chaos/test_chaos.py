@@ -23,12 +23,12 @@ def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
         pytest.skip(str(exc))
     # Held in iteration 1 until every fault is in: each fault meets running containers (the
     # restarted runner adopts them), however fast or slow this machine is.
-    config = Config(runs=3, iterations=3, faults=1, iteration_seconds=1.0, gap=1.0, timeout=600, hold=True)
+    config = Config(runs=2, iterations=2, faults=1, iteration_seconds=1.0, gap=1.0, timeout=600, hold=True)
     report = run(config, tmp_path / "dev")
     print(report.summary())
     assert sum(report.injected.values()) == len(KINDS), report.summary()
-    assert len(report.phases) == 3
-    assert report.adopted >= 3, report.summary()  # the three held pods, after the runner restart
+    assert len(report.phases) == 2
+    assert report.adopted >= 2, report.summary()  # the two held pods, after the runner restart
     assert report.wrong_terminal == {}, report.summary()
     assert not any(report.repeated.values()), report.summary()
     assert not any(report.lost.values()), report.summary()
