@@ -90,6 +90,40 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_ctl(args: argparse.Namespace) -> int:
+    from agentrun_operator.ctl.main import run_ctl
+
+    return run_ctl(args)
+
+
+def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agentrun_operator.ctl.main import add_arguments
+
+    status = sub.add_parser(
+        "status",
+        help="show a run: phase, conditions, steps, iterations, stop reasons, last control, durations",
+    )
+    add_arguments(status)
+    status.set_defaults(func=_cmd_ctl)
+
+    watch = sub.add_parser(
+        "watch",
+        help="follow a run, one line per change; exit 0 Succeeded, 1 Failed, 2 Cancelled, 3 timeout",
+    )
+    add_arguments(watch)
+    watch.add_argument(
+        "--timeout", type=float, default=0.0, help="give up after this many seconds (exit 3); 0: never"
+    )
+    watch.set_defaults(func=_cmd_ctl)
+
+    cancel = sub.add_parser("cancel", help="cancel a run (Immediate: delete its active Job now)")
+    add_arguments(cancel)
+    cancel.add_argument(
+        "--graceful", action="store_true", help="let the running iteration finish, then start nothing more"
+    )
+    cancel.set_defaults(func=_cmd_ctl)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
@@ -117,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--loops-disabled", action="store_true", help="validate as if loops were switched off")
     val.add_argument("--max-iterations", type=int, default=None, help="the installation's iteration cap")
     val.set_defaults(func=_cmd_validate)
+
+    _add_ctl_commands(sub)
 
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
@@ -157,8 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CLUSTER_COMMANDS = ("status", "watch", "cancel")
+USAGE_ERROR_EXIT = 4
+"""Bad arguments of a cluster command exit 4, not argparse's 2 (which `watch` uses for Cancelled)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+    except SystemExit as exc:
+        if exc.code == 2 and args_list and args_list[0] in CLUSTER_COMMANDS:
+            return USAGE_ERROR_EXIT
+        raise
     return int(args.func(args))
 
 

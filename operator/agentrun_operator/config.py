@@ -33,6 +33,7 @@ class OperatorConfig:
     reporter_image: str = DEFAULT_REPORTER_IMAGE
     job_ttl_seconds_after_recorded: int = 300
     resync_seconds: float = 30.0
+    status_budget_bytes: int = 256 * 1024
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -83,4 +84,5 @@ class OperatorConfig:
             reporter_image=text("REPORTER_IMAGE", DEFAULT_REPORTER_IMAGE),
             job_ttl_seconds_after_recorded=integer("CONTROLLER_JOB_TTL_SECONDS", 300, 0, 7 * 24 * 3600),
             resync_seconds=float(integer("CONTROLLER_RESYNC_SECONDS", 30, 1, 3600)),
+            status_budget_bytes=integer("CONTROLLER_STATUS_BUDGET_BYTES", 256 * 1024, 1024, 1024 * 1024),
         )

@@ -2,8 +2,9 @@
 process, so every pod of every iteration runs real commands on real (bind-mounted) volumes.
 
 The runner and the operator watch only the `e2e` namespace, so they never meet the integration
-tests' fake kubelet (namespace `loops`). PVC claims are directories under the runner's state
-directory: `<state>/pvc/e2e/<claim>/`, which the tests read to check what the iterations left.
+tests' fake kubelet (namespace `loops`). Claims are real PersistentVolumeClaims, bound by the
+controller-manager to volumes the runner's local provisioner creates (directories under its state,
+`<state>/pv/pvc-<claim uid>/`), which the tests read to check what the iterations left.
 """
 
 from __future__ import annotations
@@ -133,6 +134,36 @@ class RunnerProcess:
         return "".join(path.read_text(errors="replace") for path in logs)
 
 
+def bound_claim_dir(plane: ControlPlane, state_dir: Path, namespace: str, claim: str) -> Path:
+    """The directory of the volume bound to `namespace/claim` (waits for the binding); it must lie
+    under the state directory of the runner whose provisioner made it."""
+
+    def bound_volume() -> str | None:
+        code, body = plane.api_get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+        obj = json.loads(body) if code == 200 else {}
+        return (
+            (obj.get("spec") or {}).get("volumeName")
+            if (obj.get("status") or {}).get("phase") == "Bound"
+            else None
+        )
+
+    volume = eventually(bound_volume, timeout=60, what=f"claim {namespace}/{claim} to be bound")
+    code, body = plane.api_get(f"/api/v1/persistentvolumes/{volume}")
+    assert code == 200, (code, body[:300])
+    path = Path(json.loads(body)["spec"]["hostPath"]["path"])
+    assert state_dir in path.parents, f"{path} is not under the runner's state {state_dir}"
+    return path
+
+
+def create_claim(plane: ControlPlane, namespace: str, claim: str, storage_class: str | None = None) -> None:
+    """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    doc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}, "spec": spec}
+    plane.kubectl("apply", "-n", namespace, "-f", "-", input_text=json.dumps(doc))
+
+
 @dataclass
 class LocalDefault:
     """What an e2e test works with."""
@@ -146,7 +177,12 @@ class LocalDefault:
         return self.runner.state_dir
 
     def claim_dir(self, claim: str) -> Path:
-        return self.state_dir / "pvc" / NAMESPACE / claim
+        """The directory of the volume bound to `claim` (waits for the binding)."""
+        return bound_claim_dir(self.plane, self.state_dir, NAMESPACE, claim)
+
+    def create_claim(self, claim: str, storage_class: str | None = None) -> None:
+        """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
+        create_claim(self.plane, NAMESPACE, claim, storage_class)
 
     def apply(self, manifest: str) -> None:
         self.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)

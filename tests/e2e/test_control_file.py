@@ -8,6 +8,16 @@ import re
 from tests.e2e.conftest import LocalDefault, step_status
 
 LOOP = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}-workspace
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
 apiVersion: agents.proompteng.ai/v1alpha1
 kind: AgentRun
 metadata:

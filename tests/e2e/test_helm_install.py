@@ -24,7 +24,15 @@ import yaml
 
 from agentrun_operator.devcluster import processes
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.e2e.conftest import EXAMPLES, TERMINAL, RunnerProcess, eventually, step_status
+from tests.e2e.conftest import (
+    EXAMPLES,
+    TERMINAL,
+    RunnerProcess,
+    bound_claim_dir,
+    create_claim,
+    eventually,
+    step_status,
+)
 from tests.integration.helm import CHART, Helm
 from tests.integration.support import workflow_run
 
@@ -96,6 +104,15 @@ class Release:
         )
 
     # -- runs ------------------------------------------------------------------------------------
+    def claim_dir(self, claim: str) -> Path:
+        return bound_claim_dir(self.plane, self.runner.state_dir, RUNS_NS, claim)
+
+    def apply_run(self, run: dict[str, Any]) -> None:
+        """A run and the claims it mounts, as a user creates them."""
+        for volume in run["spec"]["workload"]["volumes"]:
+            create_claim(self.plane, RUNS_NS, volume["claimName"])
+        self.apply(run)
+
     def apply(self, manifest: dict[str, Any] | str) -> None:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         self.plane.kubectl("apply", "-n", RUNS_NS, "-f", "-", input_text=text)
@@ -188,7 +205,7 @@ def test_the_installed_operator_runs_the_conditional_example(release: Release) -
     assert run["status"]["phase"] == "Succeeded", run["status"]
     loop = step_status(run)["loop"]
     assert (loop["stopReason"], loop["completedIterations"]) == ("LoopConditionFalse", 3)
-    notes = release.runner.state_dir / "pvc" / RUNS_NS / "conditional-loop-workspace" / "notes"
+    notes = release.claim_dir("conditional-loop-workspace") / "notes"
     assert len((notes / "progress.log").read_text().splitlines()) == 3
 
 
@@ -214,7 +231,7 @@ def test_flag_rollout_and_rollback(release: Release) -> None:
     first = release.running_pod("true")
     installed_revision = release.revision()
     # A loop that is running when the flag goes off: it was admitted, so it runs to its end.
-    release.apply(_slow_loop("admitted-loop", iterations=3, seconds=2))
+    release.apply_run(_slow_loop("admitted-loop", iterations=3, seconds=2))
     eventually(
         lambda: (release.run("admitted-loop").get("status") or {}).get("phase") == "Running",
         what="admitted-loop to run",
@@ -225,7 +242,7 @@ def test_flag_rollout_and_rollback(release: Release) -> None:
     assert second["metadata"]["name"] != first["metadata"]["name"], "the Deployment did not roll"
     assert release.revision() == installed_revision + 1
 
-    release.apply(workflow_run("loop-after-off", {"loop": {"maxIterations": 2}}))
+    release.apply_run(workflow_run("loop-after-off", {"loop": {"maxIterations": 2}}))
     refused = release.wait_for_end("loop-after-off")
     assert refused["status"]["phase"] == "Failed", refused["status"]
     assert refused["status"]["reason"] == "WorkflowLoopsDisabled", refused["status"]
@@ -235,19 +252,19 @@ def test_flag_rollout_and_rollback(release: Release) -> None:
         "get", "jobs", "-n", RUNS_NS, "-l", "agents.proompteng.ai/agent-run=loop-after-off", "-o", "name"
     ).strip(), "a refused loop must start no Job"
 
-    release.apply(_no_loop("plain-after-off"))
+    release.apply_run(_no_loop("plain-after-off"))
     plain = release.wait_for_end("plain-after-off")
     assert plain["status"]["phase"] == "Succeeded", plain["status"]
 
     admitted = release.wait_for_end("admitted-loop")
     assert admitted["status"]["phase"] == "Succeeded", admitted["status"]
     assert step_status(admitted)["loop"]["completedIterations"] == 3
-    lines = (release.runner.state_dir / "pvc" / RUNS_NS / "admitted-loop-ws" / "it").read_text().split()
+    lines = (release.claim_dir("admitted-loop-ws") / "it").read_text().split()
     assert lines == ["1", "2", "3"], "each iteration exactly once across the rollout"
 
     release.helm_run("rollback", RELEASE, str(installed_revision))
     release.running_pod("true")
-    release.apply(workflow_run("loop-after-rollback", {"loop": {"maxIterations": 2}}))
+    release.apply_run(workflow_run("loop-after-rollback", {"loop": {"maxIterations": 2}}))
     back = release.wait_for_end("loop-after-rollback")
     assert back["status"]["phase"] == "Succeeded", back["status"]
     assert step_status(back)["loop"]["completedIterations"] == 2
@@ -269,7 +286,7 @@ def test_two_replicas_peer_and_the_standby_takes_over(release: Release) -> None:
         active, standby = eventually(roles, timeout=120, what="one active and one paused replica")
     except AssertionError:
         raise AssertionError(release.diagnostics()) from None
-    release.apply(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
+    release.apply_run(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
     assert release.wait_for_end("ha-first")["status"]["phase"] == "Succeeded"
 
     release.plane.kubectl("delete", "pod", active["metadata"]["name"], "-n", RELEASE_NS, "--wait=false")
@@ -278,7 +295,7 @@ def test_two_replicas_peer_and_the_standby_takes_over(release: Release) -> None:
         timeout=120,
         what="the standby to resume when the active replica is gone",
     )
-    release.apply(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))
+    release.apply_run(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))
     second = release.wait_for_end("ha-second")
     assert second["status"]["phase"] == "Succeeded", second["status"]
     jobs = release.plane.kubectl("get", "jobs", "-n", RUNS_NS, "-o", "name").split()

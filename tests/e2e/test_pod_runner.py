@@ -82,6 +82,7 @@ def test_kubelet_order_env_volumes_and_messages(local_default: LocalDefault) -> 
         "data": {"token": base64.b64encode(b"s3cret").decode()},
     }
     env.apply(yaml.safe_dump(secret))
+    env.create_claim("runner-order")
     order = "/workspace/order.log"
     create_pod(
         env,
@@ -355,3 +356,53 @@ def test_restart_policy_on_failure_restarts_with_back_off(local_default: LocalDe
     assert main["restartCount"] == 1
     assert main["lastState"]["terminated"]["exitCode"] == 2
     assert main["state"]["terminated"]["exitCode"] == 0
+
+
+def test_a_claim_binds_to_a_provisioned_directory_which_is_reclaimed_with_it(
+    local_default: LocalDefault,
+) -> None:
+    """A pod waits for its claim like on a kubelet; the claim binds to a volume of the local
+    provisioner (default StorageClass), the pod writes into it, and deleting the claim reclaims it."""
+    env = local_default
+    create_pod(
+        env,
+        "claim-later",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "command": ["sh", "-c", "echo kept > /data/file.txt"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "arrives-later"}}],
+        },
+    )
+
+    def waiting() -> dict[str, Any] | None:
+        pod = get_pod(env, "claim-later")
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        state = statuses[0]["state"] if statuses else {}
+        return state.get("waiting") if "arrives-later" in json.dumps(state) else None
+
+    state = eventually(waiting, what="the pod to wait for its claim")
+    assert 'persistentvolumeclaim "arrives-later" not found' in state["message"]
+    env.create_claim("arrives-later")
+    pod = wait_terminal(env, "claim-later")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    claim = json.loads(
+        env.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/arrives-later")[1]
+    )
+    assert claim["spec"]["storageClassName"] == "agentrun-local"  # the default class was applied
+    volume_name = claim["spec"]["volumeName"]
+    directory = env.claim_dir("arrives-later")
+    assert (directory / "file.txt").read_text() == "kept\n"
+
+    env.plane.kubectl("delete", "pod", "claim-later", "-n", NAMESPACE, "--wait=true")
+    env.plane.kubectl("delete", "pvc", "arrives-later", "-n", NAMESPACE, "--wait=true", "--timeout=60s")
+    eventually(
+        lambda: env.plane.api_get(f"/api/v1/persistentvolumes/{volume_name}")[0] == 404,
+        what=f"volume {volume_name} to be reclaimed",
+    )
+    assert not directory.exists()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrun_operator.devcluster.controlplane import ControlPlane
 
 
 def eventually(check: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
@@ -36,3 +40,47 @@ def workflow_run(name: str, step: dict[str, Any], **spec: Any) -> dict[str, Any]
             **spec,
         },
     }
+
+
+def bound_claim(plane: ControlPlane, namespace: str, name: str = "ws") -> None:
+    """A PersistentVolumeClaim bound by the controller-manager to a static volume made for it.
+
+    The integration tier has no pod runner (so no local provisioner); the operator only needs the
+    claim to exist and be Bound before it starts a run (the fake kubelet never mounts anything).
+    """
+    volume = f"static-{namespace}-{name}"
+    docs = [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "claimRef": {"namespace": namespace, "name": name},
+                "hostPath": {"path": f"/nonexistent/agentrun-tests/{volume}"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+    for doc in docs:
+        plane.kubectl("apply", "-f", "-", input_text=json.dumps(doc))
+    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+
+    def bound() -> bool:
+        code, body = plane.api_get(path)
+        return code == 200 and json.loads(body).get("status", {}).get("phase") == "Bound"
+
+    eventually(bound, what=f"claim {namespace}/{name} to be bound")

@@ -30,7 +30,7 @@ from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.helm import CHART, RELEASE_NS, Helm
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 
 WATCHED = ["chart-team-a", "chart-team-b"]
 
@@ -340,6 +340,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "pods"): {"list", "watch"},
         ("", "events"): {"create"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
+        ("", "persistentvolumeclaims"): {"get"},
     }
 
 
@@ -380,6 +381,8 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("get", "configmaps"),
         ("create", "serviceaccounts", "--subresource=token"),
         ("create", "persistentvolumeclaims"),
+        ("list", "persistentvolumeclaims"),
+        ("delete", "persistentvolumeclaims"),
         ("update", "agentruns.agents.proompteng.ai"),
         ("patch", "agentruns.agents.proompteng.ai"),
         ("create", "agentruns.agents.proompteng.ai"),
@@ -491,6 +494,7 @@ class Running:
 def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The operator as a process whose only credential is the chart ServiceAccount's token."""
     world = World()
+    bound_claim(installed.plane, installed.run_namespace, "ws")
     driver = KubeletDriver(installed.plane, installed.run_namespace, world.outcome).start()
     env = {
         "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,

@@ -21,7 +21,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import eventually, workflow_run
+from tests.integration.support import bound_claim, eventually, workflow_run
 
 NAMESPACE = "loops"
 HISTORY_LIMIT = 3
@@ -59,6 +59,8 @@ def cluster(
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    for claim in ("ws", "codex-workspace"):  # workflow_run's, and the reference manifests'
+        bound_claim(plane, NAMESPACE, claim)
     driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
     operator = OperatorProcess(
         plane,

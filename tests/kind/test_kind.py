@@ -153,29 +153,10 @@ EXAMPLES = {
 }
 
 
-def _claims(docs: list[dict[str, Any]]) -> set[str]:
-    found = set()
-    for doc in docs:
-        spec = doc.get("spec") or {}
-        workloads = [spec.get("workload") or {}] + [
-            s.get("workload") or {} for s in (spec.get("workflow") or {}).get("steps", [])
-        ]
-        for workload in workloads:
-            found |= {v["claimName"] for v in workload.get("volumes", []) if v.get("type") == "pvc"}
-    return found
-
-
 def _apply_example(kind: Kind, filename: str) -> None:
+    """Every example carries its PersistentVolumeClaim (kind's default StorageClass binds it)."""
     docs = [d for d in yaml.safe_load_all((EXAMPLES_DIR / filename).read_text()) if d]
-    for claim in sorted(_claims(docs)):
-        kind.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}},
-            }
-        )
+    assert any(d.get("kind") == "PersistentVolumeClaim" for d in docs), filename
     for doc in docs:
         kind.apply(doc)
 

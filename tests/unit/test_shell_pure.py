@@ -115,3 +115,45 @@ def test_in_cluster_server_follows_the_pods_service_environment() -> None:
     )
     assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}) is None
     assert in_cluster_server({}) is None
+
+
+def test_claim_names_are_the_pvc_volumes_of_every_step_once() -> None:
+    from agentrun_operator.api.agentrun import parse_agentrun
+    from agentrun_operator.shell.observe import claim_names, claim_phase
+
+    run = parse_agentrun(
+        {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": "r", "namespace": "ns"},
+            "spec": {
+                "workload": {
+                    "image": "busybox",
+                    "volumes": [
+                        {"name": "ws", "type": "pvc", "claimName": "shared", "mountPath": "/workspace"},
+                        {"name": "tmp", "type": "emptyDir", "mountPath": "/scratch"},
+                    ],
+                },
+                "workflow": {
+                    "steps": [
+                        {"name": "a"},
+                        {
+                            "name": "b",
+                            "workload": {
+                                "volumes": [
+                                    {"name": "own", "type": "pvc", "claimName": "own", "mountPath": "/own"},
+                                ]
+                            },
+                        },
+                        {"name": "c"},
+                    ]
+                },
+            },
+        }
+    )
+    assert claim_names(run) == ["shared", "own"]
+    assert claim_phase(None) is None
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {"volumeName": "pv"}}) == "Bound"
+    assert claim_phase({"status": {"phase": "Bound"}, "spec": {}}) == "Pending"
+    assert claim_phase({"status": {}}) == "Pending"
+    assert claim_phase({"status": {"phase": "Lost"}, "spec": {"volumeName": "pv"}}) == "Lost"

@@ -98,6 +98,11 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create"]
+# The PersistentVolumeClaims a run mounts: read (never changed) before the first Job, to fail a
+# missing one and to wait for an unbound one.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
 {{- if include "agentrun-operator.peering" $root }}
 # kopf peering: watch the peering object and patch this pod's keep-alive into it.
 - apiGroups: ["kopf.dev"]

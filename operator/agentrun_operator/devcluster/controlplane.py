@@ -43,6 +43,12 @@ CONTROLLERS = (
     "endpoints-controller",
     "endpointslice-controller",
     "root-ca-certificate-publisher-controller",
+    # PersistentVolumeClaims bind as on a cluster: the binder pairs claims with the volumes the local
+    # provisioner creates (devcluster/provisioner.py); the protection controllers lift the finalizers
+    # the apiserver puts on both, so deleting a claim (and then its volume) completes.
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
 )
 _PORT_ATTEMPTS = 5
 _PORT_FIELDS = {

@@ -2,8 +2,9 @@
 
 State lives under `~/.agentrun/dev` (or `$AGENTRUN_DEV_HOME`); tools come from the shared cache.
 Every component is a detached process with a pid file under `<home>/run/`, so `up` is idempotent and
-`down` (from any shell) stops them all. The pod runner keeps its pods' files, logs and the PVC
-directories under `<home>/pods/` and `<home>/pvc/`.
+`down` (from any shell) stops them all. The pod runner keeps its pods' files and logs under
+`<home>/pods/`, and its local provisioner the volumes bound to PersistentVolumeClaims under
+`<home>/pv/` (one directory per volume, removed when its claim is deleted).
 """
 
 from __future__ import annotations
@@ -359,6 +360,19 @@ def _show_files(root: Path, limit: int = 2048) -> None:
         print(text.rstrip("\n") + ("\n  …" if len(data) > limit else ""))
 
 
+def _claim_directory(plane: ControlPlane, namespace: str, claim: str) -> Path | None:
+    """The directory of the local volume bound to `claim`, if it is bound to one."""
+    from agentrun_operator.devcluster.provisioner import local_path
+
+    code, body = plane.api_get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+    volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
+    if not volume:
+        return None
+    code, body = plane.api_get(f"/api/v1/persistentvolumes/{volume}")
+    path = local_path(json.loads(body)) if code == 200 else None
+    return Path(path) if path else None
+
+
 def run_example(
     manifest: Path, namespace: str = "default", timeout: float = 300.0, fresh: bool = True
 ) -> int:
@@ -392,8 +406,11 @@ def run_example(
                     "--timeout=120s",
                     "--ignore-not-found",
                 )
+        # The claims too (their volumes, and files, are reclaimed), so the example starts afresh.
         for claim in claims:
-            shutil.rmtree(plane.home / "pvc" / namespace / claim, ignore_errors=True)
+            plane.kubectl(
+                "delete", "pvc", claim, "-n", namespace, "--wait=true", "--timeout=120s", "--ignore-not-found"
+            )
     _say(plane.kubectl("apply", "-n", namespace, "-f", str(manifest)).rstrip())
     print(f"{'NAME':<40} {'PHASE':<10} {'STEP':<12} {'ITERATION':<9} REASON", flush=True)
     deadline = time.monotonic() + timeout
@@ -439,7 +456,10 @@ def run_example(
                     f"{it.get('message') or ''}".rstrip()
                 )
     for claim in claims:
-        root = plane.home / "pvc" / namespace / claim
+        root = _claim_directory(plane, namespace, claim)
+        if root is None:
+            print(f"\nPVC {claim}: not bound to a volume of the local provisioner (nothing to show)")
+            continue
         print(f"\nfiles the iterations left on PVC {claim} ({root}):")
         _show_files(root)
     if len(final) < len(runs):

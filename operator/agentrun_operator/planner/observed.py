@@ -81,6 +81,8 @@ class Observed:
     implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     # PVC claim names that exist in the namespace (None: not checked).
     pvc_names: frozenset[str] | None = None
+    # Of those, the claims not bound to a volume yet, with their phase (e.g. {"ws": "Pending"}).
+    pvc_unbound: dict[str, str] = field(default_factory=dict)
 
     def pods_of(self, job_name: str) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.job_name == job_name)

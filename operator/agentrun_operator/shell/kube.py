@@ -186,6 +186,17 @@ class Kube:
         if status not in (200, 404):
             raise KubeError(status, resp, f"set ttl of job {name}")
 
+    # -- PersistentVolumeClaims (read only) -----------------------------------------------------
+    async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        status, body = await self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+        )
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(status, body, f"get persistentvolumeclaim {name}")
+        return body
+
     # -- Leases (idempotency claims) -----------------------------------------------------------
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

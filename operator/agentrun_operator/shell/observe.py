@@ -10,8 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from agentrun_operator import naming
+from agentrun_operator.api import AgentRun
 from agentrun_operator.jobs.builder import MAIN_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
+from agentrun_operator.planner.resolution import effective_steps, effective_workload
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -107,3 +109,26 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         main_message=message,
         finished_at=finished_at,
     )
+
+
+def claim_names(run: AgentRun) -> list[str]:
+    """The PersistentVolumeClaims the run's pods would mount: every `pvc` volume of every step's
+    effective workload (a step's volumes replace the run's), each name once, in spec order."""
+    names: list[str] = []
+    for step in effective_steps(run):
+        workload = effective_workload(run.spec.workload, step.workload)
+        for volume in workload.volumes or []:
+            if volume.type == "pvc" and volume.claim_name and volume.claim_name not in names:
+                names.append(volume.claim_name)
+    return names
+
+
+def claim_phase(claim: dict[str, Any] | None) -> str | None:
+    """`Bound`, `Pending`, `Lost`… of a PersistentVolumeClaim object; None when it does not exist."""
+    if claim is None:
+        return None
+    status = claim.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    if phase == "Bound" and not (claim.get("spec") or {}).get("volumeName"):
+        return "Pending"
+    return phase

@@ -38,7 +38,7 @@ from agentrun_operator.planner.observed import IdempotencyClaim, Observed
 from agentrun_operator.planner.plan import plan
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.kube import Kube, KubeError
-from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+from agentrun_operator.shell.observe import claim_names, claim_phase, job_from_k8s, pod_from_k8s
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -148,6 +148,23 @@ class Reconciler:
                     holder_phase=holder_phase,
                     holder_gone=holder_gone,
                 )
+        pvc_names: frozenset[str] | None = None
+        pvc_unbound: dict[str, str] = {}
+        if run.status is None or run.status.started_at is None:
+            # Claims matter before the first Job (missing: InvalidSpec; unbound: wait); afterwards
+            # every iteration mounts the same claims, so a running run does not read them again.
+            names = claim_names(run)
+            try:
+                claims = await asyncio.gather(*(self.kube.get_pvc(ns, n) for n in names))
+            except KubeError as exc:
+                if exc.status != 403:
+                    raise
+                # An installation whose RBAC predates the check: run without it, as before.
+                log.warning("cannot read PersistentVolumeClaims (grant get on them): %s", exc)
+            else:
+                found = {n: claim_phase(c) for n, c in zip(names, claims, strict=True) if c is not None}
+                pvc_names = frozenset(found)
+                pvc_unbound = {n: str(phase) for n, phase in found.items() if phase != "Bound"}
         return Observed(
             jobs=observed.jobs,
             pods=observed.pods,
@@ -156,6 +173,8 @@ class Reconciler:
             agents=agents,
             providers=providers,
             implementation_specs=impls,
+            pvc_names=pvc_names,
+            pvc_unbound=pvc_unbound,
         )
 
     async def reconcile(self, namespace: str, name: str) -> ReconcileResult:

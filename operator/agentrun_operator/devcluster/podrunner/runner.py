@@ -8,7 +8,8 @@ makes a Job's `activeDeadlineSeconds` and a cancel work through the real control
 
 Nothing is written outside the state directory:
 
-    <state>/pvc/<namespace>/<claim>/          a PersistentVolumeClaim's files (kept across pods)
+    <state>/pv/<pv-name>/                     a PersistentVolume of the local provisioner (a claim's
+                                              files, kept across pods until the claim is deleted)
     <state>/pods/<namespace>/<pod>/<uid>/     pod.json, tmp/, volumes/<name>/,
                                               containers/<name>/termination-log, logs/<name>/<n>.log
     <state>/run/pod-runner.health.json        the heartbeat `agentrun dev status` reads
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agentrun_operator.devcluster import provisioner
 from agentrun_operator.devcluster.podrunner import adopt
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
@@ -110,8 +112,10 @@ class Layout:
     def health_file(self) -> Path:
         return self.run_dir / HEALTH_FILE
 
-    def claim_dir(self, namespace: str, claim: str) -> Path:
-        return self.root / "pvc" / namespace / claim
+    @property
+    def volumes_root(self) -> Path:
+        """The local provisioner's volumes live under here (and only these are mounted for claims)."""
+        return self.root / "pv"
 
     def pods_dir(self, namespace: str, name: str) -> Path:
         return self.root / "pods" / namespace / name
@@ -551,9 +555,7 @@ class PodWorker:
 
     def _volume_dir(self, volume: S.Volume) -> Path:
         if volume.kind == "persistentVolumeClaim":
-            path = self.runner.layout.claim_dir(self.namespace, volume.claim)
-            path.mkdir(parents=True, exist_ok=True)
-            return path
+            return self.runner.claim_volume_dir(self.namespace, volume.claim)
         path = self.dir / "volumes" / volume.name
         if volume.kind == "emptyDir":
             path.mkdir(parents=True, exist_ok=True)
@@ -1026,6 +1028,7 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.provisioner = provisioner.LocalProvisioner(self.api, config.state_dir, config.namespaces)
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
         self.network_unavailable = isolation_unavailable()
@@ -1072,6 +1075,28 @@ class PodRunner:
         return str((answer.get("status") or {}).get("token", ""))
 
     # -- node -----------------------------------------------------------------------------------
+    def claim_volume_dir(self, namespace: str, claim: str) -> Path:
+        """The directory of the volume bound to a claim, as the kubelet would mount it (or wait)."""
+        obj = self.api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+        if obj is None:
+            raise S.ContainerConfigError(f'persistentvolumeclaim "{claim}" not found')
+        volume_name = (obj.get("spec") or {}).get("volumeName")
+        phase = (obj.get("status") or {}).get("phase") or "Pending"
+        if phase != "Bound" or not volume_name:
+            raise S.ContainerConfigError(f'persistentvolumeclaim "{claim}" is not bound yet (phase {phase})')
+        volume = self.api.get(f"/api/v1/persistentvolumes/{volume_name}")
+        if volume is None:
+            raise S.ContainerConfigError(f'persistentvolume "{volume_name}" of claim "{claim}" not found')
+        path = provisioner.local_path(volume)
+        if not provisioner.is_under(path, self.layout.volumes_root):
+            raise S.ContainerConfigError(
+                f'persistentvolume "{volume_name}" of claim "{claim}" is not a directory of the local '
+                f"provisioner (under {self.layout.volumes_root}); the local pod runner mounts only those"
+            )
+        directory = Path(str(path))
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
     def register_node(self) -> None:
         name = self.config.node_name
         now = now_rfc3339()
@@ -1242,6 +1267,9 @@ class PodRunner:
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Register the node, watch and run pods until `stop()` (or SIGTERM via the CLI)."""
         self.register_node()
+        threading.Thread(
+            target=self.provisioner.run, args=(self.stopping,), daemon=True, name="provisioner"
+        ).start()
         targets: list[str | None] = list(self.config.namespaces) or [None]
         for ns in targets:
             self.watching[ns or "*"] = False
@@ -1266,6 +1294,7 @@ class PodRunner:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.provisioner.stop()
 
     def _shutdown(self) -> None:
         with self.lock:

@@ -1,0 +1,71 @@
+"""Entry of `agentrun status | watch | cancel`: connect, run the command, turn failures into one line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import TextIO
+
+import aiohttp
+
+from agentrun_operator.ctl import commands, render
+from agentrun_operator.ctl.connect import CtlError, Target, connect
+
+
+def wants_colour(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never with NO_COLOR or TERM=dumb (CI logs get plain text)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(
+        isatty is not None
+        and isatty()
+        and not os.environ.get("NO_COLOR")
+        and os.environ.get("TERM", "") != "dumb"
+    )
+
+
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    target: Target | None = None
+    try:
+        target = await connect(args.kubeconfig, args.context, args.namespace)
+        output = args.output or ""
+        if args.command == "status":
+            return await commands.status(target, args.name, output, wants_colour(out), out)
+        if args.command == "watch":
+            return await commands.watch(target, args.name, output, wants_colour(out), args.timeout, out, err)
+        if args.command == "cancel":
+            return await commands.cancel(target, args.name, args.graceful, output, out)
+        raise AssertionError(args.command)
+    except aiohttp.ClientError as exc:
+        server = target.server if target is not None else "the API server"
+        raise CtlError(f"cannot reach the API server at {server}: {exc}") from None
+    finally:
+        if target is not None:
+            await target.api.close()
+
+
+def run_ctl(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        return asyncio.run(_run(args, out, err))
+    except CtlError as exc:
+        err.write(f"agentrun {args.command}: {exc}\n")
+        return render.EXIT_ERROR
+    except KeyboardInterrupt:
+        err.write(f"agentrun {args.command}: interrupted\n")
+        return 130
+    except Exception as exc:  # one line, never a traceback; the type says where to look
+        err.write(f"agentrun {args.command}: unexpected {type(exc).__name__}: {exc}\n")
+        return render.EXIT_ERROR
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, output: bool = True) -> None:
+    """The flags every command that talks to a cluster takes, named as kubectl names them."""
+    parser.add_argument("name", metavar="NAME", help="the AgentRun's name")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current context)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    if output:
+        parser.add_argument("-o", "--output", choices=["json", "yaml"], help="print the AgentRun object")

@@ -1,0 +1,338 @@
+"""What `agentrun status` and `agentrun watch` print, as pure functions of AgentRun objects (dicts).
+
+No I/O and no clock: the caller passes `now` (durations of running things) and whether colour is
+wanted (only on a terminal, never with NO_COLOR), so every rendering is checked by golden files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import yaml
+
+TERMINAL_PHASES: Final = ("Succeeded", "Failed", "Cancelled")
+
+EXIT_SUCCEEDED: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_CANCELLED: Final = 2
+EXIT_TIMEOUT: Final = 3
+EXIT_ERROR: Final = 4
+"""A command that could not do its job (not found, forbidden, no credentials, bad arguments)."""
+
+_EXIT_BY_PHASE: Final = {"Succeeded": EXIT_SUCCEEDED, "Failed": EXIT_FAILED, "Cancelled": EXIT_CANCELLED}
+
+_COLOURS: Final = {
+    "Succeeded": "32",  # green
+    "Failed": "31",  # red
+    "Cancelled": "33",  # yellow
+    "Retrying": "33",
+    "Running": "36",  # cyan
+}
+
+MAX_CONTROL_CHARS: Final = 300
+MAX_MESSAGE_CHARS: Final = 200
+
+
+def exit_code(phase: str | None) -> int | None:
+    """The exit code of `watch` for a finished run (0 Succeeded, 1 Failed, 2 Cancelled); None if running."""
+    return _EXIT_BY_PHASE.get(phase or "")
+
+
+def is_finished(run: Mapping[str, Any]) -> bool:
+    return status_of(run).get("phase") in TERMINAL_PHASES
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def status_of(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = run.get("status")
+    return status if isinstance(status, Mapping) else {}
+
+
+def _steps(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    workflow = status_of(run).get("workflow")
+    steps = workflow.get("steps") if isinstance(workflow, Mapping) else None
+    return [s for s in steps or [] if isinstance(s, Mapping)]
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def format_duration(seconds: float) -> str:
+    """`850ms`, `12s`, `3m04s`, `2h05m` — the precision a person reading progress wants."""
+    if seconds < 0:
+        seconds = 0
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{int(seconds)}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def _duration(started: Any, finished: Any, now: datetime) -> str:
+    start = _parse_time(started)
+    if start is None:
+        return "-"
+    end = _parse_time(finished) or now
+    text = format_duration((end - start).total_seconds())
+    return text if _parse_time(finished) else f"{text}+"
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def paint(text: str, phase: str | None, colour: bool) -> str:
+    """`text` in the colour of `phase` when `colour` (a terminal); unchanged otherwise."""
+    code = _COLOURS.get(phase or "")
+    return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "") -> list[str]:
+    rows = [list(r) for r in rows]
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in [list(header), *rows]:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _iteration_column(step: Mapping[str, Any]) -> str:
+    loop = step.get("loop")
+    if not isinstance(loop, Mapping):
+        return "-"
+    return f"{loop.get('currentIteration', 0)}/{loop.get('maxIterations', '?')}"
+
+
+# ----------------------------------------------------------------------------------- status
+
+
+def render_status(run: Mapping[str, Any], now: datetime, colour: bool = False) -> str:
+    """The human view of one run: phase, conditions, a row per step, each loop's iterations."""
+    meta = run.get("metadata") or {}
+    status = status_of(run)
+    phase = str(status.get("phase") or "Pending")
+    lines = [f"AgentRun {meta.get('name')} (namespace {meta.get('namespace')})"]
+    headline = paint(phase, phase, colour)
+    if status.get("reason"):
+        headline += f" ({status['reason']})"
+    lines.append(f"Phase:       {headline}")
+    if status.get("message"):
+        lines.append(f"Message:     {_clip(str(status['message']), 4 * MAX_MESSAGE_CHARS)}")
+    if status.get("startedAt"):
+        ended = f", finished {status['finishedAt']}" if status.get("finishedAt") else ""
+        took = _duration(status.get("startedAt"), status.get("finishedAt"), now)
+        lines.append(f"Started:     {status['startedAt']}{ended} ({took})")
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    if conditions:
+        shown = ", ".join(
+            f"{c.get('type')}={c.get('status')}" + (f" ({c['reason']})" if c.get("reason") else "")
+            for c in conditions
+        )
+        lines.append(f"Conditions:  {shown}")
+    steps = _steps(run)
+    if not steps:
+        return "\n".join(lines) + "\n"
+    lines.append("")
+    rows = []
+    for step in steps:
+        loop = step.get("loop") if isinstance(step.get("loop"), Mapping) else {}
+        step_phase = str(step.get("phase") or "Pending")
+        rows.append(
+            [
+                str(step.get("name")),
+                step_phase,
+                _iteration_column(step),
+                str(step.get("attempt") or "-"),
+                str((loop or {}).get("stopReason") or step.get("reason") or "-"),
+                _duration(step.get("startedAt"), step.get("finishedAt"), now),
+            ]
+        )
+    table = _table(["STEP", "PHASE", "ITERATION", "ATTEMPT", "STOP REASON", "DURATION"], rows)
+    lines.append(table[0])
+    for row, line in zip(rows, table[1:], strict=True):
+        lines.append(line.replace(row[1], paint(row[1], row[1], colour), 1) if colour else line)
+    for step in steps:
+        lines.extend(_step_details(step, now))
+    return "\n".join(lines) + "\n"
+
+
+def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
+    name = step.get("name")
+    loop = step.get("loop")
+    lines: list[str] = []
+    if step.get("message"):
+        lines.append(f"  message: {_clip(str(step['message']), 2 * MAX_MESSAGE_CHARS)}")
+    if isinstance(loop, Mapping):
+        records = [r for r in loop.get("iterations") or [] if isinstance(r, Mapping)]
+        pruned = int(loop.get("prunedIterations") or 0)
+        done = loop.get("completedIterations", 0)
+        lines.append(f"  iterations: {done} completed, {len(records)} kept, {pruned} pruned")
+        rows = [
+            [
+                str(r.get("index")),
+                str(r.get("phase")),
+                str(r.get("attempts", 0)),
+                _duration(r.get("startedAt"), r.get("finishedAt"), now),
+                _clip(str(r.get("message") or ""), MAX_MESSAGE_CHARS),
+            ]
+            for r in records
+        ]
+        if rows:
+            lines.extend(_table(["#", "PHASE", "ATTEMPTS", "DURATION", "MESSAGE"], rows, indent="    "))
+        if loop.get("lastControl") is not None:
+            lines.append(f"  last control: {_clip(_compact_json(loop['lastControl']), MAX_CONTROL_CHARS)}")
+    elif step.get("control") is not None:
+        lines.append(f"  control: {_clip(_compact_json(step['control']), MAX_CONTROL_CHARS)}")
+    if not lines:
+        return []
+    return ["", f"{name}:", *lines]
+
+
+def render_object(run: Mapping[str, Any], output: str) -> str:
+    """`-o json` / `-o yaml`: the AgentRun object as the API server returned it."""
+    if output == "json":
+        return json.dumps(run, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+    return str(yaml.safe_dump(dict(run), sort_keys=False, allow_unicode=True))
+
+
+# ----------------------------------------------------------------------------------- watch
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What `watch` compares between two observations of a run, to print only what changed."""
+
+    run: tuple[str, str]
+    steps: dict[str, tuple[str, str, str]]
+    iterations: dict[tuple[str, int], tuple[str, int]]
+
+
+def snapshot(run: Mapping[str, Any]) -> Snapshot:
+    status = status_of(run)
+    steps: dict[str, tuple[str, str, str]] = {}
+    iterations: dict[tuple[str, int], tuple[str, int]] = {}
+    for step in _steps(run):
+        name = str(step.get("name"))
+        loop = step.get("loop") if isinstance(step.get("loop"), Mapping) else None
+        stop = str((loop or {}).get("stopReason") or step.get("reason") or "")
+        steps[name] = (str(step.get("phase") or "Pending"), stop, str(step.get("attempt") or ""))
+        for record in (loop or {}).get("iterations") or []:
+            if isinstance(record, Mapping) and isinstance(record.get("index"), int):
+                iterations[(name, record["index"])] = (
+                    str(record.get("phase")),
+                    int(record.get("attempts") or 0),
+                )
+    run_state = (str(status.get("phase") or "Pending"), str(status.get("reason") or ""))
+    return Snapshot(run_state, steps, iterations)
+
+
+def progress_lines(
+    previous: Mapping[str, Any] | None, current: Mapping[str, Any], now: datetime, colour: bool = False
+) -> list[str]:
+    """One line per change from `previous` to `current` (all of `current` when `previous` is None).
+
+    Changes are reported run first, then per step: the step's phase, then each iteration that
+    appeared or changed (so every retained iteration is printed at least once when it ends).
+    """
+    before = snapshot(previous) if previous is not None else Snapshot(("", ""), {}, {})
+    after = snapshot(current)
+    stamp = now.astimezone(UTC).strftime("%H:%M:%S")
+    status = status_of(current)
+    lines: list[str] = []
+    finished = after.run[0] in TERMINAL_PHASES
+    for step in _steps(current):
+        lines.extend(_step_changes(step, before, after, now, colour))
+    run_line = None
+    if after.run != before.run:
+        phase, reason = after.run
+        run_line = f"run {paint(phase, phase, colour)}" + (f" ({reason})" if reason else "")
+        message = status.get("message")
+        if message and (finished or phase == "Pending"):
+            run_line += f": {_clip(str(message), 2 * MAX_MESSAGE_CHARS)}"
+        if finished and status.get("startedAt"):
+            run_line += f" after {_duration(status.get('startedAt'), status.get('finishedAt'), now)}"
+    # A run that starts is announced before its steps; a run that ends after them.
+    if run_line is not None:
+        lines = [*lines, run_line] if finished else [run_line, *lines]
+    return [f"{stamp} {line}" for line in lines]
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _step_changes(
+    step: Mapping[str, Any], before: Snapshot, after: Snapshot, now: datetime, colour: bool
+) -> list[str]:
+    name = str(step.get("name"))
+    lines: list[str] = []
+    loop = step.get("loop") if isinstance(step.get("loop"), Mapping) else None
+    maximum = (loop or {}).get("maxIterations", "?")
+    old, new = before.steps.get(name), after.steps[name]
+    phase, stop, attempt = new
+    changed = old is None or old[0] != phase or (old[2] != attempt and loop is None)
+    if changed and not (old is None and phase == "Pending"):
+        line = f"step {name}: {paint(phase, phase, colour)}"
+        if loop is None and attempt and phase in ("Running", "Retrying"):
+            line += f" (attempt {attempt})"
+        if phase in TERMINAL_PHASES or phase == "Skipped":
+            line += f" ({stop})" if stop else ""
+            if step.get("message"):
+                line += f": {_clip(str(step['message']), MAX_MESSAGE_CHARS)}"
+        lines.append(line)
+    step_line = lines.pop() if lines else None
+    if step_line is not None and phase not in (*TERMINAL_PHASES, "Skipped"):
+        lines.append(step_line)  # a step that starts comes before its iterations, one that ends after
+        step_line = None
+    records = [r for r in (loop or {}).get("iterations") or [] if isinstance(r, Mapping)]
+    succeeded = [r.get("index") for r in records if r.get("phase") == "Succeeded"]
+    newest = succeeded[-1] if succeeded else None  # lastControl is the newest successful one's
+    for record in records:
+        index = record.get("index")
+        if not isinstance(index, int):
+            continue
+        key = (name, index)
+        now_state = after.iterations[key]
+        if before.iterations.get(key) == now_state:
+            continue
+        rec_phase, attempts = now_state
+        line = f"step {name} iteration {index}/{maximum}: {paint(rec_phase, rec_phase, colour)}"
+        if rec_phase in ("Running", "Retrying"):
+            line += f" (attempt {attempts})"
+        else:
+            line += f" ({_plural(attempts, 'attempt')}"
+            if record.get("finishedAt"):
+                line += f", {_duration(record.get('startedAt'), record.get('finishedAt'), now)}"
+            line += ")"
+        if rec_phase in ("Failed", "Retrying", "Cancelled") and record.get("message"):
+            line += f": {_clip(str(record['message']), MAX_MESSAGE_CHARS)}"
+        if rec_phase == "Succeeded" and index == newest and (loop or {}).get("lastControl") is not None:
+            line += f"; control {_clip(_compact_json((loop or {})['lastControl']), MAX_CONTROL_CHARS)}"
+        lines.append(line)
+    if step_line is not None:
+        lines.append(step_line)
+    return lines

@@ -1,0 +1,190 @@
+"""AgentRun objects (as the API server returns them) at the moments the CLI renders them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+META = {
+    "name": "conditional-loop",
+    "namespace": "e2e",
+    "uid": "u-1",
+    "resourceVersion": "10",
+    "generation": 1,
+}
+
+
+def _iteration(
+    index: int, phase: str, start: str, end: str | None = None, attempts: int = 1
+) -> dict[str, Any]:
+    record: dict[str, Any] = {"index": index, "phase": phase, "attempts": attempts, "startedAt": start}
+    if end:
+        record["finishedAt"] = end
+    record["jobRef"] = {"name": f"conditional-loop-step-1-iter-{index}-attempt-{attempts}"}
+    return record
+
+
+def conditional(stage: int) -> dict[str, Any]:
+    """The conditional-loop example at `stage` 0 (just created) .. 5 (Succeeded after 3 iterations)."""
+    run: dict[str, Any] = {"apiVersion": "agents.proompteng.ai/v1alpha1", "kind": "AgentRun"}
+    run["metadata"] = dict(META)
+    if stage == 0:
+        return run
+    iterations = [_iteration(1, "Running", "2026-11-23T10:00:01Z")]
+    loop: dict[str, Any] = {"currentIteration": 1, "completedIterations": 0, "maxIterations": 8}
+    if stage >= 2:
+        iterations = [
+            _iteration(1, "Succeeded", "2026-11-23T10:00:01Z", "2026-11-23T10:00:04Z"),
+            _iteration(2, "Running", "2026-11-23T10:00:04Z"),
+        ]
+        loop.update(currentIteration=2, completedIterations=1, lastControl={"continue": True})
+    if stage >= 3:
+        iterations[1] = _iteration(2, "Succeeded", "2026-11-23T10:00:04Z", "2026-11-23T10:00:07Z")
+        iterations.append(_iteration(3, "Running", "2026-11-23T10:00:07Z"))
+        loop.update(currentIteration=3, completedIterations=2)
+    if stage >= 4:
+        iterations[2] = _iteration(3, "Succeeded", "2026-11-23T10:00:07Z", "2026-11-23T10:00:10Z")
+        loop.update(
+            completedIterations=3,
+            stopReason="LoopConditionFalse",
+            lastControl={"continue": False, "outputs": {"iteration": 3, "notes": 3}},
+        )
+    loop.update(iterations=iterations, retainedIterations=len(iterations), prunedIterations=0)
+    step: dict[str, Any] = {
+        "name": "implement",
+        "phase": "Running",
+        "attempt": 1,
+        "startedAt": "2026-11-23T10:00:01Z",
+        "loop": loop,
+    }
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "observedGeneration": 1,
+        "startedAt": "2026-11-23T10:00:01Z",
+        "currentStep": "implement",
+        "iteration": f"{loop['currentIteration']}/8",
+        "workflow": {"phase": "Running", "steps": [step]},
+        "conditions": [
+            _cond("Ready", "False", "Running", "step implement: iteration running"),
+            _cond("Succeeded", "Unknown", "Running", "the run is in progress"),
+        ],
+    }
+    if stage >= 4:
+        step.update(phase="Succeeded", finishedAt="2026-11-23T10:00:10Z", reason="LoopConditionFalse")
+        step["message"] = "iteration 3: condition expression is false"
+        status.update(
+            phase="Succeeded",
+            reason="Completed",
+            message="all 1 steps finished",
+            finishedAt="2026-11-23T10:00:10Z",
+        )
+        status["workflow"]["phase"] = "Succeeded"
+        status["conditions"] = [
+            _cond("Ready", "True", "Completed", "all 1 steps finished"),
+            _cond("Succeeded", "True", "Completed", "all 1 steps finished"),
+        ]
+    run["status"] = status
+    return copy.deepcopy(run)
+
+
+def _cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": 1,
+        "lastTransitionTime": "2026-11-23T10:00:01Z",
+    }
+
+
+def invalid() -> dict[str, Any]:
+    message = (
+        "spec.workload.volumes[0].claimName: PersistentVolumeClaim 'missing-ws' does not exist in the "
+        "namespace (value: 'missing-ws'; fix: create the PersistentVolumeClaim 'missing-ws', or name an "
+        "existing one; see docs/concepts.md#references)"
+    )
+    return {
+        "metadata": {**META, "name": "no-claim"},
+        "status": {
+            "phase": "Failed",
+            "reason": "InvalidSpec",
+            "message": message,
+            "finishedAt": "2026-11-23T10:00:31Z",
+            "workflow": {
+                "phase": "Failed",
+                "steps": [
+                    {
+                        "name": "implement",
+                        "phase": "Pending",
+                        "attempt": 0,
+                        "message": "not started: the run failed (InvalidSpec)",
+                    }
+                ],
+            },
+            "conditions": [
+                _cond("InvalidSpec", "True", "InvalidSpec", message),
+                _cond("Ready", "False", "InvalidSpec", message),
+                _cond("Succeeded", "False", "InvalidSpec", message),
+                _cond("Stalled", "True", "InvalidSpec", message),
+            ],
+        },
+    }
+
+
+def cancelled() -> dict[str, Any]:
+    """Two steps: a plain step that succeeded with a control object, a loop cancelled gracefully."""
+    return {
+        "metadata": {**META, "name": "plan-and-work"},
+        "spec": {"cancel": "Graceful"},
+        "status": {
+            "phase": "Cancelled",
+            "reason": "Cancelled",
+            "message": "cancelled (Graceful)",
+            "startedAt": "2026-11-23T10:00:00Z",
+            "finishedAt": "2026-11-23T10:02:05Z",
+            "workflow": {
+                "phase": "Cancelled",
+                "steps": [
+                    {
+                        "name": "plan",
+                        "phase": "Succeeded",
+                        "attempt": 1,
+                        "startedAt": "2026-11-23T10:00:00Z",
+                        "finishedAt": "2026-11-23T10:00:02Z",
+                        "control": {"targets": ["a", "b"]},
+                    },
+                    {
+                        "name": "work",
+                        "phase": "Cancelled",
+                        "attempt": 2,
+                        "reason": "LoopCancelled",
+                        "startedAt": "2026-11-23T10:00:02Z",
+                        "finishedAt": "2026-11-23T10:02:05Z",
+                        "message": "cancelled (Graceful) after iteration 2",
+                        "loop": {
+                            "currentIteration": 2,
+                            "completedIterations": 1,
+                            "maxIterations": 20,
+                            "stopReason": "LoopCancelled",
+                            "retainedIterations": 2,
+                            "prunedIterations": 0,
+                            "iterations": [
+                                _iteration(1, "Succeeded", "2026-11-23T10:00:02Z", "2026-11-23T10:01:00Z"),
+                                {
+                                    **_iteration(
+                                        2, "Failed", "2026-11-23T10:01:00Z", "2026-11-23T10:02:05Z", 2
+                                    ),
+                                    "message": "attempt 2: container main exited 1",
+                                },
+                            ],
+                        },
+                    },
+                ],
+            },
+            "conditions": [
+                _cond("Ready", "False", "Cancelled", "cancelled (Graceful)"),
+                _cond("Succeeded", "False", "Cancelled", "cancelled (Graceful)"),
+            ],
+        },
+    }

@@ -1,0 +1,96 @@
+"""The CLI's rendering, against golden files (AGENTRUN_UPDATE_GOLDEN=1 rewrites them; review the diff)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrun_operator.ctl import render
+from tests.unit.ctl import runs
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+NOW = datetime(2026, 11, 23, 10, 0, 12, tzinfo=UTC)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("AGENTRUN_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with AGENTRUN_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"rendering differs from {path}"
+
+
+@pytest.mark.parametrize(
+    ("golden", "run"),
+    [
+        ("status-running.txt", runs.conditional(3)),
+        ("status-succeeded.txt", runs.conditional(5)),
+        ("status-invalid.txt", runs.invalid()),
+        ("status-cancelled.txt", runs.cancelled()),
+        ("status-created.txt", runs.conditional(0)),
+    ],
+)
+def test_status_table(golden: str, run: dict[str, object]) -> None:
+    check_golden(golden, render.render_status(run, NOW))
+
+
+def test_watch_prints_each_change_once_and_every_iteration() -> None:
+    lines: list[str] = []
+    previous = None
+    for stage in range(6):
+        current = runs.conditional(stage)
+        lines.extend(render.progress_lines(previous, current, NOW))
+        previous = current
+    text = "\n".join(lines) + "\n"
+    check_golden("watch-conditional.txt", text)
+    for index in (1, 2, 3):
+        assert sum(f"iteration {index}/8: Succeeded" in line for line in lines) == 1
+    assert lines[-1].endswith("after 9s")
+
+
+def test_watch_of_a_finished_run_prints_its_whole_story() -> None:
+    check_golden("watch-cancelled.txt", "\n".join(render.progress_lines(None, runs.cancelled(), NOW)) + "\n")
+
+
+def test_an_unchanged_observation_prints_nothing() -> None:
+    run = runs.conditional(3)
+    assert render.progress_lines(run, json.loads(json.dumps(run)), NOW) == []
+
+
+def test_no_control_codes_without_colour_and_colour_only_when_asked() -> None:
+    plain = render.render_status(runs.conditional(5), NOW, colour=False)
+    assert "\x1b" not in plain
+    coloured = render.render_status(runs.conditional(5), NOW, colour=True)
+    assert "\x1b[32mSucceeded\x1b[0m" in coloured
+    assert [line for line in plain.splitlines()] == [
+        line.replace("\x1b[32m", "").replace("\x1b[0m", "") for line in coloured.splitlines()
+    ]
+    lines = render.progress_lines(None, runs.cancelled(), NOW, colour=False)
+    assert not any("\x1b" in line for line in lines)
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_object_output_round_trips(output: str) -> None:
+    run = runs.conditional(5)
+    text = render.render_object(run, output)
+    assert (json.loads(text) if output == "json" else yaml.safe_load(text)) == run
+
+
+@pytest.mark.parametrize(
+    ("phase", "code"),
+    [("Succeeded", 0), ("Failed", 1), ("Cancelled", 2), ("Running", None), ("Pending", None), (None, None)],
+)
+def test_watch_exit_codes(phase: str | None, code: int | None) -> None:
+    assert render.exit_code(phase) == code
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(0.25, "250ms"), (3, "3s"), (59.9, "59s"), (184, "3m04s"), (7500, "2h05m")]
+)
+def test_durations(seconds: float, text: str) -> None:
+    assert render.format_duration(seconds) == text
