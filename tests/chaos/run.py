@@ -45,6 +45,16 @@ AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 RUN_TEMPLATE = """\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}-workspace
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
 apiVersion: agents.proompteng.ai/v1alpha1
 kind: AgentRun
 metadata:
@@ -224,8 +234,9 @@ class LocalDefault:
 
     def release(self, names: list[str]) -> None:
         for name in names:
-            claim = self.home / "pvc" / NAMESPACE / f"{name}-workspace"
-            claim.mkdir(parents=True, exist_ok=True)
+            claim = self.claim_dir(name)
+            if claim is None:
+                raise RuntimeError(f"the claim of {name} is not bound")
             (claim / "release").touch()
 
     def wait_for(self, check: Callable[[], bool], deadline: float, what: str) -> None:
@@ -234,9 +245,23 @@ class LocalDefault:
                 raise RuntimeError(f"timed out waiting for {what}")
             time.sleep(1.0)
 
+    def claim_dir(self, name: str) -> Path | None:
+        """The directory of the volume bound to the run's claim (None until it is bound)."""
+        code, body = self.plane.api_get(
+            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{name}-workspace"
+        )
+        volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
+        if not volume:
+            return None
+        code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
+        if code != 200:
+            return None
+        return Path(json.loads(body)["spec"]["hostPath"]["path"])
+
     def claim_log(self, name: str) -> str:
-        path = self.home / "pvc" / NAMESPACE / f"{name}-workspace" / "chaos.log"
-        return path.read_text() if path.exists() else ""
+        claim = self.claim_dir(name)
+        path = claim / "chaos.log" if claim is not None else None
+        return path.read_text() if path is not None and path.exists() else ""
 
 
 def schedule(config: Config) -> list[str]:
@@ -296,6 +321,9 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
             time.sleep(2.0)
         report.phases = {n: phases.get(n, "missing") for n in names}
         for name in names:
+            env.wait_for(
+                lambda n=name: env.claim_dir(n) is not None, time.monotonic() + 60, f"{name}'s claim"
+            )
             repeated, lost = iteration_counts(env.claim_log(name), config.iterations)
             report.repeated[name] = repeated
             report.lost[name] = lost

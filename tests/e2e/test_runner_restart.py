@@ -18,6 +18,7 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
     local_default: LocalDefault,
 ) -> None:
     env = local_default
+    env.create_claim("restart-gate")
     gate = env.claim_dir("restart-gate") / "go"
     gate.unlink(missing_ok=True)
     # Ends with exit 3 and a termination message once the gate file exists (while no runner runs).

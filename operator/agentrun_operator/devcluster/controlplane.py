@@ -62,7 +62,7 @@ STATE_FORMAT = 2
 _FORMAT_FILE = "state-format"
 _WONT_COME_BACK = (
     "What to do: read the log above; `agentrun dev restart {name}` tries again; "
-    "`agentrun dev down` then `agentrun dev up` restarts everything (PVC data under pvc/ is kept)."
+    "`agentrun dev down` then `agentrun dev up` restarts everything (the claims' volumes under pv/ are kept)."
 )
 
 
@@ -72,7 +72,7 @@ def port_taken_message(name: str, *ports: int) -> str:
         f"{name} cannot start on its port {listed}: another process is listening there "
         f"(see `ss -ltnp 'sport = :{ports[0]}'`). Stop that process and run `agentrun dev up` again, "
         "or move the whole local default to new ports with `agentrun dev down` then `agentrun dev up` "
-        "(running pods are stopped; PVC data under pvc/ is kept)."
+        "(running pods are stopped; the claims' volumes under pv/ are kept)."
     )
 
 
@@ -87,7 +87,7 @@ def check_state_format(home: Path, say: Callable[[str], None]) -> None:
             raise ControlPlaneError(
                 f"the state directory {home} has state format {text!r}, and this agentrun reads "
                 f"format {STATE_FORMAT}: it was made by another version. Nothing was changed. Use "
-                f"that version, or keep your PVC data (copy {home / 'pvc'} elsewhere) and start fresh "
+                f"that version, or keep your claims' files (copy {home / 'pv'} elsewhere) and start fresh "
                 "with `agentrun dev down --purge` then `agentrun dev up` (or set AGENTRUN_DEV_HOME "
                 "to a new directory)."
             )

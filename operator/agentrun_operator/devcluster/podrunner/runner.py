@@ -545,6 +545,10 @@ class PodWorker:
                 return True
             except S.ContainerConfigError as exc:
                 message = str(exc)
+            except ApiError as exc:  # a claim or secret lookup while the API server is away
+                if not transient(exc):
+                    raise
+                message = f"waiting for the API server: {exc}"
             for name, rec in self.records.items():
                 if rec.state.kind == "waiting":
                     self._set(name, State("waiting", reason="ContainerCreating", message=message))
@@ -675,6 +679,15 @@ class PodWorker:
             env = S.resolve_env(self.pod, container, self.runner.lookups, base)
         except S.ContainerConfigError as exc:
             self._set(name, State("waiting", reason=exc.reason, message=str(exc)))
+            self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
+            return
+        except ApiError as exc:  # an env lookup while the API server is away: wait and retry
+            if not transient(exc):
+                raise
+            self._set(
+                name,
+                State("waiting", reason="ContainerCreating", message=f"waiting for the API server: {exc}"),
+            )
             self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
             return
         now = now_rfc3339()
