@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrun_operator.devcluster.podrunner.adopt import NetworkRecord, read_network
+from agentrun_operator.devcluster.podrunner.network import isolation_unavailable
 from tests.e2e.conftest import LocalDefault, eventually, processes_with
 from tests.e2e.test_pod_runner import container, create_pod, get_pod, wait_terminal
 
@@ -47,7 +49,26 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
         "keeps-running",
         {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}]},
     )
-    eventually(lambda: _running(env, "ends-unseen") and _running(env, "keeps-running"), what="both pods")
+    # A pod with ports has its own network namespace, held by a helper process (network.py).
+    create_pod(
+        env,
+        "serves",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sleep", "7712"],
+                    "ports": [{"containerPort": 8080}],
+                }
+            ]
+        },
+    )
+    eventually(
+        lambda: all(_running(env, p) for p in ("ends-unseen", "keeps-running", "serves")), what="the pods"
+    )
+    network = _network_record(env, "serves")
+    assert (network is not None) == (isolation_unavailable() is None)  # root with nsenter and ip
     before = container(get_pod(env, "keeps-running") or {}, "main")
     pids = processes_with("sleep", "7711")
     assert len(pids) == 1
@@ -75,8 +96,19 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
     assert after["containerID"] == before["containerID"] and after["restartCount"] == 0
     assert processes_with("sleep", "7711") == pids  # adopted, not started again
     assert "adopted main (running)" in env.runner.logs()
+    if network is not None:  # isolation available here: the same helper still holds the namespace
+        assert _network_record(env, "serves") == network and network.alive()
+        assert "running" in container(get_pod(env, "serves") or {}, "main")["state"]
 
     env.plane.kubectl(
-        "delete", "pod", "keeps-running", "ends-unseen", "-n", "e2e", "--wait=true", "--timeout=90s"
+        "delete", "pod", "keeps-running", "ends-unseen", "serves", "-n", "e2e", "--wait=true", "--timeout=90s"
     )
     eventually(lambda: not processes_with("sleep", "7711"), what="the adopted container to be stopped")
+    assert not processes_with("sleep", "7712")
+    if network is not None:
+        eventually(lambda: not network.alive(), what="the adopted network helper to be stopped")
+
+
+def _network_record(env: LocalDefault, pod: str) -> NetworkRecord | None:
+    found = list(env.state_dir.glob(f"pods/e2e/{pod}/*"))
+    return read_network(found[0]) if found else None

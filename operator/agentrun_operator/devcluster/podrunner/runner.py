@@ -176,6 +176,18 @@ def transient(exc: Exception) -> bool:
     return isinstance(exc, ApiError) and (exc.status in (0, 401, 403, 408, 429) or exc.status >= 500)
 
 
+def _status_digest(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a resync compares: the phase and each container's state and restart count."""
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return (
+        status.get("phase"),
+        sorted(
+            (str(c.get("name")), json.dumps(c.get("state"), sort_keys=True), int(c.get("restartCount") or 0))
+            for c in containers
+        ),
+    )
+
+
 def _started_monotonic(start_time: str | None) -> float:
     """The monotonic clock's reading when the pod started (for its activeDeadlineSeconds)."""
     import datetime
@@ -243,12 +255,15 @@ class PodWorker:
             self.shutdown = True
             self.cond.notify_all()
 
-    def resync(self) -> None:
-        """The periodic resync: write the status again even if unchanged (an API server that lost
-        a write, e.g. an etcd restored from an older state, gets it back)."""
+    def resync(self, pod: Mapping[str, Any]) -> None:
+        """The periodic resync: when the API server's status of the pod is not what we last wrote
+        (a write it lost, e.g. an etcd restored from an older state), write ours again."""
         with self.cond:
-            self._published = None
-            self.cond.notify_all()
+            if self._published is not None and _status_digest(pod.get("status") or {}) != _status_digest(
+                self._published
+            ):
+                self._published = None
+                self.cond.notify_all()
 
     def _notify(self, _proc: object = None) -> None:
         with self.cond:
@@ -1195,7 +1210,7 @@ class PodRunner:
         if worker is not None:
             worker.update(pod)
             if kind == "SYNC":
-                worker.resync()
+                worker.resync(pod)
             return
         if self.stopping.is_set():
             return
