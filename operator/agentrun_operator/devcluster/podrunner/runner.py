@@ -1294,7 +1294,13 @@ class PodRunner:
 
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Register the node, watch and run pods until `stop()` (or SIGTERM via the CLI)."""
-        self.register_node()
+        retry_until(  # an API server still starting (or restarting) is waited for, as a kubelet does
+            self.register_node,
+            transient,
+            time.sleep,
+            self.config.api_backoff,
+            lambda exc, delay: log.warning("registering the node failed (%s); retrying in %.1fs", exc, delay),
+        )
         threading.Thread(
             target=self.provisioner.run, args=(self.stopping,), daemon=True, name="provisioner"
         ).start()
