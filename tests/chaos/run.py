@@ -116,6 +116,10 @@ class Report:
     seconds: float = 0.0
     home: str = ""
     adopted: int = 0
+    failed_recoveries: int = 0
+    """Recovery commands (`dev up`, `dev restart`) that failed and were run again."""
+    error: str = ""
+    """Why the suite stopped early (the local default did not come back), empty when it did not."""
     """Pods a restarted pod runner adopted (their containers had outlived the old runner)."""
 
     @property
@@ -124,7 +128,12 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.wrong_terminal and not any(self.repeated.values()) and not any(self.lost.values())
+        return (
+            not self.error
+            and not self.wrong_terminal
+            and not any(self.repeated.values())
+            and not any(self.lost.values())
+        )
 
     def summary(self) -> str:
         c = self.config
@@ -136,8 +145,11 @@ class Report:
             f"runs: {len(self.phases)}  wrong terminal states: {len(self.wrong_terminal)}  "
             f"repeated iterations: {sum(len(v) for v in self.repeated.values())}  "
             f"lost iterations: {sum(len(v) for v in self.lost.values())}  "
-            f"pods adopted by a restarted runner: {self.adopted}",
+            f"pods adopted by a restarted runner: {self.adopted}  "
+            f"recoveries run again: {self.failed_recoveries}",
         ]
+        if self.error:
+            lines.append(f"STOPPED EARLY: {self.error}")
         for name, phase in sorted(self.wrong_terminal.items()):
             lines.append(f"  {name}: {phase}")
         for what, table in (("repeated", self.repeated), ("lost", self.lost)):
@@ -163,6 +175,7 @@ class LocalDefault:
         self.home = home
         self.say = say
         self.plane = ControlPlane(home, toolchain.bin_dir())
+        self.failed_recoveries = 0
 
     def agentrun(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -194,7 +207,22 @@ class LocalDefault:
             if record is None or not record.alive():
                 break
             time.sleep(0.05)
-        self.agentrun("dev", "up")
+        self.recover("dev", "up")
+
+    def recover(self, *args: str, attempts: int = 3) -> None:
+        """Run a recovery command as a user would: when it fails (a component too slow to come
+        back on a loaded machine), say so, count it, and run `agentrun dev up` again."""
+        for attempt in range(1, attempts + 1):
+            proc = (
+                self.agentrun(*args, check=False) if attempt == 1 else self.agentrun("dev", "up", check=False)
+            )
+            if proc.returncode == 0:
+                return
+            self.failed_recoveries += 1
+            self.say(
+                f"chaos: `agentrun {' '.join(args)}` failed (attempt {attempt}): {proc.stderr.strip()[-300:]}"
+            )
+        raise RuntimeError(f"the local default did not come back after {attempts} attempts")
 
     def freeze(self, component: str, seconds: float) -> None:
         pid = self.pid(component)
@@ -212,7 +240,7 @@ class LocalDefault:
         elif kind == "apiserver-restart":
             self.kill_and_up("kube-apiserver")
         elif kind == "etcd-restart":
-            self.agentrun("dev", "restart", "etcd")
+            self.recover("dev", "restart", "etcd")
         elif kind == "runner-restart":
             self.kill_and_up("pod-runner")
         else:
@@ -330,7 +358,10 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
         runner_log = home / "logs" / "pod-runner.log"
         if runner_log.exists():
             report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
+    except RuntimeError as exc:  # the local default did not come back: the report says so
+        report.error = str(exc)
     finally:
+        report.failed_recoveries = env.failed_recoveries
         report.seconds = time.monotonic() - started
         if not keep:
             env.agentrun("dev", "down", check=False)

@@ -308,8 +308,8 @@ class ControlPlane:
     def _healthy(self, name: str, ports: Ports) -> bool:
         if name == "etcd":
             return self._etcd_healthy(ports.etcd_client)
-        if name == "kube-apiserver":
-            return self.api_get("/readyz")[0] == 200
+        if name == "kube-apiserver":  # a loaded machine answers slowly: a slow answer is an answer
+            return self.api_get("/readyz", timeout=10.0)[0] == 200
         return self._kcm_healthy(ports.controller_manager)
 
     def _ensure(self, name: str, ports: Ports, fresh: set[str], timeout: float) -> None:
