@@ -27,6 +27,7 @@ from typing import Final
 
 from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner import conditions
 from agentrun_operator.planner.admission import admit
 from agentrun_operator.planner.attempts import observe_attempt, start_attempt
 from agentrun_operator.planner.compaction import compact, compact_history
@@ -44,6 +45,7 @@ from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
     conclude,
+    fail_refused_status,
     plan_finished_run,
     start_run,
     stop_message,
@@ -80,6 +82,7 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
+    conditions.conclude(ctx)
     return ctx.result()
 
 
@@ -90,6 +93,10 @@ def _plan_run(ctx: PlanContext) -> None:
         status.observed_generation = generation
     if status.phase in TERMINAL_RUN_PHASES:
         plan_finished_run(ctx)
+        return
+    refused = ctx.observed.refusal("Status", ctx.name)
+    if refused is not None:
+        fail_refused_status(ctx, refused)
         return
     if status.started_at is None:
         if not admit(ctx):

@@ -168,6 +168,10 @@ class AdoptedContainer:
     def done(self) -> bool:
         return self.exit_code is not None
 
+    def start_failure(self) -> str | None:
+        """An adopted container did run (a start failure was reported by the runner that saw it)."""
+        return None
+
     def _poll(self) -> None:
         while self.record.alive():
             time.sleep(_POLL_SECONDS)
