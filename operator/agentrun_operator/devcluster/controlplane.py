@@ -241,7 +241,7 @@ class ControlPlane:
         return all(c.healthy for c in self.component_status())
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, crds_dir: Path | None = None, timeout: float = 120.0) -> None:
+    def start(self, crds_dir: Path | None = None, timeout: float = 300.0) -> None:
         """Bring up what is down, on the ports and data it had (a healthy plane is left as it is).
 
         Components that run are kept, so clients (the pod runner, the operator, pods) keep their
@@ -271,7 +271,7 @@ class ControlPlane:
             self.install_crds(crds_dir)
         self.say(f"control plane ready at {self.server}; KUBECONFIG={self.kubeconfig}")
 
-    def restart(self, name: str, timeout: float = 120.0) -> None:
+    def restart(self, name: str, timeout: float = 300.0) -> None:
         """Stop one component and start it again on its port with its data (`agentrun dev restart`)."""
         if name not in COMPONENTS:
             raise ControlPlaneError(f"no control plane component {name!r}; one of: {', '.join(COMPONENTS)}")
@@ -316,7 +316,7 @@ class ControlPlane:
         """Keep `name` when it runs and answers; otherwise (re)start it."""
         record = processes.read_record(self.run_dir, name)
         if record is not None and record.alive():
-            deadline = time.monotonic() + min(timeout, 30.0)
+            deadline = time.monotonic() + timeout  # a loaded machine starts slowly: no early kill
             while time.monotonic() < deadline:
                 if self._healthy(name, ports):
                     self.say(f"  {name} already running (pid {record.pid})")
