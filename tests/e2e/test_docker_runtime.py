@@ -235,3 +235,42 @@ def test_a_pod_with_ports_gets_its_own_network_with_the_api_server_in_it(
     docker_default.plane.kubectl("delete", "pod", "server", "-n", NAMESPACE, "--wait=false")
     eventually(lambda: get_pod(docker_default, "server") is None, timeout=60, what="server to go")
     eventually(lambda: not containers_of(uid), timeout=30, what="the pause container to go")
+
+
+IN_CLUSTER_CHECK = """
+import json, os, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+token = open(f"{sa}/token").read()
+ctx = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+url = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ['KUBERNETES_SERVICE_PORT']}/version"
+req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+version = json.load(urllib.request.urlopen(req, context=ctx))
+print(os.getuid(), open(f"{sa}/namespace").read(), version["major"])
+"""
+
+
+def test_the_operator_image_logs_in_with_in_cluster_credentials(
+    docker_default: LocalDefault, docker_image: str
+) -> None:
+    """What the chart's operator pod needs in containers: the image's user, the ServiceAccount
+    volume admission adds, and the API server at KUBERNETES_SERVICE_HOST/PORT in its own network."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "in-cluster", "namespace": NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": docker_image,
+                    "command": ["python", "-c", IN_CLUSTER_CHECK],
+                    "ports": [{"containerPort": 8080}],
+                }
+            ],
+        },
+    }
+    docker_default.apply(yaml.safe_dump(pod))
+    ended = wait_terminal(docker_default, "in-cluster")
+    assert ended["status"]["phase"] == "Succeeded", (ended["status"], dev_logs(docker_default, "in-cluster"))
+    assert dev_logs(docker_default, "in-cluster").split() == ["10001", NAMESPACE, "1"]
