@@ -121,7 +121,7 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from agentrun_operator.ctl.main import add_arguments
+    from agentrun_operator.ctl.args import add_arguments
 
     status = sub.add_parser(
         "status",
