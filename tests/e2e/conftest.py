@@ -147,7 +147,7 @@ def start_local_default(
         runner.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down after the last e2e test, before the next tier
 def local_default(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalDefault]:

@@ -678,14 +678,20 @@ def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> No
         90,
         "both replicas in the KopfPeering",
     )
-    time.sleep(3)
-    # They did not freeze each other (kopf pauses every operator of equal priority it sees).
-    frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
-    assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
-    # One of them serves (the other is on standby).
+    # The replica of lower priority has processed the peering with both and stands by (an event,
+    # not a clock: kopf logs it when it pauses in favour of the other).
+    eventually(
+        lambda: any("Pausing operations in favour of" in op.logs() for op in peered.operators),
+        90,
+        "one replica to stand by for the other",
+    )
+    # One of them serves (the other is on standby): had both paused, this run would never end.
     running.create(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
     first = running.wait_finished("ha-first", timeout=60)
     assert first["status"]["phase"] == "Succeeded"
+    # They did not freeze each other (kopf pauses every operator of equal priority it sees).
+    frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
+    assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
     # The first replica goes (a rolling update, a lost node): the other one carries on.
     peered.operators[0].stop()
     running.create(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))

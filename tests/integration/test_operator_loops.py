@@ -231,16 +231,31 @@ def test_timeout_with_retries_remaining_retries(cluster: Any, outcomes: Scripted
     plane, operator, _driver = cluster
     name = "timeout-retry"
     outcomes.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
+    # A timeout far beyond any scheduling delay, so the second attempt never races its deadline;
+    # the first attempt's deadline is then cut to 1 s on its Job (the field is mutable), which the
+    # job controller enforces as it would have at 120 s: no wall-clock margin in the test.
     _create(
         plane,
-        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=2, retries=1, retryBackoffSeconds=1),
+        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=120, retries=1, retryBackoffSeconds=1),
+    )
+    first_name = f"{name}-step-1-iter-1-attempt-1"
+    eventually(lambda: first_name in {j["metadata"]["name"] for j in _jobs(plane, name)}, what="attempt 1")
+    plane.kubectl(
+        "patch",
+        "job",
+        first_name,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        '{"spec":{"activeDeadlineSeconds":1}}',
     )
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     jobs = {j["metadata"]["name"]: j for j in _jobs(plane, name)}
-    assert set(jobs) == {f"{name}-step-1-iter-1-attempt-1", f"{name}-step-1-iter-1-attempt-2"}
-    first = jobs[f"{name}-step-1-iter-1-attempt-1"]
-    assert first["spec"]["activeDeadlineSeconds"] == 2
+    assert set(jobs) == {first_name, f"{name}-step-1-iter-1-attempt-2"}
+    first = jobs[first_name]
+    assert jobs[f"{name}-step-1-iter-1-attempt-2"]["spec"]["activeDeadlineSeconds"] == 120
     assert any(c["reason"] == "DeadlineExceeded" for c in first["status"].get("conditions", []))
     assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
 
