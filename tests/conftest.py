@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
+        if "docker" in parts:
+            item.add_marker(pytest.mark.docker)
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +75,24 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> str:
+    """The operator image (and busybox:1.36) on a Docker engine, built once and cached by content.
+
+    Skipped, with the one-line reason, where no engine answers and none can be started (not root,
+    no apt-get), or with AGENTRUN_DOCKER=0. Where one answers, a failed base or image build fails
+    the test: that is ours.
+    """
+    from agentrun_operator.devcluster import baseimages, dockerengine, imagebuild
+
+    if os.environ.get("AGENTRUN_DOCKER") == "0":
+        pytest.skip("AGENTRUN_DOCKER=0: the Docker tiers are switched off")
+    try:
+        dockerengine.ensure_engine(print)
+    except dockerengine.EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    built = imagebuild.build_image(imagebuild.DEFAULT_TAG, "auto", print)
+    baseimages.ensure_busybox(print)
+    return built.tag

@@ -654,6 +654,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
         f"the default ServiceAccount in {run_ns}",
     )
     installed = Installed(plane, kubeconfig, run_ns, False, docs)
+    bound_claim(plane, run_ns, "ws")  # workflow_run's claim: the operator starts runs once it is Bound
     world = World()
     driver = KubeletDriver(plane, run_ns, world.outcome).start()
     operators = [
