@@ -45,4 +45,13 @@ class RunPhaseChanged:
     reason: str | None
 
 
-Fact = IterationFinished | LoopStopped | RunPhaseChanged
+@dataclass(frozen=True)
+class UsageReported:
+    """A succeeded attempt reported usage in its control file (summed into status)."""
+
+    step: str
+    tokens: int
+    cost_usd: float
+
+
+Fact = IterationFinished | LoopStopped | RunPhaseChanged | UsageReported

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from agentrun_operator.planner.facts import Fact, IterationFinished, LoopStopped
+from agentrun_operator.planner.facts import Fact, IterationFinished, LoopStopped, UsageReported
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
+TOKENS = Counter("agentrun_tokens", "Tokens reported in control files (usage), summed.")
+COST_USD = Counter("agentrun_cost_usd", "Cost in USD reported in control files (usage), summed.")
 RECONCILE_SECONDS = Histogram(
     "agentrun_reconcile_duration_seconds",
     "Wall time of one reconcile (observe, plan, apply).",
@@ -40,3 +42,6 @@ def observe_fact(fact: Fact) -> None:
         ITERATIONS.labels(result=fact.result).inc()
     elif isinstance(fact, LoopStopped):
         LOOP_STOPS.labels(reason=fact.reason).inc()
+    elif isinstance(fact, UsageReported):
+        TOKENS.inc(fact.tokens)
+        COST_USD.inc(fact.cost_usd)
