@@ -191,6 +191,12 @@ USAGE_ERROR_EXIT = 4
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["reporter"]:
+        # Straight to the reporter's own parser: argparse.REMAINDER would refuse a leading option
+        # (`agentrun reporter --help` exited 2 with "unrecognized arguments").
+        from agentrun_operator.control.reporter import main as reporter_main
+
+        return int(reporter_main(args_list[1:]))
     try:
         args = build_parser().parse_args(args_list)
     except SystemExit as exc:

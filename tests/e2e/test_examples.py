@@ -115,6 +115,7 @@ def test_agent_provider_and_implementation_spec(local_default: LocalDefault) -> 
     assert (root / "task.md").read_text() == (
         "Write a haiku about iterating on the same workspace.\nKeep each line short.\n\n"
     )
+    assert json.loads((root / "criteria.json").read_text()) == ["three lines"]  # AGENTRUN_ACCEPTANCE_CRITERIA
     lines = (root / "agent.log").read_text().splitlines()
     assert [line.split(":")[0] for line in lines] == ["shell-agent iteration 1", "shell-agent iteration 2"]
     assert all("write a haiku about loops" in line for line in lines)

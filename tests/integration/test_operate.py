@@ -301,3 +301,24 @@ def test_watch_times_out_with_exit_3(env: Env) -> None:
     env.plane.kubectl(
         "patch", "ar/slow", "-n", NAMESPACE, "--type", "merge", "-p", '{"spec":{"cancel":"Immediate"}}'
     )
+
+
+def test_kubectl_finds_the_plugin(env: Env) -> None:
+    """`kubectl agentrun …` runs the `kubectl-agentrun` the package installs (found on PATH)."""
+    env.wait_finished("wait-me")
+    plugin_dir = Path(sys.executable).parent
+    assert (plugin_dir / "kubectl-agentrun").exists()
+    proc = subprocess.run(
+        [str(env.plane.bin_dir / "kubectl"), "agentrun", "status", "wait-me", "-n", NAMESPACE],
+        env={
+            "KUBECONFIG": str(env.plane.kubeconfig),
+            "PATH": f"{plugin_dir}:/usr/bin:/bin",
+            "HOME": "/nonexistent",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Phase:       Succeeded (Completed)" in proc.stdout

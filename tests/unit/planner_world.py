@@ -122,6 +122,7 @@ class World:
     providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pvc_names: frozenset[str] | None = None
+    pvc_unbound: dict[str, str] = field(default_factory=dict)
     claim: IdempotencyClaim | None = None
     claim_checked: bool = True
     events: list[EmitEvent] = field(default_factory=list)
@@ -150,6 +151,7 @@ class World:
             providers=self.providers,
             implementation_specs=self.implementation_specs,
             pvc_names=self.pvc_names,
+            pvc_unbound=self.pvc_unbound,
         )
 
     def plan(self, *, persist: bool = True, apply: bool = True) -> Plan:

@@ -242,6 +242,34 @@ def test_implementation_from_spec_ref_and_step_override() -> None:
     assert env(step_level)["AGENTRUN_IMPLEMENTATION_SUMMARY"] == ""
 
 
+def test_acceptance_criteria_reach_the_pod_as_a_json_list() -> None:
+    """docs/api.md#acceptance-criteria: the ImplementationSpec's criteria, from the text's source."""
+    criteria = ["tests pass", "the README says how to run it", 'quotes " and ünïcode']
+    specs = {
+        "run-task": ImplementationSpecSpec(text="run text", acceptance_criteria=criteria),
+        "bare-task": ImplementationSpecSpec(text="no criteria"),
+    }
+    refs = References(implementation_specs=specs)
+    run_level = env(
+        build({"workload": {"image": "img"}, "implementationSpecRef": {"name": "run-task"}}, refs=refs)
+    )
+    assert json.loads(run_level["AGENTRUN_ACCEPTANCE_CRITERIA"]) == criteria
+    # A step with its own source takes its criteria from it, never the run's.
+    step_inline = {
+        "workload": {"image": "img"},
+        "implementationSpecRef": {"name": "run-task"},
+        "workflow": {"steps": [{"name": "work", "implementation": {"inline": {"text": "inline"}}}]},
+    }
+    assert env(build(step_inline, refs=refs))["AGENTRUN_ACCEPTANCE_CRITERIA"] == "[]"
+    step_bare = {
+        "workload": {"image": "img"},
+        "implementationSpecRef": {"name": "run-task"},
+        "workflow": {"steps": [{"name": "work", "implementationSpecRef": {"name": "bare-task"}}]},
+    }
+    assert env(build(step_bare, refs=refs))["AGENTRUN_ACCEPTANCE_CRITERIA"] == "[]"
+    assert env(build({"workload": {"image": "img"}}))["AGENTRUN_ACCEPTANCE_CRITERIA"] == "[]"
+
+
 def test_user_env_follows_the_injected_env_and_cannot_override_it() -> None:
     spec = {
         "workload": {

@@ -223,7 +223,13 @@ def test_required_pvc_missing_or_misconfigured_is_invalid_spec_before_any_job(
     assert fragment in (world.status.message or "")
     assert "see docs/" in (world.status.message or "")
     assert creates(result) == []
-    assert [c.type for c in world.status.conditions] == ["InvalidSpec"]
+    assert [(c.type, c.status) for c in world.status.conditions] == [
+        ("Ready", "False"),
+        ("Succeeded", "False"),
+        ("Reconciling", "False"),
+        ("Stalled", "True"),
+        ("InvalidSpec", "True"),
+    ]
     assert "InvalidSpec" in events_of(result)
 
 
@@ -326,7 +332,13 @@ def test_idempotent_resubmission_fails_as_duplicate_without_resuming_the_loop() 
     assert second.status.reason == "IdempotencyKeyInUse"
     assert second.status.workflow is None  # no loop state at all
     assert creates(result) == []
-    assert [(c.type, c.status) for c in second.status.conditions] == [("Duplicate", "True")]
+    assert [(c.type, c.status, c.reason) for c in second.status.conditions] == [
+        ("Ready", "False", "IdempotencyKeyInUse"),
+        ("Succeeded", "False", "IdempotencyKeyInUse"),
+        ("Reconciling", "False", "IdempotencyKeyInUse"),
+        ("Stalled", "True", "IdempotencyKeyInUse"),
+        ("Duplicate", "True", "IdempotencyKeyInUse"),
+    ]
 
 
 # ----------------------------------------------------------------------------------- idempotency
@@ -386,7 +398,8 @@ def test_loops_disabled_by_flag_fail_with_workflow_loops_disabled() -> None:
     result = world.plan()
     assert result.status.phase == "Failed"
     assert result.status.reason == "WorkflowLoopsDisabled"
-    assert result.status.conditions[0].reason == "WorkflowLoopsDisabled"
+    invalid = next(c for c in result.status.conditions if c.type == "InvalidSpec")
+    assert invalid.reason == "WorkflowLoopsDisabled"
     assert "feature flag" in (result.status.message or "")
     assert creates(result) == []
 

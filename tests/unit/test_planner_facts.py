@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from prometheus_client import REGISTRY
 
-from agentrun_operator.planner.facts import IterationFinished, LoopStopped, RunPhaseChanged
+from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
+from agentrun_operator.planner.facts import (
+    IterationFinished,
+    LoopStopped,
+    NextIterationRequested,
+    RunPhaseChanged,
+)
 from agentrun_operator.shell import metrics
-from tests.unit.planner_world import World, loop_step, manifest
+from tests.unit.planner_world import T0, World, loop_step, manifest
 
 
 def facts_of(world: World) -> list[object]:
@@ -19,6 +27,7 @@ def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() 
     assert facts_of(world) == [
         RunPhaseChanged(None, "Running", None),
         IterationFinished("a", 1, 1, "Succeeded"),
+        NextIterationRequested("a", 2, "run-step-1-iter-2-attempt-1", T0),
         IterationFinished("a", 2, 1, "Succeeded"),
         LoopStopped("a", "LoopMaxIterationsReached", 2),
         RunPhaseChanged("Running", "Succeeded", "Completed"),
@@ -93,3 +102,95 @@ def test_metrics_count_iterations_by_result() -> None:
     metrics.observe_fact(IterationFinished("a", 1, 1, "Retrying"))
     metrics.observe_fact(RunPhaseChanged(None, "Running", None))
     assert count("Retrying") == before + 1
+
+
+# ----------------------------------------------------------------------------------- turnaround
+
+
+def test_the_next_iteration_starts_its_turnaround_where_the_previous_pod_ended() -> None:
+    world = World(manifest([loop_step(max_iterations=3)]))
+    world.plan()
+    world.advance(7)
+    world.succeed(control={})  # the pod ends at T0 + 7 s
+    world.advance(2)  # the operator sees it 2 s later
+    requested = [f for f in world.plan().facts if isinstance(f, NextIterationRequested)]
+    assert requested == [
+        NextIterationRequested("a", 2, "run-step-1-iter-2-attempt-1", T0 + timedelta(seconds=7))
+    ]
+
+
+def test_retries_first_iterations_and_steps_without_a_loop_are_no_turnaround() -> None:
+    world = World(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0), {"name": "b"}]))
+    outcomes = iter(["fail", "ok", "ok", "ok"])
+    world.drive(lambda w, job: w.succeed(job, control={}) if next(outcomes) == "ok" else w.fail(job))
+    assert world.phase == "Succeeded"
+    requested = [f for f in facts_of(world) if isinstance(f, NextIterationRequested)]
+    # iteration 1 attempt 2 is a retry, step b is another step: only iteration 2 of the loop counts.
+    assert [(f.step, f.iteration, f.job) for f in requested] == [("a", 2, "run-step-1-iter-2-attempt-1")]
+
+
+def test_an_adopted_job_reports_no_turnaround_again() -> None:
+    world = World(manifest([loop_step(max_iterations=2)]))
+    world.plan()
+    world.succeed(control={})
+    lost = world.plan(persist=False)  # the Job is created, but the status write is lost
+    assert any(isinstance(f, NextIterationRequested) for f in lost.facts)
+    assert not any(isinstance(f, NextIterationRequested) for f in world.plan().facts)  # adopted
+
+
+def test_metrics_observe_the_turnaround_only_for_a_job_created_now() -> None:
+    def sample(suffix: str) -> float:
+        return REGISTRY.get_sample_value(f"agentrun_iteration_turnaround_seconds_{suffix}") or 0.0
+
+    ended = datetime(2026, 3, 1, 12, 0, 5, tzinfo=T0.tzinfo)
+    fact = NextIterationRequested("a", 2, "job-2", ended)
+    count, total = sample("count"), sample("sum")
+    metrics.observe_fact(fact, {"job-2": ended + timedelta(milliseconds=250)})
+    metrics.observe_fact(fact, {})  # adopted, not created: no sample
+    metrics.observe_fact(fact, {"job-2": ended - timedelta(seconds=1)})  # clock skew: never negative
+    assert sample("count") == count + 2
+    assert abs(sample("sum") - (total + 0.25)) < 1e-9
+
+
+def test_metrics_count_run_phase_transitions_with_their_reason() -> None:
+    def count(phase: str, reason: str) -> float:
+        labels = {"phase": phase, "reason": reason}
+        return REGISTRY.get_sample_value("agentrun_run_phase_transitions_total", labels) or 0.0
+
+    before = count("Running", ""), count("Failed", "LoopIterationFailed")
+    metrics.observe_fact(RunPhaseChanged(None, "Running", None))
+    metrics.observe_fact(RunPhaseChanged("Running", "Failed", "LoopIterationFailed"))
+    assert (count("Running", ""), count("Failed", "LoopIterationFailed")) == (before[0] + 1, before[1] + 1)
+
+
+# ----------------------------------------------------------------------------------- log fields
+
+
+def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
+    world = World(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0)]))
+    outcomes = iter(["fail", "ok", "ok"])
+    world.drive(lambda w, job: w.succeed(job, control={}) if next(outcomes) == "ok" else w.fail(job))
+    world.plan()  # the finished run gives the last Job its TTL
+    where = {(e.reason, e.where) for e in world.events}
+    assert ("LoopStarted", Where("a", 0, 0)) in where
+    assert ("IterationRetrying", Where("a", 1, 1)) in where
+    assert ("IterationStarted", Where("a", 1, 2)) in where
+    assert ("IterationSucceeded", Where("a", 2, 1)) in where
+    assert ("LoopCompleted", Where("a", 2, 1)) in where
+    assert ("RunSucceeded", None) in where
+    ttls = [a for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
+    assert sorted((t.name, t.where) for t in ttls) == [
+        ("run-step-1-iter-1-attempt-1", Where("a", 1, 1)),
+        ("run-step-1-iter-1-attempt-2", Where("a", 1, 2)),
+        ("run-step-1-iter-2-attempt-1", Where("a", 2, 1)),
+    ]
+    creates = [a.where for p in world.plans for a in p.actions if hasattr(a, "manifest")]
+    assert creates == [Where("a", 1, 1), Where("a", 1, 2), Where("a", 2, 1)]
+
+
+def test_a_deleted_job_names_its_attempt() -> None:
+    world = World(manifest([loop_step(max_iterations=3)]))
+    world.plan()
+    world.spec_manifest["spec"]["cancel"] = "Immediate"
+    deletes = [a for a in world.plan().actions if isinstance(a, DeleteJob)]
+    assert [(d.name, d.where) for d in deletes] == [("run-step-1-iter-1-attempt-1", Where("a", 1, 1))]

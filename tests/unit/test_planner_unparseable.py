@@ -31,16 +31,24 @@ def test_an_unparseable_run_fails_with_invalid_spec_naming_the_field() -> None:
     assert status.message is not None
     assert status.message.startswith("spec is not valid: spec.workflow.steps[0].name: steps[].name must be")
     assert status.message.endswith("See docs/api.md#step-name")
-    [condition] = status.conditions
+    by_type = {c.type: c for c in status.conditions}
+    condition = by_type["InvalidSpec"]
     assert (condition.type, condition.status, condition.reason) == ("InvalidSpec", "True", "InvalidSpec")
     assert condition.message == status.message
+    # the same derived conditions as any failed run: kubectl wait and kstatus see it ended
+    assert {t: (c.status, c.reason) for t, c in by_type.items() if t != "InvalidSpec"} == {
+        "Ready": ("False", "InvalidSpec"),
+        "Succeeded": ("False", "InvalidSpec"),
+        "Reconciling": ("False", "InvalidSpec"),
+        "Stalled": ("True", "InvalidSpec"),
+    }
 
 
 def test_the_condition_time_is_whole_seconds_as_the_shell_wrote_it() -> None:
     status = unparseable_status(None, 1, bad_step_name(), NOW)
     assert status is not None
     dumped = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    assert dumped["conditions"][0]["lastTransitionTime"] == "2026-03-01T12:00:00Z"
+    assert {c["lastTransitionTime"] for c in dumped["conditions"]} == {"2026-03-01T12:00:00Z"}
 
 
 def test_an_already_failed_run_is_left_alone() -> None:

@@ -444,3 +444,14 @@ def test_sigterm_reaches_the_reporter_as_pid_1(pod: Pod) -> None:
         if outer.poll() is None:
             outer.kill()
             outer.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("words", [["reporter", "--help"], ["reporter", "report", "--help"]])
+def test_agentrun_reporter_help_exits_zero(words: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`agentrun reporter --help` once exited 2 ("unrecognized arguments"): argparse.REMAINDER."""
+    from agentrun_operator.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(words)
+    assert exc.value.code == 0
+    assert "usage: agentrun reporter" in capsys.readouterr().out

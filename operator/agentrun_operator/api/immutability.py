@@ -1,7 +1,11 @@
-"""The operator-side twin of the CRD's transition rules: which spec changes are not allowed.
+"""The models' statement of the CRD's transition rules: which spec changes are not allowed.
 
-The apiserver enforces these at admission; the operator re-checks on update events (a CRD applied
-without rules, or an old object) so a changed spec can never silently alter a running workflow.
+The API server enforces these rules (generated from `rules.py` into the CRD): a forbidden update is
+refused and never stored, so `metadata.generation` does not move and the operator never sees it. The
+operator does not check again on its own (it keeps no copy of the spec a run started with); this
+function exists so the unit tests can show, case by case, that the models and the CRD rules agree
+(`tests/fixtures/invalid_agentruns.py`; the integration tests send the same cases to a real API
+server). See docs/api.md#immutability.
 """
 
 from __future__ import annotations

@@ -142,22 +142,33 @@ def resolve_container(
     return ResolvedContainer(config.runner_image, workload.command, workload.args, env, "operator default")
 
 
-def resolve_implementation(
-    run: AgentRun, step: WorkflowStep, refs: References
-) -> tuple[str | None, str | None]:
-    """(text, summary) of the task: the step's inline/ref, else the run's inline/ref, else none."""
+@dataclass(frozen=True)
+class Task:
+    """What the pod is asked to do: the text, its summary and the ImplementationSpec's criteria."""
+
+    text: str | None = None
+    summary: str | None = None
+    acceptance_criteria: tuple[str, ...] = ()
+
+
+def resolve_implementation(run: AgentRun, step: WorkflowStep, refs: References) -> Task:
+    """The task: the step's inline/ref, else the run's inline/ref, else none.
+
+    All three parts come from the same source: inline text has no acceptance criteria, so a step's
+    inline text never carries the run's ImplementationSpec's criteria along.
+    """
     for inline, ref in (
         (step.implementation, step.implementation_spec_ref),
         (run.spec.implementation, run.spec.implementation_spec_ref),
     ):
         if inline is not None:
-            return inline.inline.text, inline.inline.summary
+            return Task(inline.inline.text, inline.inline.summary)
         if ref is not None:
             spec = refs.implementation_specs.get(ref.name)
-            if spec is not None:
-                return spec.text, spec.summary
-            return None, None
-    return None, None
+            if spec is None:
+                return Task()
+            return Task(spec.text, spec.summary, tuple(spec.acceptance_criteria or ()))
+    return Task()
 
 
 # ----------------------------------------------------------------------------------- env
@@ -202,9 +213,10 @@ def agentrun_env(
         env["AGENTRUN_OUTPUTS"] = _json(attempt.outputs)
     for key in sorted(parameters):
         env.setdefault(param_env_name(key), parameters[key])
-    text, summary = resolve_implementation(run, step, refs)
-    env["AGENTRUN_IMPLEMENTATION_TEXT"] = text or ""
-    env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = summary or ""
+    task = resolve_implementation(run, step, refs)
+    env["AGENTRUN_IMPLEMENTATION_TEXT"] = task.text or ""
+    env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = task.summary or ""
+    env["AGENTRUN_ACCEPTANCE_CRITERIA"] = _json(list(task.acceptance_criteria))
     return [{"name": name, "value": value} for name, value in env.items()]
 
 

@@ -5,6 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentrun_operator import naming
+
+
+@dataclass(frozen=True)
+class Where:
+    """The step, iteration and attempt an action is about (the operator's log fields).
+
+    `iteration` and `attempt` are 1-based; 0 means "not started yet" (e.g. `LoopStarted`).
+    """
+
+    step: str
+    iteration: int
+    attempt: int
+
 
 @dataclass(frozen=True)
 class CreateJob:
@@ -16,6 +30,16 @@ class CreateJob:
     def name(self) -> str:
         return str(self.manifest["metadata"]["name"])
 
+    @property
+    def where(self) -> Where:
+        """Read back from the Job's own labels, which the Job builder set from the planned attempt."""
+        labels = self.manifest["metadata"]["labels"]
+        return Where(
+            str(labels[naming.LABEL_STEP]),
+            int(labels[naming.LABEL_ITERATION]),
+            int(labels[naming.LABEL_ATTEMPT]),
+        )
+
 
 @dataclass(frozen=True)
 class DeleteJob:
@@ -23,6 +47,7 @@ class DeleteJob:
 
     name: str
     reason: str
+    where: Where | None = None
 
 
 @dataclass(frozen=True)
@@ -31,6 +56,7 @@ class SetJobTTL:
 
     name: str
     seconds: int
+    where: Where | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +75,7 @@ class EmitEvent:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    where: Where | None = None  # None for an Event about the whole run
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun, AgentRunStatus, Condition, format_validation_error
 from agentrun_operator.api.base import DOCS_API
+from agentrun_operator.planner import conditions, volumes
 from agentrun_operator.planner.actions import ClaimIdempotencyKey
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
@@ -50,7 +51,8 @@ REASON_KEY_COMPLETED: Final = "IdempotencyKeyCompleted"
 
 
 def admit(ctx: PlanContext) -> bool:
-    """Before the first Job: cancel, validation (with the reference grace), the idempotency claim."""
+    """Before the first Job: cancel, validation (with the reference grace), bound claims, the
+    idempotency claim."""
     spec = ctx.run.spec
     if spec.cancel is not None:
         finish_run(ctx, "Cancelled", REASON_CANCELLED, f"cancelled ({spec.cancel}) before any Job started")
@@ -62,6 +64,11 @@ def admit(ctx: PlanContext) -> bool:
             _wait_for_references(ctx, problems, waiting)
         else:
             _fail_invalid(ctx, problems)
+        return False
+    unbound = volumes.unbound_claims(ctx.observed)
+    if unbound is not None:
+        set_pending(ctx, unbound.reason, unbound.message)
+        ctx.requeue(volumes.RECHECK_SECONDS)
         return False
     if spec.idempotency_key is not None:
         return _hold_idempotency_claim(ctx, spec.idempotency_key)
@@ -157,7 +164,7 @@ def unparseable_status(
     first = format_validation_error(err)[0]
     see = "" if "docs/" in first else f" (see {DOCS_API})"
     message = f"spec is not valid: {first}{see}"
-    return AgentRunStatus(
+    status = AgentRunStatus(
         phase="Failed",
         reason=REASON_INVALID_SPEC,
         message=message,
@@ -172,3 +179,5 @@ def unparseable_status(
             )
         ],
     )
+    status.conditions = conditions.derive(status, generation, now.replace(microsecond=0))
+    return status

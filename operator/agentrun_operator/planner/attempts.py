@@ -19,7 +19,7 @@ from agentrun_operator.planner.context import (
     PlanContext,
     clip,
 )
-from agentrun_operator.planner.facts import IterationFinished, IterationResult
+from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next
 from agentrun_operator.planner.observed import ObservedJob
@@ -84,8 +84,30 @@ def start_attempt(
             ctx.run, _planned_attempt(ctx, step, iteration, attempt), ctx.refs, ctx.config
         )
         ctx.writes.append(CreateJob(manifest))
+        _next_iteration_requested(ctx, step, iteration, attempt, name)
     _mark_attempt_started(ctx, step, iteration, attempt, name, existing)
     return existing is not None
+
+
+def _next_iteration_requested(
+    ctx: PlanContext, step: StepView, iteration: int, attempt: int, name: str
+) -> None:
+    """The turnaround fact: the Job of the iteration after a succeeded one is requested now.
+
+    It starts where the previous iteration's pod ended (its main container's finish time, as the
+    kubelet reported it); a pod already gone gives no fact. Retries are not turnarounds (their wait
+    is the backoff), nor is the first iteration.
+    """
+    previous = step.st.job_ref
+    if step.loop is None or attempt != 1 or iteration < 2 or previous is None:
+        return
+    ends = [
+        p.finished_at
+        for p in ctx.observed.pods_of(previous.name)
+        if p.phase == "Succeeded" and p.finished_at is not None
+    ]
+    if ends:
+        ctx.facts.append(NextIterationRequested(step.name, iteration, name, max(ends)))
 
 
 def _mark_attempt_started(
@@ -122,6 +144,7 @@ def _mark_attempt_started(
         "Normal",
         "IterationStarted",
         f"step {step.name}: {where}attempt {attempt}/{retries + 1} started (Job {name})",
+        step.where,
     )
 
 
@@ -258,14 +281,14 @@ def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, c
             record.phase = "Retrying"
             record.message = message
         _iteration_finished(ctx, step, "Retrying")
-        ctx.emit("Warning", "IterationRetrying", f"step {step.name}: {st.message}")
+        ctx.emit("Warning", "IterationRetrying", f"step {step.name}: {st.message}", step.where)
         return True
     if record is not None:
         record.phase = "Failed"
         record.finished_at = finished
         record.message = message
     _iteration_finished(ctx, step, "Failed")
-    ctx.emit("Warning", "IterationFailed", f"step {step.name}: {message}")
+    ctx.emit("Warning", "IterationFailed", f"step {step.name}: {message}", step.where)
     if ctx.stopping is not None:
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
         return True
@@ -285,7 +308,9 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
         st.control = control
         account_usage(ctx, step, control)
         _iteration_finished(ctx, step, "Succeeded")
-        ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})")
+        ctx.emit(
+            "Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})", step.where
+        )
         end_step(ctx, step, "Succeeded", None, f"succeeded{tries}")
         return
     record = step.record()
@@ -297,7 +322,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
     _iteration_finished(ctx, step, "Succeeded")
-    ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})")
+    ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return
     decide_next(ctx, step, envelope)

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from agentrun_operator.api import AgentRunStatus, Condition
+from agentrun_operator.planner.context import PlanContext
 
 READY: Final = "Ready"
 SUCCEEDED: Final = "Succeeded"
@@ -173,6 +174,14 @@ def apply(
     updated: dict[str, Condition] = {}
     for want in wants:
         old = by_type.get(want.type)
+        if (
+            old is not None
+            and (old.status, old.reason, old.message, old.observed_generation)
+            == (want.status, want.reason, want.message, generation)
+            and old.last_transition_time is not None
+        ):
+            updated[want.type] = old  # the steady state: nothing to build
+            continue
         moved = old is None or old.status != want.status or old.last_transition_time is None
         updated[want.type] = Condition(
             type=want.type,
@@ -216,3 +225,17 @@ def became_true(before: Sequence[Condition], after: Sequence[Condition], type_: 
     old = next((c for c in before if c.type == type_), None)
     new = next((c for c in after if c.type == type_), None)
     return new is not None and new.status == "True" and (old is None or old.status != "True")
+
+
+def conclude(ctx: PlanContext) -> None:
+    """The last step of every plan: the conditions of the status just decided, and a Warning Event
+    `StatusSizeWarning` when the status has just crossed 80 % of its budget."""
+    status = ctx.status
+    before = list(status.conditions)
+    budget = ctx.config.status_budget_bytes
+    status.conditions = derive(
+        status, status.observed_generation, ctx.now, status_size(status, budget), budget
+    )
+    if became_true(before, status.conditions, STATUS_SIZE_WARNING):
+        warning = next(c for c in status.conditions if c.type == STATUS_SIZE_WARNING)
+        ctx.emit("Warning", STATUS_SIZE_WARNING, warning.message or "")

@@ -9,7 +9,7 @@ from typing import Final, Literal
 
 from agentrun_operator.api import AgentRun, AgentRunStatus, StepStatus, WorkflowStep
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.planner.actions import Action, EmitEvent, Requeue
+from agentrun_operator.planner.actions import Action, EmitEvent, Requeue, Where
 from agentrun_operator.planner.facts import Fact, RunPhaseChanged
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.resolution import References
@@ -73,8 +73,11 @@ class PlanContext:
     def uid(self) -> str:
         return str(self.run.metadata.get("uid", ""))
 
-    def emit(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.events.append(EmitEvent(type_, reason, clip(message)))
+    def emit(
+        self, type_: Literal["Normal", "Warning"], reason: str, message: str, where: Where | None = None
+    ) -> None:
+        """Post an Event; `where` names the step, iteration and attempt it is about (None: the run)."""
+        self.events.append(EmitEvent(type_, reason, clip(message), where))
 
     def requeue(self, seconds: float) -> None:
         """Ask to be planned again after `seconds` at the latest (the earliest request wins)."""

@@ -7,6 +7,7 @@ status reports nothing again, so the shell may count facts after the status writ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from agentrun_operator.api import RunPhase
@@ -46,6 +47,21 @@ class RunPhaseChanged:
 
 
 @dataclass(frozen=True)
+class NextIterationRequested:
+    """The Job `job` of `iteration` (after a succeeded iteration of the same loop) was requested.
+
+    `previous_finished_at` is when the previous iteration's pod ended (its main container's finish
+    time as the kubelet reported it, whole seconds): the shell measures the turnaround from there to
+    the moment it created `job`.
+    """
+
+    step: str
+    iteration: int
+    job: str
+    previous_finished_at: datetime
+
+
+@dataclass(frozen=True)
 class UsageReported:
     """A succeeded attempt reported usage in its control file (summed into status)."""
 
@@ -54,4 +70,4 @@ class UsageReported:
     cost_usd: float
 
 
-Fact = IterationFinished | LoopStopped | RunPhaseChanged | UsageReported
+Fact = IterationFinished | LoopStopped | RunPhaseChanged | NextIterationRequested | UsageReported

@@ -7,10 +7,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agentrun_operator.api import AgentRunStatus
-from agentrun_operator.planner.actions import DeleteJob, SetJobTTL
+from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, TERMINAL_STEP_PHASES, PlanContext
 from agentrun_operator.planner.observed import ObservedJob
 from agentrun_operator.planner.state import StepState, state_of, step_views
+
+
+def _where(ctx: PlanContext, job: ObservedJob) -> Where | None:
+    """The step, iteration and attempt of one of the run's Jobs (None for a step index not in the spec)."""
+    if not 1 <= job.step_index <= len(ctx.steps):
+        return None
+    return Where(ctx.steps[job.step_index - 1].name, job.iteration, job.attempt)
 
 
 def active_job_name(ctx: PlanContext) -> str | None:
@@ -34,7 +41,7 @@ def delete_strays(ctx: PlanContext, expected: str | None) -> None:
             if terminal
             else "not the active attempt of this run (one Job at a time)"
         )
-        ctx.writes.insert(0, DeleteJob(job.name, ctx.delete_reasons.get(job.name, default)))
+        ctx.writes.insert(0, DeleteJob(job.name, ctx.delete_reasons.get(job.name, default), _where(ctx, job)))
 
 
 def set_job_ttls(ctx: PlanContext) -> None:
@@ -42,7 +49,9 @@ def set_job_ttls(ctx: PlanContext) -> None:
     for job in ctx.observed.jobs:
         fresh = job.finished and not job.deleting and job.ttl_seconds_after_finished is None
         if fresh and result_recorded(ctx.prior, job):
-            ctx.writes.append(SetJobTTL(job.name, ctx.config.job_ttl_seconds_after_recorded))
+            ctx.writes.append(
+                SetJobTTL(job.name, ctx.config.job_ttl_seconds_after_recorded, _where(ctx, job))
+            )
 
 
 def result_recorded(prior: AgentRunStatus | None, job: ObservedJob) -> bool:

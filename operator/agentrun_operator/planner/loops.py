@@ -87,6 +87,7 @@ def start_step(ctx: PlanContext, step: StepView) -> bool:
         "Normal",
         "LoopStarted",
         f"step {step.name}: loop started (maxIterations {st.loop.max_iterations}{count})",
+        step.where,
     )
     return True
 
@@ -108,7 +109,7 @@ def _when_allows(ctx: PlanContext, step: StepView, expression: str) -> bool:
     st.reason = "WhenFalse"
     st.message = clip(f"skipped: when `{expression}` is false")
     st.finished_at = ctx.now
-    ctx.emit("Normal", "StepSkipped", f"step {step.name}: {st.message}")
+    ctx.emit("Normal", "StepSkipped", f"step {step.name}: {st.message}", step.where)
     return False
 
 
@@ -247,7 +248,7 @@ def _evaluate_condition(ctx: PlanContext, step: StepView, envelope: ControlEnvel
     else:
         verdict = _evaluate_cel_condition(ctx, step, envelope.control)
     event_type: Literal["Normal", "Warning"] = "Normal" if verdict.kind in ("continue", "stop") else "Warning"
-    ctx.emit(event_type, "ConditionEvaluated", f"step {step.name}: {verdict.detail}")
+    ctx.emit(event_type, "ConditionEvaluated", f"step {step.name}: {verdict.detail}", step.where)
     return verdict
 
 

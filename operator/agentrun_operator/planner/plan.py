@@ -27,6 +27,7 @@ from typing import Final
 
 from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner import conditions
 from agentrun_operator.planner.admission import admit
 from agentrun_operator.planner.attempts import observe_attempt, start_attempt
 from agentrun_operator.planner.compaction import compact, compact_history
@@ -80,6 +81,7 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
+    conditions.conclude(ctx)
     return ctx.result()
 
 

@@ -47,6 +47,7 @@ from agentrun_operator.api import (
     StepStatus,
     WorkflowStep,
 )
+from agentrun_operator.planner.actions import Where
 from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
 from agentrun_operator.planner.facts import LoopStopped
 
@@ -71,6 +72,11 @@ class StepView:
     def iteration(self) -> int:
         """The current (or last) iteration, 1-based; 1 for a step without a loop."""
         return self.st.loop.current_iteration if self.loop is not None and self.st.loop else 1
+
+    @property
+    def where(self) -> Where:
+        """The step, iteration and attempt as the log fields name them (attempt 0: none started)."""
+        return Where(self.name, self.iteration, self.st.attempt)
 
     @property
     def max_iterations(self) -> int:
@@ -138,6 +144,7 @@ def _end_loop_event(ctx: PlanContext, step: StepView, warning: bool) -> None:
         "LoopCompleted",
         f"step {step.name}: loop stopped: {loop.stop_reason} after {loop.completed_iterations} completed "
         f"iteration(s): {step.st.message}",
+        step.where,
     )
 
 

@@ -1,4 +1,5 @@
-"""JSON logs: one object per line with `correlation_id` (the run's uid), run, step, decision."""
+"""JSON logs: one object per line; decision lines carry `correlation_id` (the run's uid), `run`,
+`step`, `iteration`, `attempt` and `decision` as fields (docs/operator.md#observability)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+NULLABLE_FIELDS = frozenset({"step", "iteration", "attempt"})
+"""Fields written even when empty (as null): a decision about the whole run names no step."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -20,7 +23,7 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in record.__dict__.items():
             # Only plain values: kopf attaches its whole settings object to every record.
-            plain = isinstance(value, str | int | float | bool)
+            plain = isinstance(value, str | int | float | bool) or (value is None and key in NULLABLE_FIELDS)
             if plain and key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value
         if record.exc_info:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
+
 from prometheus_client import Counter, Gauge, Histogram
 
-from agentrun_operator.planner.facts import Fact, IterationFinished, LoopStopped, UsageReported
+from agentrun_operator.planner.facts import (
+    Fact,
+    IterationFinished,
+    LoopStopped,
+    NextIterationRequested,
+    RunPhaseChanged,
+    UsageReported,
+)
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
@@ -22,13 +32,21 @@ PLAN_SECONDS = Histogram(
 )
 ITERATION_TURNAROUND = Histogram(
     "agentrun_iteration_turnaround_seconds",
-    "From an iteration's pod finishing to the next iteration's Job being created.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    "From a succeeded iteration's pod finishing (kubelet time, whole seconds) to the next iteration's "
+    "Job being created.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60),
 )
 API_REQUESTS = Counter(
     "agentrun_api_requests_total", "Requests the operator made to the API server.", ["verb", "resource"]
 )
-RUNS = Gauge("agentrun_runs", "AgentRuns seen by phase.", ["phase"])
+RUNS = Gauge(
+    "agentrun_runs", "AgentRuns in the watched namespaces by phase, counted at every resync.", ["phase"]
+)
+RUN_PHASE_TRANSITIONS = Counter(
+    "agentrun_run_phase_transitions_total",
+    "AgentRuns that entered a phase, with the run's reason then (empty when none).",
+    ["phase", "reason"],
+)
 STATUS_BYTES = Histogram(
     "agentrun_status_size_bytes",
     "Size of the status written (compact JSON).",
@@ -36,8 +54,12 @@ STATUS_BYTES = Histogram(
 )
 
 
-def observe_fact(fact: Fact) -> None:
-    """Count what the planner reports as having happened (its facts, not its Event texts)."""
+def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None) -> None:
+    """Count what the planner reports as having happened (its facts, not its Event texts).
+
+    `jobs_created` holds when this reconcile created each Job (the operator's clock, right after the
+    API server answered); a turnaround is observed only for a Job created now, never for one adopted.
+    """
     if isinstance(fact, IterationFinished):
         ITERATIONS.labels(result=fact.result).inc()
     elif isinstance(fact, LoopStopped):
@@ -45,3 +67,10 @@ def observe_fact(fact: Fact) -> None:
     elif isinstance(fact, UsageReported):
         TOKENS.inc(fact.tokens)
         COST_USD.inc(fact.cost_usd)
+    elif isinstance(fact, RunPhaseChanged):
+        RUN_PHASE_TRANSITIONS.labels(phase=fact.phase, reason=fact.reason or "").inc()
+    elif isinstance(fact, NextIterationRequested):
+        created = (jobs_created or {}).get(fact.job)
+        if created is not None:
+            # Clocks of the node and the operator may differ a little: never a negative sample.
+            ITERATION_TURNAROUND.observe(max(0.0, (created - fact.previous_finished_at).total_seconds()))

@@ -31,6 +31,7 @@ from agentrun_operator.planner.actions import (
     EmitEvent,
     Requeue,
     SetJobTTL,
+    Where,
 )
 from agentrun_operator.planner.admission import unparseable_status
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
@@ -76,6 +77,13 @@ def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
     elif isinstance(node, list):
         for value in node:
             fill_job_uids(value, uids)
+
+
+def _where(where: Where | None) -> dict[str, Any]:
+    """The log fields of a decision: its step, iteration and attempt (null for the whole run)."""
+    if where is None:
+        return {"step": None, "iteration": None, "attempt": None}
+    return {"step": where.step, "iteration": where.iteration, "attempt": where.attempt}
 
 
 class Reconciler:
@@ -178,7 +186,14 @@ class Reconciler:
         )
 
     async def reconcile(self, namespace: str, name: str) -> ReconcileResult:
+        """One reconcile, timed whichever way it ends (agentrun_reconcile_duration_seconds)."""
         started = time.perf_counter()
+        try:
+            return await self._reconcile(namespace, name)
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _reconcile(self, namespace: str, name: str) -> ReconcileResult:
         result = ReconcileResult()
         raw = await self.kube.get_custom(namespace, "agentruns", name)
         if raw is None:
@@ -200,6 +215,7 @@ class Reconciler:
 
         after_status: list[Action] = []
         job_uids: dict[str, str] = {}
+        jobs_created: dict[str, datetime] = {}
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 created, job = await self.kube.create_job(action.manifest)
@@ -208,20 +224,39 @@ class Reconciler:
                     await self.kube.delete_job(namespace, action.name)
                     log.info(
                         "stale job of an earlier run deleted",
-                        extra={**corr, "job": action.name, "decision": "delete-foreign-job"},
+                        extra={
+                            **corr,
+                            **_where(action.where),
+                            "job": action.name,
+                            "decision": "delete-foreign-job",
+                        },
                     )
                     result.requeue_after = 1.0
                     continue
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
+                if created:
+                    jobs_created[action.name] = datetime.now(UTC)
                 log.info(
                     "job created" if created else "job adopted",
-                    extra={**corr, "job": action.name, "decision": "create-job"},
+                    extra={
+                        **corr,
+                        **_where(action.where),
+                        "job": action.name,
+                        "decision": "create-job" if created else "adopt-job",
+                    },
                 )
             elif isinstance(action, DeleteJob):
                 await self.kube.delete_job(namespace, action.name)
-                log.info("job deleted", extra={**corr, "job": action.name, "decision": action.reason})
+                log.info(
+                    f"job deleted: {action.reason}",
+                    extra={**corr, **_where(action.where), "job": action.name, "decision": "delete-job"},
+                )
             elif isinstance(action, ClaimIdempotencyKey):
                 await self._claim(raw, action)
+                log.info(
+                    "idempotency claim requested",
+                    extra={**corr, **_where(None), "claim": action.name, "decision": "claim-idempotency-key"},
+                )
                 result.requeue_after = 0.0
             elif isinstance(action, Requeue):
                 result.requeue_after = (
@@ -252,14 +287,21 @@ class Reconciler:
         for action in after_status:
             if isinstance(action, SetJobTTL):
                 await self.kube.set_job_ttl(namespace, action.name, action.seconds)
+                log.info(
+                    f"job ttl set to {action.seconds}s (its result is recorded)",
+                    extra={**corr, **_where(action.where), "job": action.name, "decision": "set-job-ttl"},
+                )
             elif isinstance(action, EmitEvent):
                 await self._event(raw, action)
-                log.info(action.message, extra={**corr, "decision": action.reason})
+                log.info(action.message, extra={**corr, **_where(action.where), "decision": action.reason})
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(namespace, name, action.uid)
+                log.info(
+                    "run deleted (spec.ttlSecondsAfterFinished passed)",
+                    extra={**corr, **_where(None), "decision": "delete-run"},
+                )
         for fact in decision.facts:
-            metrics.observe_fact(fact)
-        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            metrics.observe_fact(fact, jobs_created)
         return result
 
     async def _claim(self, raw: dict[str, Any], action: ClaimIdempotencyKey) -> None:

@@ -1,0 +1,228 @@
+"""The docs check (run by `make test`): the user docs name only commands, metrics, conditions and
+reasons the code has, and their AgentRun manifests pass `agentrun validate`. The checker itself is
+tested on bad pages, so a doc that names something unknown is proven to fail it."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit import docs_checker
+from tests.unit.docs_checker import REPO, Finding, check_page, doc_files
+
+# Known-pending: names the docs may show before the code that makes them real has landed (the
+# check lets exactly these through). Empty: `agentrun cancel` and the `Ready` condition, pending while
+# the "operate" work was on its branch, are now checked like every other name.
+PENDING_COMMANDS: frozenset[str] = frozenset()
+PENDING_NAMES: frozenset[str] = frozenset()
+
+
+Known = tuple[dict[str, tuple[str, ...]], frozenset[str], frozenset[str]]
+
+
+@pytest.fixture(scope="module")
+def known() -> Known:
+    return docs_checker.metric_labels(), docs_checker.product_names(), docs_checker.dev_names()
+
+
+def _check(path: Path, text: str, known: Known) -> list[Finding]:
+    metrics, product, dev = known
+    return check_page(path, text, known_metrics=metrics, product=product, dev=dev)
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_page_names_only_what_the_code_has(path: Path, known: Known) -> None:
+    metrics, product, dev = known
+    findings = check_page(
+        path,
+        known_metrics=metrics,
+        product=product,
+        dev=dev,
+        pending_commands=PENDING_COMMANDS,
+        pending_names=PENDING_NAMES,
+    )
+    assert not findings, "\n".join(str(f) for f in findings)
+
+
+def test_the_check_reads_every_kind_of_name_in_the_real_docs() -> None:
+    """Guard against a checker that silently finds nothing: the real pages do show each kind."""
+    commands = metrics = names = manifests = 0
+    for path in doc_files():
+        lines = docs_checker.lines_of(path.read_text(encoding="utf-8"))
+        rel = path.relative_to(REPO).as_posix()
+        commands += sum(1 for _, f in docs_checker.code_fragments(lines) for _ in docs_checker.commands_in(f))
+        metrics += sum(1 for line in lines for _ in docs_checker._METRIC.finditer(line.text))
+        names += sum(1 for _ in docs_checker.named_conditions_and_reasons(rel, lines))
+        for _, text in docs_checker.yaml_blocks(lines):
+            with contextlib.suppress(yaml.YAMLError):
+                manifests += sum(1 for d in yaml.safe_load_all(text) if docs_checker._is_full_agentrun(d))
+    assert commands >= 30 and metrics >= 7 and names >= 40 and manifests >= 1, (
+        commands,
+        metrics,
+        names,
+        manifests,
+    )
+
+
+# ----------------------------------------------------------------------------------- bad pages
+
+BAD = Path("docs/bad.md")
+
+
+def test_unknown_command_names_file_line_and_command(known: Known) -> None:
+    text = "# Bad\n\nRun it:\n\n```sh\nkubectl agentrun frobnicate NAME\n```\n"
+    findings = _check(BAD, text, known)
+    assert [str(f) for f in findings] == [
+        "docs/bad.md:6: unknown command 'agentrun frobnicate': not in `agentrun --help`"
+    ]
+
+
+def test_unknown_nested_command_and_option(known: Known) -> None:
+    text = (
+        "Use `agentrun dev up|explode` and `agentrun validate --strict FILE…`,\n"
+        "then `agentrun dev down --purge`.\n"
+    )
+    findings = _check(BAD, text, known)
+    assert [(f.line, f.kind, f.name) for f in findings] == [
+        (1, "command", "agentrun dev explode"),
+        (1, "option", "--strict"),
+    ]
+
+
+def test_known_commands_in_tables_blocks_and_paths_pass(known: Known) -> None:
+    text = (
+        "| `agentrun dev up\\|down\\|status` | x |\n"
+        "|---|---|\n"
+        "```sh\n"
+        'eval "$(.venv/bin/agentrun dev env)"\n'
+        ".venv/bin/agentrun dev logs POD -c reporter   # a comment\n"
+        "agentrun reporter report --path P --fingerprint F\n"
+        "helm install agentrun-operator charts/agentrun-operator\n"
+        "kubectl patch agentrun my-run --type merge -p '{}'\n"
+        "```\n"
+        "See `operator/agentrun_operator/cli.py` and `agentrun --version`.\n"
+    )
+    assert _check(BAD, text, known) == []
+
+
+def test_unknown_metric_and_label(known: Known) -> None:
+    text = (
+        "Metrics: `agentrun_iterations_total{result}`, `agentrun_bogus_seconds`,\n"
+        "`agentrun_loop_stops_total{phase}` and `agentrun_reconcile_duration_seconds_bucket`.\n"
+    )
+    findings = _check(BAD, text, known)
+    assert [str(f) for f in findings] == [
+        "docs/bad.md:1: unknown metric 'agentrun_bogus_seconds': not in the operator's registry",
+        "docs/bad.md:2: unknown label 'agentrun_loop_stops_total{phase}': labels: ('reason',)",
+    ]
+
+
+def test_unknown_condition_types(known: Known) -> None:
+    text = (
+        "The run gets condition `Healthy=True`.\n"
+        "`kubectl wait --for=condition=Finished ar/x`\n"
+        "Condition type, e.g. InvalidSpec, Sparkly.\n"
+        "It has conditions `InvalidSpec` and `Glowing`.\n"
+    )
+    findings = _check(BAD, text, known)
+    assert [(f.line, f.kind, f.name) for f in findings] == [
+        (1, "condition", "Healthy"),
+        (2, "condition", "Finished"),
+        (3, "condition", "Sparkly"),
+        (4, "condition", "Glowing"),
+    ]
+    block = "```sh\nkubectl wait --for=condition=Finished ar/x\n```\n"
+    assert [(f.line, f.name) for f in _check(BAD, block, known)] == [(2, "Finished")]
+
+
+def test_unknown_reasons_in_prose_tables_events_and_headings(known: Known) -> None:
+    text = (
+        "The step fails with reason `LoopExploded` (or `InvalidSpec`).\n"
+        "Stop reason `LoopConditionFalse`; a `LoopWobbled` Event; Warning Event `Nope`.\n"
+        "\n"
+        "| Stop reason | Step phase |\n"
+        "|---|---|\n"
+        "| `LoopMaxIterationsReached` | Succeeded |\n"
+        "| `LoopGaveUp` | Failed |\n"
+        "\n"
+        "| Field | Meaning |\n"
+        "|---|---|\n"
+        "| `NotAReason` | a name in a column that holds no reasons |\n"
+    )
+    findings = _check(BAD, text, known)
+    assert [(f.line, f.kind, f.name) for f in findings] == [
+        (1, "reason", "LoopExploded"),
+        (2, "reason", "Nope"),
+        (2, "reason", "LoopWobbled"),
+        (7, "reason", "LoopGaveUp"),
+    ]
+    headings = _check(Path("docs/troubleshooting.md"), "## `LoopVanished` / `InvalidSpec`\n", known)
+    assert [(f.line, f.name) for f in headings] == [(1, "LoopVanished")]
+
+
+def test_pages_about_the_local_default_may_name_the_pod_runners_reasons(known: Known) -> None:
+    text = "The pod fails with reason `UnsupportedVolume`.\n"
+    assert _check(Path("docs/local-dev.md"), text, known) == []
+    assert [f.name for f in _check(BAD, text, known)] == ["UnsupportedVolume"]
+
+
+def test_invalid_manifest_fails_with_the_block_line(known: Known) -> None:
+    text = (
+        "Example:\n"
+        "\n"
+        "```yaml\n"
+        "apiVersion: agents.proompteng.ai/v1alpha1\n"
+        "kind: AgentRun\n"
+        "metadata: {name: too-long}\n"
+        "spec:\n"
+        "  workload: {image: busybox, command: [sh, -c, 'true']}\n"
+        "  workflow:\n"
+        "    steps:\n"
+        "      - name: work\n"
+        "        loop: {maxIterations: 50}\n"
+        "```\n"
+        "\n"
+        "```yaml\n"
+        "loop: {maxIterations: 5000}   # a fragment, not a manifest\n"
+        "```\n"
+    )
+    findings = _check(BAD, text, known)
+    assert [(f.line, f.kind, f.name) for f in findings] == [(4, "manifest", "AgentRun/too-long")]
+    assert "exceeds this operator's cap of 20" in findings[0].detail
+
+
+def test_a_valid_manifest_passes(known: Known) -> None:
+    text = (
+        "```yaml\n"
+        "apiVersion: agents.proompteng.ai/v1alpha1\n"
+        "kind: AgentRun\n"
+        "metadata: {name: ok}\n"
+        "spec:\n"
+        "  workload: {image: busybox, command: [sh, -c, 'true']}\n"
+        "  workflow: {steps: [{name: work, loop: {maxIterations: 3}}]}\n"
+        "```\n"
+    )
+    assert _check(BAD, text, known) == []
+
+
+def test_pending_names_are_let_through_only_when_listed(known: Known) -> None:
+    metrics, product, dev = known
+    text = "Run `kubectl agentrun frobnicate NAME`; the run gets condition `Sparkly=True`.\n"
+    strict = check_page(BAD, text, known_metrics=metrics, product=product, dev=dev)
+    assert [(f.kind, f.name) for f in strict] == [
+        ("command", "agentrun frobnicate"),
+        ("condition", "Sparkly"),
+    ]
+    lenient = check_page(
+        BAD,
+        text,
+        known_metrics=metrics,
+        product=product,
+        dev=dev,
+        pending_commands=frozenset({"agentrun frobnicate"}),
+        pending_names=frozenset({"Sparkly"}),
+    )
+    assert lenient == []
