@@ -175,3 +175,14 @@ def test_parse_usage_absent_and_partial() -> None:
     usage = parse_usage({"usage": {"costUSD": 2}})
     assert not isinstance(usage, str) and usage is not None
     assert (usage.tokens, usage.cost_usd) == (0, 2.0)
+
+
+def test_an_output_value_too_large_for_status_follows_on_invalid_keeping_the_rest() -> None:
+    output = {"name": "tasks", "expression": "iteration.last.control.v + iteration.last.control.v"}
+    world = World(manifest([loop_step("plan", 3, expression="true", loop={"output": output})]))
+    world.drive(_succeed_with([{"v": "sm"}, {"v": "x" * 2500}]))
+    step = world.step_status()
+    assert step.phase == "Failed" and step.reason == "LoopConditionError"
+    assert "loop.output 'tasks': the value is 5002 bytes of JSON (at most 4096)" in step.message
+    assert world.status is not None and world.status.workflow is not None
+    assert world.status.workflow.outputs == {"tasks": ["smsm"]}

@@ -8,12 +8,23 @@ never appends twice, and what was collected stays when the loop later fails or i
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Final
 
 from agentrun_operator.celeval import CelError, compile_expression, evaluate_json
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.loops import cel_context, stop_on_invalid
 from agentrun_operator.planner.state import StepView
+
+MAX_OUTPUT_VALUE_BYTES: Final = 4 * 1024
+"""One collected value, as compact JSON: outputs live in status, which has a size budget."""
+
+MAX_OUTPUTS_BYTES: Final = 64 * 1024
+"""Everything collected by the run, as compact JSON."""
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def collect_output(ctx: PlanContext, step: StepView, control: dict[str, Any] | None) -> bool:
@@ -41,6 +52,16 @@ def collect_output(ctx: PlanContext, step: StepView, control: dict[str, Any] | N
         return False
     outputs = dict(workflow.outputs or {})
     outputs[output.name] = [*outputs.get(output.name, []), value]
+    size, total = _json_size(value), _json_size(outputs)
+    if size > MAX_OUTPUT_VALUE_BYTES or total > MAX_OUTPUTS_BYTES:
+        stop_on_invalid(
+            ctx,
+            step,
+            f"iteration {step.iteration}: loop.output {output.name!r}: the value is {size} bytes of JSON "
+            f"(at most {MAX_OUTPUT_VALUE_BYTES}) and all outputs would be {total} bytes (at most "
+            f"{MAX_OUTPUTS_BYTES}); collect names or ids and keep the details in files on the volume",
+        )
+        return False
     workflow.outputs = outputs
     return True
 
