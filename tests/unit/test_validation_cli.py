@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -186,3 +187,32 @@ def test_cli_entry_point_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli_main(["validate", write(tmp_path, "bad.yaml", BAD_RUN), "--max-iterations", "40"]) == 1
     out = capsys.readouterr().out
     assert "maxIterations" not in out and "type pvc" in out
+
+
+def test_control_flow_problems_are_one_actionable_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep: dict[str, object] = {"name": "d4"}
+    for level in (3, 2):
+        deep = {"name": f"d{level}", "steps": [deep]}
+    manifest = {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "flow"},
+        "spec": {
+            "workload": {"image": "busybox", "command": ["true"]},
+            "workflow": {
+                "maxNestingDepth": 3,
+                "steps": [
+                    {"name": "d1", "steps": [deep]},
+                    {"name": "use", "loop": {"maxIterations": 2, "items": "outputs.later"}},
+                ],
+            },
+        },
+    }
+    path = tmp_path / "flow.yaml"
+    path.write_text(json.dumps(manifest))
+    assert main([str(path)]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if LINE.match(line)]
+    assert any("NestingTooDeep" in line and "d1/d2/d3/d4" in line for line in lines), lines
+    assert any("outputs.later" in line and "#collected-outputs" in line for line in lines), lines
