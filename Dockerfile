@@ -7,6 +7,8 @@
 #
 # Base: Python 3.11 (the version the tests run on), Debian bookworm slim, pinned by tag AND by the
 # digest of its multi-architecture index. Update both together (docs/operations.md#image).
+# Where no registry answers, `make image` passes --build-arg PYTHON_IMAGE=agentrun-local/python:3.11-bookworm,
+# a base made from Debian packages (docs/operations.md#make-image); the build is otherwise the same.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 # -- stage 1: build the wheel, then wheels of every dependency (no compilers in the final image) --

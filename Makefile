@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup bubblewrap test lint unit integration demo crds down clean kind
+.PHONY: setup bubblewrap test lint unit integration demo crds down clean kind image
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,14 @@ demo: setup
 
 down: setup
 	$(BIN)/agentrun dev down
+
+# The operator image, built with a Docker engine (a running one; as root on Debian one is installed
+# and started). BASE=auto uses the Dockerfile's digest-pinned base when it is present or can be
+# pulled, else a base made from Debian packages (BASE=local forces it, BASE=registry forbids it).
+# Cached: nothing is rebuilt while the build inputs are unchanged. docs/operations.md#make-image
+BASE ?= auto
+image: setup
+	$(BIN)/agentrun dev image --base $(BASE) --with-busybox
 
 # Docker hosts only: the image, a kind cluster, `helm install` with loops on, examples in real
 # containers (tests/kind/; skipped with the reason where no Docker engine answers).

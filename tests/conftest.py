@@ -11,8 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Hypothesis, deliberately: no per-example deadline. Hypothesis' default (200 ms) is a timed
+# assertion, and on a 2-core machine shared with control planes and pod runners a CEL evaluation or a
+# planner step can take longer for reasons that say nothing about correctness; speed is measured by
+# the benchmarks, not here. Every property still runs its `max_examples`, and a failure prints the
+# blob that reproduces it (`@reproduce_failure`). `HYPOTHESIS_PROFILE=…` picks another profile.
+settings.register_profile(
+    "agentrun",
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,6 +37,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if "e2e" in parts:
             item.add_marker(pytest.mark.e2e)
+        if "docker" in parts:
+            item.add_marker(pytest.mark.docker)
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +75,24 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> str:
+    """The operator image (and busybox:1.36) on a Docker engine, built once and cached by content.
+
+    Skipped, with the one-line reason, where no engine answers and none can be started (not root,
+    no apt-get), or with AGENTRUN_DOCKER=0. Where one answers, a failed base or image build fails
+    the test: that is ours.
+    """
+    from agentrun_operator.devcluster import baseimages, dockerengine, imagebuild
+
+    if os.environ.get("AGENTRUN_DOCKER") == "0":
+        pytest.skip("AGENTRUN_DOCKER=0: the Docker tiers are switched off")
+    try:
+        dockerengine.ensure_engine(print)
+    except dockerengine.EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    built = imagebuild.build_image(imagebuild.DEFAULT_TAG, "auto", print)
+    baseimages.ensure_busybox(print)
+    return built.tag

@@ -24,11 +24,13 @@ def _cmd_crds(args: argparse.Namespace) -> int:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from agentrun_operator.devcluster import dev, toolchain
     from agentrun_operator.devcluster.controlplane import ControlPlaneError
+    from agentrun_operator.devcluster.dockerengine import EngineUnavailable
+    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
     from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
 
     try:
         if args.dev_command == "up":
-            return dev.up(operator=not args.no_operator)
+            return dev.up(operator=not args.no_operator, runtime=args.runtime)
         if args.dev_command == "down":
             return dev.down(purge=args.purge)
         if args.dev_command == "status":
@@ -43,12 +45,28 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             from agentrun_operator.devcluster.podrunner.main import run_pod_runner
 
             return run_pod_runner(
-                Path(args.kubeconfig), Path(args.state_dir), args.node, tuple(args.namespace or ())
+                Path(args.kubeconfig),
+                Path(args.state_dir),
+                args.node,
+                tuple(args.namespace or ()),
+                runtime=args.runtime,
             )
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0
-    except (toolchain.ToolchainError, ControlPlaneError, SandboxUnavailable) as exc:
+        if args.dev_command == "engine":
+            return dev.engine(stop=args.stop)
+        if args.dev_command == "base-images":
+            return dev.base_images()
+        if args.dev_command == "image":
+            return dev.image(args.tag, args.base, with_busybox=args.with_busybox)
+    except (
+        toolchain.ToolchainError,
+        ControlPlaneError,
+        SandboxUnavailable,
+        EngineUnavailable,
+        RuntimeUnavailable,
+    ) as exc:
         print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
     raise AssertionError(args.dev_command)
@@ -86,6 +104,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             list(args.files), loops_enabled=not args.loops_disabled, max_iterations=args.max_iterations
         )
     )
+
+
+def _default_image_tag() -> str:
+    from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
+
+    return DEFAULT_REPORTER_IMAGE
 
 
 def _cmd_ctl(args: argparse.Namespace) -> int:
@@ -154,12 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    runtime_help = (
+        "how the local pod runner runs containers: process (host tools in a sandbox, the default), "
+        "docker (real containers from local images), auto (docker when a Docker engine answers)"
+    )
     up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
     up.add_argument(
         "--no-operator",
         action="store_true",
         help="start the control plane and the pod runner only (install the operator with Helm)",
     )
+    runtimes = ["process", "docker", "auto"]
+    up.add_argument("--runtime", choices=runtimes, default="process", help=runtime_help)
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     dev_sub.add_parser("status", help="show each component, its pid and health")
@@ -180,6 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--state-dir", required=True, help="pods, logs and PVC directories go here")
     runner.add_argument("--node", default="agentrun-local", help="the Node it registers")
     runner.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
+    runner.add_argument(
+        "--runtime", choices=["process", "docker", "auto"], default="process", help=runtime_help
+    )
+    engine = dev_sub.add_parser(
+        "engine", help="make sure a Docker engine answers (root: install and start one)"
+    )
+    engine.add_argument("--stop", action="store_true", help="stop the dockerd `agentrun dev engine` started")
+    dev_sub.add_parser(
+        "base-images", help="make the local python and busybox base images from Debian packages"
+    )
+    image = dev_sub.add_parser("image", help="build the operator image with a Docker engine (`make image`)")
+    image.add_argument("--tag", default=_default_image_tag(), help="image tag (default: %(default)s)")
+    image.add_argument(
+        "--base",
+        choices=["auto", "local", "registry"],
+        default="auto",
+        help="build from the pinned registry base, the local Debian-made one, or whichever is available",
+    )
+    image.add_argument("--with-busybox", action="store_true", help="also make busybox:1.36 for the examples")
     dev.set_defaults(func=_cmd_dev)
     return parser
 

@@ -30,7 +30,10 @@ NAMESPACE = "e2e"
 NODE = "agentrun-e2e"
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
-AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
+
+
+def runs_path(namespace: str) -> str:
+    return f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{namespace}/agentruns"
 
 
 def eventually(check: Callable[[], Any], timeout: float = 120.0, what: str = "", every: float = 0.2) -> Any:
@@ -71,11 +74,13 @@ class RunnerProcess:
         state_dir: Path,
         node: str = NODE,
         namespaces: tuple[str, ...] = (NAMESPACE,),
+        runtime: str = "process",
     ) -> None:
         self.plane = plane
         self.state_dir = state_dir
         self.node = node
         self.namespaces = namespaces
+        self.runtime = runtime
         self.log_path = state_dir / "pod-runner.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -93,6 +98,7 @@ class RunnerProcess:
                     f"--state-dir={self.state_dir}",
                     f"--node={self.node}",
                     *(f"--namespace={ns}" for ns in self.namespaces),
+                    f"--runtime={self.runtime}",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -163,6 +169,7 @@ class LocalDefault:
     plane: ControlPlane
     runner: RunnerProcess
     operator: OperatorProcess
+    namespace: str = NAMESPACE
 
     @property
     def state_dir(self) -> Path:
@@ -170,14 +177,14 @@ class LocalDefault:
 
     def claim_dir(self, claim: str) -> Path:
         """The directory of the volume bound to `claim` (waits for the binding)."""
-        return bound_claim_dir(self.plane, self.state_dir, NAMESPACE, claim)
+        return bound_claim_dir(self.plane, self.state_dir, self.namespace, claim)
 
     def create_claim(self, claim: str, storage_class: str | None = None) -> None:
         """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
-        create_claim(self.plane, NAMESPACE, claim, storage_class)
+        create_claim(self.plane, self.namespace, claim, storage_class)
 
     def apply(self, manifest: str) -> None:
-        self.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
+        self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input_text=manifest)
 
     def apply_example(self, name: str, edit: Callable[[str], str] | None = None) -> str:
         text = (EXAMPLES / name).read_text()
@@ -187,7 +194,7 @@ class LocalDefault:
         return text
 
     def run(self, name: str) -> dict[str, Any]:
-        code, body = self.plane.api_get(f"{AR_PATH}/{name}")
+        code, body = self.plane.api_get(f"{runs_path(self.namespace)}/{name}")
         assert code == 200, (code, body[:300])
         result: dict[str, Any] = json.loads(body)
         return result
@@ -209,7 +216,7 @@ class LocalDefault:
 
     def patch_run(self, name: str, patch: dict[str, Any]) -> None:
         self.plane.kubectl(
-            "patch", "agentrun", name, "-n", NAMESPACE, "--type", "merge", "-p", json.dumps(patch)
+            "patch", "agentrun", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch)
         )
 
 
@@ -230,28 +237,45 @@ def needs_bubblewrap() -> None:
         pytest.skip(str(exc))
 
 
+def start_local_default(
+    plane: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+    namespace: str = NAMESPACE,
+    node: str = NODE,
+    runtime: str = "process",
+    operator_env: dict[str, str] | None = None,
+) -> Iterator[LocalDefault]:
+    """A namespace, a pod runner (`runtime`) and an operator watching only it; torn down at the end."""
+    if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
+        plane.kubectl("create", "namespace", namespace)
+    eventually(
+        lambda: plane.api_get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+        what=f"the {namespace} namespace's default ServiceAccount",
+    )
+    runner = RunnerProcess(
+        plane, tmp_path_factory.mktemp("runner-state"), node, (namespace,), runtime
+    ).start()
+    operator = OperatorProcess(
+        plane,
+        tmp_path_factory.mktemp(f"{namespace}-operator"),
+        env={
+            "AGENTS_CONTROLLER_NAMESPACES": namespace,
+            "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "600",
+            **(operator_env or {}),
+        },
+    )
+    try:
+        operator.start()
+        yield LocalDefault(plane, runner, operator, namespace)
+    finally:
+        # Runs end here, so no later operator (the integration tier's is cluster-wide) picks them up.
+        plane.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false", check=False)
+        operator.stop()
+        runner.stop()
+
+
 @pytest.fixture(scope="session")
 def local_default(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalDefault]:
-    plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(
-        lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
-        what="the e2e namespace's default ServiceAccount",
-    )
-    runner = RunnerProcess(plane, tmp_path_factory.mktemp("runner-state")).start()
-    operator = OperatorProcess(
-        plane,
-        tmp_path_factory.mktemp("e2e-operator"),
-        env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE, "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "600"},
-    )
-    try:
-        operator.start()
-        yield LocalDefault(plane, runner, operator)
-    finally:
-        # Runs end here, so no later operator (the integration tier's is cluster-wide) picks them up.
-        plane.kubectl("delete", "agentruns", "--all", "-n", NAMESPACE, "--wait=false", check=False)
-        operator.stop()
-        runner.stop()
+    yield from start_local_default(control_plane, tmp_path_factory)

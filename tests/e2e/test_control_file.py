@@ -3,6 +3,7 @@ and the operator, with the file on a real (bind-mounted) PVC directory."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from tests.e2e.conftest import LocalDefault, step_status
@@ -133,3 +134,71 @@ printf '{"continue": true, "pad": "%s"}' "$pad" > /workspace/.agentrun/loop-cont
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopConditionError"
     assert re.search(r"control file is \d+ bytes.*at most \d+ bytes fit", step["message"]), step["message"]
+
+
+def _decode_error(text: str) -> json.JSONDecodeError:
+    """What Python's own JSON decoder says about `text` (the oracle, independent of the reporter)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return exc
+    raise AssertionError(f"{text!r} is valid JSON")
+
+
+def test_invalid_json_goes_through_the_real_reporter_and_fails_per_on_invalid(
+    local_default: LocalDefault,
+) -> None:
+    """The iteration writes a truncated JSON file; the reporter sidecar reads it from the PVC, the
+    operator reads the reporter's termination message: no envelope is built by the test."""
+    script = """
+echo "iteration $AGENTRUN_ITERATION" >> /workspace/ran.log
+mkdir -p /workspace/.agentrun
+printf '{"continue": tru' > /workspace/.agentrun/loop-control.json
+"""
+    local_default.apply(manifest("bad-json", script, on_invalid="fail"))
+    run = local_default.wait_for_end("bad-json")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopConditionError"
+    assert step["loop"]["completedIterations"] == 1
+    root = local_default.claim_dir("bad-json-workspace")
+    written = (root / ".agentrun" / "loop-control.json").read_text()
+    error = _decode_error(written)
+    assert "invalid JSON" in step["message"] and "onInvalid: fail" in step["message"], step["message"]
+    assert f"line {error.lineno} column {error.colno}" in step["message"], (step["message"], error)
+    assert (root / "ran.log").read_text().splitlines() == ["iteration 1"]
+
+
+def test_invalid_json_with_on_invalid_stop_ends_the_loop_visibly(local_default: LocalDefault) -> None:
+    script = """
+mkdir -p /workspace/.agentrun
+printf 'continue=yes' > /workspace/.agentrun/loop-control.json
+"""
+    local_default.apply(manifest("bad-json-stop", script, on_invalid="stop"))
+    run = local_default.wait_for_end("bad-json-stop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopConditionError"
+    assert step["loop"]["completedIterations"] == 1
+    assert "invalid JSON" in step["message"] and "onInvalid: stop" in step["message"], step["message"]
+
+
+def test_a_truly_missing_file_follows_on_missing(local_default: LocalDefault) -> None:
+    """No iteration ever writes the file (and no earlier one did): the reporter finds nothing."""
+    script = """
+echo "iteration $AGENTRUN_ITERATION" >> /workspace/ran.log
+"""
+    local_default.apply(manifest("no-file", script, on_missing="fail"))
+    local_default.apply(manifest("no-file-stop", script, on_missing="stop"))
+    failed = local_default.wait_for_end("no-file")
+    stopped = local_default.wait_for_end("no-file-stop")
+    assert failed["status"]["phase"] == "Failed", failed["status"]
+    assert step_status(failed)["loop"]["stopReason"] == "LoopConditionError"
+    assert "no file at /workspace/.agentrun/loop-control.json" in step_status(failed)["message"]
+    assert "onMissing: fail" in step_status(failed)["message"]
+    assert stopped["status"]["phase"] == "Succeeded", stopped["status"]
+    assert step_status(stopped)["loop"]["stopReason"] == "LoopConditionFalse"
+    for name in ("no-file", "no-file-stop"):
+        root = local_default.claim_dir(f"{name}-workspace")
+        assert not (root / ".agentrun" / "loop-control.json").exists()
+        assert (root / "ran.log").read_text().splitlines() == ["iteration 1"]

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentrun_operator import naming
+from agentrun_operator.control.envelope import encode_envelope, parse_control_payload
 from agentrun_operator.devcluster.controlplane import ControlPlane
 
 NODE = "agentrun-test-node"
@@ -29,6 +30,8 @@ class PodOutcome:
     exit_code: int = 0
     control: dict[str, Any] | None = None  # becomes a `found` envelope
     envelope: dict[str, Any] | None = None  # a raw envelope, when the test wants full control
+    # The bytes of the control file: the envelope is what the reporter's own parser makes of them.
+    control_bytes: bytes | None = None
     run_seconds: float = 0.0  # how long the pod stays Running
     hang: bool = False  # never finish (e.g. until activeDeadlineSeconds kills it)
 
@@ -39,6 +42,8 @@ Scenario = Callable[[dict[str, Any]], PodOutcome]
 def envelope_for(outcome: PodOutcome, path: str) -> str:
     if outcome.envelope is not None:
         return json.dumps(outcome.envelope)
+    if outcome.control_bytes is not None:
+        return encode_envelope(parse_control_payload(outcome.control_bytes, path))
     if outcome.control is None:
         return json.dumps({"v": 1, "status": "missing", "path": path, "size": None, "reason": None})
     body = json.dumps(outcome.control, separators=(",", ":"))

@@ -212,23 +212,32 @@ def test_missing_control_file_follows_on_missing(cluster: Any, world: World, pol
 
 
 def test_invalid_control_payload_fails_deterministically(cluster: Any, world: World) -> None:
+    """The same invalid control file fails two runs the same way, on the first iteration, without a
+    retry. The envelope is what the reporter's own parser makes of the file's bytes (the driver does
+    not write it), and the expected position comes from Python's JSON decoder, not from the envelope.
+    (tests/e2e/test_control_file.py runs the same row through the real reporter process.)"""
     plane, operator, _ = cluster
-    name = "invalid-json"
-    envelope = {
-        "v": 1,
-        "status": "invalid",
-        "path": "/workspace/.agentrun/loop-control.json",
-        "size": 7,
-        "reason": "Expecting value: line 1 column 1 (char 0)",
-    }
-    world.runs[name] = lambda _i, _a: PodOutcome(envelope=envelope)
-    _create(plane, _loop_run(name, _conditional(on_invalid="fail")))
-    run = _wait_finished(plane, name, operator)
-    assert run["status"]["phase"] == "Failed"
-    step = _step_status(run)
-    assert step["loop"]["stopReason"] == "LoopConditionError"
-    text = json.dumps(run["status"])
-    assert "iteration 1" in text and "Expecting value" in text
+    payload = b'{"continue": true,, "n": 1}'
+    try:
+        json.loads(payload)
+        raise AssertionError("the payload must be invalid JSON")
+    except json.JSONDecodeError as exc:
+        position = f"line {exc.lineno} column {exc.colno}"
+    messages = []
+    for name in ("invalid-json-a", "invalid-json-b"):
+        world.runs[name] = lambda _i, _a: PodOutcome(control_bytes=payload)
+        _create(plane, _loop_run(name, _conditional(on_invalid="fail"), retries=2))
+        run = _wait_finished(plane, name, operator)
+        assert run["status"]["phase"] == "Failed", run["status"]
+        step = _step_status(run)
+        assert step["loop"]["stopReason"] == "LoopConditionError"
+        assert step["loop"]["completedIterations"] == 1
+        assert [(it["index"], it["attempts"]) for it in step["loop"]["iterations"]] == [(1, 1)]
+        assert len(_jobs(plane, name)) == 1  # an invalid payload is not an attempt failure: no retry
+        assert "invalid JSON" in step["message"] and position in step["message"], step["message"]
+        assert "onInvalid: fail" in step["message"]
+        messages.append(step["message"].replace(name, "RUN"))
+    assert messages[0] == messages[1]
 
 
 def test_timeout_with_retries_remaining_retries(cluster: Any, world: World) -> None:

@@ -26,7 +26,13 @@ from agentrun_operator.planner.actions import (
     Requeue,
     SetJobTTL,
 )
-from agentrun_operator.planner.observed import IdempotencyClaim, Observed, ObservedJob, ObservedPod
+from agentrun_operator.planner.observed import (
+    IdempotencyClaim,
+    Observed,
+    ObservedJob,
+    ObservedPod,
+    Refusal,
+)
 from agentrun_operator.planner.plan import Plan, plan
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -131,6 +137,9 @@ class World:
     plans: list[Plan] = field(default_factory=list)
     run_deleted: bool = False
     last_requeue: float | None = None
+    # Writes the API server refuses for good: Job name -> (HTTP status, message); the status update.
+    refuse_job: dict[str, tuple[int, str]] = field(default_factory=dict)
+    refuse_status: tuple[int, str] | None = None
     _uids: int = 0
 
     # ------------------------------------------------------------------ planning
@@ -155,14 +164,37 @@ class World:
         )
 
     def plan(self, *, persist: bool = True, apply: bool = True) -> Plan:
-        """One reconcile: plan, apply the actions, persist the status (unless the write is 'lost')."""
-        result = plan(self.agentrun(), self.observed(), self.now, self.config)
+        """One reconcile: plan, apply the actions, persist the status (unless the write is 'lost').
+
+        Like the shell, a write the API server refuses for good (`refuse_job`, `refuse_status`) is
+        reported to the planner as a `Refusal` and the run re-planned before anything is applied.
+        """
+        observed = self.observed()
+        result = plan(self.agentrun(), observed, self.now, self.config)
+        for _ in range(3):
+            refusal = self._refusal_of(result, observed)
+            if refusal is None:
+                break
+            observed = replace(observed, refusals=(*observed.refusals, refusal))
+            result = plan(self.agentrun(), observed, self.now, self.config)
         self.plans.append(result)
         if apply:
             self.apply(result)
         if persist:
             self.status = result.status
         return result
+
+    def _refusal_of(self, result: Plan, observed: Observed) -> Refusal | None:
+        for action in result.actions:
+            refused = isinstance(action, CreateJob) and action.name in self.refuse_job
+            if refused and observed.refusal("Job", action.name) is None and action.name not in self.jobs:
+                code, message = self.refuse_job[action.name]
+                return Refusal("Job", action.name, code, message)
+        if self.refuse_status is not None and result.status != self.status:
+            name = str(self.spec_manifest["metadata"]["name"])
+            if observed.refusal("Status", name) is None:
+                return Refusal("Status", name, *self.refuse_status)
+        return None
 
     def apply(self, result: Plan) -> None:
         self.last_requeue = None

@@ -366,3 +366,10 @@ def test_string_extension_errors(expression: str, reason_part: str) -> None:
     with pytest.raises(CelEvaluationError) as info:
         holds(expression, context({}))
     assert reason_part in info.value.reason
+
+
+def test_hypothesis_runs_without_a_per_example_deadline() -> None:
+    """The deadline is chosen in tests/conftest.py (no timed assertions), not Hypothesis' 200 ms."""
+    from hypothesis import settings as current
+
+    assert current.default is not None and current.default.deadline is None

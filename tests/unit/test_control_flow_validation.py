@@ -78,7 +78,7 @@ def test_a_step_with_a_workload_and_steps_is_rejected_with_its_path() -> None:
 def test_a_switch_without_cases_is_rejected() -> None:
     manifest = _run([_work("route", switch={"expression": "'a'", "cases": []})])
     problem = _only(_problems(manifest), "switch")
-    assert problem.path == "spec.workflow.steps[0].switch"
+    assert problem.path == "spec.workflow.steps[0].switch.cases"
     assert "at least one case" in problem.message
     assert problem.docs == "docs/api.md#switch"
 

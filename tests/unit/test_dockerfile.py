@@ -1,5 +1,5 @@
-"""The Dockerfile, checked statically (this machine has a Docker client but no engine; `.ci/run`
-repeats the image's install steps in a clean virtualenv, and tests/kind/ builds it on Docker hosts)."""
+"""The Dockerfile, checked statically (tests/docker/ builds and runs it where a Docker engine can be
+started; `.ci/run` repeats the image's install steps in a clean virtualenv without Docker)."""
 
 from __future__ import annotations
 

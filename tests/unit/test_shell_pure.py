@@ -157,3 +157,16 @@ def test_claim_names_are_the_pvc_volumes_of_every_step_once() -> None:
     assert claim_phase({"status": {"phase": "Bound"}, "spec": {}}) == "Pending"
     assert claim_phase({"status": {}}) == "Pending"
     assert claim_phase({"status": {"phase": "Lost"}, "spec": {"volumeName": "pv"}}) == "Lost"
+
+
+def test_pod_level_reason_and_message_are_observed() -> None:
+    """The pod's own status.reason/message (who failed it, e.g. an eviction) reach the planner."""
+    pod = pod_from_k8s(
+        {
+            "metadata": {"name": "p", "labels": {"job-name": "j"}},
+            "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on memory."},
+        }
+    )
+    assert pod is not None and pod.reason == "Evicted" and pod.message == "The node was low on memory."
+    plain = pod_from_k8s({"metadata": {"name": "p", "labels": {"job-name": "j"}}, "status": {}})
+    assert plain is not None and plain.reason is None and plain.message is None

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+import yaml
 
 from agentrun_operator.validation_cli import main
 
-REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REFERENCE = FIXTURES / "reference"
 LINE = re.compile(
     r"^(?P<file>[^:]+): (?P<object>[\w]+/[\w.-]+|\S+ \(document \d+\)): (?P<path>\S+): (?P<message>.+) "
     r"\(value: (?P<value>.*); fix: (?P<fix>.+); see (?P<docs>docs/[\w./-]+(#[\w-]+)?)\)$"
@@ -187,6 +191,57 @@ def test_cli_entry_point_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert cli_main(["validate", write(tmp_path, "bad.yaml", BAD_RUN), "--max-iterations", "40"]) == 1
     out = capsys.readouterr().out
     assert "maxIterations" not in out and "type pvc" in out
+
+
+def _invalid_fixtures() -> ModuleType:
+    """tests/fixtures is not a package; load the invalid-manifest table by path."""
+    spec = importlib.util.spec_from_file_location("fixtures_invalid_cli", FIXTURES / "invalid_agentruns.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+INVALID = _invalid_fixtures()
+
+
+@pytest.mark.parametrize(
+    ("case", "manifest", "expected"),
+    INVALID.INVALID_AGENTRUNS,
+    ids=[c for c, _, _ in INVALID.INVALID_AGENTRUNS],
+)
+def test_every_invalid_fixture_names_the_apiservers_field_path(
+    case: str, manifest: dict[str, object], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each fixture breaks one rule; `agentrun validate` reports it at exactly the field path the
+    apiserver names (tests/integration/test_crds_apiserver.py checks the apiserver's side), with
+    the rule's own message where the rule is a CEL rule, and one actionable line per problem."""
+    path = write(tmp_path, f"{case}.yaml", yaml.safe_dump(manifest))
+    assert main([path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    parsed = [LINE.match(line) for line in lines]
+    assert lines and all(parsed), lines
+    assert [m["path"] for m in parsed if m] == [expected]
+    fragment = INVALID.RULE_MESSAGES.get(case)
+    if fragment is not None:
+        assert fragment in lines[0]
+
+
+def test_object_rules_name_the_field_and_its_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An object-level rule is reported at its field with that field's value, not the whole object."""
+    cases = {c: m for c, m, _ in INVALID.INVALID_AGENTRUNS}
+    path = write(tmp_path, "runtime.yaml", yaml.safe_dump(cases["loop-with-job-runtime"]))
+    main([path])
+    match = LINE.match(capsys.readouterr().out.splitlines()[0])
+    assert match and match["path"] == "spec.runtime.type" and match["value"] == '"job"'
+    assert match["docs"] == "docs/api.md#runtime-type"
+    path = write(tmp_path, "claim.yaml", yaml.safe_dump(cases["volume-pvc-without-claim-name"]))
+    main([path])
+    match = LINE.match(capsys.readouterr().out.splitlines()[0])
+    assert match and match["path"] == "spec.workload.volumes[0].claimName" and match["value"] == "null"
+    assert match["fix"] == "add claimName"
 
 
 def test_control_flow_problems_are_one_actionable_line_each(

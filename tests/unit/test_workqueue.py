@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
-from agentrun_operator.shell.workqueue import Key, WorkQueue
+from agentrun_operator.shell.workqueue import (
+    RETRY_BASE_SECONDS,
+    RETRY_MAX_SECONDS,
+    Key,
+    WorkQueue,
+    retry_delay,
+)
 
 
 def test_never_two_reconciles_of_one_key_and_events_meanwhile_coalesce() -> None:
@@ -71,4 +78,49 @@ def test_requeue_after_and_failure_retry() -> None:
     seen = asyncio.run(scenario())
     assert seen.count("later") == 2
     assert seen.count("x") == 1
-    assert seen.count("boom") == 1  # retried after 2 s, which this test does not wait for
+    assert seen.count("boom") == 1  # retried after its backoff (at least 0.5 s), not waited for here
+
+
+def test_retry_delay_grows_exponentially_with_jitter_and_a_cap() -> None:
+    rng = random.Random(12)
+    for failures in range(1, 12):
+        step = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (failures - 1))
+        delays = [retry_delay(failures, rng) for _ in range(200)]
+        assert all(step / 2 <= d <= step for d in delays)
+        assert len(set(delays)) > 100  # jittered: retries of many runs spread out
+    assert retry_delay(50, rng) <= RETRY_MAX_SECONDS
+    assert retry_delay(1, random.Random(3)) == retry_delay(1, random.Random(3))
+
+
+def test_failing_key_backs_off_and_events_do_not_bypass_it() -> None:
+    """A reconcile that keeps failing is not retried at once, even when events for it arrive while it
+    runs (the hot loop the local default showed); the pending retry is at least half a step away."""
+
+    async def scenario() -> tuple[int, float, float]:
+        calls = 0
+        gate = asyncio.Event()
+
+        async def reconcile(key: Key) -> float | None:
+            nonlocal calls
+            calls += 1
+            await gate.wait()
+            raise RuntimeError("HTTP 503")
+
+        queue = WorkQueue(reconcile, workers=2)
+        queue.start()
+        key = ("ns", "run")
+        queue.enqueue(key)
+        await asyncio.sleep(0.01)
+        queue.enqueue(key)  # an event while the failing reconcile runs
+        loop = asyncio.get_running_loop()
+        failed_at = loop.time()
+        gate.set()
+        await asyncio.sleep(0.01)
+        deadline = queue._timers[key][0]
+        await queue.stop()
+        return calls, deadline - failed_at, float(queue._failures[key])
+
+    calls, wait, failures = asyncio.run(scenario())
+    assert calls == 1
+    assert wait >= RETRY_BASE_SECONDS / 2
+    assert failures == 1

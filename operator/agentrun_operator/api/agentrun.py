@@ -482,7 +482,7 @@ class WorkflowStep(ApiModel):
     @classmethod
     def _dns_label(cls, value: str) -> str:
         """Mirror of the CRD's pattern/maxLength rule; the name ends up in Job names and labels."""
-        if len(value) > DNS_LABEL_MAX or not _DNS_LABEL_RE.match(value):
+        if len(value) > DNS_LABEL_MAX or not _DNS_LABEL_RE.fullmatch(value):
             raise ValueError(rules.STEP_NAME.message)
         return value
 

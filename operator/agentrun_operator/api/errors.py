@@ -24,6 +24,18 @@ def error_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def at_rule_field(path: str, message: str) -> tuple[str, str | None]:
+    """Move an object-level rule's error to the field the apiserver names (the rule's `fieldPath`).
+
+    A model validator reports at the object (`spec.workload.volumes[0]`); the CRD rule with the same
+    message names the field (`….claimName`). Returns the path and the field path appended, if any.
+    """
+    field_path = _FIELD_PATHS.get(message)
+    if not field_path or path.endswith(field_path):
+        return path, None
+    return (f"{path}{field_path}" if path else field_path.lstrip(".")), field_path
+
+
 def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem, `field.path: message`, for the CLI and for InvalidSpec status messages.
 
@@ -39,10 +51,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
         msg = str(item["msg"])
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-            # Report object-level rules at the field the apiserver names (the rule's fieldPath).
-            field_path = _FIELD_PATHS.get(msg)
-            if field_path and not path.endswith(field_path):
-                path = f"{path}{field_path}" if path else field_path.lstrip(".")
+            path, _ = at_rule_field(path, msg)
         elif item["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling against docs/api.md"
         lines.append(f"{path}: {msg}" if path else msg)

@@ -155,6 +155,16 @@ VOLUME_NAMES_UNIQUE: Final = Rule(
     text="workload.volumes[].name must be unique; rename or remove the duplicate volume.",
 )
 
+VOLUME_NAME: Final = Rule(
+    anchor="workload-volumes",
+    rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+    text=(
+        "workload.volumes[].name must be a DNS label, as Kubernetes requires of pod volume names: 1-63 "
+        "lowercase letters, digits or '-', starting and ending with a letter or digit; rename the volume, "
+        "e.g. name: workspace."
+    ),
+)
+
 VOLUME_PVC_CLAIM: Final = Rule(
     anchor="workload-volumes",
     rule="!has(self.type) || self.type != 'pvc' || has(self.claimName)",
@@ -303,6 +313,7 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     LOOPS_NEED_WORKFLOW_RUNTIME,
     IMPLEMENTATION_ONE_OF,
     VOLUME_NAMES_UNIQUE,
+    VOLUME_NAME,
     VOLUME_PVC_CLAIM,
     VOLUME_SECRET_NAME,
     VOLUME_MOUNT_PATH,

@@ -7,12 +7,15 @@ fields pass through instead of being pruned.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from . import rules
 from .base import (
+    DNS_LABEL_MAX,
+    DNS_LABEL_PATTERN,
     MAX_COMMAND_ARGS,
     MAX_ENV,
     MAX_TOLERATIONS,
@@ -24,6 +27,8 @@ from .base import (
 
 VolumeType = Literal["pvc", "emptyDir", "secret"]
 StorageMedium = Literal["", "Memory"]
+
+_DNS_LABEL_RE: Final = re.compile(DNS_LABEL_PATTERN)
 
 _PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
@@ -126,7 +131,12 @@ class WorkloadVolume(ApiModel):
     )
 
     name: str = Field(
-        max_length=63, description="Volume name, unique in the workload; loop.state.volumeNames refers to it."
+        max_length=DNS_LABEL_MAX,
+        description=(
+            "Volume name: a DNS label (it names the pod's volume), unique in the workload; "
+            "loop.state.volumeNames refers to it."
+        ),
+        json_schema_extra=rules.validations(rules.VOLUME_NAME),
     )
     type: VolumeType = Field(description="pvc (persistent, shared by iterations), emptyDir or secret.")
     mount_path: str = Field(max_length=4096, description="Absolute path the volume is mounted at.")
@@ -150,6 +160,15 @@ class WorkloadVolume(ApiModel):
         if self.type == "secret" and self.secret_name is None:
             raise ValueError(rules.VOLUME_SECRET_NAME.message)
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        """Mirror of the CRD rule: the name becomes the pod's volume name, which must be a DNS label
+        (an empty or upper-case name would pass admission here and be refused on the Job create)."""
+        if not _DNS_LABEL_RE.fullmatch(value):
+            raise ValueError(rules.VOLUME_NAME.message)
+        return value
 
     @field_validator("mount_path")
     @classmethod

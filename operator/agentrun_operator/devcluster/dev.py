@@ -121,10 +121,14 @@ def _wait_healthy(
     raise ControlPlaneError(f"{name} did not become healthy within {timeout:.0f}s; see {home / 'logs'}")
 
 
-def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = ()) -> None:
-    argv = _cli_argv("dev", "pod-runner", f"--kubeconfig={plane.kubeconfig}", f"--state-dir={plane.home}") + [
-        f"--namespace={ns}" for ns in namespaces
-    ]
+def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = (), runtime: str = "process") -> None:
+    argv = _cli_argv(
+        "dev",
+        "pod-runner",
+        f"--kubeconfig={plane.kubeconfig}",
+        f"--state-dir={plane.home}",
+        f"--runtime={runtime}",
+    ) + [f"--namespace={ns}" for ns in namespaces]
     proc = processes.start_process(
         plane.run_dir, RUNNER, argv, plane.log_dir / f"{RUNNER}.log", env=_service_env()
     )
@@ -141,16 +145,43 @@ def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None)
     _wait_healthy(plane.home, OPERATOR, operator_healthy, proc)
 
 
+def check_runtime(runtime: str) -> str:
+    """Fail before starting anything when the runtime cannot run; returns the runtime to use.
+
+    process needs bubblewrap; docker needs a Docker engine (started here as root on Debian, see
+    `dockerengine`); auto is docker when an engine answers already, else process."""
+    from agentrun_operator.devcluster import dockerengine
+    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
+    from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
+
+    if runtime == "auto":
+        runtime = "docker" if dockerengine.engine_problem() is None else "process"
+    if runtime == "process":
+        find_bwrap()
+        return runtime
+    try:
+        dockerengine.ensure_engine(_say)
+    except dockerengine.EngineUnavailable as exc:
+        raise RuntimeUnavailable(f"--runtime docker: {exc}") from None
+    from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
+
+    if not dockerengine.image_exists(DEFAULT_REPORTER_IMAGE):
+        _say(
+            f"  note: {DEFAULT_REPORTER_IMAGE} is not present locally, so the reporter containers of "
+            "iteration pods will wait with ErrImageNeverPull: run `make image`"
+        )
+    return runtime
+
+
 def _no_operator_marker(home: Path) -> Path:
     return home / "run" / "no-operator"
 
 
-def up(operator: bool = True) -> int:
+def up(operator: bool = True, runtime: str = "process") -> int:
     """Start what is not running. `operator=False` (`--no-operator`) leaves the operator to a
-    `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs."""
-    from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
-
-    find_bwrap()  # fail before starting anything when bubblewrap is missing
+    `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs.
+    `runtime` is how the pod runner runs containers (see `check_runtime`)."""
+    runtime = check_runtime(runtime)
     toolchain.ensure_tools(_say)
     plane = control_plane()
     was_up = plane.is_up()
@@ -159,7 +190,7 @@ def up(operator: bool = True) -> int:
         for name in reversed(SERVICES):
             processes.stop_process(plane.run_dir, name)
     starters: dict[str, Callable[[], None]] = {
-        RUNNER: lambda: start_runner(plane),
+        RUNNER: lambda: start_runner(plane, runtime=runtime),
         OPERATOR: lambda: start_operator(plane),
     }
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
@@ -182,7 +213,7 @@ def up(operator: bool = True) -> int:
         starters[name]()
         record = processes.read_record(plane.run_dir, name)
         _say(f"  {name} ready (pid {record.pid if record else '?'})")
-    _say(f'ready. Use it with:  eval "$(agentrun dev env)"   (state: {plane.home})')
+    _say(f'ready ({runtime} runtime). Use it with:  eval "$(agentrun dev env)"   (state: {plane.home})')
     return 0
 
 
@@ -246,6 +277,47 @@ def env() -> int:
     path = f"{toolchain.bin_dir()}:{os.environ.get('PATH', '')}"
     print(f"export KUBECONFIG={shlex.quote(str(plane.kubeconfig))}")
     print(f"export PATH={shlex.quote(path)}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- docker
+
+
+def engine(stop: bool = False) -> int:
+    """`agentrun dev engine [--stop]`: make sure a Docker engine answers (see `dockerengine`)."""
+    from agentrun_operator.devcluster import dockerengine
+
+    if stop:
+        stopped = dockerengine.stop_engine()
+        _say(
+            "stopped the dockerd `agentrun dev engine` started"
+            if stopped
+            else "no dockerd of ours was running"
+        )
+        return 0
+    dockerengine.ensure_engine(_say)
+    _say("a Docker engine answers")
+    return 0
+
+
+def base_images() -> int:
+    """`agentrun dev base-images`: the local Python base and busybox:1.36 from Debian packages."""
+    from agentrun_operator.devcluster import baseimages
+
+    print(baseimages.ensure_python_base(_say))
+    print(baseimages.ensure_busybox(_say))
+    return 0
+
+
+def image(tag: str, base: str, with_busybox: bool = False) -> int:
+    """`agentrun dev image` (`make image`): build the operator image (see `imagebuild`)."""
+    from agentrun_operator.devcluster import baseimages, imagebuild
+
+    built = imagebuild.build_image(tag, base, _say)
+    if with_busybox:
+        baseimages.ensure_busybox(_say)
+    _say(f"image {built.tag} ({'cached' if built.cached else 'built'}, from {built.base})")
+    print(built.tag)
     return 0
 
 

@@ -22,7 +22,7 @@ from agentrun_operator.planner.context import (
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next
-from agentrun_operator.planner.observed import ObservedJob
+from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
@@ -42,6 +42,8 @@ RESULT_MAX_WAIT_SECONDS: Final = 60.0
 """How long a succeeded Job's pod may stay non-terminal before the planner stops waiting for it."""
 
 GATE_REQUEUE_SECONDS: Final = 2.0
+
+REASON_JOB_REFUSED: Final = "JobRefused"
 
 
 def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> PlannedAttempt:
@@ -66,10 +68,15 @@ def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) ->
 def start_attempt(
     ctx: PlanContext, step: StepView, iteration: int, attempt: int, not_before: datetime | None = None
 ) -> bool:
-    """Start (or adopt) an attempt. True when an existing Job was adopted, so planning continues;
-    False when a Job was requested or the start must wait (backoff, other pods still alive)."""
+    """Start (or adopt) an attempt. True when an existing Job was adopted or the API server refused
+    the Job (the step failed), so planning continues; False when a Job was requested or the start
+    must wait (backoff, other pods still alive)."""
     name = _job_name(ctx, step, iteration, attempt)
     existing = ctx.observed.job(name)
+    refusal = ctx.observed.refusal("Job", name)
+    if existing is None and refusal is not None:
+        _refuse_attempt(ctx, step, iteration, attempt, name, refusal)
+        return True
     if existing is None:
         if not_before is not None and ctx.now < not_before:
             ctx.requeue((not_before - ctx.now).total_seconds())
@@ -110,9 +117,10 @@ def _next_iteration_requested(
         ctx.facts.append(NextIterationRequested(step.name, iteration, name, max(ends)))
 
 
-def _mark_attempt_started(
+def _enter_attempt(
     ctx: PlanContext, step: StepView, iteration: int, attempt: int, name: str, existing: ObservedJob | None
 ) -> None:
+    """The step (and its iteration record, for a loop) now stands at this attempt of its Job."""
     st = step.st
     st.phase = "Running"
     st.attempt = attempt
@@ -137,6 +145,14 @@ def _mark_attempt_started(
             record.phase = "Running"
             record.attempts = attempt
             record.job_ref = JobRef(name=name)
+
+
+def _mark_attempt_started(
+    ctx: PlanContext, step: StepView, iteration: int, attempt: int, name: str, existing: ObservedJob | None
+) -> None:
+    _enter_attempt(ctx, step, iteration, attempt, name, existing)
+    loop = step.loop
+    st = step.st
     retries = step_retries(step.spec, ctx.refs)
     where = f"iteration {iteration}/{step.max_iterations} " if loop is not None else ""
     st.message = f"{where}attempt {attempt}/{retries + 1} running (Job {name})"
@@ -145,6 +161,34 @@ def _mark_attempt_started(
         "IterationStarted",
         f"step {step.name}: {where}attempt {attempt}/{retries + 1} started (Job {name})",
         step.where,
+    )
+
+
+def _refuse_attempt(
+    ctx: PlanContext, step: StepView, iteration: int, attempt: int, name: str, refusal: Refusal
+) -> None:
+    """The API server refused the attempt's Job for good: the same manifest would be refused again,
+    so the step fails now whatever retries are left (no Job ran; a retry would only be refused)."""
+    if step.st.job_ref is None or step.st.job_ref.name != name:
+        _enter_attempt(ctx, step, iteration, attempt, name, None)
+    cause = refused_job_message(refusal)
+    message = clip(f"{step.what()} failed: {cause}")
+    record = step.record()
+    if record is not None:
+        record.phase = "Failed"
+        record.finished_at = ctx.now
+        record.message = message
+    _iteration_finished(ctx, step, "Failed")
+    ctx.emit("Warning", REASON_JOB_REFUSED, f"step {step.name}: {message}", step.where)
+    end_step(ctx, step, "Failed", REASON_JOB_REFUSED, message)
+
+
+def refused_job_message(refusal: Refusal) -> str:
+    """What a user reads when the API server refused an attempt's Job: its words, then what to do."""
+    return (
+        f"the API server refused to create Job {refusal.name} (HTTP {refusal.code}): "
+        f"{refusal.message.strip()}; a refused Job is not retried: correct the spec and create a new "
+        f"AgentRun (see docs/troubleshooting.md#api-refused)"
     )
 
 
@@ -200,6 +244,10 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
         if waited < JOB_VISIBILITY_GRACE_SECONDS:
             ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS - waited)
             return False
+        refusal = ctx.observed.refusal("Job", name)
+        if refusal is not None:
+            _refuse_attempt(ctx, step, step.iteration, st.attempt, name, refusal)
+            return True
         if gate_clear(ctx, name) and not ctx.ref_problems:
             planned = _planned_attempt(ctx, step, step.iteration, st.attempt)
             ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
@@ -249,7 +297,10 @@ def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
     if job.outcome == "DeadlineExceeded":
         timeout = step_timeout_seconds(step.spec, ctx.refs)
         return f"timed out after {timeout}s (activeDeadlineSeconds)"
-    for pod in ctx.observed.pods_of(job.name):
+    pods = ctx.observed.pods_of(job.name)
+    for pod in pods:
+        if pod.main_exit_code == 0:
+            return _lost_pod_cause(pod, job)
         if pod.main_exit_code is not None or pod.main_reason:
             cause = f"main container exited with code {pod.main_exit_code}"
             if pod.main_reason:
@@ -257,7 +308,24 @@ def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
             if pod.main_message:
                 cause += f": {clip(pod.main_message.strip(), 300)}"
             return cause
+    for pod in pods:
+        if pod.phase == "Failed" and pod.reason:
+            return f"pod {pod.name} failed before its main container ended ({_pod_reason(pod)})"
     return job.message or f"Job {job.name} failed"
+
+
+def _lost_pod_cause(pod: ObservedPod, job: ObservedJob) -> str:
+    """A failed attempt whose main container exited 0: the work ended well, the pod did not (the
+    reporter never fails a pod), so the node lost it or it was killed -- not an exit code to fix."""
+    why = _pod_reason(pod) if pod.reason else clip((job.message or "no reason recorded").strip(), 300)
+    return (
+        f"pod {pod.name} failed although its main container exited 0: the node lost the pod or it was "
+        f"killed before the attempt could complete ({why})"
+    )
+
+
+def _pod_reason(pod: ObservedPod) -> str:
+    return f"{pod.reason}: {clip(pod.message.strip(), 300)}" if pod.message else str(pod.reason)
 
 
 def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResult) -> None:

@@ -8,9 +8,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 JobOutcome = Literal["Active", "Succeeded", "Failed", "DeadlineExceeded"]
+
+RefusedWrite = Literal["Job", "Status"]
+
+TRANSIENT_CLIENT_ERRORS: Final = frozenset({408, 409, 429})
+"""4xx answers that say "not now" rather than "never": a timeout, a conflict (re-read and re-plan),
+throttling. Every other 4xx to a create or update is a permanent refusal."""
+
+
+def permanent_refusal(code: int) -> bool:
+    """Whether an API answer to a create or update refuses that write for good.
+
+    Sending the same object again gets the same answer (e.g. 422: a field the API server rejects), so
+    the shell reports it to the planner as a `Refusal` instead of retrying; 5xx answers and the
+    transient 4xx are retried with backoff.
+    """
+    return 400 <= code < 500 and code not in TRANSIENT_CLIENT_ERRORS
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server refused a write the planner asked for, permanently (`permanent_refusal`).
+
+    `what` is the kind of write: `Job` (the create of the Job named `name`) or `Status` (the update
+    of the run's status). `message` is the API server's own message, field path included.
+    """
+
+    what: RefusedWrite
+    name: str
+    code: int
+    message: str
 
 
 @dataclass(frozen=True)
@@ -27,6 +57,9 @@ class ObservedPod:
     main_reason: str | None = None  # e.g. OOMKilled, Error, ContainerCannotRun
     main_message: str | None = None
     finished_at: datetime | None = None
+    # The pod's own status.reason/message (e.g. Evicted, NodeLost, Shutdown), set by whoever failed it.
+    reason: str | None = None
+    message: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -83,6 +116,11 @@ class Observed:
     pvc_names: frozenset[str] | None = None
     # Of those, the claims not bound to a volume yet, with their phase (e.g. {"ws": "Pending"}).
     pvc_unbound: dict[str, str] = field(default_factory=dict)
+    # Writes of this reconcile the API server refused for good (the shell re-plans with them).
+    refusals: tuple[Refusal, ...] = ()
+
+    def refusal(self, what: RefusedWrite, name: str) -> Refusal | None:
+        return next((r for r in self.refusals if r.what == what and r.name == name), None)
 
     def pods_of(self, job_name: str) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.job_name == job_name)

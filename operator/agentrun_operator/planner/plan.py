@@ -45,6 +45,7 @@ from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
     conclude,
+    fail_refused_status,
     plan_finished_run,
     start_run,
     stop_message,
@@ -92,6 +93,10 @@ def _plan_run(ctx: PlanContext) -> None:
         status.observed_generation = generation
     if status.phase in TERMINAL_RUN_PHASES:
         plan_finished_run(ctx)
+        return
+    refused = ctx.observed.refusal("Status", ctx.name)
+    if refused is not None:
+        fail_refused_status(ctx, refused)
         return
     if status.started_at is None:
         if not admit(ctx):

@@ -17,6 +17,7 @@ from agentrun_operator.planner.context import (
     clip,
 )
 from agentrun_operator.planner.gating import delete_strays, set_job_ttls
+from agentrun_operator.planner.observed import Refusal
 from agentrun_operator.planner.state import StepView, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
@@ -26,6 +27,8 @@ CONDITION_DUPLICATE: Final = "Duplicate"
 REASON_TIMED_OUT: Final = "WorkflowTimedOut"
 
 REASON_COMPLETED: Final = "Completed"
+
+REASON_STATUS_REFUSED: Final = "StatusRefused"
 
 
 def set_pending(ctx: PlanContext, reason: str, message: str) -> None:
@@ -183,6 +186,20 @@ def finish_run(
     ttl = ctx.run.spec.ttl_seconds_after_finished
     if ttl is not None:
         ctx.requeue(float(ttl))
+
+
+def fail_refused_status(ctx: PlanContext, refusal: Refusal) -> None:
+    """The API server refused the run's next status for good (the same status would be refused
+    again). A run whose progress cannot be recorded must not go on -- its Jobs would run unrecorded --
+    so it ends Failed on its persisted status, with the API server's words; no Job may outlive it."""
+    finish_run(
+        ctx,
+        "Failed",
+        REASON_STATUS_REFUSED,
+        f"the API server refused the run's status update (HTTP {refusal.code}): {refusal.message.strip()}; "
+        "the run cannot record its progress, so it stops here (see docs/troubleshooting.md#api-refused)",
+    )
+    delete_strays(ctx, expected=None)
 
 
 def plan_finished_run(ctx: PlanContext) -> None:

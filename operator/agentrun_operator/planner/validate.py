@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentrun_operator.api import AgentRun, WorkloadVolume, error_path
 from agentrun_operator.api.base import DOCS_API
+from agentrun_operator.api.errors import at_rule_field
 from agentrun_operator.api.resources import (
     Agent,
     AgentProvider,
@@ -390,5 +391,16 @@ def _problem_from_error(item: Any, docs: str) -> Problem:
     if item["type"] == "missing":
         field = path.rsplit(".", 1)[-1]
         return Problem(path, None, "required field is missing", f"add {field}", docs)
+    path, field_path = at_rule_field(path, str(item["msg"]).removeprefix("Value error, "))
+    value = item.get("input")
+    if field_path is not None:
+        value = _value_at(value, field_path)
     message, _, fix = text.rstrip(".").partition("; ")
-    return Problem(path, item.get("input"), message, fix or "correct the value", docs)
+    return Problem(path, value, message, fix or "correct the value", docs)
+
+
+def _value_at(obj: Any, field_path: str) -> Any:
+    """The value at a relative field path (`.runtime.type`) of a manifest fragment; None if absent."""
+    for key in field_path.lstrip(".").split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj

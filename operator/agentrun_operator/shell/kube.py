@@ -10,12 +10,16 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kubernetes_asyncio import client, config
 
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.shell import metrics
+
+REQUEST_TIMEOUT_SECONDS: Final = 30.0
+"""Whole-request timeout: a frozen API server fails the call (retried with backoff) instead of holding
+a worker forever."""
 
 
 def _resource_of(path: str) -> str:
@@ -47,8 +51,10 @@ class KubeError(Exception):
     def __init__(self, status: int, body: dict[str, Any] | str, what: str) -> None:
         self.status = status
         self.body = body
-        reason = body.get("message") if isinstance(body, dict) else body
-        super().__init__(f"{what}: HTTP {status}: {reason}")
+        message = body.get("message") if isinstance(body, dict) else body
+        self.reason = str(message or f"HTTP {status}")
+        """The API server's own message (it names the field path of a refused object)."""
+        super().__init__(f"{what}: HTTP {status}: {message}")
 
 
 @dataclass
@@ -100,6 +106,7 @@ class Kube:
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=False,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
         )
         raw = resp[0] if isinstance(resp, tuple) else resp
         status = int(getattr(raw, "status", 0))

@@ -108,6 +108,8 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         main_reason=reason,
         main_message=message,
         finished_at=finished_at,
+        reason=status.get("reason"),
+        message=status.get("message"),
     )
 
 

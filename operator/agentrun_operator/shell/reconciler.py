@@ -9,12 +9,13 @@ Events posted only after the status recording the result is committed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -34,14 +35,26 @@ from agentrun_operator.planner.actions import (
     Where,
 )
 from agentrun_operator.planner.admission import unparseable_status
-from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
-from agentrun_operator.planner.observed import IdempotencyClaim, Observed
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan
+from agentrun_operator.planner.observed import IdempotencyClaim, Observed, Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase, job_from_k8s, pod_from_k8s
 
 log = logging.getLogger("agentrun.reconciler")
+
+
+MAX_REFUSALS_PER_RECONCILE: Final = 3
+"""Re-plans after refused writes in one reconcile (a Job refused, then its status refused, …)."""
+
+
+class _Refused(Exception):
+    """A write the API server refused for good, carried from `_apply` back to the re-plan."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.what} {refusal.name}: HTTP {refusal.code}: {refusal.message}")
+        self.refusal = refusal
 
 
 @dataclass
@@ -194,31 +207,61 @@ class Reconciler:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     async def _reconcile(self, namespace: str, name: str) -> ReconcileResult:
-        result = ReconcileResult()
         raw = await self.kube.get_custom(namespace, "agentruns", name)
         if raw is None:
-            return result
-        meta = raw["metadata"]
+            return ReconcileResult()
         try:
             run = parse_agentrun(raw)
         except ValidationError as err:
             # The CRD admitted something our models refuse: fail the run clearly instead of crashing.
             await self._write_unparseable(raw, err)
-            return result
+            return ReconcileResult()
         observed = await self._observe(raw, run)
-        now = datetime.now(UTC)
-        planned_at = time.perf_counter()
-        decision = plan(run, observed, now, self.config)
-        metrics.PLAN_SECONDS.observe(time.perf_counter() - planned_at)
-        result.actions = list(decision.actions)
-        corr = {"correlation_id": meta.get("uid"), "run": f"{namespace}/{name}"}
+        corr = {"correlation_id": raw["metadata"].get("uid"), "run": f"{namespace}/{name}"}
+        for _ in range(MAX_REFUSALS_PER_RECONCILE + 1):
+            planned_at = time.perf_counter()
+            decision = plan(run, observed, datetime.now(UTC), self.config)
+            metrics.PLAN_SECONDS.observe(time.perf_counter() - planned_at)
+            try:
+                result = await self._apply(raw, run, decision, corr)
+            except _Refused as refused:
+                # Sending it again would get the same answer: the planner decides what follows.
+                log.warning(
+                    "write refused by the API server",
+                    extra={
+                        **corr,
+                        "refused": f"{refused.refusal.what} {refused.refusal.name}",
+                        "http_status": refused.refusal.code,
+                        "api_message": refused.refusal.message,
+                        "decision": "re-plan",
+                    },
+                )
+                observed = dataclasses.replace(observed, refusals=(*observed.refusals, refused.refusal))
+                continue
+            return result
+        # Not even the status that records the refusals was accepted: stop here; the next watch
+        # event or resync tries again (never a hot loop).
+        log.error("writes refused after re-planning; giving up this reconcile", extra=corr)
+        return ReconcileResult()
 
+    async def _apply(
+        self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
+    ) -> ReconcileResult:
+        """Apply one plan in restart-safe order; a write refused for good raises `_Refused`."""
+        meta = raw["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        result = ReconcileResult(actions=list(decision.actions))
         after_status: list[Action] = []
         job_uids: dict[str, str] = {}
         jobs_created: dict[str, datetime] = {}
         for action in decision.actions:
             if isinstance(action, CreateJob):
-                created, job = await self.kube.create_job(action.manifest)
+                try:
+                    created, job = await self.kube.create_job(action.manifest)
+                except KubeError as exc:
+                    if permanent_refusal(exc.status):
+                        raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
+                    raise
                 if not created and not _owned_by(job, meta["uid"]):
                     # Left by an earlier AgentRun of the same name (its owner is gone): never adopt it.
                     await self.kube.delete_job(namespace, action.name)
@@ -280,8 +323,10 @@ class Reconciler:
                 if exc.status == 409:  # someone wrote in between: re-plan from the fresh object
                     result.requeue_after = 0.0
                     return result
-                if exc.status == 404:
+                if exc.status == 404:  # the run is gone
                     return result
+                if permanent_refusal(exc.status):
+                    raise _Refused(Refusal("Status", name, exc.status, exc.reason)) from exc
                 raise
 
         for action in after_status:

@@ -3,18 +3,37 @@
 Watch events for a run, its Jobs and its Pods all collapse into one key; a key enqueued while it is
 being reconciled is reconciled once more afterwards (never concurrently), so there is exactly one
 writer of each run's status in this process. Delayed requeues keep only the earliest deadline.
+
+A reconcile that raises (the API server is down, slow or answered 5xx; a watch is reconnecting) is
+retried per key with exponential backoff and jitter (`retry_delay`): no hot loop against a failing
+API server, no thundering herd of every run at once when it comes back. A success resets the count.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 Key = tuple[str, str]  # (namespace, name)
 Reconcile = Callable[[Key], Awaitable[float | None]]
 
 log = logging.getLogger("agentrun.queue")
+
+RETRY_BASE_SECONDS: Final = 1.0
+RETRY_MAX_SECONDS: Final = 60.0
+
+
+def retry_delay(failures: int, rng: random.Random | None = None) -> float:
+    """Seconds before the retry after `failures` consecutive failed reconciles of one key.
+
+    Exponential (1 s, 2 s, 4 s, … capped at 60 s) with "equal jitter": a uniform draw from the upper
+    half of that step, so retries of many runs spread out but never come sooner than half the step.
+    """
+    step = min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2.0 ** max(failures - 1, 0))
+    return step / 2 + (rng or random).uniform(0.0, step / 2)
 
 
 class WorkQueue:
@@ -27,6 +46,7 @@ class WorkQueue:
         self._dirty: set[Key] = set()
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._failures: dict[Key, int] = {}
 
     def start(self) -> None:
         for i in range(self._workers):
@@ -78,18 +98,34 @@ class WorkQueue:
             self._queued.discard(key)
             self._active.add(key)
             delay: float | None = None
+            failed = False
             try:
                 delay = await self._reconcile(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a failed reconcile is retried, never fatal to the operator
-                log.exception("reconcile failed", extra={"run": f"{key[0]}/{key[1]}"})
-                delay = 2.0
+            except Exception as exc:  # a failed reconcile is retried with backoff, never fatal
+                failed = True
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = retry_delay(failures)
+                log.warning(
+                    "reconcile failed; retrying with backoff",
+                    exc_info=failures == 1,  # the traceback once; then one line per retry
+                    extra={
+                        "run": f"{key[0]}/{key[1]}",
+                        "error": f"{type(exc).__name__}: {exc}"[:500],
+                        "failures": failures,
+                        "retry_in_seconds": round(delay, 2),
+                    },
+                )
+            else:
+                self._failures.pop(key, None)
             finally:
                 self._active.discard(key)
                 self._queue.task_done()
-            if key in self._dirty:
+            if key in self._dirty and not failed:  # a failure waits out its backoff regardless
                 self._dirty.discard(key)
                 self.enqueue(key)
             elif delay is not None:
+                self._dirty.discard(key)
                 self.enqueue_after(key, delay)

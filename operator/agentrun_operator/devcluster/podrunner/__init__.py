@@ -1,15 +1,20 @@
 """The local pod runner: the kubelet's part of the local default, with real processes
 (docs/design.md#real-parts).
 
-It registers a Node, binds pending pods to it and runs their containers as local processes in the
-kubelet's order, each in a bubblewrap sandbox (`bwrap`) where every volume is bind-mounted at its
-`mountPath` and the host's root is read-only. Images are not pulled: the host's tools run.
+It registers a Node, binds pending pods to it and runs their containers in the kubelet's order:
+by default as local processes, each in a bubblewrap sandbox (`bwrap`) where every volume is
+bind-mounted at its `mountPath` and the host's root is read-only (images are not pulled: the host's
+tools run); with `--runtime docker` as real containers from local images
+(docs/local-dev.md#docker-runtime).
 
 - `spec` — pure: which containers run in which order, environment and `$(VAR)` expansion, volumes
   and mount checks, termination messages.
 - `status` — pure: container records to a `PodStatus` (phase, conditions, container states).
 - `sandbox` — the `bwrap` command line (pure) and the check that `bwrap` is installed.
 - `api` — a small synchronous API client from a kubeconfig (requests and watches).
+- `runtime` — the seam: what a container runtime offers the runner (`ContainerRuntime`).
+- `process` — the process runtime (bwrap); `docker` — the docker runtime (`docker create/start`).
+- `network` — a pod's own network namespace with the API server forwarded into it.
 - `runner` — the imperative shell: watches, binds, runs, reports, kills.
 """
 

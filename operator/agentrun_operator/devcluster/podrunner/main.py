@@ -9,6 +9,7 @@ from pathlib import Path
 from types import FrameType
 
 from agentrun_operator.devcluster.podrunner.runner import DEFAULT_NODE, PodRunner, RunnerConfig
+from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
 from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
 
 READY_LINE = "pod runner ready"
@@ -20,6 +21,7 @@ def run_pod_runner(
     node: str = DEFAULT_NODE,
     namespaces: tuple[str, ...] = (),
     restart_backoff: float = 10.0,
+    runtime: str = "process",
 ) -> int:
     logging.basicConfig(
         level=logging.INFO,
@@ -34,9 +36,10 @@ def run_pod_runner(
                 node_name=node,
                 namespaces=namespaces,
                 restart_backoff=restart_backoff,
+                runtime=runtime,
             )
         )
-    except SandboxUnavailable as exc:
+    except (SandboxUnavailable, RuntimeUnavailable) as exc:
         print(f"agentrun dev pod-runner: {exc}", file=sys.stderr)
         return 2
 

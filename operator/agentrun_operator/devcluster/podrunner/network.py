@@ -14,7 +14,10 @@ socket pair (SCM_RIGHTS). Sockets keep the namespace they were made in, so the c
 copies bytes between the two. Entering a network namespace needs root (CAP_SYS_ADMIN): elsewhere
 every pod stays on the host's network, as before.
 
-    python -m agentrun_operator.devcluster.podrunner.network HOST PORT
+With `--netns PATH` the child joins an existing namespace instead of making one: the docker runtime
+makes it with a pause container and forwards the API server into it the same way.
+
+    python -m agentrun_operator.devcluster.podrunner.network HOST PORT [--netns PATH]
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ def isolation_unavailable() -> str | None:
 class PodNetwork:
     """The helper process holding one pod's network namespace."""
 
-    def __init__(self, api_host: str, api_port: int, log_path: Path) -> None:
+    def __init__(self, api_host: str, api_port: int, log_path: Path, netns: str | None = None) -> None:
         self.api_host = api_host
         self.api_port = api_port
+        self.netns = netns
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.namespace_pid: int | None = None
@@ -70,7 +74,14 @@ class PodNetwork:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, self.api_host, str(self.api_port)],
+                [
+                    sys.executable,
+                    "-m",
+                    __name__,
+                    self.api_host,
+                    str(self.api_port),
+                    *(["--netns", self.netns] if self.netns else []),
+                ],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
@@ -110,10 +121,15 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
                 sock.shutdown(how)
 
 
-def _serve_inside(channel: socket.socket, host: str, port: int) -> None:
-    """The child: a new network namespace, loopback up, the API server's address served in it."""
+def _serve_inside(channel: socket.socket, host: str, port: int, netns: str | None = None) -> None:
+    """The child: a new network namespace (or `netns`), loopback up, the API server's address served in it."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
+    if netns:
+        fd = os.open(netns, os.O_RDONLY)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({netns})")
+        os.close(fd)
+    elif libc.unshare(CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     listener = socket.create_server((host, port), backlog=64)
@@ -147,11 +163,12 @@ def _dial_for(channel: socket.socket, host: str, port: int) -> None:
 
 def main(argv: list[str]) -> int:
     host, port = argv[0], int(argv[1])
+    netns = argv[3] if len(argv) > 3 and argv[2] == "--netns" else None
     parent_end, child_end = socket.socketpair()
     if os.fork() == 0:
         parent_end.close()
         try:
-            _serve_inside(child_end, host, port)
+            _serve_inside(child_end, host, port, netns)
         finally:
             os._exit(1)
     child_end.close()

@@ -1,4 +1,7 @@
-"""One container as a local process: `bwrap` with the container's argv, its log, its exit code.
+"""The process runtime: one container as a local process, `bwrap` with the container's argv.
+
+`ProcessRuntime` places the mounts (see `spec.resolve_on_host`), checks the command can be found
+among the host's tools (images are not used) and starts a `ContainerProcess`.
 
 bwrap reports on a status pipe the host PID of its PID-namespace init (`child-pid`); the command is
 that init's only child. `terminate()` sends SIGTERM to the command (as a runtime signals the
@@ -13,9 +16,37 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+from agentrun_operator.devcluster.podrunner import spec as S
+from agentrun_operator.devcluster.podrunner.network import PodNetwork
+from agentrun_operator.devcluster.podrunner.runtime import Launch, OnExit
+from agentrun_operator.devcluster.podrunner.sandbox import (
+    Bind,
+    HostEntry,
+    bwrap_argv,
+    find_bwrap,
+    host_root_entries,
+)
+
+
+def host_tool_paths() -> list[str]:
+    """Where this Python's tools live: the venv (its `agentrun`) and the package's source tree."""
+    import agentrun_operator
+
+    package_root = Path(agentrun_operator.__file__).resolve().parent.parent
+    return sorted({sys.prefix, str(package_root)})
+
+
+def default_container_path() -> str:
+    """PATH inside pods: the running Python's bin (the venv, so `agentrun` works) then the system's."""
+
+    return f"{Path(sys.executable).parent}:{S.SYSTEM_PATH}"
 
 
 class ContainerProcess:
@@ -29,6 +60,7 @@ class ContainerProcess:
         on_exit: Callable[[ContainerProcess], None],
     ) -> None:
         self.log_path = log_path
+        self.container_id = ""
         self.init_pid: int | None = None
         self.exit_code: int | None = None
         self._pid_known = threading.Event()
@@ -79,6 +111,19 @@ class ContainerProcess:
     def done(self) -> bool:
         return self.exit_code is not None
 
+    def start_failure(self) -> str | None:
+        """bwrap's own error (it exits 1 before the command runs) when the sandbox could not be set up."""
+        if self.exit_code != 1:
+            return None
+        try:
+            with self.log_path.open("rb") as handle:
+                head = handle.read(512)
+        except OSError:
+            return None
+        if not head.startswith(b"bwrap: "):
+            return None
+        return head.splitlines()[0].decode("utf-8", "replace")
+
     def command_pid(self) -> int | None:
         """The host PID of the container's command (PID 2 of its namespace)."""
         self._pid_known.wait(timeout=2)
@@ -110,3 +155,141 @@ class ContainerProcess:
                 os.kill(self.init_pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             self.proc.kill()
+
+
+class ProcessRuntime:
+    """Containers as sandboxed host processes (the default; see the module docstring)."""
+
+    name = "process"
+
+    def __init__(self, container_path: str | None = None) -> None:
+        self.bwrap = find_bwrap()
+        self.host_entries = host_root_entries()
+        self.container_path = container_path or default_container_path()
+
+    def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
+        return S.default_env(pod, self.container_path, api_server)
+
+    def close(self) -> None:
+        """Nothing to do: a sandbox dies with its bwrap monitor (`--die-with-parent`)."""
+
+    def start_network(
+        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
+    ) -> PodNetwork:
+        return PodNetwork(api_host, api_port, log_path).start()
+
+    def start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
+        container = launch.container
+        env = dict(launch.env)
+        argv = S.container_argv(container, env)
+        pod_tmp = launch.pod_dir / "tmp"
+        files = [Bind(str(launch.termination_file), launch.termination_target)]
+        binds, files, expand = place_mounts(launch.binds, files, pod_tmp)
+        pod_tmp.mkdir(parents=True, exist_ok=True)
+        workdir = str(container.get("workingDir") or "/")
+        host_workdir = host_path(workdir, binds, pod_tmp)
+        if host_workdir != workdir:
+            Path(host_workdir).mkdir(parents=True, exist_ok=True)
+        elif not os.path.isdir(workdir):
+            raise S.StartError(
+                f"chdir to cwd ({workdir!r}) set in config.json failed: no such file or directory"
+            )
+
+        def runnable(path: str) -> bool:
+            host = host_path(path, binds, pod_tmp)
+            return os.path.isfile(host) and os.access(host, os.X_OK)
+
+        if S.find_executable(argv[0], env.get("PATH", ""), runnable) is None:
+            what = "executable file not found in $PATH" if "/" not in argv[0] else "no such file or directory"
+            raise S.StartError(
+                f'exec: "{argv[0]}": {what} '
+                "(the local pod runner runs the host's tools; images are not pulled)"
+            )
+        bwrap = self.bwrap
+        entries = self.host_entries
+        network = launch.network
+        enter = network.enter_argv() if isinstance(network, PodNetwork) else []
+        proc = ContainerProcess(
+            lambda fd: (
+                enter
+                + bwrap_argv(
+                    bwrap,
+                    argv,
+                    entries,
+                    str(pod_tmp),
+                    binds,
+                    files,
+                    workdir,
+                    fd,
+                    launch.hostname,
+                    expand,
+                    tool_paths=host_tool_paths(),
+                )
+            ),
+            env,
+            launch.log_path,
+            on_exit,
+        )
+        proc.container_id = f"agentrun://{launch.uid[:8]}-{launch.name}-{launch.restart}"
+        return proc
+
+
+def host_path(path: str, binds: list[Bind], pod_tmp: Path) -> str:
+    """Where a path inside the sandbox is on the host (volumes and /tmp are mapped)."""
+    best: Bind | None = None
+    tools = [Bind(p, p, True) for p in host_tool_paths() if p.startswith("/tmp/")]
+    for bind in [*binds, Bind(str(pod_tmp), "/tmp"), *tools]:
+        root = bind.target.rstrip("/")
+        if (path == root or path.startswith(root + "/")) and (best is None or len(root) > len(best.target)):
+            best = bind
+    if best is None:
+        return path
+    return best.source + path[len(best.target.rstrip("/")) :]
+
+
+def place_mounts(
+    binds: list[Bind], files: list[Bind], pod_tmp: Path
+) -> tuple[list[Bind], list[Bind], list[tuple[str, list[HostEntry]]]]:
+    """Check every mount point and say where it goes (see `spec.resolve_on_host`).
+
+    A mount point inside a volume or the pod's tmp is made in that directory beforehand (as a
+    runtime creates mount points); one elsewhere follows the host's tree.
+    """
+    roots = [Bind(str(pod_tmp), "/tmp"), Bind("", "/dev"), *binds]
+    expand: dict[str, list[HostEntry]] = {}
+    placed: dict[str, str] = {"/tmp": "/tmp", "/dev": "/dev"}
+
+    def place(bind: Bind, is_file: bool) -> Bind:
+        what = "terminationMessagePath" if is_file else "mountPath"
+        problem = S.mount_target_problem(bind.target)
+        if problem:
+            raise S.StartError(f"bad {what} {bind.target!r}: {problem}")
+        target = S.normalise_mount_path(bind.target) or bind.target
+        inside = [r for r in roots if r.target != bind.target and S.under(target, r.target)]
+        if inside:
+            root = max(inside, key=lambda r: len(r.target))
+            rest = target[len(root.target.rstrip("/")) :]
+            if root.source:
+                host = Path(root.source + rest)
+                host.parent.mkdir(parents=True, exist_ok=True)
+                if is_file:
+                    host.touch(exist_ok=True)
+                else:
+                    host.mkdir(exist_ok=True)
+            base = placed.get(root.target, root.target).rstrip("/")
+            placed[bind.target] = base + rest
+            return replace(bind, target=base + rest)
+        canonical, directory = S.resolve_on_host(target, os.path.lexists, os.path.realpath)
+        placed[bind.target] = canonical
+        if directory is not None:
+            if not os.path.isdir(directory) or directory.split("/")[1] in ("proc", "sys", "dev", "tmp"):
+                raise S.StartError(
+                    f"bad {what} {bind.target!r}: {directory} is not a directory the local pod "
+                    "runner can re-create"
+                )
+            expand.setdefault(directory, host_root_entries(directory))
+        return replace(bind, target=canonical)
+
+    placed_binds = [place(b, False) for b in sorted(binds, key=lambda b: b.target.count("/"))]
+    placed_files = [place(f, True) for f in files]
+    return placed_binds, placed_files, sorted(expand.items())

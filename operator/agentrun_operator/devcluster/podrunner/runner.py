@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 import urllib.parse
@@ -35,19 +34,15 @@ from typing import Any
 from agentrun_operator.devcluster import provisioner
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
-from agentrun_operator.devcluster.podrunner.network import (
-    PodNetwork,
-    isolation_unavailable,
-    wants_own_network,
+from agentrun_operator.devcluster.podrunner.network import isolation_unavailable, wants_own_network
+from agentrun_operator.devcluster.podrunner.process import default_container_path
+from agentrun_operator.devcluster.podrunner.runtime import (
+    Launch,
+    PodSandbox,
+    RunningContainer,
+    make_runtime,
 )
-from agentrun_operator.devcluster.podrunner.process import ContainerProcess
-from agentrun_operator.devcluster.podrunner.sandbox import (
-    Bind,
-    HostEntry,
-    bwrap_argv,
-    find_bwrap,
-    host_root_entries,
-)
+from agentrun_operator.devcluster.podrunner.sandbox import Bind
 from agentrun_operator.devcluster.podrunner.status import (
     ContainerRecord,
     PodVerdict,
@@ -67,20 +62,6 @@ _SMP = "application/strategic-merge-patch+json"
 _LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
-def host_tool_paths() -> list[str]:
-    """Where this Python's tools live: the venv (its `agentrun`) and the package's source tree."""
-    import agentrun_operator
-
-    package_root = Path(agentrun_operator.__file__).resolve().parent.parent
-    return sorted({sys.prefix, str(package_root)})
-
-
-def default_container_path() -> str:
-    """PATH inside pods: the running Python's bin (the venv, so `agentrun` works) then the system's."""
-
-    return f"{Path(sys.executable).parent}:{S.SYSTEM_PATH}"
-
-
 @dataclass(frozen=True)
 class RunnerConfig:
     kubeconfig: Path
@@ -90,6 +71,8 @@ class RunnerConfig:
     container_path: str = field(default_factory=default_container_path)
     restart_backoff: float = 10.0
     retry_seconds: float = 2.0
+    runtime: str = "process"
+    """process | docker | auto (see runtime.py)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +168,7 @@ class PodWorker:
         self.records: dict[str, ContainerRecord] = initial_records(self.spec)
         self.kinds = {s.name: s.kind for s in S.start_order(self.spec)}
         self.specs = {s.name: s.spec for s in S.start_order(self.spec)}
-        self.procs: dict[str, ContainerProcess] = {}
+        self.procs: dict[str, RunningContainer] = {}
         self.restart_at: dict[str, float] = {}
         self.verdict: PodVerdict | None = None
         self.start_time: str | None = None
@@ -193,7 +176,7 @@ class PodWorker:
         self.volumes: dict[str, S.Volume] = {}
         self.volume_dirs: dict[str, Path] = {}
         self._published: dict[str, Any] | None = None
-        self.network: PodNetwork | None = None
+        self.network: PodSandbox | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -217,7 +200,7 @@ class PodWorker:
             self.shutdown = True
             self.cond.notify_all()
 
-    def _notify(self, _proc: ContainerProcess | None = None) -> None:
+    def _notify(self, _proc: RunningContainer | None = None) -> None:
         with self.cond:
             self.cond.notify_all()
 
@@ -395,9 +378,9 @@ class PodWorker:
             return True
         endpoint = urllib.parse.urlsplit(self.api.server)
         try:
-            self.network = PodNetwork(
-                endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
-            ).start()
+            self.network = self.runner.runtime.start_network(
+                self.pod, endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
+            )
         except OSError as exc:
             self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
             return False
@@ -432,6 +415,7 @@ class PodWorker:
         path = self.dir / "volumes" / volume.name
         if volume.kind == "emptyDir":
             path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)  # as the kubelet makes it: any container user may write
             return path
         files = self._volume_files(volume)
         if path.exists():
@@ -524,35 +508,20 @@ class PodWorker:
             binds.append(Bind(str(source), str(mount["mountPath"]), read_only))
         return binds
 
-    def _host_path(self, path: str, binds: list[Bind]) -> str:
-        """Where a path inside the sandbox is on the host (volumes and /tmp are mapped)."""
-        best: Bind | None = None
-        tools = [Bind(p, p, True) for p in host_tool_paths() if p.startswith("/tmp/")]
-        for bind in [*binds, Bind(str(self.dir / "tmp"), "/tmp"), *tools]:
-            root = bind.target.rstrip("/")
-            if (path == root or path.startswith(root + "/")) and (
-                best is None or len(root) > len(best.target)
-            ):
-                best = bind
-        if best is None:
-            return path
-        return best.source + path[len(best.target.rstrip("/")) :]
-
     def _launch(self, name: str) -> None:
         """Start one container (records a waiting or terminated state instead when it cannot)."""
         container = self.specs[name]
         rec = self.records[name]
         restart = rec.restart_count
         try:
-            base = S.default_env(self.pod, self.runner.config.container_path, self.api.server)
+            base = self.runner.runtime.base_env(self.pod, self.api.server)
             env = S.resolve_env(self.pod, container, self.runner.lookups, base)
-        except S.ContainerConfigError as exc:
+            now = now_rfc3339()
+            proc = self._spawn(name, container, env, restart)
+        except S.ContainerConfigError as exc:  # also ErrImageNeverPull: wait, retry
             self._set(name, State("waiting", reason=exc.reason, message=str(exc)))
             self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
             return
-        now = now_rfc3339()
-        try:
-            proc = self._spawn(name, container, env, restart)
         except S.StartError as exc:
             log.info("pod %s/%s container %s: %s", self.namespace, self.name, name, exc)
             self._set(
@@ -569,117 +538,29 @@ class PodWorker:
             self._after_exit(name)
             return
         self.procs[name] = proc
-        self._set(
-            name,
-            State("running", started_at=now),
-            container_id=f"agentrun://{self.uid[:8]}-{name}-{restart}",
-        )
+        self._set(name, State("running", started_at=now), container_id=proc.container_id)
 
     def _spawn(
         self, name: str, container: Mapping[str, Any], env: dict[str, str], restart: int
-    ) -> ContainerProcess:
-        argv = S.container_argv(container, env)
-        binds = self._binds(container)
+    ) -> RunningContainer:
         term_dir = self.dir / "containers" / name
         term_dir.mkdir(parents=True, exist_ok=True)
         term_file = term_dir / "termination-log"
         term_file.write_bytes(b"")
-        term_target = str(container.get("terminationMessagePath") or S.DEFAULT_TERMINATION_PATH)
-        files = [Bind(str(term_file), term_target)]
-        binds, files, expand = self._place_mounts(binds, files)
-        (self.dir / "tmp").mkdir(parents=True, exist_ok=True)
-        workdir = str(container.get("workingDir") or "/")
-        host_workdir = self._host_path(workdir, binds)
-        if host_workdir != workdir:
-            Path(host_workdir).mkdir(parents=True, exist_ok=True)
-        elif not os.path.isdir(workdir):
-            raise S.StartError(
-                f"chdir to cwd ({workdir!r}) set in config.json failed: no such file or directory"
-            )
-
-        def runnable(path: str) -> bool:
-            host = self._host_path(path, binds)
-            return os.path.isfile(host) and os.access(host, os.X_OK)
-
-        if S.find_executable(argv[0], env.get("PATH", ""), runnable) is None:
-            what = "executable file not found in $PATH" if "/" not in argv[0] else "no such file or directory"
-            raise S.StartError(
-                f'exec: "{argv[0]}": {what} '
-                "(the local pod runner runs the host's tools; images are not pulled)"
-            )
-        log_path = self.dir / "logs" / name / f"{restart}.log"
-        bwrap = self.runner.bwrap
-        entries = self.runner.host_entries
-        hostname = str(env.get("HOSTNAME") or self.name)[:63]
-        enter = self.network.enter_argv() if self.network is not None else []
-        return ContainerProcess(
-            lambda fd: (
-                enter
-                + bwrap_argv(
-                    bwrap,
-                    argv,
-                    entries,
-                    str(self.dir / "tmp"),
-                    binds,
-                    files,
-                    workdir,
-                    fd,
-                    hostname,
-                    expand,
-                    tool_paths=host_tool_paths(),
-                )
-            ),
-            env,
-            log_path,
-            self._notify,
+        term_file.chmod(0o666)  # as the kubelet: writable by the container's user, whoever that is
+        launch = Launch(
+            pod=self.pod,
+            name=name,
+            container=container,
+            env=env,
+            binds=self._binds(container),
+            termination_file=term_file,
+            pod_dir=self.dir,
+            log_path=self.dir / "logs" / name / f"{restart}.log",
+            restart=restart,
+            network=self.network,
         )
-
-    def _place_mounts(
-        self, binds: list[Bind], files: list[Bind]
-    ) -> tuple[list[Bind], list[Bind], list[tuple[str, list[HostEntry]]]]:
-        """Check every mount point and say where it goes (see `spec.resolve_on_host`).
-
-        A mount point inside a volume or the pod's tmp is made in that directory beforehand (as a
-        runtime creates mount points); one elsewhere follows the host's tree.
-        """
-        roots = [Bind(str(self.dir / "tmp"), "/tmp"), Bind("", "/dev"), *binds]
-        expand: dict[str, list[HostEntry]] = {}
-        placed: dict[str, str] = {"/tmp": "/tmp", "/dev": "/dev"}
-
-        def place(bind: Bind, is_file: bool) -> Bind:
-            what = "terminationMessagePath" if is_file else "mountPath"
-            problem = S.mount_target_problem(bind.target)
-            if problem:
-                raise S.StartError(f"bad {what} {bind.target!r}: {problem}")
-            target = S.normalise_mount_path(bind.target) or bind.target
-            inside = [r for r in roots if r.target != bind.target and S.under(target, r.target)]
-            if inside:
-                root = max(inside, key=lambda r: len(r.target))
-                rest = target[len(root.target.rstrip("/")) :]
-                if root.source:
-                    host = Path(root.source + rest)
-                    host.parent.mkdir(parents=True, exist_ok=True)
-                    if is_file:
-                        host.touch(exist_ok=True)
-                    else:
-                        host.mkdir(exist_ok=True)
-                base = placed.get(root.target, root.target).rstrip("/")
-                placed[bind.target] = base + rest
-                return replace(bind, target=base + rest)
-            canonical, directory = S.resolve_on_host(target, os.path.lexists, os.path.realpath)
-            placed[bind.target] = canonical
-            if directory is not None:
-                if not os.path.isdir(directory) or directory.split("/")[1] in ("proc", "sys", "dev", "tmp"):
-                    raise S.StartError(
-                        f"bad {what} {bind.target!r}: {directory} is not a directory the local pod "
-                        "runner can re-create"
-                    )
-                expand.setdefault(directory, host_root_entries(directory))
-            return replace(bind, target=canonical)
-
-        placed_binds = [place(b, False) for b in sorted(binds, key=lambda b: b.target.count("/"))]
-        placed_files = [place(f, True) for f in files]
-        return placed_binds, placed_files, sorted(expand.items())
+        return self.runner.runtime.start(launch, self._notify)
 
     def _collect(self, name: str) -> None:
         """A process has ended: record its terminated state and termination message."""
@@ -687,11 +568,11 @@ class PodWorker:
         code = proc.exit_code if proc.exit_code is not None else 137
         container = self.specs[name]
         rec = self.records[name]
-        head = _read_part(proc.log_path, 0, 512)
         reason = S.exit_reason(code)
-        if code == 1 and head.startswith(b"bwrap: "):  # the sandbox could not be set up
+        failure = proc.start_failure()
+        if failure is not None:  # the sandbox or container could not be set up
             code, reason = 128, "StartError"
-            message: str | None = head.splitlines()[0].decode("utf-8", "replace")
+            message: str | None = failure
         else:
             term_file = self.dir / "containers" / name / "termination-log"
             data = _read_part(term_file, 0, S.MAX_TERMINATION_MESSAGE) if term_file.exists() else None
@@ -886,8 +767,7 @@ class PodRunner:
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
         self.layout = Layout(config.state_dir)
-        self.bwrap = find_bwrap()
-        self.host_entries = host_root_entries()
+        self.runtime = make_runtime(config.runtime, config.node_name, config.container_path)
         self.api = Api(config.kubeconfig, config.state_dir / "run" / "pod-runner-client")
         self.lookups = S.Lookups(secret=self.secret, config_map=self.config_map)
         self.workers: dict[str, PodWorker] = {}
@@ -1005,7 +885,7 @@ class PodRunner:
                 "kubeletVersion": "agentrun-local-pod-runner",
                 "operatingSystem": "linux",
                 "architecture": os.uname().machine,
-                "containerRuntimeVersion": "bubblewrap",
+                "containerRuntimeVersion": "bubblewrap" if self.runtime.name == "process" else "docker",
                 "kernelVersion": os.uname().release,
                 "osImage": "host",
                 "machineID": "",
@@ -1111,6 +991,7 @@ class PodRunner:
             "time": time.time(),
             "watching": all(self.watching.values()) and bool(self.watching),
             "pods": pods,
+            "runtime": self.runtime.name,
             "last_error": self.last_error,
         }
         tmp = self.layout.health_file.with_suffix(".tmp")
@@ -1130,7 +1011,8 @@ class PodRunner:
         if self.network_unavailable:
             log.info("%s", self.network_unavailable)
         log.info(
-            "pod runner on node %s watching %s (state %s)",
+            "pod runner (%s runtime) on node %s watching %s (state %s)",
+            self.runtime.name,
             self.config.node_name,
             ", ".join(self.config.namespaces) or "all namespaces",
             self.config.state_dir,
@@ -1158,5 +1040,6 @@ class PodRunner:
                 proc.kill()
         for worker in workers:
             worker.thread.join(timeout=10)
+        self.runtime.close()
         self.layout.health_file.unlink(missing_ok=True)
         log.info("pod runner stopped")

@@ -1,0 +1,333 @@
+"""The docker runtime: each container of a pod as a real container from a local image.
+
+`docker create`, then `docker start --attach` (so its output goes to the container's log file for
+`agentrun dev logs`), with the pod's volumes bind-mounted (the same host directories the process
+runtime uses), the termination-message file bind-mounted at its path and read back by the runner
+when it ends, the securityContext's user, groups and read-only root filesystem, and `--init` (a
+small init is PID 1, so a SIGTERM reaches the command as in the process runtime). Images are never
+pulled: a missing one leaves the container waiting with `ErrImageNeverPull`, retried until it is
+there.
+
+Networking follows the process runtime (docs/local-dev.md#network): a pod shares the host's network
+(`--network host`; the engine we start has no bridge network anyway), except a pod that serves
+ports, which gets its own network namespace: a pause container (`busybox:1.36`, `--network none`)
+holds it, the pod's containers join it (`--network container:<pause>`), and the API server is
+forwarded into it at the address `KUBERNETES_SERVICE_HOST/PORT` name (network.py), so the operator
+installed by Helm, two replicas of it included, works unchanged.
+
+Containers carry labels with the node, namespace, pod and uid; the runtime removes its node's
+leftovers when it starts (pods of an earlier runner process are reported lost, as in process mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from agentrun_operator.devcluster import dockerengine as engine
+from agentrun_operator.devcluster.baseimages import BUSYBOX
+from agentrun_operator.devcluster.podrunner import spec as S
+from agentrun_operator.devcluster.podrunner.network import PodNetwork
+from agentrun_operator.devcluster.podrunner.runtime import (
+    ImageNeverPulled,
+    Launch,
+    OnExit,
+    RuntimeUnavailable,
+)
+from agentrun_operator.devcluster.podrunner.sandbox import Bind
+
+LABEL_NODE: Final = "ai.proompteng.agentrun.node"
+LABEL_POD: Final = "ai.proompteng.agentrun.pod"
+LABEL_UID: Final = "ai.proompteng.agentrun.pod-uid"
+IMAGE_ENV: Final = ("PATH", "HOME")
+"""Variables the image (or Docker) provides; the process runtime's defaults for them are dropped."""
+CLIENT_ENV: Final = (
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+)
+_NAME_UNSAFE: Final = re.compile(r"[^a-zA-Z0-9_.-]")
+PAUSE_IMAGE: Final = BUSYBOX
+"""What holds a pod's own network namespace: any local image with `sleep` would do."""
+
+
+def container_name(launch: Launch) -> str:
+    """A unique, readable Docker name: namespace, pod, container, uid prefix and restart count."""
+    raw = f"agentrun_{launch.namespace}_{launch.pod_name}_{launch.name}_{launch.uid[:8]}_{launch.restart}"
+    return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+def pause_name(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_POD_{str(meta.get('uid', ''))[:8]}"
+    return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+def pod_labels(node: str, pod: Mapping[str, Any]) -> list[str]:
+    meta = pod.get("metadata") or {}
+    argv: list[str] = []
+    for label, value in (
+        (LABEL_NODE, node),
+        (LABEL_POD, f"{meta.get('namespace')}/{meta.get('name')}"),
+        (LABEL_UID, str(meta.get("uid", ""))),
+    ):
+        argv += ["--label", f"{label}={value}"]
+    return argv
+
+
+class DockerPodNetwork:
+    """A pod's own network namespace: the pause container holding it and the API forwarder in it."""
+
+    def __init__(self, pause: str, forwarder: PodNetwork | None = None) -> None:
+        self.pause = pause
+        self.forwarder = forwarder
+
+    @property
+    def mode(self) -> str:
+        return f"container:{self.pause}"
+
+    def stop(self) -> None:
+        if self.forwarder is not None:
+            self.forwarder.stop()
+        engine.docker("rm", "--force", self.pause, timeout=60)
+
+
+def _security(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, Any]:
+    """The effective securityContext: the container's fields over the pod's."""
+    pod_ctx = (pod.get("spec") or {}).get("securityContext") or {}
+    ctx = dict(pod_ctx)
+    ctx.update({k: v for k, v in (container.get("securityContext") or {}).items() if v is not None})
+    return ctx
+
+
+def user_flag(ctx: Mapping[str, Any]) -> str | None:
+    """`--user` for runAsUser/runAsGroup (None: the image's USER, as the kubelet does)."""
+    user, group = ctx.get("runAsUser"), ctx.get("runAsGroup")
+    if user is None and group is None:
+        return None
+    if user is None:
+        raise S.ContainerConfigError("runAsGroup without runAsUser is not supported by the local pod runner")
+    return f"{int(user)}" if group is None else f"{int(user)}:{int(group)}"
+
+
+def non_root_problem(ctx: Mapping[str, Any], image_user: str) -> str | None:
+    """The kubelet's runAsNonRoot check: the user must be numeric and not 0."""
+    if not ctx.get("runAsNonRoot"):
+        return None
+    user = ctx.get("runAsUser")
+    if user is not None:
+        return "container's runAsUser breaks non-root policy" if int(user) == 0 else None
+    name = image_user.split(":")[0]
+    if name in ("", "root", "0"):
+        return "container has runAsNonRoot and image will run as root"
+    if not name.isdigit():
+        return (
+            f"container has runAsNonRoot and image has non-numeric user ({name}), "
+            "cannot verify user is non-root"
+        )
+    return None
+
+
+def create_argv(
+    docker: str,
+    launch: Launch,
+    name: str,
+    node: str,
+    ctx: Mapping[str, Any],
+) -> list[str]:
+    """The `docker create` command line (pure). Env values are passed by name (`-e NAME`) from the
+    client's environment, so secrets never show on a command line."""
+    container = launch.container
+    argv = [docker, "create", "--name", name, "--init"]
+    if isinstance(launch.network, DockerPodNetwork):  # the hostname is the pause container's
+        argv += ["--network", launch.network.mode]
+    else:
+        argv += ["--network", "host", "--hostname", launch.hostname]
+    argv += pod_labels(node, launch.pod)
+    user = user_flag(ctx)
+    if user is not None:
+        argv += ["--user", user]
+    for group in [ctx.get("fsGroup"), *(ctx.get("supplementalGroups") or [])]:
+        if group is not None:
+            argv += ["--group-add", str(int(group))]
+    if ctx.get("readOnlyRootFilesystem"):
+        argv += ["--read-only"]
+    if ctx.get("privileged"):
+        argv += ["--privileged"]
+    for bind in [*launch.binds, Bind(str(launch.termination_file), launch.termination_target)]:
+        problem = S.mount_target_problem(bind.target)
+        if problem:
+            raise S.StartError(f"bad mount path {bind.target!r}: {problem}")
+        mount = f"type=bind,source={bind.source},target={S.normalise_mount_path(bind.target)}"
+        argv += ["--mount", mount + (",readonly" if bind.read_only else "")]
+    for key in launch.env:
+        argv += ["--env", key]
+    if container.get("workingDir"):
+        argv += ["--workdir", str(container["workingDir"])]
+    command = [S.expand(str(a), launch.env) for a in container.get("command") or []]
+    args = [S.expand(str(a), launch.env) for a in container.get("args") or []]
+    if command:
+        argv += ["--entrypoint", command[0], str(container.get("image", "")), *command[1:], *args]
+    else:  # the image's entrypoint, with `args` in place of its CMD when given
+        argv += [str(container.get("image", "")), *args]
+    return argv
+
+
+class DockerContainer:
+    """One container: created (so it exists once this returns), started attached, its exit read back
+    with `docker inspect`. A create that fails is a `StartError` (the runner reports exit 128)."""
+
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], name: str, log_path: Path, on_exit: OnExit
+    ) -> None:
+        created = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env), check=False)
+        if created.returncode != 0:
+            lines = [ln for ln in created.stderr.splitlines() if ln.strip()] or ["docker create failed"]
+            raise S.StartError(lines[0])
+        self.name = name
+        self.log_path = log_path
+        self.container_id = f"docker://{name}"
+        self._exit_code: int | None = None
+        self._failure: str | None = None
+        self._on_exit = on_exit
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [argv[0], "start", "--attach", name],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={k: v for k, v in env.items() if k in CLIENT_ENV},
+            )
+        threading.Thread(target=self._wait, daemon=True, name=f"docker-wait-{name}").start()
+
+    def _wait(self) -> None:
+        client_code = self.proc.wait()
+        state: dict[str, Any] = {}
+        proc = engine.docker("inspect", "--format", "{{json .State}}", self.name, timeout=30)
+        if proc.returncode == 0:
+            state = json.loads(proc.stdout or "{}")
+        engine.docker("rm", "--force", self.name, timeout=60)
+        if state.get("Error"):
+            self._failure = str(state["Error"])
+        elif not state:  # the container vanished before it could be inspected
+            self._failure = _last_log_line(self.log_path) or f"docker start exited {client_code}"
+        code = int(state.get("ExitCode", client_code if client_code >= 0 else 128 - client_code))
+        self._exit_code = 137 if state.get("OOMKilled") and code == 0 else code
+        self._on_exit(self)
+
+    @property
+    def done(self) -> bool:
+        return self._exit_code is not None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    def start_failure(self) -> str | None:
+        return self._failure
+
+    def terminate(self) -> None:
+        if not self.done:
+            engine.docker("kill", "--signal", "SIGTERM", self.name, timeout=30)
+
+    def kill(self) -> None:
+        if self.done:
+            return
+        if engine.docker("kill", self.name, timeout=30).returncode != 0 and self.proc.poll() is None:
+            self.proc.kill()  # not created yet: stop the client (its waiter removes what is left)
+
+
+def _last_log_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+class DockerRuntime:
+    """Containers on a Docker engine from local images (see the module docstring)."""
+
+    name = "docker"
+
+    def __init__(self, node: str) -> None:
+        problem = engine.engine_problem()
+        if problem is not None:
+            raise RuntimeUnavailable(f"the docker runtime needs a Docker engine: {problem}")
+        self.node = node
+        self.docker = engine.docker_cli()
+        self.remove_leftovers()
+
+    def close(self) -> None:
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> None:
+        """Containers of this node from an earlier runner process (their pods are reported lost)."""
+        listing = engine.docker("ps", "--all", "--quiet", "--filter", f"label={LABEL_NODE}={self.node}")
+        ids = listing.stdout.split()
+        if ids:
+            engine.docker("rm", "--force", *ids, timeout=120)
+
+    def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
+        env = S.default_env(pod, "", api_server)
+        return {k: v for k, v in env.items() if k not in IMAGE_ENV}
+
+    def start_network(
+        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
+    ) -> DockerPodNetwork:
+        if not engine.image_exists(PAUSE_IMAGE):
+            raise OSError(
+                f"the pause image {PAUSE_IMAGE} is not present locally (make it: agentrun dev base-images)"
+            )
+        name = pause_name(pod)
+        spec = pod.get("spec") or {}
+        hostname = str(spec.get("hostname") or (pod.get("metadata") or {}).get("name") or "pod")[:63]
+        engine.docker("rm", "--force", name, timeout=60)
+        started = engine.docker(
+            "run", "--detach", "--init", "--name", name, "--network", "none", "--hostname", hostname,
+            *pod_labels(self.node, pod), "--entrypoint", "sleep", PAUSE_IMAGE, "2147483647",
+            timeout=120,
+        )  # fmt: skip
+        network = DockerPodNetwork(name)
+        pid = engine.docker("inspect", "--format", "{{.State.Pid}}", name, timeout=30).stdout.strip()
+        if started.returncode != 0 or not pid.isdigit() or pid == "0":
+            network.stop()
+            raise OSError(f"the pause container did not start: {started.stderr.strip() or 'no pid'}")
+        try:
+            network.forwarder = PodNetwork(api_host, api_port, log_path, netns=f"/proc/{pid}/ns/net").start()
+        except OSError:
+            network.stop()
+            raise
+        return network
+
+    def _image_user(self, image: str) -> str | None:
+        """The image's USER, or None when the image is not present locally."""
+        proc = engine.docker("image", "inspect", "--format", "{{.Config.User}}", image, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def start(self, launch: Launch, on_exit: OnExit) -> DockerContainer:
+        image = str(launch.container.get("image") or "")
+        image_user = self._image_user(image) if image else None
+        if image_user is None:
+            raise ImageNeverPulled(
+                f'container image "{image}" is not present locally; the local pod runner never pulls '
+                "(make it with `make image`, `agentrun dev base-images` or `docker load`)"
+            )
+        ctx = _security(launch.pod, launch.container)
+        problem = non_root_problem(ctx, image_user)
+        if problem:
+            raise S.ContainerConfigError(problem)
+        name = container_name(launch)
+        engine.docker("rm", "--force", name, timeout=60)  # a leftover of the same name
+        argv = create_argv(self.docker, launch, name, self.node, ctx)
+        client_env = {k: os.environ[k] for k in CLIENT_ENV if k in os.environ}
+        return DockerContainer(argv, {**launch.env, **client_env}, name, launch.log_path, on_exit)

@@ -1,0 +1,237 @@
+"""The local pod runner's docker runtime: the examples, unchanged, in real containers from local
+images (busybox:1.36 and the operator image as the reporter), and what a kubelet would do with the
+securityContext, termination messages, deletion and an image that is not there.
+
+Needs a Docker engine: the `docker_image` fixture starts one (root, Debian) and builds the images
+once, or skips every test here with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.devcluster.dockerengine import docker
+from agentrun_operator.devcluster.podrunner.docker import LABEL_UID
+from tests.e2e.conftest import LocalDefault, eventually, start_local_default, step_status
+
+NAMESPACE = "e2e-docker"
+NODE = "agentrun-e2e-docker"
+
+
+@pytest.fixture(scope="module")
+def docker_default(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory, docker_image: str
+) -> Iterator[LocalDefault]:
+    yield from start_local_default(
+        control_plane,
+        tmp_path_factory,
+        namespace=NAMESPACE,
+        node=NODE,
+        runtime="docker",
+        operator_env={"AGENTS_REPORTER_IMAGE": docker_image},
+    )
+
+
+def create_pod(env: LocalDefault, name: str, spec: dict[str, Any]) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec},
+    }
+    env.apply(yaml.safe_dump(pod))
+
+
+def get_pod(env: LocalDefault, name: str) -> dict[str, Any] | None:
+    code, body = env.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    if code == 404:
+        return None
+    assert code == 200, body[:300]
+    pod: dict[str, Any] = json.loads(body)
+    return pod
+
+
+def main_status(pod: dict[str, Any] | None) -> dict[str, Any]:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+    result: dict[str, Any] = statuses[0]
+    return result
+
+
+def wait_terminal(env: LocalDefault, name: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        pod = get_pod(env, name)
+        return pod if ((pod or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
+    try:
+        result: dict[str, Any] = eventually(done, timeout=120, what=f"pod {name} to end")
+    except AssertionError:
+        status = (get_pod(env, name) or {}).get("status")
+        raise AssertionError(f"pod {name}: {json.dumps(status)}\n{env.runner.logs()[-3000:]}") from None
+    return result
+
+
+def dev_logs(env: LocalDefault, pod: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrun_operator.cli", "dev", "logs", pod, "-n", NAMESPACE],
+        env=dict(os.environ, AGENTRUN_DEV_HOME=str(env.state_dir)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def containers_of(uid: str) -> list[str]:
+    return docker("ps", "--all", "--quiet", "--filter", f"label={LABEL_UID}={uid}").stdout.split()
+
+
+def test_fixed_loop_in_containers(docker_default: LocalDefault) -> None:
+    docker_default.apply_example("fixed-loop.yaml")
+    run = docker_default.wait_for_end("fixed-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopMaxIterationsReached"
+    assert loop["completedIterations"] == 3
+    lines = (docker_default.claim_dir("fixed-loop-workspace") / "log.txt").read_text().splitlines()
+    assert [line.split(" at ")[0] for line in lines] == [f"iteration {k} of 3" for k in (1, 2, 3)]
+
+
+def test_conditional_loop_in_containers(docker_default: LocalDefault) -> None:
+    docker_default.apply_example("conditional-loop.yaml")
+    run = docker_default.wait_for_end("conditional-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3
+    # the control object came out through the reporter container of the operator image
+    assert loop["lastControl"] == {"continue": False, "outputs": {"iteration": 3, "notes": 3}}
+    root = docker_default.claim_dir("conditional-loop-workspace")
+    assert len((root / "notes" / "progress.log").read_text().splitlines()) == 3
+
+
+def test_user_read_only_root_termination_message_exit_code_and_logs(docker_default: LocalDefault) -> None:
+    script = (
+        "id -u; id -g; touch /root-is-writable 2>/dev/null || echo read-only root; "
+        "echo done > /data/out; echo 'the message' > /dev/termination-log; exit 3"
+    )
+    create_pod(
+        docker_default,
+        "secure",
+        {
+            "securityContext": {"runAsUser": 4242, "runAsGroup": 4343},
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", script],
+                    "securityContext": {"readOnlyRootFilesystem": True},
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+        },
+    )
+    pod = wait_terminal(docker_default, "secure")
+    assert pod["status"]["phase"] == "Failed"
+    terminated = main_status(pod)["state"]["terminated"]
+    assert terminated["exitCode"] == 3
+    assert terminated["reason"] == "Error"
+    assert terminated["message"] == "the message\n"
+    assert main_status(pod)["containerID"].startswith("docker://")
+    assert dev_logs(docker_default, "secure").splitlines() == ["4242", "4343", "read-only root"]
+    assert not containers_of(pod["metadata"]["uid"]), "the ended container is removed"
+
+
+def test_a_missing_image_waits_with_err_image_never_pull(docker_default: LocalDefault) -> None:
+    create_pod(
+        docker_default,
+        "no-image",
+        {"containers": [{"name": "main", "image": "agentrun-test/not-here:0", "command": ["true"]}]},
+    )
+
+    def waiting() -> dict[str, Any] | None:
+        state = main_status(get_pod(docker_default, "no-image")).get("state") or {}
+        return (
+            state.get("waiting")
+            if (state.get("waiting") or {}).get("reason") == "ErrImageNeverPull"
+            else None
+        )
+
+    waiting_state = eventually(waiting, timeout=60, what="ErrImageNeverPull")
+    assert "agentrun-test/not-here:0" in waiting_state["message"]
+    assert "not present locally" in waiting_state["message"]
+    assert (get_pod(docker_default, "no-image") or {})["status"]["phase"] == "Pending"
+    docker_default.plane.kubectl("delete", "pod", "no-image", "-n", NAMESPACE, "--wait=false")
+    eventually(lambda: get_pod(docker_default, "no-image") is None, timeout=60, what="no-image to go")
+
+
+def test_deletion_sends_sigterm_then_the_container_is_gone(docker_default: LocalDefault) -> None:
+    script = "trap 'echo got TERM; exit 0' TERM; echo started; while true; do sleep 1; done"
+    create_pod(
+        docker_default,
+        "sleeper",
+        {
+            "terminationGracePeriodSeconds": 20,
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}],
+        },
+    )
+    pod = eventually(
+        lambda: (
+            (p := get_pod(docker_default, "sleeper"))
+            and "running" in (main_status(p).get("state") or {})
+            and p
+        ),
+        timeout=60,
+        what="sleeper to run",
+    )
+    uid = pod["metadata"]["uid"]
+    assert containers_of(uid), "a running container carries the pod's uid"
+    docker_default.plane.kubectl("delete", "pod", "sleeper", "-n", NAMESPACE, "--wait=false")
+    eventually(lambda: get_pod(docker_default, "sleeper") is None, timeout=60, what="sleeper to go")
+    assert not containers_of(uid)
+    assert dev_logs(docker_default, "sleeper").splitlines() == ["started", "got TERM"]
+
+
+def test_a_pod_with_ports_gets_its_own_network_with_the_api_server_in_it(
+    docker_default: LocalDefault,
+) -> None:
+    script = (
+        "readlink /proc/self/ns/net; "
+        'nc -w 5 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" </dev/null '
+        "&& echo api-reachable || echo api-unreachable"
+    )
+    create_pod(
+        docker_default,
+        "server",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", script],
+                    "ports": [{"containerPort": 8080}],
+                }
+            ]
+        },
+    )
+    pod = wait_terminal(docker_default, "server")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    namespace_link, reachable = dev_logs(docker_default, "server").splitlines()
+    assert namespace_link.startswith("net:[")
+    assert namespace_link != os.readlink("/proc/self/ns/net"), "the pod has a network namespace of its own"
+    assert reachable == "api-reachable"
+    uid = pod["metadata"]["uid"]
+    assert containers_of(uid), "the pause container holds the namespace while the pod exists"
+    docker_default.plane.kubectl("delete", "pod", "server", "-n", NAMESPACE, "--wait=false")
+    eventually(lambda: get_pod(docker_default, "server") is None, timeout=60, what="server to go")
+    eventually(lambda: not containers_of(uid), timeout=30, what="the pause container to go")
