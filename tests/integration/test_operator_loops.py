@@ -374,3 +374,35 @@ def test_recreated_run_never_adopts_the_jobs_of_its_namesake(
     assert second["status"]["phase"] == "Succeeded", second["status"]
     jobs = _jobs(plane, name)
     assert [j["metadata"]["ownerReferences"][0]["uid"] for j in jobs] == [second["metadata"]["uid"]]
+
+
+def _nested_run(name: str, depth: int, max_depth: int) -> dict[str, Any]:
+    """A chain of groups `implement/d2/…/d<depth>` whose innermost step is a workload step."""
+    step: dict[str, Any] = {"name": f"d{depth}"}
+    for level in range(depth - 1, 1, -1):
+        step = {"name": f"d{level}", "steps": [step]}
+    manifest = workflow_run(name, {"steps": [step]} if depth > 1 else {})
+    manifest["spec"]["workflow"]["maxNestingDepth"] = max_depth
+    return manifest
+
+
+def test_nesting_past_the_limit_is_rejected_before_any_job(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """The apiserver stores nested child steps; the operator refuses one step past the limit by path."""
+    plane, operator, _ = cluster
+    _create(plane, _nested_run("nesting-past", 4, 3))
+    run = _wait_finished(plane, "nesting-past", operator)
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "NestingTooDeep"
+    assert "'implement/d2/d3/d4'" in run["status"]["message"]
+    assert {c["type"]: c["status"] for c in run["status"]["conditions"]}["InvalidSpec"] == "True"
+    assert _jobs(plane, "nesting-past") == []
+
+
+def test_nesting_at_the_limit_is_refused_as_not_run_yet(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """At the limit the depth is fine; groups do not run in this version, so nothing starts either."""
+    plane, operator, _ = cluster
+    _create(plane, _nested_run("nesting-at", 3, 3))
+    run = _wait_finished(plane, "nesting-at", operator)
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "InvalidSpec"
+    assert "NestingTooDeep" not in run["status"]["message"]
+    assert "steps is validated but not run by this operator version yet" in run["status"]["message"]
+    assert _jobs(plane, "nesting-at") == []

@@ -85,6 +85,8 @@ class PlannedAttempt:
     previous_control: dict[str, Any] | None = None
     item: Any = None
     item_index: int | None = None
+    outputs: dict[str, list[Any]] | None = None
+    """Collected outputs so far; None when the run collects none (then no AGENTRUN_OUTPUTS)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ def agentrun_env(
         "AGENTRUN_ITEM_INDEX": "" if attempt.item_index is None else str(attempt.item_index),
         "AGENTRUN_PARAMETERS": _json(parameters),
     }
+    if attempt.outputs is not None:
+        env["AGENTRUN_OUTPUTS"] = _json(attempt.outputs)
     for key in sorted(parameters):
         env.setdefault(param_env_name(key), parameters[key])
     task = resolve_implementation(run, step, refs)

@@ -26,6 +26,9 @@ LIMIT = 4
 CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=50, loop_status_history_limit=LIMIT)
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
+USAGE_TOKENS = 7
+OUTPUT = "work_out"
+
 CONTROLS: list[dict[str, Any] | bytes | None] = [
     {"continue": True},
     {"continue": True},
@@ -33,12 +36,14 @@ CONTROLS: list[dict[str, Any] | bytes | None] = [
     None,  # missing
     b"{oops",  # invalid JSON
     {"continue": 1},  # non-boolean comparison: `1 == true` is false in CEL
+    {"continue": True, "usage": {"inputTokens": USAGE_TOKENS}},
+    {"continue": True, "usage": {"inputTokens": "many"}},  # not a number: onInvalid
 ]
 
 
 def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
     loop = st.builds(
-        lambda n, cond, retries, on_invalid: loop_step(
+        lambda n, cond, retries, on_invalid, extra: loop_step(
             "work",
             n,
             expression="iteration.last.control.continue == true" if cond else None,
@@ -46,11 +51,20 @@ def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
             retries=retries,
             retryBackoffSeconds=5,
             timeoutSeconds=30,
+            loop=extra,
         ),
         st.integers(1, 7),
         st.booleans(),
         st.integers(0, 2),
         st.sampled_from(["fail", "stop"]),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "output": st.just({"name": OUTPUT, "expression": "iteration.index"}),
+                "budget": st.integers(1, 30).map(lambda n: {"maxTokens": n}),
+                "onBudgetExhausted": st.sampled_from(["Succeed", "Fail"]),
+            },
+        ),
     )
     return st.builds(
         lambda work, with_prep: manifest(([{"name": "prep", "retries": 1}] if with_prep else []) + [work]),
@@ -85,6 +99,7 @@ class Checker:
     succeeded_jobs: set[str] = field(default_factory=set)
     seen_created: int = 0
     terminal_phase: str | None = None
+    collected: int = 0
 
     def check(self, world: PlannerWorld) -> None:
         live_per_step: dict[int, int] = {}
@@ -112,6 +127,7 @@ class Checker:
             self.terminal_phase = status.phase
         if status.workflow is None:
             return
+        self._check_outputs_and_usage(world)
         for step in status.workflow.steps:
             self._check_not_lost(step.message or "")
             loop = step.loop
@@ -126,6 +142,33 @@ class Checker:
             assert len(loop.iterations) <= LIMIT + 1
             assert loop.retained_iterations == len(loop.iterations)
             assert loop.retained_iterations + loop.pruned_iterations == loop.current_iteration
+
+    def _check_outputs_and_usage(self, world: PlannerWorld) -> None:
+        """Each successful iteration appends its output once, in order; usage sums agree; a budget
+        stops the loop at the first iteration that reaches it (never later)."""
+        workflow = world.status.workflow if world.status is not None else None
+        assert workflow is not None
+        work = next(s for s in workflow.steps if s.name == "work")
+        collected = (workflow.outputs or {}).get(OUTPUT, [])
+        assert collected == list(range(1, len(collected) + 1)), (
+            f"outputs appended twice or out of order: {collected}"
+        )
+        assert len(collected) >= self.collected, "collected outputs were lost"
+        self.collected = len(collected)
+        spec_loop = world.agentrun().spec.workflow.steps[-1].loop  # type: ignore[union-attr]
+        if work.loop is not None and spec_loop is not None and spec_loop.output is not None:
+            # the last success may have ended the loop on unusable usage before its output was taken
+            done = work.loop.completed_iterations
+            assert done - 1 <= len(collected) <= done, (collected, done)
+        used = work.usage.tokens if work.usage is not None else 0
+        assert used % USAGE_TOKENS == 0
+        run_total = workflow.usage.tokens if workflow.usage is not None else 0
+        assert run_total == sum(s.usage.tokens for s in workflow.steps if s.usage is not None)
+        if spec_loop is not None and spec_loop.budget is not None and spec_loop.budget.max_tokens is not None:
+            bound = spec_loop.budget.max_tokens
+            assert used - USAGE_TOKENS < bound, f"the loop ran past its budget: {used} of {bound}"
+            if work.loop is not None and work.loop.stop_reason == "LoopBudgetExhausted":
+                assert used >= bound
 
     def _check_not_lost(self, message: str) -> None:
         """A Job that succeeded must never be recorded as vanished (its result would be lost)."""
