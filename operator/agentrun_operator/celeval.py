@@ -38,7 +38,7 @@ from celpy.celparser import CELParseError, tree_dump
 from celpy.evaluation import CELEvalError
 
 #: The root variables every evaluation context has (see ``build_context`` and docs/cel.md).
-CONTEXT_ROOTS: Final = frozenset({"iteration", "step", "run", "steps"})
+CONTEXT_ROOTS: Final = frozenset({"iteration", "step", "run", "steps", "outputs"})
 #: Identifiers CEL itself resolves: type names (``type(x) == int``) and the protobuf package.
 _BUILTIN_IDENTS: Final = frozenset(
     {"bool", "bytes", "double", "int", "uint", "string", "list", "map", "null_type", "type", "google"}
@@ -100,6 +100,8 @@ class CompiledExpression:
     #: Names X used as ``steps.X`` (or ``steps["X"]``): validation checks each is an earlier step.
     referenced_steps: frozenset[str]
     _runner: Any  # a celpy Runner; untyped upstream
+    #: Names X used as ``outputs.X`` (or ``outputs["X"]``): validation checks each is collected earlier.
+    referenced_outputs: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         return f"CompiledExpression({self.expression!r})"
@@ -233,21 +235,26 @@ def _literal_string(node: Any) -> str | None:
 @dataclass
 class _Analysis:
     steps: set[str]
+    outputs: set[str]
     roots: list[tuple[str, int | None, int | None]]  # (name, line, column) of free identifiers
     bound: set[str]
 
 
 def _analyse(ast: lark.Tree[Any]) -> _Analysis:
     """Walk the AST once: ``steps.X`` references, root identifiers, macro-bound variables."""
-    result = _Analysis(steps=set(), roots=[], bound=set())
+    result = _Analysis(steps=set(), outputs=set(), roots=[], bound=set())
+    tables = {"steps": result.steps, "outputs": result.outputs}
     for node in ast.iter_subtrees():
         kids = _children(node)
-        if node.data == "member_dot" and len(kids) == 2 and _ident_name(kids[0]) == "steps":
-            result.steps.add(str(kids[1]))
-        elif node.data == "member_index" and len(kids) == 2 and _ident_name(kids[0]) == "steps":
+        root = (
+            _ident_name(kids[0]) if node.data in ("member_dot", "member_index") and len(kids) == 2 else None
+        )
+        if root in tables and node.data == "member_dot":
+            tables[root].add(str(kids[1]))
+        elif root in tables:
             key = _literal_string(kids[1])
             if key is not None:
-                result.steps.add(key)
+                tables[root].add(key)
         elif node.data == "member_dot_arg" and len(kids) == 3 and str(kids[1]) in _BINDING_MACROS:
             exprlist = kids[2]
             if isinstance(exprlist, lark.Tree) and exprlist.children:
@@ -291,7 +298,7 @@ def _compile_cached(expression: str) -> CompiledExpression | CelCompileError:
             return CelCompileError(
                 expression, f"undeclared reference to {name!r} (the context has {roots})", line, column
             )
-    return CompiledExpression(expression, frozenset(analysis.steps), runner)
+    return CompiledExpression(expression, frozenset(analysis.steps), runner, frozenset(analysis.outputs))
 
 
 def compile_expression(expression: str) -> CompiledExpression:
@@ -379,6 +386,8 @@ def build_context(
     last_control: Mapping[str, Any] | None = None,
     item: Any = None,
     steps: Mapping[str, EarlierStep] | None = None,
+    outputs: Mapping[str, list[Any]] | None = None,
+    iteration_steps: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The documented CEL context (docs/cel.md), converted to CEL values.
 
@@ -401,6 +410,7 @@ def build_context(
                 "maxIterations": max_iterations,
                 "last": {"phase": last_phase, "control": dict(last_control or {})},
                 "item": item,
+                "steps": {k: dict(v) for k, v in (iteration_steps or {}).items()},
             }
         ),
         "step": to_cel({"name": step_name}),
@@ -408,6 +418,7 @@ def build_context(
             {"name": run_name, "namespace": run_namespace, "parameters": dict(run_parameters or {})}
         ),
         "steps": to_cel(earlier),
+        "outputs": to_cel({k: list(v) for k, v in (outputs or {}).items()}),
     }
 
 
@@ -546,5 +557,14 @@ def evaluate_list(compiled: CompiledExpression, context: Mapping[str, Any]) -> l
         )
     try:
         return [from_cel(item, f"item {i}") for i, item in enumerate(value)]
+    except TypeError as exc:
+        raise CelEvaluationError(compiled.expression, str(exc)) from exc
+
+
+def evaluate_json(compiled: CompiledExpression, context: Mapping[str, Any]) -> Any:
+    """Evaluate ``loop.output.expression`` or ``switch.expression``: any JSON value."""
+    value = _evaluate(compiled, context)
+    try:
+        return from_cel(value)
     except TypeError as exc:
         raise CelEvaluationError(compiled.expression, str(exc)) from exc

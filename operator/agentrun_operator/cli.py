@@ -33,6 +33,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             return dev.up(operator=not args.no_operator, runtime=args.runtime)
         if args.dev_command == "down":
             return dev.down(purge=args.purge)
+        if args.dev_command == "restart":
+            return dev.restart(args.component)
         if args.dev_command == "status":
             return dev.status()
         if args.dev_command == "env":
@@ -119,7 +121,7 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from agentrun_operator.ctl.main import add_arguments
+    from agentrun_operator.ctl.args import add_arguments
 
     status = sub.add_parser(
         "status",
@@ -192,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--runtime", choices=runtimes, default="process", help=runtime_help)
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
+    restart = dev_sub.add_parser(
+        "restart", help="restart one component in place (same address and data; pods keep running)"
+    )
+    restart.add_argument(
+        "component",
+        choices=("etcd", "kube-apiserver", "kube-controller-manager", "pod-runner", "operator"),
+    )
     dev_sub.add_parser("status", help="show each component, its pid and health")
     dev_sub.add_parser("env", help='print shell exports: eval "$(agentrun dev env)"')
     dev_sub.add_parser("tools", help="build (or reuse) the control plane tools and print their directory")

@@ -39,7 +39,7 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster import processes, toolchain
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
+from tests.support.processes import OperatorProcess
 
 NS = "bench"
 FINAL = ("Succeeded", "Failed", "Cancelled")

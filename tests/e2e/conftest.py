@@ -10,11 +10,6 @@ controller-manager to volumes the runner's local provisioner creates (directorie
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +18,9 @@ from typing import Any
 import pytest
 
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from agentrun_operator.devcluster.podrunner.main import READY_LINE
-from tests.integration.operator_process import OperatorProcess
+from tests.support.claims import bound_claim_dir, create_claim
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess, RunnerProcess
 
 NAMESPACE = "e2e"
 NODE = "agentrun-e2e"
@@ -34,132 +30,6 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 def runs_path(namespace: str) -> str:
     return f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{namespace}/agentruns"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 120.0, what: str = "", every: float = 0.2) -> Any:
-    """Poll until `check()` is truthy; return its value. Generous: the machine has 2 cores."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def processes_with(*argv: str) -> list[int]:
-    """PIDs whose command line is exactly `argv` (e.g. ("sleep", "7777")), zombies excluded."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "cmdline").read_bytes() != wanted:
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
-                continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
-
-
-class RunnerProcess:
-    """`agentrun dev pod-runner` as its own process (own session, so it can be stopped as a group)."""
-
-    def __init__(
-        self,
-        plane: ControlPlane,
-        state_dir: Path,
-        node: str = NODE,
-        namespaces: tuple[str, ...] = (NAMESPACE,),
-        runtime: str = "process",
-    ) -> None:
-        self.plane = plane
-        self.state_dir = state_dir
-        self.node = node
-        self.namespaces = namespaces
-        self.runtime = runtime
-        self.log_path = state_dir / "pod-runner.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RunnerProcess:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "agentrun_operator.cli",
-                    "dev",
-                    "pod-runner",
-                    f"--kubeconfig={self.plane.kubeconfig}",
-                    f"--state-dir={self.state_dir}",
-                    f"--node={self.node}",
-                    *(f"--namespace={ns}" for ns in self.namespaces),
-                    f"--runtime={self.runtime}",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        proc = self.proc
-        eventually(
-            lambda: READY_LINE in self.log_path.read_text(errors="replace") or proc.poll() is not None,
-            timeout=60,
-            what="the pod runner to start",
-        )
-        if proc.poll() is not None:
-            raise RuntimeError(f"pod runner exited {proc.returncode}:\n{self.logs()[-3000:]}")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """What a container of a pod this runner ran has printed so far (all restarts, in order)."""
-        logs = sorted((self.state_dir / "pods" / namespace / pod).glob(f"*/logs/{container}/*.log"))
-        return "".join(path.read_text(errors="replace") for path in logs)
-
-
-def bound_claim_dir(plane: ControlPlane, state_dir: Path, namespace: str, claim: str) -> Path:
-    """The directory of the volume bound to `namespace/claim` (waits for the binding); it must lie
-    under the state directory of the runner whose provisioner made it."""
-
-    def bound_volume() -> str | None:
-        code, body = plane.api_get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
-        obj = json.loads(body) if code == 200 else {}
-        return (
-            (obj.get("spec") or {}).get("volumeName")
-            if (obj.get("status") or {}).get("phase") == "Bound"
-            else None
-        )
-
-    volume = eventually(bound_volume, timeout=60, what=f"claim {namespace}/{claim} to be bound")
-    code, body = plane.api_get(f"/api/v1/persistentvolumes/{volume}")
-    assert code == 200, (code, body[:300])
-    path = Path(json.loads(body)["spec"]["hostPath"]["path"])
-    assert state_dir in path.parents, f"{path} is not under the runner's state {state_dir}"
-    return path
-
-
-def create_claim(plane: ControlPlane, namespace: str, claim: str, storage_class: str | None = None) -> None:
-    """A 1Gi ReadWriteOnce claim, as a user creates one (the default StorageClass unless given)."""
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    if storage_class is not None:
-        spec["storageClassName"] = storage_class
-    doc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}, "spec": spec}
-    plane.kubectl("apply", "-n", namespace, "-f", "-", input_text=json.dumps(doc))
 
 
 @dataclass
@@ -205,7 +75,9 @@ class LocalDefault:
             return obj if (obj.get("status") or {}).get("phase") in TERMINAL else None
 
         try:
-            result: dict[str, Any] = eventually(ended, timeout=timeout, what=f"AgentRun {name} to end")
+            result: dict[str, Any] = eventually(
+                ended, timeout=timeout, what=f"AgentRun {name} to end", every=0.2
+            )
         except AssertionError:
             raise AssertionError(
                 f"AgentRun {name} did not end: {json.dumps(self.run(name).get('status'), indent=1)}\n"
@@ -250,10 +122,11 @@ def start_local_default(
         plane.kubectl("create", "namespace", namespace)
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+        timeout=120,
         what=f"the {namespace} namespace's default ServiceAccount",
     )
     runner = RunnerProcess(
-        plane, tmp_path_factory.mktemp("runner-state"), node, (namespace,), runtime
+        plane, tmp_path_factory.mktemp("runner-state"), node=node, namespaces=(namespace,), runtime=runtime
     ).start()
     operator = OperatorProcess(
         plane,
@@ -274,7 +147,7 @@ def start_local_default(
         runner.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # torn down after the last e2e test, before the next tier
 def local_default(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalDefault]:

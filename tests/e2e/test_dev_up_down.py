@@ -14,7 +14,9 @@ from agentrun_operator.devcluster import processes
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.devcluster.dev import SERVICES, component_rows
 from agentrun_operator.devcluster.toolchain import bin_dir
-from tests.e2e.conftest import EXAMPLES, eventually, processes_with
+from tests.e2e.conftest import EXAMPLES
+from tests.support.polling import eventually
+from tests.support.processes import processes_with
 
 
 def agentrun(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,8 @@ import yaml
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.devcluster.dockerengine import docker
 from agentrun_operator.devcluster.podrunner.docker import LABEL_UID
-from tests.e2e.conftest import LocalDefault, eventually, start_local_default, step_status
+from tests.e2e.conftest import LocalDefault, start_local_default, step_status
+from tests.support.polling import eventually
 
 NAMESPACE = "e2e-docker"
 NODE = "agentrun-e2e-docker"

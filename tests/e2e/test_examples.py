@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import LocalDefault, eventually, processes_with, step_status
+from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.polling import eventually
+from tests.support.processes import processes_with
 
 
 def iterations(run: dict[str, object]) -> list[dict[str, object]]:
@@ -62,7 +64,7 @@ def test_retries_with_a_command_that_fails_once(local_default: LocalDefault) -> 
 
 def test_timeout_kills_the_sleeping_process_and_the_retry_succeeds(local_default: LocalDefault) -> None:
     local_default.apply_example("timeout.yaml")
-    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run")
+    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout")
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Succeeded", 2)]
@@ -81,7 +83,7 @@ def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault
         )
 
     local_default.apply_example("timeout.yaml", edit=no_retry)
-    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run")
+    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout-no-retry")
     assert run["status"]["phase"] == "Failed", run["status"]
     step = step_status(run)
@@ -94,7 +96,7 @@ def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault
 
 def test_immediate_cancel(local_default: LocalDefault) -> None:
     local_default.apply_example("cancel-immediate.yaml")
-    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run")
+    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run", timeout=120)
     local_default.patch_run("cancel-immediate", {"spec": {"cancel": "Immediate"}})
     run = local_default.wait_for_end("cancel-immediate")
     assert run["status"]["phase"] == "Cancelled", run["status"]
@@ -119,3 +121,40 @@ def test_agent_provider_and_implementation_spec(local_default: LocalDefault) -> 
     lines = (root / "agent.log").read_text().splitlines()
     assert [line.split(":")[0] for line in lines] == ["shell-agent iteration 1", "shell-agent iteration 2"]
     assert all("write a haiku about loops" in line for line in lines)
+
+
+def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None:
+    local_default.apply_example("plan-for-each.yaml")
+    run = local_default.wait_for_end("plan-for-each")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    workflow = run["status"]["workflow"]
+    assert workflow["outputs"] == {"tasks": ["parser", "lexer", "printer"]}
+    plan, work = workflow["steps"]
+    assert plan["loop"]["stopReason"] == "LoopConditionFalse" and plan["loop"]["completedIterations"] == 3
+    assert work["loop"]["items"] == ["parser", "lexer", "printer"]
+    assert work["loop"]["completedIterations"] == 3
+    root = local_default.claim_dir("plan-for-each-workspace")
+    plan_log = (root / "plan.log").read_text().splitlines()
+    assert plan_log == [
+        "iteration 1 planned parser (collected so far: {})",
+        'iteration 2 planned lexer (collected so far: {"tasks":["parser"]})',
+        'iteration 3 planned printer (collected so far: {"tasks":["parser","lexer"]})',
+    ]
+    for index, task in enumerate(["parser", "lexer", "printer"]):
+        done = (root / "done" / f"{task}.txt").read_text()
+        assert done.startswith(f"worked on {task} (item {index} of ")
+        assert '"tasks":["parser","lexer","printer"]' in done
+
+
+def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
+    local_default.apply_example("token-budget.yaml")
+    run = local_default.wait_for_end("token-budget")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopBudgetExhausted"
+    assert step["loop"]["completedIterations"] == 3
+    assert step["usage"] == {"inputTokens": 900, "outputTokens": 300, "costUSD": 0.03}
+    assert run["status"]["workflow"]["usage"] == step["usage"]
+    assert [it["usage"]["inputTokens"] for it in iterations(run)] == [300, 300, 300]
+    lines = (local_default.claim_dir("token-budget-workspace") / "spend.log").read_text().splitlines()
+    assert lines == [f"iteration {k} spent 400 tokens" for k in (1, 2, 3)]

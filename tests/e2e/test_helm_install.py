@@ -24,17 +24,12 @@ import yaml
 
 from agentrun_operator.devcluster import processes
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.e2e.conftest import (
-    EXAMPLES,
-    TERMINAL,
-    RunnerProcess,
-    bound_claim_dir,
-    create_claim,
-    eventually,
-    step_status,
-)
+from tests.e2e.conftest import EXAMPLES, TERMINAL, step_status
 from tests.integration.helm import CHART, Helm
-from tests.integration.support import workflow_run
+from tests.support.claims import bound_claim_dir, create_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import RunnerProcess
 
 RELEASE = "agentrun"
 IMAGE = "ghcr.io/proompteng/agentrun-operator"
@@ -208,7 +203,9 @@ def test_install_runs_the_operator_as_a_pod_with_the_charts_credentials(release:
     # connection; the runs below, with no periodic resync, prove those watches work). A transient
     # 429 while a new API server's watch cache warms up is retried by kopf and is not a failure.
     eventually(
-        lambda: "Initial authentication has finished" in release.operator_log(pod), what="kopf's login"
+        lambda: "Initial authentication has finished" in release.operator_log(pod),
+        timeout=120,
+        what="kopf's login",
     )
     unreachable = [line for line in release.operator_log(pod).splitlines() if "ClientConnector" in line]
     assert not unreachable, unreachable[:3]
@@ -254,6 +251,7 @@ def test_flag_rollout_and_rollback(release: Release) -> None:
     release.apply_run(_slow_loop("admitted-loop", iterations=3, seconds=2))
     eventually(
         lambda: (release.run("admitted-loop").get("status") or {}).get("phase") == "Running",
+        timeout=120,
         what="admitted-loop to run",
     )
 

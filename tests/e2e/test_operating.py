@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import NAMESPACE, LocalDefault, eventually, step_status
+from tests.e2e.conftest import NAMESPACE, LocalDefault, step_status
+from tests.support.polling import eventually
 
 
 def renamed(text: str, old: str, new: str) -> str:
@@ -76,7 +77,7 @@ def test_cancel_graceful_ends_the_loop_after_its_current_iteration(local_default
         log = root / "progress.log"
         return log.exists() and "iteration 2 started" in log.read_text()
 
-    eventually(second_iteration_running, what="iteration 2 to run")
+    eventually(second_iteration_running, timeout=120, what="iteration 2 to run")
     cancel = cli(local_default, "cancel", "cancel-graceful", "--graceful")
     said, err = cancel.communicate(timeout=60)
     assert cancel.returncode == 0, err

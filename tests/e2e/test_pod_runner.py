@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.conftest import NAMESPACE, LocalDefault, eventually, processes_with
+from tests.e2e.conftest import NAMESPACE, LocalDefault
+from tests.support.polling import eventually
+from tests.support.processes import processes_with
 
 
 def create_pod(env: LocalDefault, name: str, spec: dict[str, Any]) -> None:
@@ -303,7 +305,7 @@ def test_a_missing_secret_waits_then_runs(local_default: LocalDefault) -> None:
         state = statuses[0]["state"] if statuses else {}
         return state.get("waiting") if "arrives-later" in json.dumps(state) else None
 
-    state = eventually(waiting, what="the pod to wait for its secret")
+    state = eventually(waiting, what="the pod to wait for its secret", timeout=120)
     assert state["reason"] == "ContainerCreating"
     assert 'secret "arrives-later" not found' in state["message"]
     local_default.apply(
@@ -327,9 +329,9 @@ def test_deleting_a_pod_kills_its_processes_then_confirms(local_default: LocalDe
         "sleeper",
         {"containers": [{"name": "main", "image": "x", "command": ["sh", "-c", "exec sleep 7780"]}]},
     )
-    eventually(lambda: processes_with("sleep", "7780"), what="the sleep to run")
+    eventually(lambda: processes_with("sleep", "7780"), what="the sleep to run", timeout=120)
     local_default.plane.kubectl("delete", "pod", "sleeper", "-n", NAMESPACE, "--wait=false")
-    eventually(lambda: get_pod(local_default, "sleeper") is None, what="the pod to be gone")
+    eventually(lambda: get_pod(local_default, "sleeper") is None, what="the pod to be gone", timeout=120)
     assert not processes_with("sleep", "7780")
 
 

@@ -26,8 +26,9 @@ from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.fuzz.mutate import Mutant, example_claims, mutant, support_objects
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually
+from tests.support.claims import bound_claim
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 pytestmark = pytest.mark.integration  # needs the local control plane
 

@@ -19,6 +19,7 @@ from typing import Any
 from agentrun_operator import naming
 from agentrun_operator.control.envelope import encode_envelope, parse_control_payload
 from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 
 NODE = "agentrun-test-node"
 
@@ -37,6 +38,29 @@ class PodOutcome:
 
 
 Scenario = Callable[[dict[str, Any]], PodOutcome]
+Outcomes = Callable[[int, int], PodOutcome]
+"""A run's script: (iteration, attempt) -> what happens to that attempt's pod."""
+
+
+def _succeeds(_iteration: int, _attempt: int) -> PodOutcome:
+    return PodOutcome()
+
+
+class ScriptedOutcomes:
+    """The outcome of each pod, scripted per run by the test: `runs[name] = lambda i, a: ...`.
+
+    Its `outcome` is the driver's Scenario; a run without a script succeeds with no control file.
+    """
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Outcomes] = {}
+
+    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
+        meta = pod["metadata"]
+        labels = meta.get("labels", {})
+        run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or labels.get(naming.LABEL_RUN)
+        fn = self.runs.get(str(run), _succeeds)
+        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
 
 
 def envelope_for(outcome: PodOutcome, path: str) -> str:

@@ -17,7 +17,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,11 @@ import yaml
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.helm import CHART, RELEASE_NS, Helm
-from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually, workflow_run
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 WATCHED = ["chart-team-a", "chart-team-b"]
 
@@ -426,27 +428,11 @@ def test_token_is_refused_secrets_by_the_api_server(installed: Installed) -> Non
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
 
 
-def _succeeds(_iteration: int, _attempt: int) -> PodOutcome:
-    return PodOutcome()
-
-
-class World:
-    """Outcome per (run, iteration, attempt), consulted by the kubelet driver."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, Callable[[int, int], PodOutcome]] = {}
-
-    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
-        labels = pod["metadata"].get("labels", {})
-        fn = self.runs.get(str(labels.get(naming.LABEL_RUN)), _succeeds)
-        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
-
-
 @dataclass
 class Running:
     installed: Installed
     operator: OperatorProcess
-    world: World
+    outcomes: ScriptedOutcomes
     first_served_after: float = 0.0
 
     @property
@@ -493,9 +479,9 @@ class Running:
 @pytest.fixture(scope="module")
 def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The operator as a process whose only credential is the chart ServiceAccount's token."""
-    world = World()
+    outcomes = ScriptedOutcomes()
     bound_claim(installed.plane, installed.run_namespace, "ws")
-    driver = KubeletDriver(installed.plane, installed.run_namespace, world.outcome).start()
+    driver = KubeletDriver(installed.plane, installed.run_namespace, outcomes.outcome).start()
     env = {
         "AGENTS_CONTROLLER_NAMESPACES": "" if installed.cluster_wide else installed.run_namespace,
         # No periodic resync: every step below must be driven by the watches this token allows.
@@ -508,7 +494,7 @@ def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> I
         args=(f"--kubeconfig={installed.kubeconfig}",),  # the last --kubeconfig wins
     ).start()
     started = time.monotonic()
-    running = Running(installed, operator, world)
+    running = Running(installed, operator, outcomes)
     try:
         # Warm-up: the first run served shows the watches are live (see test_first_run_served_promptly).
         running.create(workflow_run("rbac-warmup", {"loop": {"maxIterations": 1}}))
@@ -533,7 +519,7 @@ def _job_refs(run: dict[str, Any]) -> list[str]:
 
 def test_operator_with_chart_rbac_runs_the_conditional_loop(running: Running) -> None:
     name = "rbac-conditional"
-    running.world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2})
+    running.outcomes.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2})
     loop = {
         "maxIterations": 5,
         "condition": {
@@ -598,7 +584,7 @@ def test_operator_with_chart_rbac_reads_references_and_claims_idempotency(runnin
 
 def test_operator_with_chart_rbac_cancels_and_deletes_finished_runs(running: Running) -> None:
     name = "rbac-cancel"
-    running.world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    running.outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     running.create(workflow_run(name, {"loop": {"maxIterations": 3}}, ttlSecondsAfterFinished=1))
     eventually(lambda: len(running.jobs(name)) == 1, 30, "the first Job")
     running.plane.kubectl(
@@ -656,8 +642,8 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
     )
     installed = Installed(plane, kubeconfig, run_ns, False, docs)
     bound_claim(plane, run_ns, "ws")  # workflow_run's claim: the operator starts runs once it is Bound
-    world = World()
-    driver = KubeletDriver(plane, run_ns, world.outcome).start()
+    outcomes = ScriptedOutcomes()
+    driver = KubeletDriver(plane, run_ns, outcomes.outcome).start()
     operators = [
         OperatorProcess(
             plane,
@@ -672,7 +658,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
         for pod in ("a", "b")
     ]
     try:
-        yield Peered(Running(installed, operators[0], world), operators)
+        yield Peered(Running(installed, operators[0], outcomes), operators)
     finally:
         for operator in operators:
             operator.stop()
@@ -693,14 +679,20 @@ def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> No
         90,
         "both replicas in the KopfPeering",
     )
-    time.sleep(3)
-    # They did not freeze each other (kopf pauses every operator of equal priority it sees).
-    frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
-    assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
-    # One of them serves (the other is on standby).
+    # The replica of lower priority has processed the peering with both and stands by (an event,
+    # not a clock: kopf logs it when it pauses in favour of the other).
+    eventually(
+        lambda: any("Pausing operations in favour of" in op.logs() for op in peered.operators),
+        90,
+        "one replica to stand by for the other",
+    )
+    # One of them serves (the other is on standby): had both paused, this run would never end.
     running.create(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))
     first = running.wait_finished("ha-first", timeout=60)
     assert first["status"]["phase"] == "Succeeded"
+    # They did not freeze each other (kopf pauses every operator of equal priority it sees).
+    frozen = [op.log_path.parent.name for op in peered.operators if "Possibly conflicting" in op.logs()]
+    assert not frozen, f"replicas that saw an equal-priority peer and paused: {frozen}"
     # The first replica goes (a rolling update, a lost node): the other one carries on.
     peered.operators[0].stop()
     running.create(workflow_run("ha-second", {"loop": {"maxIterations": 2}}))

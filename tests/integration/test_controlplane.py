@@ -10,7 +10,7 @@ import pytest
 
 from agentrun_operator.devcluster import processes, toolchain
 from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane
-from tests.integration.support import eventually
+from tests.support.polling import eventually
 
 
 def _apply(plane: ControlPlane, obj: dict[str, object]) -> dict[str, object]:

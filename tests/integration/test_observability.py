@@ -23,8 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane, ControlPlaneError
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually, workflow_run
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "observe"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")

@@ -18,8 +18,10 @@ import yaml
 from agentrun_operator import naming
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually, workflow_run
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "operate"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,42 +18,27 @@ import pytest
 import yaml
 
 from agentrun_operator import naming
+from agentrun_operator.api import API_VERSION
 from agentrun_operator.devcluster.controlplane import ControlPlane
-from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually, workflow_run
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "loops"
 HISTORY_LIMIT = 3
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "reference"
 
-Outcomes = Callable[[int, int], PodOutcome]  # (iteration, attempt) -> outcome
-
-
-class World:
-    """Per-run outcome functions the kubelet driver consults."""
-
-    def __init__(self) -> None:
-        self.runs: dict[str, Outcomes] = {}
-
-    def outcome(self, pod: dict[str, Any]) -> PodOutcome:
-        meta = pod["metadata"]
-        labels = meta.get("labels", {})
-        run = (meta.get("annotations") or {}).get(f"{naming.GROUP}/agent-run-name") or labels.get(
-            naming.LABEL_RUN
-        )
-        fn = self.runs.get(str(run), lambda _i, _a: PodOutcome())
-        return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
-
 
 @pytest.fixture(scope="module")
-def world() -> World:
-    return World()
+def outcomes() -> ScriptedOutcomes:
+    return ScriptedOutcomes()
 
 
 @pytest.fixture(scope="module")
 def cluster(
-    control_plane: ControlPlane, world: World, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane, outcomes: ScriptedOutcomes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     plane = control_plane
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
@@ -61,7 +46,7 @@ def cluster(
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
     for claim in ("ws", "codex-workspace"):  # workflow_run's, and the reference manifests'
         bound_claim(plane, NAMESPACE, claim)
-    driver = KubeletDriver(plane, NAMESPACE, world.outcome).start()
+    driver = KubeletDriver(plane, NAMESPACE, outcomes.outcome).start()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp("operator"),
@@ -129,7 +114,7 @@ def _step_status(run: dict[str, Any]) -> dict[str, Any]:
     return dict(run["status"]["workflow"]["steps"][0])
 
 
-def test_fixed_loop_runs_to_max(cluster: Any, world: World) -> None:
+def test_fixed_loop_runs_to_max(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     _create(plane, _loop_run("fixed", {"maxIterations": 2}))
     run = _wait_finished(plane, "fixed", operator)
@@ -143,7 +128,7 @@ def test_fixed_loop_runs_to_max(cluster: Any, world: World) -> None:
     ]
 
 
-def test_reference_conditional_example_stops_on_false(cluster: Any, world: World) -> None:
+def test_reference_conditional_example_stops_on_false(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     manifest = yaml.safe_load((REFERENCE / "agentrun-workflow-loop-conditional.yaml").read_text())
     name = manifest["metadata"]["name"]
@@ -156,7 +141,7 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
         _create(
             plane,
             {
-                "apiVersion": "agents.proompteng.ai/v1alpha1",
+                "apiVersion": API_VERSION,
                 "kind": kind,
                 "metadata": {"name": obj_name},
                 "spec": spec,
@@ -168,13 +153,13 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
             _create(
                 plane,
                 {
-                    "apiVersion": "agents.proompteng.ai/v1alpha1",
+                    "apiVersion": API_VERSION,
                     "kind": "ImplementationSpec",
                     "metadata": {"name": ref["name"]},
                     "spec": {"text": "Implement the thing.", "summary": "thing"},
                 },
             )
-    world.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2, "iteration": i})
+    outcomes.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 2, "iteration": i})
     _create(plane, manifest)
     run = _wait_finished(plane, name, operator)
     status = run["status"]
@@ -198,10 +183,12 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, world: World
 
 
 @pytest.mark.parametrize(("policy", "phase"), [("stop", "Succeeded"), ("fail", "Failed")])
-def test_missing_control_file_follows_on_missing(cluster: Any, world: World, policy: str, phase: str) -> None:
+def test_missing_control_file_follows_on_missing(
+    cluster: Any, outcomes: ScriptedOutcomes, policy: str, phase: str
+) -> None:
     plane, operator, _ = cluster
     name = f"missing-{policy}"
-    world.runs[name] = lambda _i, _a: PodOutcome(control=None)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(control=None)
     _create(plane, _loop_run(name, _conditional(on_missing=policy)))
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == phase
@@ -211,7 +198,7 @@ def test_missing_control_file_follows_on_missing(cluster: Any, world: World, pol
     assert len(_jobs(plane, name)) == 1
 
 
-def test_invalid_control_payload_fails_deterministically(cluster: Any, world: World) -> None:
+def test_invalid_control_payload_fails_deterministically(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     """The same invalid control file fails two runs the same way, on the first iteration, without a
     retry. The envelope is what the reporter's own parser makes of the file's bytes (the driver does
     not write it), and the expected position comes from Python's JSON decoder, not from the envelope.
@@ -225,7 +212,7 @@ def test_invalid_control_payload_fails_deterministically(cluster: Any, world: Wo
         position = f"line {exc.lineno} column {exc.colno}"
     messages = []
     for name in ("invalid-json-a", "invalid-json-b"):
-        world.runs[name] = lambda _i, _a: PodOutcome(control_bytes=payload)
+        outcomes.runs[name] = lambda _i, _a: PodOutcome(control_bytes=payload)
         _create(plane, _loop_run(name, _conditional(on_invalid="fail"), retries=2))
         run = _wait_finished(plane, name, operator)
         assert run["status"]["phase"] == "Failed", run["status"]
@@ -240,28 +227,43 @@ def test_invalid_control_payload_fails_deterministically(cluster: Any, world: Wo
     assert messages[0] == messages[1]
 
 
-def test_timeout_with_retries_remaining_retries(cluster: Any, world: World) -> None:
+def test_timeout_with_retries_remaining_retries(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _driver = cluster
     name = "timeout-retry"
-    world.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
+    outcomes.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1))
+    # A timeout far beyond any scheduling delay, so the second attempt never races its deadline;
+    # the first attempt's deadline is then cut to 1 s on its Job (the field is mutable), which the
+    # job controller enforces as it would have at 120 s: no wall-clock margin in the test.
     _create(
         plane,
-        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=2, retries=1, retryBackoffSeconds=1),
+        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=120, retries=1, retryBackoffSeconds=1),
+    )
+    first_name = f"{name}-step-1-iter-1-attempt-1"
+    eventually(lambda: first_name in {j["metadata"]["name"] for j in _jobs(plane, name)}, what="attempt 1")
+    plane.kubectl(
+        "patch",
+        "job",
+        first_name,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        '{"spec":{"activeDeadlineSeconds":1}}',
     )
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     jobs = {j["metadata"]["name"]: j for j in _jobs(plane, name)}
-    assert set(jobs) == {f"{name}-step-1-iter-1-attempt-1", f"{name}-step-1-iter-1-attempt-2"}
-    first = jobs[f"{name}-step-1-iter-1-attempt-1"]
-    assert first["spec"]["activeDeadlineSeconds"] == 2
+    assert set(jobs) == {first_name, f"{name}-step-1-iter-1-attempt-2"}
+    first = jobs[first_name]
+    assert jobs[f"{name}-step-1-iter-1-attempt-2"]["spec"]["activeDeadlineSeconds"] == 120
     assert any(c["reason"] == "DeadlineExceeded" for c in first["status"].get("conditions", []))
     assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
 
 
-def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, world: World) -> None:
+def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "timeout-exhausted"
-    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     _create(plane, _loop_run(name, {"maxIterations": 3}, timeoutSeconds=1, retries=1, retryBackoffSeconds=1))
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Failed"
@@ -269,7 +271,9 @@ def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, world: Worl
     assert len(_jobs(plane, name)) == 2
 
 
-def test_required_pvc_misconfigured_is_invalid_before_any_job(cluster: Any, world: World) -> None:
+def test_required_pvc_misconfigured_is_invalid_before_any_job(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     plane, operator, _ = cluster
     name = "pvc-misconfigured"
     manifest = _loop_run(name, {"maxIterations": 2, "state": {"required": True, "volumeNames": ["scratch"]}})
@@ -285,10 +289,10 @@ def test_required_pvc_misconfigured_is_invalid_before_any_job(cluster: Any, worl
     assert _jobs(plane, name) == []
 
 
-def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World) -> None:
+def test_immediate_cancel_stops_the_running_iteration(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "cancel-now"
-    world.runs[name] = lambda _i, _a: PodOutcome(hang=True)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(hang=True)
     _create(plane, _loop_run(name, {"maxIterations": 5}))
     eventually(lambda: len(_jobs(plane, name)) == 1, what="the first Job")
     plane.kubectl(
@@ -302,10 +306,12 @@ def test_immediate_cancel_stops_the_running_iteration(cluster: Any, world: World
     eventually(lambda: _jobs(plane, name) == [], what="the cancelled Job to be deleted")
 
 
-def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, world: World) -> None:
+def test_operator_restart_mid_loop_resumes_without_duplicates(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     plane, operator, _ = cluster
     name = "restart"
-    world.runs[name] = lambda _i, _a: PodOutcome(run_seconds=1.0)
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(run_seconds=1.0)
     _create(plane, _loop_run(name, {"maxIterations": 3}))
 
     def on_iteration_2() -> bool:
@@ -322,7 +328,7 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(cluster: Any, worl
     assert _step_status(run)["loop"]["completedIterations"] == 3
 
 
-def test_history_is_pruned_with_counters_kept(cluster: Any, world: World) -> None:
+def test_history_is_pruned_with_counters_kept(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "pruned"
     _create(plane, _loop_run(name, {"maxIterations": 5}))
@@ -334,7 +340,7 @@ def test_history_is_pruned_with_counters_kept(cluster: Any, world: World) -> Non
     assert [it["index"] for it in loop["iterations"]] == [3, 4, 5]
 
 
-def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> None:
+def test_idempotent_resubmission_starts_nothing(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     first = _loop_run("idem-first", {"maxIterations": 1})
     first["spec"]["idempotencyKey"] = "ticket-42"
@@ -351,7 +357,9 @@ def test_idempotent_resubmission_starts_nothing(cluster: Any, world: World) -> N
     assert _jobs(plane, "idem-second") == []
 
 
-def test_recreated_run_never_adopts_the_jobs_of_its_namesake(cluster: Any, world: World) -> None:
+def test_recreated_run_never_adopts_the_jobs_of_its_namesake(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
     """Jobs left by a deleted AgentRun of the same name are not this run's: deleted, not adopted."""
     plane, operator, _ = cluster
     name = "namesake"
@@ -366,3 +374,35 @@ def test_recreated_run_never_adopts_the_jobs_of_its_namesake(cluster: Any, world
     assert second["status"]["phase"] == "Succeeded", second["status"]
     jobs = _jobs(plane, name)
     assert [j["metadata"]["ownerReferences"][0]["uid"] for j in jobs] == [second["metadata"]["uid"]]
+
+
+def _nested_run(name: str, depth: int, max_depth: int) -> dict[str, Any]:
+    """A chain of groups `implement/d2/…/d<depth>` whose innermost step is a workload step."""
+    step: dict[str, Any] = {"name": f"d{depth}"}
+    for level in range(depth - 1, 1, -1):
+        step = {"name": f"d{level}", "steps": [step]}
+    manifest = workflow_run(name, {"steps": [step]} if depth > 1 else {})
+    manifest["spec"]["workflow"]["maxNestingDepth"] = max_depth
+    return manifest
+
+
+def test_nesting_past_the_limit_is_rejected_before_any_job(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """The apiserver stores nested child steps; the operator refuses one step past the limit by path."""
+    plane, operator, _ = cluster
+    _create(plane, _nested_run("nesting-past", 4, 3))
+    run = _wait_finished(plane, "nesting-past", operator)
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "NestingTooDeep"
+    assert "'implement/d2/d3/d4'" in run["status"]["message"]
+    assert {c["type"]: c["status"] for c in run["status"]["conditions"]}["InvalidSpec"] == "True"
+    assert _jobs(plane, "nesting-past") == []
+
+
+def test_nesting_at_the_limit_is_refused_as_not_run_yet(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """At the limit the depth is fine; groups do not run in this version, so nothing starts either."""
+    plane, operator, _ = cluster
+    _create(plane, _nested_run("nesting-at", 3, 3))
+    run = _wait_finished(plane, "nesting-at", operator)
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "InvalidSpec"
+    assert "NestingTooDeep" not in run["status"]["message"]
+    assert "steps is validated but not run by this operator version yet" in run["status"]["message"]
+    assert _jobs(plane, "nesting-at") == []

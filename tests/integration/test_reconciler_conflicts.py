@@ -21,7 +21,9 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
-from tests.integration.support import bound_claim, eventually, workflow_run
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
 
 NAMESPACE = "conflicts"
 CONFIG = OperatorConfig(loops_enabled=True)

@@ -24,9 +24,11 @@ from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.operator_process import OperatorProcess
-from tests.integration.support import bound_claim, eventually, workflow_run
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
 
 NAMESPACE = "cache"
 AR = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"

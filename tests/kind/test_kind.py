@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.manifests import WORKSPACE_PVC, agentrun
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "kind.sh"
 EXAMPLES_DIR = HERE.parents[1] / "examples"
@@ -120,22 +122,9 @@ def kind() -> Iterator[Kind]:
 
 
 def _run(name: str, command: str, loop: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "agents.proompteng.ai/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "runtime": {"type": "workflow"},
-            "workload": {
-                "image": RUNNER_IMAGE,
-                "command": ["sh", "-c", command],
-                "volumes": [
-                    {"name": "workspace", "type": "pvc", "claimName": "workspace", "mountPath": "/workspace"}
-                ],
-            },
-            "workflow": {"steps": [{"name": "work", "loop": loop}]},
-        },
-    }
+    volume = {**WORKSPACE_PVC, "claimName": "workspace"}
+    workload = {"image": RUNNER_IMAGE, "command": ["sh", "-c", command], "volumes": [volume]}
+    return agentrun(name, [{"name": "work", "loop": loop}], workload=workload)
 
 
 def _loop(run: dict[str, Any]) -> dict[str, Any]:

@@ -308,7 +308,7 @@ EXPRESSIONS = [
 ]
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(control=st.dictionaries(st.sampled_from(["continue", "outputs", "a", "s", "n", "x"]), json_values))
 def test_any_control_gives_a_bool_or_a_cel_evaluation_error(control: dict[str, Any]) -> None:
     ctx = context(control)
@@ -319,7 +319,7 @@ def test_any_control_gives_a_bool_or_a_cel_evaluation_error(control: dict[str, A
             assert exc.reason
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=80))
 def test_any_text_compiles_or_gives_a_compile_error(text: str) -> None:
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from types import ModuleType
@@ -241,3 +242,32 @@ def test_object_rules_name_the_field_and_its_value(
     match = LINE.match(capsys.readouterr().out.splitlines()[0])
     assert match and match["path"] == "spec.workload.volumes[0].claimName" and match["value"] == "null"
     assert match["fix"] == "add claimName"
+
+
+def test_control_flow_problems_are_one_actionable_line_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep: dict[str, object] = {"name": "d4"}
+    for level in (3, 2):
+        deep = {"name": f"d{level}", "steps": [deep]}
+    manifest = {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "flow"},
+        "spec": {
+            "workload": {"image": "busybox", "command": ["true"]},
+            "workflow": {
+                "maxNestingDepth": 3,
+                "steps": [
+                    {"name": "d1", "steps": [deep]},
+                    {"name": "use", "loop": {"maxIterations": 2, "items": "outputs.later"}},
+                ],
+            },
+        },
+    }
+    path = tmp_path / "flow.yaml"
+    path.write_text(json.dumps(manifest))
+    assert main([str(path)]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if LINE.match(line)]
+    assert any("NestingTooDeep" in line and "d1/d2/d3/d4" in line for line in lines), lines
+    assert any("outputs.later" in line and "#collected-outputs" in line for line in lines), lines

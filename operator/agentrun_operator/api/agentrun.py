@@ -43,7 +43,15 @@ SourceType = Literal["file"]
 OnMissing = Literal["stop", "fail"]
 OnInvalid = Literal["stop", "fail"]
 OnMaxIterations = Literal["Succeed", "Fail"]
+OnBudgetExhausted = Literal["Succeed", "Fail"]
 RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
+DEFAULT_NESTING_DEPTH: Final = 5
+MAX_NESTING_DEPTH: Final = 10
+MAX_CASES: Final = 50
+DEFAULT_OUTPUT_EXPRESSION: Final = "iteration.last.control.outputs"
+_OUTPUT_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+JsonScalar = str | int | float | bool | None
+
 StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
 IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
 LoopStopReason = Literal[
@@ -53,6 +61,7 @@ LoopStopReason = Literal[
     "LoopIterationFailed",
     "LoopCancelled",
     "LoopItemsExceedMaxIterations",
+    "LoopBudgetExhausted",
 ]
 LOOP_STOP_REASONS: Final[tuple[str, ...]] = get_args(LoopStopReason)
 
@@ -195,6 +204,53 @@ class LoopState(ApiModel):
         return self
 
 
+class LoopOutput(ApiModel):
+    """Collect one value per successful iteration into a list later steps read as `outputs.<name>`."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=DNS_LABEL_MAX,
+        description="Name of the collected list: outputs.<name> in CEL, a key of AGENTRUN_OUTPUTS in pods.",
+        json_schema_extra=rules.validations(rules.OUTPUT_NAME),
+    )
+    expression: str = Field(
+        default=DEFAULT_OUTPUT_EXPRESSION,
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description="CEL evaluated after each successful iteration; its value is appended to the list.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        """Mirror of the CRD rule: CEL reads it as outputs.<name>."""
+        if not _OUTPUT_NAME_RE.match(value):
+            raise ValueError(rules.OUTPUT_NAME.message)
+        return value
+
+
+class LoopBudget(ApiModel):
+    """Upper bounds of the usage a loop's iterations report (`usage` in the control file)."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.BUDGET_POSITIVE))
+
+    max_tokens: int | None = Field(
+        default=None, description="Stop once input + output tokens reach this many (> 0)."
+    )
+    max_cost_usd: float | None = Field(
+        default=None, alias="maxCostUSD", description="Stop once the cost in USD reaches this much (> 0)."
+    )
+
+    @model_validator(mode="after")
+    def _positive(self) -> LoopBudget:
+        """Mirror of the CRD rule: an empty or non-positive budget could never let an iteration run."""
+        if (self.max_tokens is None and self.max_cost_usd is None) or any(
+            v is not None and v <= 0 for v in (self.max_tokens, self.max_cost_usd)
+        ):
+            raise ValueError(rules.BUDGET_POSITIVE.message)
+        return self
+
+
 class StepLoop(ApiModel):
     """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
 
@@ -218,6 +274,16 @@ class StepLoop(ApiModel):
         description="Outcome when a conditional loop reaches maxIterations: Succeed or Fail.",
     )
     state: LoopState | None = Field(default=None, description="Volumes that carry state between iterations.")
+    output: LoopOutput | None = Field(
+        default=None, description="Collect a value per successful iteration as outputs.<name>."
+    )
+    budget: LoopBudget | None = Field(
+        default=None, description="Token and cost bounds over the usage the iterations report."
+    )
+    on_budget_exhausted: OnBudgetExhausted | None = Field(
+        default=None,
+        description="When the budget stops the loop (LoopBudgetExhausted): Fail (default) or Succeed.",
+    )
 
     @field_validator("max_iterations")
     @classmethod
@@ -228,10 +294,103 @@ class StepLoop(ApiModel):
         return value
 
 
+def _check_child_names(value: list[WorkflowStep] | None) -> list[WorkflowStep] | None:
+    """Sibling names key status entries, Job names and CEL `steps.<name>`."""
+    if value is not None:
+        names = [s.name for s in value]
+        if len(set(names)) != len(names):
+            raise ValueError(rules.STEP_NAMES_UNIQUE.message)
+    return value
+
+
+_CHILD_STEPS_DESCRIPTION: Final = (
+    "Child steps, run in order; each has the fields of a step (the operator validates them before "
+    "the first Job)."
+)
+
+
+class SwitchCase(ApiModel):
+    """A branch of a switch: its steps run when `value` equals the switch expression's result."""
+
+    value: Any = Field(description="A JSON scalar (string, number, boolean or null) compared with ==.")
+    steps: list[WorkflowStep] = Field(
+        min_length=1,
+        max_length=MAX_STEPS,
+        description=_CHILD_STEPS_DESCRIPTION,
+    )
+
+    @field_validator("value")
+    @classmethod
+    def _scalar(cls, value: Any) -> Any:
+        if isinstance(value, dict | list):
+            raise ValueError(rules.SWITCH_CASE_SCALAR_MESSAGE)
+        return value
+
+    @field_validator("steps")
+    @classmethod
+    def _unique(cls, value: list[WorkflowStep]) -> list[WorkflowStep]:
+        _check_child_names(value)
+        return value
+
+
+class SwitchDefault(ApiModel):
+    """What a switch runs when no case matches."""
+
+    steps: list[WorkflowStep] = Field(
+        min_length=1, max_length=MAX_STEPS, description=_CHILD_STEPS_DESCRIPTION
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _unique(cls, value: list[WorkflowStep]) -> list[WorkflowStep]:
+        _check_child_names(value)
+        return value
+
+
+class StepSwitch(ApiModel):
+    """Run the first case whose value equals the expression's result, else the default."""
+
+    model_config = ConfigDict(json_schema_extra=rules.validations(rules.SWITCH_CASES))
+
+    expression: str = Field(
+        min_length=1, max_length=MAX_CEL_LENGTH, description="CEL giving a JSON scalar to match."
+    )
+    cases: list[SwitchCase] = Field(
+        default_factory=list,
+        max_length=MAX_CASES,
+        description="Cases in order; the first whose value equals the result runs (at least one).",
+    )
+    default: SwitchDefault | None = Field(
+        default=None, description="Runs when no case matches; without it no match fails with SwitchNoMatch."
+    )
+
+    @model_validator(mode="after")
+    def _cases(self) -> StepSwitch:
+        if not self.cases:
+            raise ValueError(rules.SWITCH_CASES.message)
+        seen: list[Any] = []
+        for case in self.cases:
+            if any(_same_scalar(case.value, other) for other in seen):
+                raise ValueError(rules.SWITCH_CASES_UNIQUE_MESSAGE)
+            seen.append(case.value)
+        return self
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    """CEL equality of JSON scalars: numbers by value (1 == 1.0), booleans never equal numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
 class WorkflowStep(ApiModel):
     """One step of the workflow; runs as one Job per iteration attempt."""
 
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.IMPLEMENTATION_ONE_OF))
+    model_config = ConfigDict(
+        json_schema_extra=rules.validations(
+            rules.IMPLEMENTATION_ONE_OF, rules.STEP_KIND_ONE_OF, rules.SWITCH_NO_LOOP
+        )
+    )
 
     name: str = Field(
         description="DNS label, unique in the workflow; used in Job names and CEL (steps.<name>).",
@@ -276,7 +435,48 @@ class WorkflowStep(ApiModel):
         max_length=MAX_CEL_LENGTH,
         description="CEL; the step is Skipped when it evaluates to false.",
     )
-    loop: StepLoop | None = Field(default=None, description="Run the step as a loop of iterations.")
+    loop: StepLoop | None = Field(
+        default=None, description="Run the step (a workload step or a group) as a loop of iterations."
+    )
+    steps: list[WorkflowStep] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_STEPS,
+        description="Makes the step a group: child steps run in order (with loop, the loop body).",
+    )
+    switch: StepSwitch | None = Field(
+        default=None, description="Makes the step a switch: runs the first matching case, else the default."
+    )
+    always_run: bool | None = Field(
+        default=None,
+        description="In a group: run this child even after an earlier child failed (default false).",
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _child_names(cls, value: list[WorkflowStep] | None) -> list[WorkflowStep] | None:
+        return _check_child_names(value)
+
+    @property
+    def kind(self) -> Literal["workload", "group", "switch"]:
+        """What the step is: a switch, a group (`steps`), else a workload step (runs Jobs)."""
+        if self.switch is not None:
+            return "switch"
+        return "group" if self.steps is not None else "workload"
+
+    def children(self) -> list[tuple[str, WorkflowStep]]:
+        """Child steps with their field path relative to this step (`steps[0]`, `switch.cases[1].steps[0]`).
+
+        A switch lists every case's steps, then the default's."""
+        out: list[tuple[str, WorkflowStep]] = []
+        for i, child in enumerate(self.steps or []):
+            out.append((f"steps[{i}]", child))
+        if self.switch is not None:
+            for c, case in enumerate(self.switch.cases):
+                out += [(f"switch.cases[{c}].steps[{i}]", child) for i, child in enumerate(case.steps)]
+            if self.switch.default is not None:
+                out += [(f"switch.default.steps[{i}]", ch) for i, ch in enumerate(self.switch.default.steps)]
+        return out
 
     @field_validator("name")
     @classmethod
@@ -297,6 +497,13 @@ class WorkflowStep(ApiModel):
         """Mirror of the CRD rule: two task sources would be ambiguous."""
         if self.implementation_spec_ref is not None and self.implementation is not None:
             raise ValueError(rules.IMPLEMENTATION_ONE_OF.message)
+        has_workload = any(
+            v is not None for v in (self.workload, self.implementation, self.implementation_spec_ref)
+        )
+        if has_workload + (self.steps is not None) + (self.switch is not None) > 1:
+            raise ValueError(rules.STEP_KIND_ONE_OF.message)
+        if self.switch is not None and self.loop is not None:
+            raise ValueError(rules.SWITCH_NO_LOOP.message)
         return self
 
     def effective_retries(self, agent_default: int | None = None) -> int:
@@ -326,6 +533,19 @@ class Workflow(ApiModel):
         ge=0,
         description="Deadline of the whole workflow in seconds, 0 = none; on expiry it stops like Graceful.",
     )
+    max_nesting_depth: int | None = Field(
+        default=None,
+        description="How deep groups and switches may nest (top-level steps are depth 1); 1..10, default 5.",
+        json_schema_extra=rules.validations(rules.NESTING_DEPTH_RANGE),
+    )
+
+    @field_validator("max_nesting_depth")
+    @classmethod
+    def _depth_range(cls, value: int | None) -> int | None:
+        """Mirror of the CRD rule."""
+        if value is not None and not 1 <= value <= MAX_NESTING_DEPTH:
+            raise ValueError(rules.NESTING_DEPTH_RANGE.message)
+        return value
 
     @field_validator("steps")
     @classmethod
@@ -395,8 +615,37 @@ class AgentRunSpec(ApiModel):
         return self
 
     def has_loops(self) -> bool:
-        """True when any step loops (the feature flag gates these runs)."""
-        return self.workflow is not None and any(s.loop is not None for s in self.workflow.steps)
+        """True when any step (at any depth) loops (the feature flag gates these runs)."""
+        return self.workflow is not None and any(_loops(s) for s in self.workflow.steps)
+
+
+def _loops(step: WorkflowStep) -> bool:
+    return step.loop is not None or any(_loops(child) for _, child in step.children())
+
+
+SwitchCase.model_rebuild()
+SwitchDefault.model_rebuild()
+StepSwitch.model_rebuild()
+WorkflowStep.model_rebuild()
+
+
+class Usage(StatusModel):
+    """Usage reported in control files (`usage`), summed; fields appear once something was reported."""
+
+    input_tokens: int = Field(default=0, ge=0, description="Input tokens.")
+    output_tokens: int = Field(default=0, ge=0, description="Output tokens.")
+    cost_usd: float = Field(default=0.0, ge=0, alias="costUSD", description="Cost in USD.")
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 6),
+        )
 
 
 class IterationRecord(StatusModel):
@@ -409,6 +658,7 @@ class IterationRecord(StatusModel):
     finished_at: Timestamp | None = Field(default=None, description="When the iteration finished.")
     message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
     job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")
+    usage: Usage | None = Field(default=None, description="Usage the iteration reported, if any.")
 
 
 class LoopStatus(StatusModel):
@@ -424,7 +674,7 @@ class LoopStatus(StatusModel):
         default=None,
         description=(
             "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
-            "LoopIterationFailed, LoopCancelled or LoopItemsExceedMaxIterations."
+            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations or LoopBudgetExhausted."
         ),
     )
     retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
@@ -462,6 +712,7 @@ class StepStatus(StatusModel):
     )
     job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
     loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
+    usage: Usage | None = Field(default=None, description="Usage summed over the step's iterations.")
     control: dict[str, Any] | None = Field(
         default=None,
         description=(
@@ -479,6 +730,12 @@ class WorkflowStatus(StatusModel):
         default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
     )
     steps: list[StepStatus] = Field(default_factory=list, description="One entry per spec step, in order.")
+    outputs: dict[str, list[Any]] | None = Field(
+        default=None,
+        description="Collected outputs (loop.output): one value per successful iteration, by name.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
 
 
 class AgentRunStatus(StatusModel):

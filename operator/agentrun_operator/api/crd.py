@@ -205,22 +205,40 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str, Any]:
-    """Turn one pydantic JSON Schema node into a structural OpenAPI v3 node."""
+_NESTED_STEP: Final = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": (
+        "A child step with the fields of a step; the apiserver stores it as given and the operator "
+        "validates it (at any depth) before the first Job."
+    ),
+}
+
+
+def _convert(
+    node: dict[str, Any], defs: dict[str, Any], path: str, expanding: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Turn one pydantic JSON Schema node into a structural OpenAPI v3 node.
+
+    A schema cannot be recursive, so a model met again inside itself (a step's child steps) is
+    stored free-form one level down and checked by the models instead.
+    """
     node = copy.deepcopy(node)
     if "$ref" in node:
         name = node.pop("$ref").rsplit("/", 1)[-1]
+        if name in expanding:
+            return dict(_NESTED_STEP)
         target = copy.deepcopy(defs[name])
         # The model's docstring is for developers; the field's description is for users.
         target.pop("description", None)
-        return _convert(_merge(target, node), defs, path)
+        return _convert(_merge(target, node), defs, path, (*expanding, name))
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o != {"type": "null"}]
         if len(options) != 1:
             raise SchemaError(f"{path}: unions other than Optional[X] are not structural: {options}")
         if node.get("default", ...) is None:
             node.pop("default")
-        return _convert(_merge(options[0], node), defs, path)
+        return _convert(_merge(options[0], node), defs, path, expanding)
     for key in ("allOf", "oneOf", "not"):
         if key in node:
             raise SchemaError(f"{path}: {key} is not supported in the generated schemas")
@@ -235,12 +253,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str,
     if extra is True:
         node["x-kubernetes-preserve-unknown-fields"] = True
     elif isinstance(extra, dict):
-        node["additionalProperties"] = _convert(extra, defs, f"{path}.*")
+        node["additionalProperties"] = _convert(extra, defs, f"{path}.*", expanding)
 
     if "properties" in node:
         props: dict[str, Any] = {}
         for key, sub in node["properties"].items():
-            converted = _convert(sub, defs, f"{path}.{key}")
+            converted = _convert(sub, defs, f"{path}.{key}", expanding)
             if not converted.get("description"):
                 raise SchemaError(f"{path}.{key}: every field needs a description (kubectl explain shows it)")
             props[key] = converted
@@ -250,7 +268,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str,
         elif not node.get("required"):
             node.pop("required", None)
     if "items" in node:
-        node["items"] = _convert(node["items"], defs, f"{path}[]")
+        node["items"] = _convert(node["items"], defs, f"{path}[]", expanding)
 
     if not node.get("type") and not node.get("x-kubernetes-int-or-string"):
         if set(node) - {"description", "default"}:

@@ -6,22 +6,11 @@ from typing import Final
 
 from pydantic import ValidationError
 
+from agentrun_operator.fieldpath import error_path as error_path  # re-exported by api
+
 from .rules import ALL_STATIC_RULES
 
 _FIELD_PATHS: Final[dict[str, str]] = {r.message: r.field_path for r in ALL_STATIC_RULES if r.field_path}
-
-
-def error_path(loc: tuple[int | str, ...]) -> str:
-    """Render a pydantic error location as a Kubernetes field path: `spec.workflow.steps[0].name`."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif out:
-            out += f".{part}"
-        else:
-            out = str(part)
-    return out
 
 
 def at_rule_field(path: str, message: str) -> tuple[str, str | None]:

@@ -199,6 +199,76 @@ CANCEL_STICKY: Final = Rule(
     reason="FieldValueForbidden",
 )
 
+STEP_KIND_ONE_OF: Final = Rule(
+    anchor="step-kinds",
+    rule=(
+        "(has(self.steps) ? 1 : 0) + (has(self.switch) ? 1 : 0) + "
+        "(has(self.workload) || has(self.implementation) || has(self.implementationSpecRef) ? 1 : 0) <= 1"
+    ),
+    text=(
+        "a step is exactly one of a workload step (workload, implementation, implementationSpecRef), a group "
+        "(steps) or a switch; move the workload into a child step, or split the step in two."
+    ),
+)
+
+SWITCH_NO_LOOP: Final = Rule(
+    anchor="step-kinds",
+    rule="!has(self.switch) || !has(self.loop)",
+    text=(
+        "loop is allowed on a workload step or a group, not on a switch; "
+        "wrap the switch in a group with the loop."
+    ),
+    field_path=".loop",
+    reason="FieldValueForbidden",
+)
+
+SWITCH_CASES: Final = Rule(
+    anchor="switch",
+    rule="has(self.cases) && size(self.cases) > 0",
+    text="switch.cases must list at least one case; add a case {value, steps}, or use a group instead.",
+    field_path=".cases",
+    reason="FieldValueRequired",
+)
+
+# Model-only messages: a case value is free-form JSON in the CRD, which CEL cannot inspect cheaply.
+SWITCH_CASE_SCALAR_MESSAGE: Final = (
+    "switch.cases[].value must be a JSON scalar (string, number, boolean or null), not an object or list; "
+    "switch on a field of the object instead, e.g. expression: steps.triage.control.kind. "
+    f"See {DOCS_API}#switch"
+)
+
+SWITCH_CASES_UNIQUE_MESSAGE: Final = (
+    "switch.cases[].value must be unique (only the first of equal values could ever run); "
+    f"remove or change the duplicate case. See {DOCS_API}#switch"
+)
+
+BUDGET_POSITIVE: Final = Rule(
+    anchor="loop-budget",
+    rule=(
+        "(has(self.maxTokens) || has(self.maxCostUSD)) && (!has(self.maxTokens) || self.maxTokens > 0) && "
+        "(!has(self.maxCostUSD) || self.maxCostUSD > 0.0)"
+    ),
+    text=(
+        "loop.budget needs maxTokens and/or maxCostUSD, each greater than 0; "
+        "set e.g. maxTokens: 200000, or remove the budget."
+    ),
+)
+
+OUTPUT_NAME: Final = Rule(
+    anchor="loop-output",
+    rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",
+    text=(
+        "loop.output.name must be an identifier (letters, digits, '_', not starting with a digit) so CEL can "
+        "read it as outputs.<name>; rename it, e.g. name: tasks."
+    ),
+)
+
+NESTING_DEPTH_RANGE: Final = Rule(
+    anchor="nesting",
+    rule="self >= 1 && self <= 10",
+    text="spec.workflow.maxNestingDepth must be between 1 and 10; set e.g. maxNestingDepth: 5 (the default).",
+)
+
 
 def immutable_field(field: str) -> Rule:
     """Transition rule for one spec field: it may not change once set.
@@ -247,6 +317,12 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     VOLUME_PVC_CLAIM,
     VOLUME_SECRET_NAME,
     VOLUME_MOUNT_PATH,
+    STEP_KIND_ONE_OF,
+    SWITCH_NO_LOOP,
+    SWITCH_CASES,
+    BUDGET_POSITIVE,
+    OUTPUT_NAME,
+    NESTING_DEPTH_RANGE,
 )
 """Rules that need only the new object (the models enforce these too)."""
 

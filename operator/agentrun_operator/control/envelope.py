@@ -23,6 +23,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agentrun_operator.fieldpath import error_path
+
 ENVELOPE_VERSION: Final = 1
 #: Kubernetes' cap on one container's termination message (kubelet keeps the *last* 4096 bytes).
 MAX_ENVELOPE_BYTES: Final = 4096
@@ -323,7 +325,7 @@ def parse_control_payload(data: bytes, path: str, *, file_size: int | None = Non
 
 def _validation_reason(exc: ValidationError) -> str:
     first = exc.errors(include_url=False)[0]
-    loc = ".".join(str(part) for part in first["loc"]) or "envelope"
+    loc = error_path(tuple(first["loc"])) or "envelope"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{loc}: {first['msg']}{more}"
 

@@ -59,13 +59,3 @@ def run_ctl(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     except Exception as exc:  # one line, never a traceback; the type says where to look
         err.write(f"agentrun {args.command}: unexpected {type(exc).__name__}: {exc}\n")
         return render.EXIT_ERROR
-
-
-def add_arguments(parser: argparse.ArgumentParser, *, output: bool = True) -> None:
-    """The flags every command that talks to a cluster takes, named as kubectl names them."""
-    parser.add_argument("name", metavar="NAME", help="the AgentRun's name")
-    parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
-    parser.add_argument("--context", help="kubeconfig context (default: the current context)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
-    if output:
-        parser.add_argument("-o", "--output", choices=["json", "yaml"], help="print the AgentRun object")

@@ -51,6 +51,58 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",
 )
 _PORT_ATTEMPTS = 5
+_PORT_FIELDS = {
+    "etcd": ("etcd_client", "etcd_peer"),
+    "kube-apiserver": ("apiserver",),
+    "kube-controller-manager": ("controller_manager",),
+}
+STATE_FORMAT = 2
+"""The layout of the state directory. 1: before the file existed (compatible, upgraded in place);
+2: containers outlive the pod runner (launch records), ports kept across restarts."""
+_FORMAT_FILE = "state-format"
+_WONT_COME_BACK = (
+    "What to do: read the log above; `agentrun dev restart {name}` tries again; "
+    "`agentrun dev down` then `agentrun dev up` restarts everything (the claims' volumes under pv/ are kept)."
+)
+
+
+def port_taken_message(name: str, *ports: int) -> str:
+    listed = ", ".join(str(p) for p in ports)
+    return (
+        f"{name} cannot start on its port {listed}: another process is listening there "
+        f"(see `ss -ltnp 'sport = :{ports[0]}'`). Stop that process and run `agentrun dev up` again, "
+        "or move the whole local default to new ports with `agentrun dev down` then `agentrun dev up` "
+        "(running pods are stopped; the claims' volumes under pv/ are kept)."
+    )
+
+
+def check_state_format(home: Path, say: Callable[[str], None]) -> None:
+    """Refuse a state directory this version cannot read, touching nothing in it."""
+    marker = home / _FORMAT_FILE
+    if marker.exists():
+        text = marker.read_text().strip()
+        if text == str(STATE_FORMAT):
+            return
+        if text != "1":
+            raise ControlPlaneError(
+                f"the state directory {home} has state format {text!r}, and this agentrun reads "
+                f"format {STATE_FORMAT}: it was made by another version. Nothing was changed. Use "
+                f"that version, or keep your claims' files (copy {home / 'pv'} elsewhere) and start fresh "
+                "with `agentrun dev down --purge` then `agentrun dev up` (or set AGENTRUN_DEV_HOME "
+                "to a new directory)."
+            )
+    elif not (home / "etcd-data").exists():
+        return  # a new state directory
+    say(
+        f"  state directory {home} is from an older agentrun (format 1): upgraded in place to "
+        f"format {STATE_FORMAT}; pods it was running are reported lost"
+    )
+    write_state_format(home)
+
+
+def write_state_format(home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / _FORMAT_FILE).write_text(f"{STATE_FORMAT}\n")
 
 
 class ControlPlaneError(RuntimeError):
@@ -189,31 +241,26 @@ class ControlPlane:
         return all(c.healthy for c in self.component_status())
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, crds_dir: Path | None = None, timeout: float = 120.0) -> None:
-        """Bring every component up (idempotent: a healthy plane is left as it is)."""
+    def start(self, crds_dir: Path | None = None, timeout: float = 300.0) -> None:
+        """Bring up what is down, on the ports and data it had (a healthy plane is left as it is).
+
+        Components that run are kept, so clients (the pod runner, the operator, pods) keep their
+        address; a component whose process runs but does not answer (frozen, wedged) is restarted
+        on its own port. New ports are chosen only when the whole plane is down and a remembered
+        port has been taken meanwhile."""
+        check_state_format(self.home, self.say)
         if self.is_up():
             self.say(f"control plane already running at {self.server}")
             if crds_dir is not None:
                 self.install_crds(crds_dir)
             return
-        self.stop()  # a half-started plane is restarted from scratch, keeping its data
         ensure_pki(self.pki.root)
-        ports = Ports()
-        self._start_with_free_port(
-            "etcd", ports, ("etcd_client", "etcd_peer"), self._etcd_argv, self._etcd_healthy_for, timeout
-        )
-        self._start_with_free_port(
-            "kube-apiserver", ports, ("apiserver",), self._apiserver_argv, self._apiserver_ready, timeout
-        )
-        self._write_kubeconfig()
-        self._start_with_free_port(
-            "kube-controller-manager",
-            ports,
-            ("controller_manager",),
-            self._kcm_argv,
-            lambda p: self._kcm_healthy(p.controller_manager),
-            timeout,
-        )
+        write_state_format(self.home)
+        ports, fresh = self._ports_for_start()
+        for name in COMPONENTS:
+            self._ensure(name, ports, fresh, timeout)
+            if name == "kube-apiserver":
+                self._write_kubeconfig()
         self._wait(
             "the default ServiceAccount (serviceaccount controller)",
             lambda: self.api_get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
@@ -224,44 +271,97 @@ class ControlPlane:
             self.install_crds(crds_dir)
         self.say(f"control plane ready at {self.server}; KUBECONFIG={self.kubeconfig}")
 
-    def _etcd_healthy_for(self, ports: Ports) -> bool:
-        return self._etcd_healthy(ports.etcd_client)
+    def restart(self, name: str, timeout: float = 300.0) -> None:
+        """Stop one component and start it again on its port with its data (`agentrun dev restart`)."""
+        if name not in COMPONENTS:
+            raise ControlPlaneError(f"no control plane component {name!r}; one of: {', '.join(COMPONENTS)}")
+        ports = self.ports()
+        if not all(getattr(ports, f) for f in _PORT_FIELDS[name]):
+            raise ControlPlaneError("the control plane was never started here; run `agentrun dev up`")
+        processes.stop_process(self.run_dir, name)
+        self._start_component(name, ports, fresh=set(), timeout=timeout)
 
-    def _apiserver_ready(self, ports: Ports) -> bool:
-        return self.api_get("/readyz")[0] == 200
+    def _alive(self, name: str) -> bool:
+        record = processes.read_record(self.run_dir, name)
+        return record is not None and record.alive()
 
-    def _start_with_free_port(
-        self,
-        name: str,
-        ports: Ports,
-        fields: tuple[str, ...],
-        argv: Callable[[Ports], list[str]],
-        ready: Callable[[Ports], bool],
-        timeout: float,
-    ) -> None:
-        """Start `name` on fresh free ports; a port taken in the meantime means a retry, never a failure."""
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
-            for f in fields:
-                setattr(ports, f, processes.free_port())
+    def _ports_for_start(self) -> tuple[Ports, set[str]]:
+        """The remembered ports of the components that are down, checked free; (ports, the
+        components given new ports)."""
+        ports = self.ports()
+        any_running = any(self._alive(n) for n in COMPONENTS)
+        fresh: set[str] = set()
+        for name in COMPONENTS:
+            if self._alive(name):
+                continue
+            for f in _PORT_FIELDS[name]:
+                port = int(getattr(ports, f))
+                if port == 0:
+                    fresh.add(name)
+                elif processes.port_open(port):
+                    if any_running:
+                        raise ControlPlaneError(port_taken_message(name, port))
+                    self.say(f"  {name}: port {port} is taken by another process; using a new port")
+                    fresh.add(name)
+        return ports, fresh
+
+    def _healthy(self, name: str, ports: Ports) -> bool:
+        if name == "etcd":
+            return self._etcd_healthy(ports.etcd_client)
+        if name == "kube-apiserver":  # a loaded machine answers slowly: a slow answer is an answer
+            return self.api_get("/readyz", timeout=10.0)[0] == 200
+        return self._kcm_healthy(ports.controller_manager)
+
+    def _ensure(self, name: str, ports: Ports, fresh: set[str], timeout: float) -> None:
+        """Keep `name` when it runs and answers; otherwise (re)start it."""
+        record = processes.read_record(self.run_dir, name)
+        if record is not None and record.alive():
+            deadline = time.monotonic() + timeout  # a loaded machine starts slowly: no early kill
+            while time.monotonic() < deadline:
+                if self._healthy(name, ports):
+                    self.say(f"  {name} already running (pid {record.pid})")
+                    return
+                time.sleep(0.2)
+            self.say(f"  {name} (pid {record.pid}) runs but does not answer: restarting it on its port")
+            processes.stop_process(self.run_dir, name)
+        self._start_component(name, ports, fresh, timeout)
+
+    def _start_component(self, name: str, ports: Ports, fresh: set[str], timeout: float) -> None:
+        """Start `name` on its ports; new free ports (retried when taken meanwhile) when in `fresh`."""
+        argv: Callable[[Ports], list[str]] = {
+            "etcd": self._etcd_argv,
+            "kube-apiserver": self._apiserver_argv,
+            "kube-controller-manager": self._kcm_argv,
+        }[name]
+        attempts = _PORT_ATTEMPTS if name in fresh else 1
+        for attempt in range(1, attempts + 1):
+            if name in fresh:
+                for f in _PORT_FIELDS[name]:
+                    setattr(ports, f, processes.free_port())
             self._save_ports(ports)
             log = self.log_dir / f"{name}.log"
+            offset = log.stat().st_size if log.exists() else 0
             proc = processes.start_process(self.run_dir, name, argv(ports), log)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     break
-                if ready(ports):
+                if self._healthy(name, ports):
                     self.say(f"  {name} ready (pid {proc.pid})")
                     return
                 time.sleep(0.1)
-            text = log.read_text(errors="replace")[-4000:]
+            text = log.read_bytes()[offset:].decode(errors="replace")[-4000:]
             processes.stop_process(self.run_dir, name)
-            if "address already in use" in text and attempt < _PORT_ATTEMPTS:
-                self.say(f"  {name}: a port was taken meanwhile, retrying with other ports")
-                continue
+            if "address already in use" in text:
+                if attempt < attempts:
+                    self.say(f"  {name}: a port was taken meanwhile, retrying with other ports")
+                    continue
+                if name not in fresh:
+                    taken = [int(getattr(ports, f)) for f in _PORT_FIELDS[name]]
+                    raise ControlPlaneError(port_taken_message(name, *taken))
             raise ControlPlaneError(
-                f"{name} did not become ready within {timeout:.0f}s "
-                f"(exit code {proc.poll()}); log: {log}\n{text[-1500:]}"
+                f"{name} did not become ready within {timeout:.0f}s (exit code {proc.poll()}); "
+                f"log: {log}\n{text[-1500:]}\n{_WONT_COME_BACK.format(name=name)}"
             )
 
     def _wait(self, what: str, check: Callable[[], bool], timeout: float, component: str) -> None:
@@ -275,10 +375,9 @@ class ControlPlane:
         )
 
     def stop(self) -> list[str]:
-        """Stop every component (reverse order); returns the names that were running."""
-        stopped = [n for n in reversed(COMPONENTS) if processes.stop_process(self.run_dir, n)]
-        self._ports_file.unlink(missing_ok=True)
-        return stopped
+        """Stop every component (reverse order); returns the names that were running. The ports are
+        remembered, so the next start uses the same addresses when they are free."""
+        return [n for n in reversed(COMPONENTS) if processes.stop_process(self.run_dir, n)]
 
     # -- argv ------------------------------------------------------------------------------------
     def _bin(self, name: str) -> str:

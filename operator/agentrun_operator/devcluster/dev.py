@@ -26,7 +26,8 @@ import yaml
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster import processes, toolchain
-from agentrun_operator.devcluster.controlplane import ControlPlane, ControlPlaneError
+from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError
+from agentrun_operator.devcluster.podrunner.adopt import stop_leftovers
 
 RUNNER = "pod-runner"
 OPERATOR = "operator"
@@ -184,11 +185,13 @@ def up(operator: bool = True, runtime: str = "process") -> int:
     runtime = check_runtime(runtime)
     toolchain.ensure_tools(_say)
     plane = control_plane()
-    was_up = plane.is_up()
+    server = plane.server if plane.ports().apiserver else None
     plane.start(crds_dir=write_generated_crds(plane.home / "crds"))
-    if not was_up:  # a new control plane (new ports): services started against the old one go
+    if server is not None and plane.server != server:  # new ports: services of the old address go
+        _say(f"  the API server moved from {server} to {plane.server}: restarting the services")
         for name in reversed(SERVICES):
             processes.stop_process(plane.run_dir, name)
+        stop_leftovers(plane.home)
     starters: dict[str, Callable[[], None]] = {
         RUNNER: lambda: start_runner(plane, runtime=runtime),
         OPERATOR: lambda: start_operator(plane),
@@ -217,9 +220,37 @@ def up(operator: bool = True, runtime: str = "process") -> int:
     return 0
 
 
+RESTARTABLE = (*COMPONENTS, RUNNER, OPERATOR)
+
+
+def restart(component: str) -> int:
+    """Stop one component and start it again with its address and data (tests and users: what
+    survives what is in docs/local-dev.md#restarts)."""
+    plane = control_plane()
+    if component in COMPONENTS:
+        plane.restart(component)
+        return 0
+    if component not in SERVICES:
+        raise ControlPlaneError(f"no component {component!r}; one of: {', '.join(RESTARTABLE)}")
+    if not plane.is_up():
+        raise ControlPlaneError(
+            f"the control plane is not up; run `agentrun dev up` before restarting {component}"
+        )
+    processes.stop_process(plane.run_dir, component, grace=20)  # the runner leaves its containers running
+    if component == RUNNER:
+        start_runner(plane)
+    else:
+        start_operator(plane)
+    record = processes.read_record(plane.run_dir, component)
+    _say(f"  {component} ready (pid {record.pid if record else '?'})")
+    return 0
+
+
 def down(purge: bool = False) -> int:
     plane = control_plane()
     stopped = [name for name in reversed(SERVICES) if processes.stop_process(plane.run_dir, name, grace=20)]
+    if stop_leftovers(plane.home):  # containers outlive the runner, as on a node: stop them too
+        stopped.append("pods")
     stopped += plane.stop()
     _operator_port_file(plane.home).unlink(missing_ok=True)
     (plane.home / "run" / "pod-runner.health.json").unlink(missing_ok=True)

@@ -85,6 +85,8 @@ class PlannedAttempt:
     previous_control: dict[str, Any] | None = None
     item: Any = None
     item_index: int | None = None
+    outputs: dict[str, list[Any]] | None = None
+    """Collected outputs so far; None when the run collects none (then no AGENTRUN_OUTPUTS)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,8 @@ def agentrun_env(
         "AGENTRUN_ITEM_INDEX": "" if attempt.item_index is None else str(attempt.item_index),
         "AGENTRUN_PARAMETERS": _json(parameters),
     }
+    if attempt.outputs is not None:
+        env["AGENTRUN_OUTPUTS"] = _json(attempt.outputs)
     for key in sorted(parameters):
         env.setdefault(param_env_name(key), parameters[key])
     task = resolve_implementation(run, step, refs)
@@ -287,48 +291,36 @@ def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
 # ----------------------------------------------------------------------------------- containers
 
 
+def _helper_container(
+    name: str, subcommand: str, args: list[str], mounts: list[dict[str, Any]], config: OperatorConfig
+) -> dict[str, Any]:
+    """A container of the operator image running `agentrun reporter <subcommand>`."""
+    return {
+        "name": name,
+        "image": config.reporter_image,
+        "command": ["agentrun", "reporter", subcommand],
+        "args": args,
+        "resources": HELPER_RESOURCES,
+        "volumeMounts": mounts,
+    }
+
+
 def reporter_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
     """The native sidecar that reports the control envelope via its termination message."""
+    args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
+    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE]
     return {
-        "name": REPORTER_CONTAINER,
-        "image": config.reporter_image,
-        "command": ["agentrun", "reporter", "report"],
-        "args": [
-            "--path",
-            path,
-            "--fingerprint",
-            FINGERPRINT_FILE,
-            "--termination-log",
-            TERMINATION_LOG,
-            "--wait-for-signal",
-            "--ready-file",
-            REPORTER_READY_FILE,
-        ],
+        **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
         "restartPolicy": "Always",
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "resources": HELPER_RESOURCES,
-        "volumeMounts": mounts,
     }
 
 
 def fingerprint_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
     """The init container that records the control file before `main` starts (stale detection)."""
-    return {
-        "name": FINGERPRINT_CONTAINER,
-        "image": config.reporter_image,
-        "command": ["agentrun", "reporter", "fingerprint"],
-        "args": [
-            "--path",
-            path,
-            "--out",
-            FINGERPRINT_FILE,
-            "--reporter-ready",
-            REPORTER_READY_FILE,
-        ],
-        "resources": HELPER_RESOURCES,
-        "volumeMounts": mounts,
-    }
+    args = ["--path", path, "--out", FINGERPRINT_FILE, "--reporter-ready", REPORTER_READY_FILE]
+    return _helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config)
 
 
 def main_container(

@@ -32,7 +32,6 @@ from agentrun_operator.planner.run import (
 )
 from agentrun_operator.planner.validate import (
     REASON_INVALID_SPEC,
-    REASON_LOOPS_DISABLED,
     Problem,
     validate_run,
 )
@@ -118,11 +117,8 @@ def problems_message(problems: list[Problem]) -> str:
 
 
 def _fail_invalid(ctx: PlanContext, problems: list[Problem]) -> None:
-    reason = (
-        REASON_LOOPS_DISABLED
-        if any(p.reason == REASON_LOOPS_DISABLED for p in problems)
-        else REASON_INVALID_SPEC
-    )
+    # A more specific reason than InvalidSpec (WorkflowLoopsDisabled, NestingTooDeep) names the run's.
+    reason = next((p.reason for p in problems if p.reason != REASON_INVALID_SPEC), REASON_INVALID_SPEC)
     message = clip(problems_message(problems), 4 * MAX_MESSAGE_CHARS)
     mark_invalid_spec(ctx, reason, message)
     finish_run(ctx, "Failed", reason, message)

@@ -12,6 +12,7 @@ from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
 from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_job
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
+from agentrun_operator.planner.budgets import account_usage, check_budget
 from agentrun_operator.planner.context import (
     REASON_STEP_FAILED,
     RESULT_REQUEUE_SECONDS,
@@ -20,8 +21,9 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
-from agentrun_operator.planner.loops import decide_next
+from agentrun_operator.planner.loops import collected_outputs, decide_next
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
+from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.state import StepView, end_step
@@ -44,16 +46,19 @@ GATE_REQUEUE_SECONDS: Final = 2.0
 REASON_JOB_REFUSED: Final = "JobRefused"
 
 
-def _planned_attempt(step: StepView, iteration: int, attempt: int) -> PlannedAttempt:
+def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> PlannedAttempt:
+    outputs = collected_outputs(ctx) if declared_outputs(ctx) else None
     loop = step.loop
     if loop is None:
-        return PlannedAttempt(step.index, 1, attempt, 1)
+        return PlannedAttempt(step.index, 1, attempt, 1, outputs=outputs)
     item: Any = None
     item_index: int | None = None
     if loop.items is not None and 1 <= iteration <= len(loop.items):
         item, item_index = loop.items[iteration - 1], iteration - 1
     previous = loop.last_control if iteration > 1 else None
-    return PlannedAttempt(step.index, iteration, attempt, loop.max_iterations, previous, item, item_index)
+    return PlannedAttempt(
+        step.index, iteration, attempt, loop.max_iterations, previous, item, item_index, outputs
+    )
 
 
 def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> str:
@@ -83,7 +88,7 @@ def start_attempt(
             end_step(ctx, step, "Failed", REASON_INVALID_SPEC, problems_message(list(ctx.ref_problems)))
             return False
         manifest = build_iteration_job(
-            ctx.run, _planned_attempt(step, iteration, attempt), ctx.refs, ctx.config
+            ctx.run, _planned_attempt(ctx, step, iteration, attempt), ctx.refs, ctx.config
         )
         ctx.writes.append(CreateJob(manifest))
         _next_iteration_requested(ctx, step, iteration, attempt, name)
@@ -244,7 +249,7 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
             _refuse_attempt(ctx, step, step.iteration, st.attempt, name, refusal)
             return True
         if gate_clear(ctx, name) and not ctx.ref_problems:
-            planned = _planned_attempt(step, step.iteration, st.attempt)
+            planned = _planned_attempt(ctx, step, step.iteration, st.attempt)
             ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
         ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS)
         return False
@@ -369,6 +374,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
     if loop is None:
         st.control = control
+        account_usage(ctx, step, control)
         _iteration_finished(ctx, step, "Succeeded")
         ctx.emit(
             "Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})", step.where
@@ -385,4 +391,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
     _iteration_finished(ctx, step, "Succeeded")
     ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})", step.where)
+    if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
+        return
     decide_next(ctx, step, envelope)
+    check_budget(ctx, step)

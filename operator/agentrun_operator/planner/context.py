@@ -115,6 +115,7 @@ def working_copy(prior: AgentRunStatus) -> AgentRunStatus:
     if prior.workflow is not None:
         workflow = prior.workflow.model_copy()
         workflow.steps = [_copy_step_status(st) for st in prior.workflow.steps]
+        # outputs is replaced, never mutated in place (planner/outputs.py), so sharing it is safe
         status.workflow = workflow
     return status
 

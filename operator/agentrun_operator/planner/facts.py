@@ -61,4 +61,13 @@ class NextIterationRequested:
     previous_finished_at: datetime
 
 
-Fact = IterationFinished | LoopStopped | RunPhaseChanged | NextIterationRequested
+@dataclass(frozen=True)
+class UsageReported:
+    """A succeeded attempt reported usage in its control file (summed into status)."""
+
+    step: str
+    tokens: int
+    cost_usd: float
+
+
+Fact = IterationFinished | LoopStopped | RunPhaseChanged | NextIterationRequested | UsageReported

@@ -26,7 +26,13 @@ MAX_ITEMS_JSON_BYTES: Final = 8 * 1024
 REASON_WHEN_ERROR: Final = "WhenConditionError"
 
 
-def _cel_context(
+def collected_outputs(ctx: PlanContext) -> dict[str, list[Any]]:
+    """`outputs` of the CEL context: what the loops collected so far (docs/concepts.md#collected-outputs)."""
+    workflow = ctx.status.workflow
+    return dict(workflow.outputs or {}) if workflow is not None else {}
+
+
+def cel_context(
     ctx: PlanContext,
     step: StepView,
     *,
@@ -46,6 +52,7 @@ def _cel_context(
         last_control=last_control,
         item=item,
         steps=_earlier_steps(ctx, step.index),
+        outputs=collected_outputs(ctx),
     )
 
 
@@ -89,7 +96,7 @@ def _when_allows(ctx: PlanContext, step: StepView, expression: str) -> bool:
     """True when the step should run; False after marking it Skipped (false) or Failed (CEL error)."""
     st = step.st
     try:
-        allowed = evaluate_bool(compile_expression(expression), _cel_context(ctx, step))
+        allowed = evaluate_bool(compile_expression(expression), cel_context(ctx, step))
     except CelError as exc:
         st.phase = "Failed"
         st.reason = REASON_WHEN_ERROR
@@ -112,7 +119,7 @@ def _freeze_items(ctx: PlanContext, step: StepView, expression: str) -> bool:
     assert loop is not None and step.spec.loop is not None
     bound = step.spec.loop.max_iterations
     try:
-        items = evaluate_list(compile_expression(expression), _cel_context(ctx, step))
+        items = evaluate_list(compile_expression(expression), cel_context(ctx, step))
     except CelError as exc:
         end_step(ctx, step, "Failed", "LoopConditionError", f"loop.items: {exc}")
         return False
@@ -212,12 +219,19 @@ def decide_next(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> 
             )
         else:
             end_step(ctx, step, "Failed", "LoopConditionError", f"{verdict.detail}; onMissing: fail")
-    elif source.on_invalid == "fail":
-        end_step(ctx, step, "Failed", "LoopConditionError", f"{verdict.detail}; onInvalid: fail")
     else:
-        end_step(
-            ctx, step, "Succeeded", "LoopConditionError", f"{verdict.detail}; onInvalid: stop ends the loop"
-        )
+        stop_on_invalid(ctx, step, verdict.detail)
+
+
+def stop_on_invalid(ctx: PlanContext, step: StepView, detail: str) -> None:
+    """Something an iteration reported is unusable: the loop's `onInvalid` policy ends it (`fail` when
+    the loop has no condition)."""
+    spec_loop = step.spec.loop
+    condition = spec_loop.condition if spec_loop is not None else None
+    if condition is None or condition.source.on_invalid == "fail":
+        end_step(ctx, step, "Failed", "LoopConditionError", f"{detail}; onInvalid: fail")
+    else:
+        end_step(ctx, step, "Succeeded", "LoopConditionError", f"{detail}; onInvalid: stop ends the loop")
 
 
 def _evaluate_condition(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> _Verdict:
@@ -247,7 +261,7 @@ def _evaluate_cel_condition(ctx: PlanContext, step: StepView, control: dict[str,
         step.loop.items[index - 1] if step.loop.items is not None and index <= len(step.loop.items) else None
     )
     try:
-        context = _cel_context(
+        context = cel_context(
             ctx, step, iteration_index=index, last_phase="Succeeded", last_control=control, item=item
         )
         value = evaluate_bool(compile_expression(expression), context)

@@ -14,7 +14,6 @@ so a status message, an Event and a CLI line are each enough to act on without r
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
-from agentrun_operator.api import AgentRun, WorkflowStep, WorkloadVolume, error_path
+from agentrun_operator.api import AgentRun, WorkloadVolume, error_path
 from agentrun_operator.api.base import DOCS_API
 from agentrun_operator.api.errors import at_rule_field
 from agentrun_operator.api.resources import (
@@ -33,90 +32,35 @@ from agentrun_operator.api.resources import (
     ImplementationSpec,
     ImplementationSpecSpec,
 )
-from agentrun_operator.celeval import CelCompileError, compile_expression, referenced_steps
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
 from agentrun_operator.planner.observed import Observed
-from agentrun_operator.planner.resolution import (
-    References,
-    condition_cel,
-    effective_steps,
-    effective_workload,
-)
+from agentrun_operator.planner.problem import REASON_INVALID_SPEC as REASON_INVALID_SPEC
+from agentrun_operator.planner.problem import Problem as Problem
+from agentrun_operator.planner.problem import api as _api
+from agentrun_operator.planner.problem import concepts as _concepts
+from agentrun_operator.planner.problem import format_value as format_value
+from agentrun_operator.planner.resolution import References, effective_workload
+from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.planner.validate_flow import flow_problems
 
-REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 
-DOCS_CONCEPTS: Final = "docs/concepts.md"
-
-_MAX_VALUE_CHARS: Final = 120
 _SEE_DOCS: Final = re.compile(r"\s*See (docs/[\w./-]+#[\w-]+)\s*$")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a spec, with everything a user needs to fix it.
-
-    `missing` is set (to `Kind/name`) when the problem is a referenced object that was not found:
-    the planner waits a little for those (users `kubectl apply -f dir/` in any order) before it
-    calls the run invalid.
-    """
-
-    path: str
-    value: Any
-    message: str
-    fix: str
-    docs: str
-    reason: str = REASON_INVALID_SPEC
-    missing: str | None = None
-
-    def render(self) -> str:
-        """`path: message (value: …; fix: …; see docs/…#anchor)` — one actionable line."""
-        value = format_value(self.value)
-        return f"{self.path}: {self.message} (value: {value}; fix: {self.fix}; see {self.docs})"
-
-
-def format_value(value: Any) -> str:
-    """A short JSON rendering of a bad value (long values are cut with an ellipsis)."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "…"
-
-
-def _concepts(anchor: str) -> str:
-    return f"{DOCS_CONCEPTS}#{anchor}"
-
-
-def _api(anchor: str) -> str:
-    return f"{DOCS_API}#{anchor}"
 
 
 # ----------------------------------------------------------------------------------- steps
 
 
-@dataclass(frozen=True)
-class _StepView:
-    """A step with its field path prefix (`spec.workflow.steps[2]`, or `spec` for the implicit step)."""
-
-    step: WorkflowStep
-    path: str
-    index: int
+def _step_views(run: AgentRun) -> list[StepNode]:
+    """Every step of the tree (nested ones too), each with its field path."""
+    return list(walk(run))
 
 
-def _step_views(run: AgentRun) -> list[_StepView]:
-    implicit = run.spec.workflow is None
-    return [
-        _StepView(step, "spec" if implicit else f"spec.workflow.steps[{i}]", i)
-        for i, step in enumerate(effective_steps(run))
-    ]
-
-
-def _effective_volumes(run: AgentRun, view: _StepView) -> tuple[list[WorkloadVolume], str]:
+def _effective_volumes(run: AgentRun, view: StepNode) -> tuple[list[WorkloadVolume], str]:
     """The step's effective volumes and the field path they come from (step's list, else the run's)."""
     if view.step.workload is not None and view.step.workload.volumes is not None:
-        return list(view.step.workload.volumes), f"{view.path}.workload.volumes"
+        return list(view.step.workload.volumes), f"{view.field_path}.workload.volumes"
     workload = effective_workload(run.spec.workload, None)
     return list(workload.volumes or []), "spec.workload.volumes"
 
@@ -140,7 +84,7 @@ def _runtime_problems(run: AgentRun, config: OperatorConfig, check_flag: bool) -
             continue
         if check_flag and not config.loops_enabled:
             yield Problem(
-                f"{view.path}.loop",
+                f"{view.field_path}.loop",
                 {"maxIterations": view.step.loop.max_iterations},
                 "workflow loops are disabled on this operator (feature flag off)",
                 "remove the loop, or ask the operator's admin to switch loops on "
@@ -150,13 +94,13 @@ def _runtime_problems(run: AgentRun, config: OperatorConfig, check_flag: bool) -
             )
 
 
-def _loop_problems(run: AgentRun, view: _StepView, config: OperatorConfig) -> Iterator[Problem]:
+def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Iterator[Problem]:
     loop = view.step.loop
     if loop is None:
         return
     if loop.max_iterations > config.loop_max_iterations:
         yield Problem(
-            f"{view.path}.loop.maxIterations",
+            f"{view.field_path}.loop.maxIterations",
             loop.max_iterations,
             f"loop.maxIterations exceeds this operator's cap of {config.loop_max_iterations}",
             f"set maxIterations to at most {config.loop_max_iterations}, or ask the operator's admin "
@@ -166,12 +110,12 @@ def _loop_problems(run: AgentRun, view: _StepView, config: OperatorConfig) -> It
     yield from _state_problems(run, view)
 
 
-def _state_problems(run: AgentRun, view: _StepView) -> Iterator[Problem]:
+def _state_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
     loop = view.step.loop
     if loop is None or loop.state is None:
         return
     state = loop.state
-    path = f"{view.path}.loop.state"
+    path = f"{view.field_path}.loop.state"
     names = list(state.volume_names or [])
     volumes, volumes_path = _effective_volumes(run, view)
     by_name = {v.name: v for v in volumes}
@@ -219,7 +163,7 @@ def _volume_problems(run: AgentRun, observed: Observed | None) -> Iterator[Probl
         lists.append(("spec.workload.volumes", list(run.spec.workload.volumes)))
     for view in _step_views(run):
         if view.step.workload is not None and view.step.workload.volumes is not None:
-            lists.append((f"{view.path}.workload.volumes", list(view.step.workload.volumes)))
+            lists.append((f"{view.field_path}.workload.volumes", list(view.step.workload.volumes)))
     for list_path, volumes in lists:
         yield from _volume_list_problems(list_path, volumes, observed)
 
@@ -265,58 +209,6 @@ def _volume_list_problems(
                 _concepts("references"),
                 missing=f"PersistentVolumeClaim/{volume.claim_name}",
             )
-
-
-def _cel_problems(run: AgentRun) -> Iterator[Problem]:
-    """Every expression compiles, and `steps.X` in step i names one of the steps before i."""
-    views = _step_views(run)
-    for view in views:
-        earlier = [v.step.name for v in views[: view.index]]
-        for path, expression in _expressions(view):
-            try:
-                compiled = compile_expression(expression)
-            except CelCompileError as exc:
-                yield Problem(
-                    path,
-                    expression,
-                    str(exc),
-                    "correct the expression; it may read iteration, step, run and steps.<earlier step>",
-                    _concepts("cel-expressions"),
-                )
-                continue
-            for name in sorted(referenced_steps(compiled)):
-                if name in earlier:
-                    continue
-                where = (
-                    "itself" if name == view.step.name else "a later step" if _is_step(views, name) else None
-                )
-                what = f"step {name!r} is {where}" if where else f"there is no step named {name!r}"
-                yield Problem(
-                    path,
-                    expression,
-                    f"the expression reads steps.{name}, but {what}; only earlier steps "
-                    f"({', '.join(earlier) or 'none'}) are in the context",
-                    "refer only to steps listed before this one, or reorder the steps",
-                    _concepts("cel-expressions"),
-                )
-
-
-def _is_step(views: list[_StepView], name: str) -> bool:
-    return any(v.step.name == name for v in views)
-
-
-def _expressions(view: _StepView) -> Iterator[tuple[str, str]]:
-    step = view.step
-    if step.when is not None:
-        yield f"{view.path}.when", step.when
-    loop = step.loop
-    if loop is None:
-        return
-    if loop.items is not None:
-        yield f"{view.path}.loop.items", loop.items
-    if loop.condition is not None:
-        field_name, expression = condition_cel(loop.condition)
-        yield f"{view.path}.loop.condition.{field_name}", expression
 
 
 # ----------------------------------------------------------------------------------- references
@@ -417,7 +309,7 @@ def _implementation_refs(run: AgentRun) -> Iterator[tuple[str, str]]:
         yield "spec.implementationSpecRef.name", run.spec.implementation_spec_ref.name
     for view in _step_views(run):
         if view.step.implementation_spec_ref is not None:
-            yield f"{view.path}.implementationSpecRef.name", view.step.implementation_spec_ref.name
+            yield f"{view.field_path}.implementationSpecRef.name", view.step.implementation_spec_ref.name
 
 
 # ----------------------------------------------------------------------------------- entry points
@@ -430,7 +322,7 @@ def _spec_problems(
     for view in _step_views(run):
         problems.extend(_loop_problems(run, view, config))
     problems.extend(_volume_problems(run, observed))
-    problems.extend(_cel_problems(run))
+    problems.extend(flow_problems(run))
     return problems
 
 

@@ -13,10 +13,13 @@ from agentrun_operator.planner.facts import (
     LoopStopped,
     NextIterationRequested,
     RunPhaseChanged,
+    UsageReported,
 )
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
+TOKENS = Counter("agentrun_tokens", "Tokens reported in control files (usage), summed.")
+COST_USD = Counter("agentrun_cost_usd", "Cost in USD reported in control files (usage), summed.")
 RECONCILE_SECONDS = Histogram(
     "agentrun_reconcile_duration_seconds",
     "Wall time of one reconcile (observe, plan, apply).",
@@ -61,6 +64,9 @@ def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None)
         ITERATIONS.labels(result=fact.result).inc()
     elif isinstance(fact, LoopStopped):
         LOOP_STOPS.labels(reason=fact.reason).inc()
+    elif isinstance(fact, UsageReported):
+        TOKENS.inc(fact.tokens)
+        COST_USD.inc(fact.cost_usd)
     elif isinstance(fact, RunPhaseChanged):
         RUN_PHASE_TRANSITIONS.labels(phase=fact.phase, reason=fact.reason or "").inc()
     elif isinstance(fact, NextIterationRequested):

@@ -105,3 +105,18 @@ def test_in_cluster_credentials_and_namespace(no_credentials: Path, monkeypatch:
     assert asyncio.run(resolve("other"))[0] == "other"
     with pytest.raises(connect.CtlError, match="--context prod needs a kubeconfig"):
         asyncio.run(connect.connect(None, "prod", None))
+
+
+def test_building_the_parser_imports_no_client() -> None:
+    """`agentrun reporter` runs twice in every iteration pod: the CLI's parser must stay light."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from agentrun_operator.cli import build_parser; build_parser(); "
+        "heavy = ('kubernetes_asyncio', 'aiohttp', 'agentrun_operator.ctl.commands'); "
+        "heavy = [m for m in heavy if m in sys.modules]; "
+        "print(heavy)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"

@@ -8,6 +8,7 @@ a line-by-line watch. One HTTPS request per call; the runner's load is a handful
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
@@ -93,9 +94,13 @@ class Api:
             except ValueError:
                 message = raw[:300].decode("utf-8", "replace")
             raise ApiError(exc.code, message) from None
-        except (OSError, ssl.SSLError) as exc:
-            raise ApiError(0, str(exc)) from None
-        result: dict[str, Any] = json.loads(raw) if raw else {}
+        except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
+            # HTTPException: e.g. IncompleteRead, the API server killed while it answered
+            raise ApiError(0, f"{type(exc).__name__}: {exc}") from None
+        try:
+            result: dict[str, Any] = json.loads(raw) if raw else {}
+        except ValueError as exc:  # a truncated answer: no answer
+            raise ApiError(0, f"unreadable answer: {exc}") from None
         return result
 
     def get(self, path: str) -> dict[str, Any] | None:
@@ -128,7 +133,7 @@ class Api:
             while True:
                 try:
                     line = resp.readline()
-                except (OSError, ssl.SSLError) as exc:
+                except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
                     raise ApiError(0, f"watch broken: {exc}") from None
                 if not line:
                     return

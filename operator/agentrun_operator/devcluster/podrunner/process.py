@@ -3,7 +3,7 @@
 `ProcessRuntime` places the mounts (see `spec.resolve_on_host`), checks the command can be found
 among the host's tools (images are not used) and starts a `ContainerProcess`.
 
-bwrap reports on a status pipe the host PID of its PID-namespace init (`child-pid`); the command is
+bwrap reports in a status file the host PID of its PID-namespace init (`child-pid`); the command is
 that init's only child. `terminate()` sends SIGTERM to the command (as a runtime signals the
 container's main process); `kill()` sends SIGKILL to the init, which takes the whole PID namespace
 with it, and to the bwrap monitor.
@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentrun_operator.devcluster.podrunner import adopt
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.network import PodNetwork
 from agentrun_operator.devcluster.podrunner.runtime import Launch, OnExit
@@ -66,7 +68,10 @@ class ContainerProcess:
         self._pid_known = threading.Event()
         self._on_exit = on_exit
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        read_fd, write_fd = os.pipe()
+        # bwrap's status goes to a file, not a pipe: a pipe would SIGPIPE the sandbox when it ends
+        # after the runner that read the pipe is gone (containers outlive the runner, see adopt.py).
+        self.status_path = log_path.with_suffix(".status")
+        write_fd = os.open(self.status_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with log_path.open("ab") as log:
                 self.proc = subprocess.Popen(
@@ -77,13 +82,10 @@ class ContainerProcess:
                     env=dict(env),
                     pass_fds=(write_fd,),
                     close_fds=True,
+                    start_new_session=True,  # outlives a restart of the runner (see adopt.py)
                 )
-        except BaseException:
-            os.close(read_fd)
-            raise
         finally:
             os.close(write_fd)
-        self._status = os.fdopen(read_fd, "rb")
         threading.Thread(target=self._read_status, daemon=True, name=f"bwrap-status-{self.proc.pid}").start()
         threading.Thread(target=self._wait, daemon=True, name=f"bwrap-wait-{self.proc.pid}").start()
 
@@ -92,13 +94,16 @@ class ContainerProcess:
         return self.proc.pid
 
     def _read_status(self) -> None:
-        with self._status:
-            for line in self._status:
-                with contextlib.suppress(ValueError):
-                    doc = json.loads(line)
-                    if isinstance(doc, dict) and "child-pid" in doc:
-                        self.init_pid = int(doc["child-pid"])
-                        self._pid_known.set()
+        """Poll the status file until bwrap has written its init's pid (or the sandbox ended)."""
+        while self.init_pid is None and self.exit_code is None:
+            with contextlib.suppress(OSError):
+                for line in self.status_path.read_bytes().splitlines():
+                    with contextlib.suppress(ValueError):
+                        doc = json.loads(line)
+                        if isinstance(doc, dict) and "child-pid" in doc:
+                            self.init_pid = int(doc["child-pid"])
+            if self.init_pid is None:
+                time.sleep(0.02)
         self._pid_known.set()
 
     def _wait(self) -> None:
@@ -171,7 +176,8 @@ class ProcessRuntime:
         return S.default_env(pod, self.container_path, api_server)
 
     def close(self) -> None:
-        """Nothing to do: a sandbox dies with its bwrap monitor (`--die-with-parent`)."""
+        """Nothing to do: containers outlive the runner and a new runner adopts them (adopt.py);
+        `agentrun dev down` stops what is left (`adopt.stop_leftovers`)."""
 
     def start_network(
         self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
@@ -209,8 +215,10 @@ class ProcessRuntime:
         entries = self.host_entries
         network = launch.network
         enter = network.enter_argv() if isinstance(network, PodNetwork) else []
+        exit_file = adopt.exit_file(launch.pod_dir, launch.name, launch.restart)
+        exit_file.unlink(missing_ok=True)
         proc = ContainerProcess(
-            lambda fd: (
+            lambda fd: adopt.shim_argv(  # the shim records the exit code, runner or not (adopt.py)
                 enter
                 + bwrap_argv(
                     bwrap,
@@ -224,7 +232,8 @@ class ProcessRuntime:
                     launch.hostname,
                     expand,
                     tool_paths=host_tool_paths(),
-                )
+                ),
+                exit_file,
             ),
             env,
             launch.log_path,

@@ -32,10 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from agentrun_operator.devcluster import provisioner
+from agentrun_operator.devcluster.podrunner import adopt
 from agentrun_operator.devcluster.podrunner import spec as S
 from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
-from agentrun_operator.devcluster.podrunner.network import isolation_unavailable, wants_own_network
-from agentrun_operator.devcluster.podrunner.process import default_container_path
+from agentrun_operator.devcluster.podrunner.network import (
+    PodNetwork,
+    isolation_unavailable,
+    wants_own_network,
+)
+from agentrun_operator.devcluster.podrunner.process import ContainerProcess, default_container_path
+from agentrun_operator.devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
 from agentrun_operator.devcluster.podrunner.runtime import (
     Launch,
     PodSandbox,
@@ -73,6 +79,10 @@ class RunnerConfig:
     retry_seconds: float = 2.0
     runtime: str = "process"
     """process | docker | auto (see runtime.py)."""
+    resync_seconds: float = 30.0
+    """How often the runner lists its pods again (a missed event is noticed by then)."""
+    api_backoff: Backoff = field(default_factory=Backoff)
+    """Retries of binds, status writes and watches while the API server does not answer."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,37 @@ class _Stop(Exception):
     """The worker must stop now (the pod is gone or the runner shuts down)."""
 
 
+def transient(exc: Exception) -> bool:
+    """An API failure worth retrying: no answer, a timeout, throttling, a server error, or the
+    authorizer not ready yet (401/403 right after an API server restart)."""
+    return isinstance(exc, ApiError) and (exc.status in (0, 401, 403, 408, 429) or exc.status >= 500)
+
+
+def _status_digest(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a resync compares: the phase and each container's state and restart count."""
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    return (
+        status.get("phase"),
+        sorted(
+            (str(c.get("name")), json.dumps(c.get("state"), sort_keys=True), int(c.get("restartCount") or 0))
+            for c in containers
+        ),
+    )
+
+
+def _started_monotonic(start_time: str | None) -> float:
+    """The monotonic clock's reading when the pod started (for its activeDeadlineSeconds)."""
+    import datetime
+
+    if not start_time:
+        return time.monotonic()
+    try:
+        started = datetime.datetime.fromisoformat(start_time.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.monotonic()
+    return time.monotonic() - max(0.0, time.time() - started)
+
+
 class PodWorker:
     """Walks one pod through the kubelet's life cycle in its own thread."""
 
@@ -162,7 +203,7 @@ class PodWorker:
         self.restart_policy = str(self.spec.get("restartPolicy") or "Always")
         self.dir = runner.layout.pod_dir(self.namespace, self.name, self.uid)
         self.cond = threading.Condition()
-        self.deleting = False
+        self.deleting = bool(meta.get("deletionTimestamp"))
         self.gone = False
         self.shutdown = False
         self.records: dict[str, ContainerRecord] = initial_records(self.spec)
@@ -177,6 +218,7 @@ class PodWorker:
         self.volume_dirs: dict[str, Path] = {}
         self._published: dict[str, Any] | None = None
         self.network: PodSandbox | None = None
+        self.adopted_network: adopt.NetworkRecord | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -200,7 +242,17 @@ class PodWorker:
             self.shutdown = True
             self.cond.notify_all()
 
-    def _notify(self, _proc: RunningContainer | None = None) -> None:
+    def resync(self, pod: Mapping[str, Any]) -> None:
+        """The periodic resync: when the API server's status of the pod is not what we last wrote
+        (a write it lost, e.g. an etcd restored from an older state), write ours again."""
+        with self.cond:
+            if self._published is not None and _status_digest(pod.get("status") or {}) != _status_digest(
+                self._published
+            ):
+                self._published = None
+                self.cond.notify_all()
+
+    def _notify(self, _proc: object = None) -> None:
         with self.cond:
             self.cond.notify_all()
 
@@ -238,7 +290,25 @@ class PodWorker:
         self.records[name] = replace(self.records[name], state=state, **changes)
 
     def publish(self) -> None:
-        """Write the pod status when it changed (strategic merge: our conditions merge by type)."""
+        """Write the pod status when it changed, retried with backoff until it lands or the pod is gone."""
+        retry_until(
+            self._write_status,
+            transient,
+            self._wait,
+            self.runner.config.api_backoff,
+            self._retrying("status write"),
+        )
+
+    def _retrying(self, what: str) -> Callable[[Exception, float], None]:
+        def note(exc: Exception, delay: float) -> None:
+            log.warning(
+                "%s of %s/%s failed (%s); retrying in %.1fs", what, self.namespace, self.name, exc, delay
+            )
+
+        return note
+
+    def _write_status(self) -> None:
+        """One status write (strategic merge: our conditions merge by type); transient errors raise."""
         view = PodView(self.restart_policy, self.start_time, self.verdict, self._conditions)
         status = build_status(list(self.records.values()), view)
         comparable = {
@@ -255,7 +325,9 @@ class PodWorker:
             if exc.status == 404:
                 self.mark_gone()
                 return
-            log.warning("status of %s/%s not written: %s", self.namespace, self.name, exc)
+            if transient(exc):
+                raise
+            log.warning("status of %s/%s refused: %s", self.namespace, self.name, exc)
             return
         self._published = comparable
         self._conditions = status["conditions"]
@@ -274,11 +346,13 @@ class PodWorker:
                 self.publish()
                 self._await_deletion()
         finally:
-            for proc in list(self.procs.values()):
-                proc.kill()
-            if self.network is not None:
-                self.network.stop()
-            if not self.shutdown:
+            if not self.shutdown:  # a runner that stops leaves its containers running (adopt.py)
+                for proc in list(self.procs.values()):
+                    proc.kill()
+                if self.network is not None:
+                    self.network.stop()
+                if self.adopted_network is not None:
+                    adopt.stop_network(self.adopted_network)
                 self._cleanup()
             self.runner.forget(self.uid)
 
@@ -289,21 +363,84 @@ class PodWorker:
         if phase in ("Succeeded", "Failed"):
             self._await_deletion()
             return
-        if ran_before(self.pod):
+        launched = adopt.read_launches(self.dir)
+        if launched:  # an earlier runner process started this pod: its containers may still run
+            if not self._adopt(launched):
+                self._await_deletion()
+                return
+        elif ran_before(self.pod):
             self._report_lost()
             self._await_deletion()
             return
-        self.start_time = now_rfc3339()
-        self._write_pod_json()
-        self.publish()
-        if not self._start_network() or not self._prepare_volumes():
-            self._await_deletion()
-            return
-        self._run_containers()
+        else:
+            self.start_time = now_rfc3339()
+            self._write_pod_json()
+            self.publish()
+            if not self._start_network() or not self._prepare_volumes():
+                self._await_deletion()
+                return
+        self._run_containers(started=frozenset(launched))
         self._finish()
         self._await_deletion()
 
+    def _adopt(self, launched: dict[str, adopt.LaunchRecord]) -> bool:
+        """Take over a pod an earlier runner process started: containers still running are
+        adopted, ended ones reported with the exit code and message they left (see adopt.py)."""
+        status = self.pod.get("status") or {}
+        self.start_time = status.get("startTime") or now_rfc3339()
+        self.started_mono = _started_monotonic(self.start_time)
+        previous = {
+            cs.get("name"): cs
+            for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        }
+        for name, record in launched.items():
+            if name not in self.records:
+                continue
+            cs = previous.get(name) or {}
+            last = (
+                _state_from_dict(cs.get("lastState"))
+                if int(cs.get("restartCount") or 0) == record.restart
+                else None
+            )
+            self.records[name] = replace(
+                self.records[name],
+                state=State("running", started_at=record.started_at),
+                restart_count=record.restart,
+                container_id=record.container_id,
+                last_state=last,
+            )
+            self.procs[name] = adopt.AdoptedContainer(record, self._notify)
+        log.info(
+            "pod %s/%s: adopted %s from an earlier runner process",
+            self.namespace,
+            self.name,
+            ", ".join(f"{n} ({'running' if not p.done else 'ended'})" for n, p in self.procs.items()),
+        )
+        self.publish()
+        network = adopt.read_network(self.dir)
+        if network is not None and network.alive():
+            self.adopted_network = network
+            endpoint = urllib.parse.urlsplit(self.api.server)
+            adopted = PodNetwork(
+                endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
+            )
+            adopted.namespace_pid = network.namespace_pid
+            self.network = adopted
+        elif not self._start_network():
+            return False
+        return self._prepare_volumes(adopting=True)
+
     def _bind(self) -> bool:
+        """Bind the pod to this node, retried with backoff until it lands or the pod is gone; False
+        when another node has it (or it was deleted meanwhile)."""
+        bound = retry_until(
+            self._bind_once, transient, self._wait, self.runner.config.api_backoff, self._retrying("bind")
+        )
+        if bound:
+            log.info("bound %s/%s to %s", self.namespace, self.name, self.runner.config.node_name)
+        return bound
+
+    def _bind_once(self) -> bool:
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -312,12 +449,16 @@ class PodWorker:
         }
         try:
             self.api.request("POST", pod_path(self.namespace, self.name) + "/binding", body)
+            return True
         except ApiError as exc:
-            current = self.api.get(pod_path(self.namespace, self.name))
-            if current is None or (current.get("spec") or {}).get("nodeName") != self.runner.config.node_name:
-                log.info("pod %s/%s not bound here: %s", self.namespace, self.name, exc)
-                return False
-        log.info("bound %s/%s to %s", self.namespace, self.name, self.runner.config.node_name)
+            if transient(exc):
+                raise
+            refusal = exc
+        # Refused (e.g. 409: already bound, perhaps by our own earlier attempt whose answer was lost).
+        current = self.api.get(pod_path(self.namespace, self.name))
+        if current is None or (current.get("spec") or {}).get("nodeName") != self.runner.config.node_name:
+            log.info("pod %s/%s not bound here: %s", self.namespace, self.name, refusal)
+            return False
         return True
 
     def _write_pod_json(self) -> None:
@@ -384,10 +525,15 @@ class PodWorker:
         except OSError as exc:
             self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
             return False
+        net = self.network
+        if isinstance(net, PodNetwork) and net.proc is not None and net.namespace_pid is not None:
+            adopt.write_network(self.dir, net.proc.pid, net.namespace_pid)
         return True
 
     # -- volumes --------------------------------------------------------------------------------
-    def _prepare_volumes(self) -> bool:
+    def _prepare_volumes(self, adopting: bool = False) -> bool:
+        """The pod's volume directories; `adopting`: they exist and running containers use them,
+        so a secret or configMap volume is kept as it is instead of being written again."""
         try:
             self.volumes = S.plan_volumes(self.spec)
         except S.PodProblem as problem:
@@ -397,10 +543,16 @@ class PodWorker:
         while True:
             try:
                 for volume in self.volumes.values():
-                    self.volume_dirs[volume.name] = self._volume_dir(volume)
+                    kept = self.dir / "volumes" / volume.name
+                    keep = adopting and volume.kind != "persistentVolumeClaim" and kept.is_dir()
+                    self.volume_dirs[volume.name] = kept if keep else self._volume_dir(volume)
                 return True
             except S.ContainerConfigError as exc:
                 message = str(exc)
+            except ApiError as exc:  # a claim or secret lookup while the API server is away
+                if not transient(exc):
+                    raise
+                message = f"waiting for the API server: {exc}"
             for name, rec in self.records.items():
                 if rec.state.kind == "waiting":
                     self._set(name, State("waiting", reason="ContainerCreating", message=message))
@@ -522,6 +674,15 @@ class PodWorker:
             self._set(name, State("waiting", reason=exc.reason, message=str(exc)))
             self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
             return
+        except ApiError as exc:  # an env lookup while the API server is away: wait and retry
+            if not transient(exc):
+                raise
+            self._set(
+                name,
+                State("waiting", reason="ContainerCreating", message=f"waiting for the API server: {exc}"),
+            )
+            self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
+            return
         except S.StartError as exc:
             log.info("pod %s/%s container %s: %s", self.namespace, self.name, name, exc)
             self._set(
@@ -539,6 +700,12 @@ class PodWorker:
             return
         self.procs[name] = proc
         self._set(name, State("running", started_at=now), container_id=proc.container_id)
+        if isinstance(proc, ContainerProcess):  # the process runtime's containers can be adopted
+            record = adopt.launch_record(
+                self.dir, name, restart, proc.pid, now, proc.container_id, proc.log_path
+            )
+            if record is not None:
+                adopt.write_launch(self.dir, record)
 
     def _spawn(
         self, name: str, container: Mapping[str, Any], env: dict[str, str], restart: int
@@ -569,10 +736,13 @@ class PodWorker:
         container = self.specs[name]
         rec = self.records[name]
         reason = S.exit_reason(code)
+        message: str | None
         failure = proc.start_failure()
-        if failure is not None:  # the sandbox or container could not be set up
+        if isinstance(proc, adopt.AdoptedContainer) and proc.lost:  # ended unseen, no exit code left
+            reason, message = "ContainerStatusUnknown", _LOST_MESSAGE
+        elif failure is not None:  # the sandbox or container could not be set up
             code, reason = 128, "StartError"
-            message: str | None = failure
+            message = failure
         else:
             term_file = self.dir / "containers" / name / "termination-log"
             data = _read_part(term_file, 0, S.MAX_TERMINATION_MESSAGE) if term_file.exists() else None
@@ -631,12 +801,14 @@ class PodWorker:
             waits.append(left)
         return max(0.0, min(waits))
 
-    def _run_containers(self) -> None:
+    def _run_containers(self, started: frozenset[str] = frozenset()) -> None:
+        """Init containers in order, then the main ones; `started`: adopted, not launched again."""
         order = S.start_order(self.spec)
         for step in order:
             if step.kind == "main":
                 continue
-            self._launch(step.name)
+            if step.name not in started:
+                self._launch(step.name)
             self.publish()
             while True:  # sidecars: until started; regular init: until it succeeded
                 self._reap()
@@ -656,7 +828,7 @@ class PodWorker:
                 self._wait(self._next_wake())
             self.publish()
         for step in order:
-            if step.kind == "main":
+            if step.kind == "main" and step.name not in started:
                 self._launch(step.name)
         self.publish()
         while True:
@@ -926,10 +1098,13 @@ class PodRunner:
             return
         if worker is not None:
             worker.update(pod)
+            if kind == "SYNC":
+                worker.resync(pod)
             return
         if self.stopping.is_set():
             return
-        if meta.get("deletionTimestamp"):
+        pod_dir = self.layout.pod_dir(str(meta.get("namespace")), str(meta.get("name")), uid)
+        if meta.get("deletionTimestamp") and not (node and adopt.any_alive(pod_dir)):
             if node:  # nothing of it runs here (any more): confirm at once
                 self.confirm_deletion(str(meta["namespace"]), str(meta["name"]), uid)
             return
@@ -944,15 +1119,21 @@ class PodRunner:
         worker.thread.start()
 
     def _watch(self, namespace: str | None) -> None:
+        """List, then watch from the list's version; list again after any watch error (with
+        backoff and jitter while the API server does not answer) and every `resync_seconds`."""
         path = pod_path(namespace) if namespace else "/api/v1/pods"
         key = namespace or "*"
+        delays = backoff_delays(self.config.api_backoff)
+        first = True
         while not self.stopping.is_set():
             try:
                 listing = self.api.request("GET", path)
+                delays = backoff_delays(self.config.api_backoff)
                 seen = set()
                 for pod in listing.get("items") or []:
                     seen.add(pod["metadata"]["uid"])
-                    self.on_event("ADDED", pod)
+                    self.on_event("ADDED" if first else "SYNC", pod)
+                first = False
                 with self.lock:
                     vanished = [
                         w
@@ -963,8 +1144,10 @@ class PodRunner:
                     worker.mark_gone()
                 version = str(listing["metadata"]["resourceVersion"])
                 self.watching[key] = True
-                while not self.stopping.is_set():
-                    for event in self.api.watch(path, version):
+                resync_at = time.monotonic() + self.config.resync_seconds
+                while not self.stopping.is_set() and time.monotonic() < resync_at:
+                    left = max(1, int(resync_at - time.monotonic()))
+                    for event in self.api.watch(path, version, timeout_seconds=left):
                         kind = event.get("type", "")
                         obj = event.get("object") or {}
                         if kind == "ERROR":
@@ -978,8 +1161,9 @@ class PodRunner:
                 self.watching[key] = False
                 self.last_error = f"watch {path}: {exc}"
                 if not self.stopping.is_set():
-                    log.warning("watch of %s ended (%s); listing again", path, exc)
-                    self.stopping.wait(1.0)
+                    delay = next(delays)
+                    log.warning("watch of %s ended (%s); listing again in %.1fs", path, exc, delay)
+                    self.stopping.wait(delay)
 
     def _heartbeat(self) -> None:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
@@ -1000,7 +1184,13 @@ class PodRunner:
 
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Register the node, watch and run pods until `stop()` (or SIGTERM via the CLI)."""
-        self.register_node()
+        retry_until(  # an API server still starting (or restarting) is waited for, as a kubelet does
+            self.register_node,
+            transient,
+            time.sleep,
+            self.config.api_backoff,
+            lambda exc, delay: log.warning("registering the node failed (%s); retrying in %.1fs", exc, delay),
+        )
         threading.Thread(
             target=self.provisioner.run, args=(self.stopping,), daemon=True, name="provisioner"
         ).start()
@@ -1034,10 +1224,8 @@ class PodRunner:
     def _shutdown(self) -> None:
         with self.lock:
             workers = list(self.workers.values())
-        for worker in workers:
+        for worker in workers:  # containers keep running; a new runner adopts them (adopt.py)
             worker.stop()
-            for proc in list(worker.procs.values()):
-                proc.kill()
         for worker in workers:
             worker.thread.join(timeout=10)
         self.runtime.close()

@@ -9,7 +9,8 @@ read-only. Writable are only the volumes, the pod's tmp and the termination-mess
 Each container gets its own PID namespace (`--unshare-pid`): bwrap's small init is PID 1 and the
 command PID 2, so a SIGTERM to the command behaves as in a shell (no PID-1 signal immunity), and
 when the command exits, or the init is SIGKILLed, the kernel kills everything left in the namespace.
-`--die-with-parent` ties the sandbox to its bwrap monitor, which runs in the runner's process group.
+`--die-with-parent` ties the sandbox to its parent, the shim that records its exit code in its own
+session (adopt.py), so the sandbox outlives a restart of the runner but not a kill of its shim.
 Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
 """
 

@@ -1,7 +1,7 @@
 """Pure rules of the pod runner: order, environment, `$(VAR)` expansion, volumes, messages.
 
 Nothing here starts a process or talks to the API server; lookups of Secrets and ConfigMaps are
-passed in as functions, so every rule is unit-tested with literals (tests/unit/test_podrunner*.py).
+passed in as functions, so every rule is unit-tested with literals (tests/unit/devcluster/podrunner/).
 The rules follow the kubelet's where the local runner can honour them, and say so where it cannot.
 """
 

@@ -1,6 +1,6 @@
 """A planner-level simulation of the cluster for the planner tests (not a fake Kubernetes API).
 
-`World` holds plain `ObservedJob`/`ObservedPod` values and a persisted status. `plan()` calls the
+`PlannerWorld` holds plain `ObservedJob`/`ObservedPod` values and a persisted status. `plan()` calls the
 real planner with them and applies its actions the way the shell would (create = adopt when the
 name exists, delete marks pods as terminating, TTLs are recorded). Tests then finish pods with
 `succeed`/`fail`/`deadline`/`vanish` and move the clock with `advance`.
@@ -34,6 +34,7 @@ from agentrun_operator.planner.observed import (
     Refusal,
 )
 from agentrun_operator.planner.plan import Plan, plan
+from tests.support.manifests import WORKSPACE_PVC, agentrun
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 LOOPS_ON = OperatorConfig(loops_enabled=True)
@@ -48,28 +49,18 @@ def manifest(
     **spec: Any,
 ) -> dict[str, Any]:
     """An AgentRun manifest with a `workspace` PVC; `steps=None` gives one plain step `a`."""
-    workload: dict[str, Any] = {
-        "volumes": volumes
-        if volumes is not None
-        else [{"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}]
-    }
+    workload: dict[str, Any] = {"volumes": volumes if volumes is not None else [WORKSPACE_PVC]}
     if image is not None:
         workload["image"] = image
-    body: dict[str, Any] = {"runtime": {"type": "workflow"}, "workload": workload}
-    body["workflow"] = {"steps": steps if steps is not None else [{"name": "a"}]}
-    body.update(spec)
-    return {
-        "apiVersion": "agents.proompteng.ai/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": f"uid-{name}",
-            "generation": 1,
-            "creationTimestamp": "2026-03-01T12:00:00Z",
-        },
-        "spec": body,
+    metadata = {
+        "namespace": "ns",
+        "uid": f"uid-{name}",
+        "generation": 1,
+        "creationTimestamp": "2026-03-01T12:00:00Z",
     }
+    return agentrun(
+        name, steps if steps is not None else [{"name": "a"}], metadata=metadata, workload=workload, **spec
+    )
 
 
 def loop_step(
@@ -114,7 +105,7 @@ def envelope_status(status: str, reason: str, path: str = DEFAULT_CONTROL_PATH) 
 
 
 @dataclass
-class World:
+class PlannerWorld:
     """Jobs, pods, referenced objects and the persisted status of one AgentRun."""
 
     spec_manifest: dict[str, Any]
@@ -333,7 +324,7 @@ class World:
     def event_reasons(self) -> list[str]:
         return [e.reason for e in self.events]
 
-    def drive(self, outcome: Callable[[World, str], None], max_plans: int = 500) -> None:
+    def drive(self, outcome: Callable[[PlannerWorld, str], None], max_plans: int = 500) -> None:
         """Plan until the run is finished; `outcome(world, job)` finishes each live Job."""
         for _ in range(max_plans):
             self.plan()

@@ -33,7 +33,7 @@ from agentrun_operator.api import (
     parse_agentrun,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 REFERENCE = FIXTURES / "reference"
 
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from agentrun_operator.api import parse_agentrun
 from agentrun_operator.planner.admission import unparseable_status
-from tests.unit.planner_world import manifest
+from tests.unit.planner.world import manifest
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 

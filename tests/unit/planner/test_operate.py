@@ -8,10 +8,10 @@ from typing import Any
 
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import CreateJob, EmitEvent, Requeue
-from tests.unit.planner_world import LOOPS_ON, T0, World, loop_step, manifest
+from tests.unit.planner.world import LOOPS_ON, T0, PlannerWorld, loop_step, manifest
 
 
-def conditions(world: World) -> dict[str, tuple[str, str | None]]:
+def conditions(world: PlannerWorld) -> dict[str, tuple[str, str | None]]:
     assert world.status is not None
     return {c.type: (c.status, c.reason) for c in world.status.conditions}
 
@@ -21,7 +21,7 @@ def creates(result: Any) -> list[str]:
 
 
 def test_an_unbound_claim_waits_then_the_run_starts_once_bound() -> None:
-    world = World(
+    world = PlannerWorld(
         manifest([loop_step(max_iterations=1)]), pvc_names=frozenset({"ws"}), pvc_unbound={"ws": "Pending"}
     )
     world.now = T0 + timedelta(minutes=10)  # long past the grace of missing references: no deadline
@@ -44,7 +44,7 @@ def test_an_unbound_claim_waits_then_the_run_starts_once_bound() -> None:
 
 
 def test_a_missing_claim_is_a_reference_problem_not_an_unbound_one() -> None:
-    world = World(manifest([loop_step(max_iterations=1)]), pvc_names=frozenset())
+    world = PlannerWorld(manifest([loop_step(max_iterations=1)]), pvc_names=frozenset())
     world.plan()
     assert world.status is not None and world.status.reason == "WaitingForReferences"
     world.now = T0 + timedelta(seconds=31)
@@ -55,14 +55,14 @@ def test_a_missing_claim_is_a_reference_problem_not_an_unbound_one() -> None:
 
 
 def test_conditions_along_a_successful_run_and_their_transition_times() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     assert conditions(world)["Succeeded"] == ("Unknown", "Running")
     assert world.status is not None
     first = {c.type: c.last_transition_time for c in world.status.conditions}
     assert set(first.values()) == {T0}
 
-    def finish(w: World, job: str) -> None:
+    def finish(w: PlannerWorld, job: str) -> None:
         w.now += timedelta(seconds=5)
         w.succeed(job, control={"continue": True})
 
@@ -83,7 +83,7 @@ def test_conditions_along_a_successful_run_and_their_transition_times() -> None:
 
 def test_the_status_size_warning_comes_once_with_an_event() -> None:
     tiny_budget = OperatorConfig(**{**LOOPS_ON.__dict__, "status_budget_bytes": 1024})
-    world = World(manifest([loop_step(max_iterations=3)]), config=tiny_budget)
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]), config=tiny_budget)
     world.plan()
     assert "StatusSizeWarning" not in conditions(world)  # a fresh run is far below even 1 KiB
     world.drive(lambda w, job: w.succeed(job, control={"continue": True}))

@@ -20,6 +20,7 @@ from agentrun_operator.jobs import (
     build_iteration_job,
 )
 from agentrun_operator.planner.resolution import References
+from tests.support.manifests import agentrun
 
 CONFIG = OperatorConfig(runner_image="runner:1", reporter_image="operator:1")
 PVC = {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/workspace"}
@@ -27,14 +28,7 @@ PVC = {"name": "workspace", "type": "pvc", "claimName": "ws", "mountPath": "/wor
 
 def run_of(spec: dict[str, Any], name: str = "demo") -> AgentRun:
     spec.setdefault("workflow", {"steps": [{"name": "work"}]})
-    return parse_agentrun(
-        {
-            "apiVersion": "agents.proompteng.ai/v1alpha1",
-            "kind": "AgentRun",
-            "metadata": {"name": name, "namespace": "team", "uid": "uid-1"},
-            "spec": spec,
-        }
-    )
+    return parse_agentrun(agentrun(name, metadata={"namespace": "team", "uid": "uid-1"}, **spec))
 
 
 def build(

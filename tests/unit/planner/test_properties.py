@@ -2,7 +2,7 @@
 
 Random sequences of Job/Pod outcomes (success with various control payloads, failure, deadline,
 vanish), operator restarts, lost status writes, lost actions and cancellations are applied to a
-`World`; after every step the safety properties must hold, and at the end a world that keeps
+`PlannerWorld`; after every step the safety properties must hold, and at the end a world that keeps
 completing pods must bring the run to a terminal phase.
 """
 
@@ -18,13 +18,16 @@ from hypothesis import strategies as st
 from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.plan import plan, result_recorded
-from tests.unit.planner_world import World, envelope_from_bytes, loop_step, manifest
+from tests.unit.planner.world import PlannerWorld, envelope_from_bytes, loop_step, manifest
 
 compile_expression("true")  # celpy raises the recursion limit once; do it before hypothesis watches
 
 LIMIT = 4
 CONFIG = OperatorConfig(loops_enabled=True, loop_max_iterations=50, loop_status_history_limit=LIMIT)
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+USAGE_TOKENS = 7
+OUTPUT = "work_out"
 
 CONTROLS: list[dict[str, Any] | bytes | None] = [
     {"continue": True},
@@ -33,12 +36,14 @@ CONTROLS: list[dict[str, Any] | bytes | None] = [
     None,  # missing
     b"{oops",  # invalid JSON
     {"continue": 1},  # non-boolean comparison: `1 == true` is false in CEL
+    {"continue": True, "usage": {"inputTokens": USAGE_TOKENS}},
+    {"continue": True, "usage": {"inputTokens": "many"}},  # not a number: onInvalid
 ]
 
 
 def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
     loop = st.builds(
-        lambda n, cond, retries, on_invalid: loop_step(
+        lambda n, cond, retries, on_invalid, extra: loop_step(
             "work",
             n,
             expression="iteration.last.control.continue == true" if cond else None,
@@ -46,11 +51,20 @@ def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
             retries=retries,
             retryBackoffSeconds=5,
             timeoutSeconds=30,
+            loop=extra,
         ),
         st.integers(1, 7),
         st.booleans(),
         st.integers(0, 2),
         st.sampled_from(["fail", "stop"]),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "output": st.just({"name": OUTPUT, "expression": "iteration.index"}),
+                "budget": st.integers(1, 30).map(lambda n: {"maxTokens": n}),
+                "onBudgetExhausted": st.sampled_from(["Succeed", "Fail"]),
+            },
+        ),
     )
     return st.builds(
         lambda work, with_prep: manifest(([{"name": "prep", "retries": 1}] if with_prep else []) + [work]),
@@ -85,8 +99,9 @@ class Checker:
     succeeded_jobs: set[str] = field(default_factory=set)
     seen_created: int = 0
     terminal_phase: str | None = None
+    collected: int = 0
 
-    def check(self, world: World) -> None:
+    def check(self, world: PlannerWorld) -> None:
         live_per_step: dict[int, int] = {}
         for job in world.jobs.values():
             if not job.finished:
@@ -102,7 +117,7 @@ class Checker:
         self.seen_created = len(world.created)
         self._check_status(world)
 
-    def _check_status(self, world: World) -> None:
+    def _check_status(self, world: PlannerWorld) -> None:
         status = world.status
         if status is None:
             return
@@ -112,6 +127,7 @@ class Checker:
             self.terminal_phase = status.phase
         if status.workflow is None:
             return
+        self._check_outputs_and_usage(world)
         for step in status.workflow.steps:
             self._check_not_lost(step.message or "")
             loop = step.loop
@@ -127,12 +143,39 @@ class Checker:
             assert loop.retained_iterations == len(loop.iterations)
             assert loop.retained_iterations + loop.pruned_iterations == loop.current_iteration
 
+    def _check_outputs_and_usage(self, world: PlannerWorld) -> None:
+        """Each successful iteration appends its output once, in order; usage sums agree; a budget
+        stops the loop at the first iteration that reaches it (never later)."""
+        workflow = world.status.workflow if world.status is not None else None
+        assert workflow is not None
+        work = next(s for s in workflow.steps if s.name == "work")
+        collected = (workflow.outputs or {}).get(OUTPUT, [])
+        assert collected == list(range(1, len(collected) + 1)), (
+            f"outputs appended twice or out of order: {collected}"
+        )
+        assert len(collected) >= self.collected, "collected outputs were lost"
+        self.collected = len(collected)
+        spec_loop = world.agentrun().spec.workflow.steps[-1].loop  # type: ignore[union-attr]
+        if work.loop is not None and spec_loop is not None and spec_loop.output is not None:
+            # the last success may have ended the loop on unusable usage before its output was taken
+            done = work.loop.completed_iterations
+            assert done - 1 <= len(collected) <= done, (collected, done)
+        used = work.usage.tokens if work.usage is not None else 0
+        assert used % USAGE_TOKENS == 0
+        run_total = workflow.usage.tokens if workflow.usage is not None else 0
+        assert run_total == sum(s.usage.tokens for s in workflow.steps if s.usage is not None)
+        if spec_loop is not None and spec_loop.budget is not None and spec_loop.budget.max_tokens is not None:
+            bound = spec_loop.budget.max_tokens
+            assert used - USAGE_TOKENS < bound, f"the loop ran past its budget: {used} of {bound}"
+            if work.loop is not None and work.loop.stop_reason == "LoopBudgetExhausted":
+                assert used >= bound
+
     def _check_not_lost(self, message: str) -> None:
         """A Job that succeeded must never be recorded as vanished (its result would be lost)."""
         for name in self.succeeded_jobs:
             assert f"Job {name} vanished" not in message, f"the result of succeeded {name} was lost"
 
-    def mark_succeeded(self, world: World, name: str) -> None:
+    def mark_succeeded(self, world: PlannerWorld, name: str) -> None:
         job = world.jobs[name]
         if result_recorded(world.status, job):
             return  # already recorded as failed (e.g. timed out, its deletion lost): too late to count
@@ -140,7 +183,7 @@ class Checker:
         self.succeeded_jobs.add(name)
 
 
-def apply_op(world: World, checker: Checker, op: tuple[Any, ...]) -> None:
+def apply_op(world: PlannerWorld, checker: Checker, op: tuple[Any, ...]) -> None:
     kind = op[0]
     live = world.live_jobs()
     if kind == "plan":
@@ -172,7 +215,7 @@ def apply_op(world: World, checker: Checker, op: tuple[Any, ...]) -> None:
         world.spec_manifest["spec"].setdefault("cancel", ["Graceful", "Immediate"][op[1] % 2])
 
 
-def finish(world: World, checker: Checker) -> None:
+def finish(world: PlannerWorld, checker: Checker) -> None:
     """A world that keeps completing pods: the run must reach a terminal phase (no wedge)."""
     for _ in range(400):
         world.plan()
@@ -193,7 +236,7 @@ def finish(world: World, checker: Checker) -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=spec_shapes(), ops=st.lists(OPS, min_size=40, max_size=200))
 def test_random_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any], ops: list[Any]) -> None:
-    world = World(spec, config=CONFIG)
+    world = PlannerWorld(spec, config=CONFIG)
     checker = Checker()
     for op in ops:
         apply_op(world, checker, op)
@@ -205,7 +248,7 @@ def test_random_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any
 @given(spec=spec_shapes(), ops=st.lists(OPS, min_size=5, max_size=80))
 def test_replanning_without_change_is_quiet(spec: dict[str, Any], ops: list[Any]) -> None:
     """Re-planning a persisted status against an unchanged observation emits no events and no Jobs."""
-    world = World(spec, config=CONFIG)
+    world = PlannerWorld(spec, config=CONFIG)
     checker = Checker()
     for op in ops:
         apply_op(world, checker, op)
@@ -228,11 +271,11 @@ def test_status_stays_under_32_kib_at_1000_iterations_with_limit_50() -> None:
         retries=1,
         retryBackoffSeconds=0,
     )
-    world = World(manifest([step], name="r" * 40), config=config)
+    world = PlannerWorld(manifest([step], name="r" * 40), config=config)
     big = {"continue": True, "outputs": {"summary": "s" * 3400}}
     attempt = 0
 
-    def outcome(w: World, job: str) -> None:
+    def outcome(w: PlannerWorld, job: str) -> None:
         nonlocal attempt
         attempt += 1
         if attempt % 2:
@@ -254,7 +297,7 @@ def test_status_stays_under_32_kib_at_1000_iterations_with_limit_50() -> None:
 @given(spec=spec_shapes(), ops=st.lists(OPS, min_size=5, max_size=60))
 def test_planning_never_mutates_the_run_it_is_given(spec: dict[str, Any], ops: list[Any]) -> None:
     """The shell reuses one parsed run for every reconcile at the same resourceVersion."""
-    world = World(spec, config=CONFIG)
+    world = PlannerWorld(spec, config=CONFIG)
     checker = Checker()
     for op in ops:
         apply_op(world, checker, op)

@@ -15,7 +15,7 @@ import pytest
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.observed import Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
-from tests.unit.planner_world import World, loop_step, manifest
+from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 INVALID_VOLUME = (
     422,
@@ -35,7 +35,7 @@ def test_which_answers_are_permanent_refusals(code: int, permanent: bool) -> Non
 
 
 def test_refused_job_fails_the_run_with_the_api_servers_message_and_no_retry() -> None:
-    world = World(manifest([{"name": "a", "retries": 3}]))
+    world = PlannerWorld(manifest([{"name": "a", "retries": 3}]))
     world.refuse_job["run-step-1-iter-1-attempt-1"] = INVALID_VOLUME
     result = world.plan()
     assert not [a for a in result.actions if isinstance(a, CreateJob)]
@@ -54,7 +54,7 @@ def test_refused_job_fails_the_run_with_the_api_servers_message_and_no_retry() -
 
 
 def test_refused_loop_iteration_is_recorded_failed_once() -> None:
-    world = World(manifest([loop_step(max_iterations=3, retries=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, retries=2)]))
     world.plan()
     world.succeed()
     world.refuse_job["run-step-1-iter-2-attempt-1"] = INVALID_VOLUME
@@ -69,7 +69,7 @@ def test_refused_loop_iteration_is_recorded_failed_once() -> None:
 
 def test_refused_recreate_of_a_lost_job_fails_the_step() -> None:
     """The Job was asked for, its status written, but it never appeared; asking again is refused."""
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     world.vanish()  # never became visible (uid not recorded): the planner asks for it again
     world.advance(11)
@@ -85,7 +85,7 @@ def test_refused_recreate_of_a_lost_job_fails_the_step() -> None:
 
 
 def test_refused_status_update_ends_the_run_on_its_persisted_status() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.succeed()
     persisted = world.status
@@ -102,7 +102,7 @@ def test_refused_status_update_ends_the_run_on_its_persisted_status() -> None:
 
 
 def test_refusal_of_another_job_changes_nothing() -> None:
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     world.refuse_job["some-other-job"] = INVALID_VOLUME
     world.plan()
     assert world.phase == "Running" and world.created == ["run-step-1-iter-1-attempt-1"]
@@ -110,7 +110,7 @@ def test_refusal_of_another_job_changes_nothing() -> None:
 
 def test_refusal_is_an_observed_fact_not_a_memory() -> None:
     """A refusal only exists in the reconcile that saw it: the plan is pure in its inputs."""
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     observed = world.observed()
     refused = replace(observed, refusals=(Refusal("Job", "run-step-1-iter-1-attempt-1", *INVALID_VOLUME),))
     first = plan(world.agentrun(), refused, world.now, world.config)
@@ -121,7 +121,7 @@ def test_refusal_is_an_observed_fact_not_a_memory() -> None:
 
 
 def test_pod_failed_with_main_exit_zero_is_reported_as_lost_not_as_an_exit_code() -> None:
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     world.plan()
     name = world.active()
     world.jobs[name] = replace(
@@ -139,7 +139,7 @@ def test_pod_failed_with_main_exit_zero_is_reported_as_lost_not_as_an_exit_code(
 
 
 def test_pod_reason_is_named_when_the_pod_itself_failed() -> None:
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     world.plan()
     name = world.active()
     world.jobs[name] = replace(
@@ -156,7 +156,7 @@ def test_pod_reason_is_named_when_the_pod_itself_failed() -> None:
         in (message)
     )
     # And with main exit 0, the pod's own reason is preferred over the Job's.
-    world2 = World(manifest([{"name": "a"}]))
+    world2 = PlannerWorld(manifest([{"name": "a"}]))
     world2.plan()
     world2.jobs[name] = replace(world2.jobs[name], outcome="Failed", finished_at=world2.now, message="X")
     world2.pods[pod.name] = replace(

@@ -1,6 +1,6 @@
 """The planner's execution semantics (docs/concepts.md; docs/design.md#test-matrix and more).
 
-Each test drives the real planner through `World`, a planner-level simulation: actions are applied
+Each test drives the real planner through `PlannerWorld`, a planner-level simulation: actions are applied
 to plain ObservedJob/ObservedPod values, and the test finishes pods and moves the clock.
 """
 
@@ -25,10 +25,10 @@ from agentrun_operator.planner.actions import (
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, ObservedJob, ObservedPod
 from agentrun_operator.planner.plan import compact_history
 from agentrun_operator.planner.validate import Problem, validate_run
-from tests.unit.planner_world import (
+from tests.unit.planner.world import (
     LOOPS_ON,
     T0,
-    World,
+    PlannerWorld,
     envelope_from_bytes,
     envelope_status,
     loop_step,
@@ -42,13 +42,13 @@ def succeed_with(*controls: dict[str, Any] | None) -> Any:
     """An outcome function answering successive iterations with the given control payloads."""
     queue = list(controls)
 
-    def outcome(world: World, job: str) -> None:
+    def outcome(world: PlannerWorld, job: str) -> None:
         world.succeed(job, control=queue.pop(0) if queue else None)
 
     return outcome
 
 
-def always_succeed(world: World, job: str) -> None:
+def always_succeed(world: PlannerWorld, job: str) -> None:
     world.succeed(job, control={"continue": True})
 
 
@@ -64,7 +64,7 @@ def events_of(result: Any) -> list[str]:
 
 
 def test_fixed_loop_two_iterations_succeeds_with_max_iterations_reached() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.drive(always_succeed)
     step = world.step_status()
     assert world.phase == "Succeeded"
@@ -78,7 +78,7 @@ def test_fixed_loop_two_iterations_succeeds_with_max_iterations_reached() -> Non
 
 
 def test_conditional_loop_true_then_false_stops_early_with_condition_false() -> None:
-    world = World(manifest([loop_step(max_iterations=8, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=8, expression=CONTINUE)]))
     world.drive(succeed_with({"continue": True}, {"continue": False}))
     step = world.step_status()
     assert world.phase == "Succeeded"
@@ -91,7 +91,7 @@ def test_conditional_loop_true_then_false_stops_early_with_condition_false() -> 
 
 
 def test_missing_payload_with_on_missing_stop_succeeds_and_stops() -> None:
-    world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing="stop")]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing="stop")]))
     world.drive(succeed_with(None))
     step = world.step_status()
     assert world.phase == "Succeeded"
@@ -103,7 +103,7 @@ def test_missing_payload_with_on_missing_stop_succeeds_and_stops() -> None:
 
 
 def test_missing_payload_with_on_missing_fail_is_condition_error() -> None:
-    world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing="fail")]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing="fail")]))
     world.drive(succeed_with({"continue": True}, None))
     step = world.step_status()
     assert world.phase == "Failed"
@@ -115,12 +115,12 @@ def test_missing_payload_with_on_missing_fail_is_condition_error() -> None:
 
 
 def test_invalid_json_with_on_invalid_fail_fails_deterministically() -> None:
-    def bad_json(world: World, job: str) -> None:
+    def bad_json(world: PlannerWorld, job: str) -> None:
         world.succeed(job, message=envelope_from_bytes(b"{not json"))
 
     outcomes = []
     for _ in range(2):
-        world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_invalid="fail")]))
+        world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_invalid="fail")]))
         world.drive(bad_json)
         assert world.status is not None
         outcomes.append((world.status.phase, world.status.reason, world.step_status().message))
@@ -132,7 +132,7 @@ def test_invalid_json_with_on_invalid_fail_fails_deterministically() -> None:
 
 
 def test_timeout_with_retries_remaining_retries_only_after_old_pods_are_gone() -> None:
-    world = World(
+    world = PlannerWorld(
         manifest([loop_step(max_iterations=1, retries=1, retryBackoffSeconds=5, timeoutSeconds=60)])
     )
     world.plan()
@@ -161,11 +161,11 @@ def test_timeout_with_retries_remaining_retries_only_after_old_pods_are_gone() -
 
 
 def test_timeout_with_retries_exhausted_is_loop_iteration_failed() -> None:
-    world = World(
+    world = PlannerWorld(
         manifest([loop_step(max_iterations=3, retries=1, retryBackoffSeconds=0, timeoutSeconds=30)])
     )
 
-    def time_out(w: World, job: str) -> None:
+    def time_out(w: PlannerWorld, job: str) -> None:
         w.advance(30)
         w.deadline(job)
 
@@ -214,7 +214,7 @@ def test_required_pvc_missing_or_misconfigured_is_invalid_spec_before_any_job(
     pvc_names: frozenset[str] | None,
     fragment: str,
 ) -> None:
-    world = World(manifest([loop_step(loop={"state": state})], volumes=volumes), pvc_names=pvc_names)
+    world = PlannerWorld(manifest([loop_step(loop={"state": state})], volumes=volumes), pvc_names=pvc_names)
     world.now = T0 + timedelta(seconds=60)  # past the grace for missing references
     result = world.plan()
     assert world.status is not None
@@ -235,7 +235,7 @@ def test_required_pvc_missing_or_misconfigured_is_invalid_spec_before_any_job(
 
 @pytest.mark.parametrize("mode", ["Immediate", "Graceful"])
 def test_cancel_during_running_iteration_schedules_no_more_iterations(mode: str) -> None:
-    world = World(manifest([loop_step(max_iterations=5)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5)]))
     world.plan()
     world.succeed()
     world.plan()
@@ -267,7 +267,7 @@ def test_cancel_during_running_iteration_schedules_no_more_iterations(mode: str)
 
 
 def test_restart_mid_loop_resumes_from_status_without_duplicating() -> None:
-    world = World(manifest([loop_step(max_iterations=4)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=4)]))
     world.plan()
     world.succeed()
     world.plan()
@@ -286,7 +286,7 @@ def test_restart_mid_loop_resumes_from_status_without_duplicating() -> None:
 
 
 def test_status_write_lost_after_job_creation_adopts_the_existing_job() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.succeed()
     world.plan(persist=False)  # iteration 2's Job was created, but the status saying so was lost
@@ -300,7 +300,7 @@ def test_status_write_lost_after_job_creation_adopts_the_existing_job() -> None:
 
 def test_history_limit_prunes_old_iterations_and_keeps_counters() -> None:
     config = OperatorConfig(loops_enabled=True, loop_max_iterations=100, loop_status_history_limit=5)
-    world = World(manifest([loop_step(max_iterations=12)]), config=config)
+    world = PlannerWorld(manifest([loop_step(max_iterations=12)]), config=config)
     world.drive(always_succeed)
     loop = world.step_status().loop
     assert loop.completed_iterations == 12
@@ -310,7 +310,9 @@ def test_history_limit_prunes_old_iterations_and_keeps_counters() -> None:
 
 
 def test_idempotent_resubmission_fails_as_duplicate_without_resuming_the_loop() -> None:
-    first = World(manifest([loop_step(max_iterations=3)], idempotencyKey="k1", agentRef={"name": "ag"}))
+    first = PlannerWorld(
+        manifest([loop_step(max_iterations=3)], idempotencyKey="k1", agentRef={"name": "ag"})
+    )
     first.agents = {"ag": {}}
     first.plan()  # claims the key
     assert first.claim is not None
@@ -319,7 +321,7 @@ def test_idempotent_resubmission_fails_as_duplicate_without_resuming_the_loop() 
     first.plan()
     assert first.step_status().loop.completed_iterations == 1
 
-    second = World(
+    second = PlannerWorld(
         manifest(
             [loop_step(max_iterations=3)], name="run-again", idempotencyKey="k1", agentRef={"name": "ag"}
         )
@@ -345,7 +347,7 @@ def test_idempotent_resubmission_fails_as_duplicate_without_resuming_the_loop() 
 
 
 def test_claim_is_requested_when_checked_and_absent() -> None:
-    world = World(
+    world = PlannerWorld(
         manifest(idempotencyKey="key", agentRef={"name": "ag"}), agents={"ag": {}}, claim_checked=True
     )
     result = world.plan(apply=False)
@@ -357,7 +359,7 @@ def test_claim_is_requested_when_checked_and_absent() -> None:
 
 
 def test_claim_not_requested_before_it_was_looked_up() -> None:
-    world = World(manifest(idempotencyKey="key"), claim_checked=False)
+    world = PlannerWorld(manifest(idempotencyKey="key"), claim_checked=False)
     result = world.plan()
     assert not any(isinstance(a, ClaimIdempotencyKey) for a in result.actions)
     assert creates(result) == []
@@ -365,7 +367,7 @@ def test_claim_not_requested_before_it_was_looked_up() -> None:
 
 
 def test_claim_held_by_this_run_proceeds() -> None:
-    world = World(manifest(idempotencyKey="key"))
+    world = PlannerWorld(manifest(idempotencyKey="key"))
     world.claim = IdempotencyClaim("c", "uid-run", "run")
     assert creates(world.plan()) == ["run-step-1-iter-1-attempt-1"]
 
@@ -381,7 +383,7 @@ def test_claim_held_by_this_run_proceeds() -> None:
     ],
 )
 def test_claim_held_by_another_run_is_duplicate(phase: str | None, gone: bool, reason: str) -> None:
-    world = World(manifest(idempotencyKey="key"))
+    world = PlannerWorld(manifest(idempotencyKey="key"))
     world.claim = IdempotencyClaim("c", "uid-other", "other", holder_phase=phase, holder_gone=gone)
     result = world.plan()
     assert result.status.phase == "Failed" and result.status.reason == reason
@@ -394,7 +396,7 @@ def test_claim_held_by_another_run_is_duplicate(phase: str | None, gone: bool, r
 
 
 def test_loops_disabled_by_flag_fail_with_workflow_loops_disabled() -> None:
-    world = World(manifest([loop_step()]), config=OperatorConfig(loops_enabled=False))
+    world = PlannerWorld(manifest([loop_step()]), config=OperatorConfig(loops_enabled=False))
     result = world.plan()
     assert result.status.phase == "Failed"
     assert result.status.reason == "WorkflowLoopsDisabled"
@@ -405,13 +407,13 @@ def test_loops_disabled_by_flag_fail_with_workflow_loops_disabled() -> None:
 
 
 def test_loops_disabled_does_not_affect_runs_without_loops() -> None:
-    world = World(manifest([{"name": "a"}]), config=OperatorConfig(loops_enabled=False))
+    world = PlannerWorld(manifest([{"name": "a"}]), config=OperatorConfig(loops_enabled=False))
     world.drive(lambda w, j: w.succeed(j))
     assert world.phase == "Succeeded"
 
 
 def test_loop_already_running_continues_when_the_flag_is_switched_off() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     world.config = OperatorConfig(loops_enabled=False)
     world.drive(always_succeed)
@@ -419,7 +421,7 @@ def test_loop_already_running_continues_when_the_flag_is_switched_off() -> None:
 
 
 def test_max_iterations_above_the_operator_cap_is_invalid() -> None:
-    world = World(manifest([loop_step(max_iterations=21)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=21)]))
     result = world.plan()
     assert result.status.reason == "InvalidSpec"
     assert "spec.workflow.steps[0].loop.maxIterations" in (result.status.message or "")
@@ -428,7 +430,7 @@ def test_max_iterations_above_the_operator_cap_is_invalid() -> None:
 
 
 def test_missing_reference_waits_within_grace_then_is_invalid() -> None:
-    world = World(manifest(agentRef={"name": "codex"}), agents={"codex": None})
+    world = PlannerWorld(manifest(agentRef={"name": "codex"}), agents={"codex": None})
     world.now = T0 + timedelta(seconds=5)
     result = world.plan()
     assert result.status.phase == "Pending" and result.status.reason == "WaitingForReferences"
@@ -441,7 +443,7 @@ def test_missing_reference_waits_within_grace_then_is_invalid() -> None:
 
 
 def test_reference_appearing_within_grace_lets_the_run_start() -> None:
-    world = World(manifest(agentRef={"name": "codex"}), agents={"codex": None})
+    world = PlannerWorld(manifest(agentRef={"name": "codex"}), agents={"codex": None})
     world.now = T0 + timedelta(seconds=5)
     world.plan()
     world.agents = {"codex": {"env": [{"name": "X", "value": "1"}]}}
@@ -449,7 +451,7 @@ def test_reference_appearing_within_grace_lets_the_run_start() -> None:
 
 
 def test_bad_cel_is_invalid_spec_with_the_field_path() -> None:
-    world = World(manifest([loop_step(expression="iteration.last.control.continue ==")]))
+    world = PlannerWorld(manifest([loop_step(expression="iteration.last.control.continue ==")]))
     result = world.plan()
     assert result.status.reason == "InvalidSpec"
     assert (result.status.message or "").startswith("spec.workflow.steps[0].loop.condition.expression: ")
@@ -457,7 +459,7 @@ def test_bad_cel_is_invalid_spec_with_the_field_path() -> None:
 
 def test_expression_naming_a_later_step_is_invalid() -> None:
     steps = [{"name": "a", "when": "steps.b.phase == 'Succeeded'"}, {"name": "b"}]
-    result = World(manifest(steps)).plan()
+    result = PlannerWorld(manifest(steps)).plan()
     assert result.status.reason == "InvalidSpec"
     assert "steps.b" in (result.status.message or "") and "later step" in (result.status.message or "")
 
@@ -466,7 +468,7 @@ def test_expression_naming_a_later_step_is_invalid() -> None:
 
 
 def test_until_stops_when_true() -> None:
-    world = World(manifest([loop_step(max_iterations=5, until="iteration.last.control.done == true")]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, until="iteration.last.control.done == true")]))
     world.drive(succeed_with({"done": False}, {"done": False}, {"done": True}))
     step = world.step_status()
     assert step.loop.completed_iterations == 3
@@ -475,7 +477,7 @@ def test_until_stops_when_true() -> None:
 
 
 def test_conditional_loop_at_cap_succeeds_without_evaluating() -> None:
-    world = World(manifest([loop_step(max_iterations=2, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, expression=CONTINUE)]))
     world.drive(always_succeed)
     step = world.step_status()
     assert step.phase == "Succeeded"
@@ -485,7 +487,7 @@ def test_conditional_loop_at_cap_succeeds_without_evaluating() -> None:
 
 def test_on_max_iterations_fail_fails_when_the_condition_still_wants_more() -> None:
     step = loop_step(max_iterations=2, expression=CONTINUE, loop={"onMaxIterations": "Fail"})
-    world = World(manifest([step]))
+    world = PlannerWorld(manifest([step]))
     world.drive(always_succeed)
     assert world.phase == "Failed"
     assert world.status is not None and world.status.reason == "LoopMaxIterationsReached"
@@ -494,7 +496,7 @@ def test_on_max_iterations_fail_fails_when_the_condition_still_wants_more() -> N
 
 def test_on_max_iterations_fail_does_not_consult_the_file_at_the_cap() -> None:
     step = loop_step(max_iterations=2, expression=CONTINUE, loop={"onMaxIterations": "Fail"})
-    world = World(manifest([step]))
+    world = PlannerWorld(manifest([step]))
     world.drive(succeed_with({"continue": True}, {"continue": False}))
     assert world.phase == "Failed"
     assert world.step_status().loop.stop_reason == "LoopMaxIterationsReached"
@@ -502,14 +504,14 @@ def test_on_max_iterations_fail_does_not_consult_the_file_at_the_cap() -> None:
 
 
 def test_on_max_iterations_is_ignored_by_fixed_loops() -> None:
-    world = World(manifest([loop_step(max_iterations=2, loop={"onMaxIterations": "Fail"})]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, loop={"onMaxIterations": "Fail"})]))
     world.drive(always_succeed)
     assert world.phase == "Succeeded"
 
 
 def test_for_each_runs_one_iteration_per_frozen_item_with_the_item_injected() -> None:
     steps = [loop_step(max_iterations=5, loop={"items": "run.parameters.targets.split(',')"})]
-    world = World(manifest(steps, parameters={"targets": "x,y,z"}))
+    world = PlannerWorld(manifest(steps, parameters={"targets": "x,y,z"}))
     world.drive(always_succeed)
     loop = world.step_status().loop
     assert world.phase == "Succeeded"
@@ -532,7 +534,7 @@ def test_for_each_runs_one_iteration_per_frozen_item_with_the_item_injected() ->
 
 
 def test_for_each_with_no_items_succeeds_with_zero_iterations() -> None:
-    world = World(manifest([loop_step(loop={"items": "[]"})]))
+    world = PlannerWorld(manifest([loop_step(loop={"items": "[]"})]))
     result = world.plan()
     step = world.step_status()
     assert creates(result) == []
@@ -541,7 +543,7 @@ def test_for_each_with_no_items_succeeds_with_zero_iterations() -> None:
 
 
 def test_for_each_with_more_items_than_max_iterations_fails_before_the_first_iteration() -> None:
-    world = World(manifest([loop_step(max_iterations=2, loop={"items": "[1, 2, 3]"})]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, loop={"items": "[1, 2, 3]"})]))
     result = world.plan()
     assert creates(result) == []
     assert world.status is not None and world.status.reason == "LoopItemsExceedMaxIterations"
@@ -550,7 +552,7 @@ def test_for_each_with_more_items_than_max_iterations_fails_before_the_first_ite
 
 def test_for_each_items_too_large_for_status_fail_with_a_clear_error() -> None:
     items = "[run.parameters.big, run.parameters.big, run.parameters.big]"
-    world = World(
+    world = PlannerWorld(
         manifest([loop_step(max_iterations=10, loop={"items": items})], parameters={"big": "x" * 3000})
     )
     result = world.plan()
@@ -560,7 +562,7 @@ def test_for_each_items_too_large_for_status_fail_with_a_clear_error() -> None:
 
 
 def test_for_each_items_that_are_not_a_list_fail_with_condition_error() -> None:
-    world = World(manifest([loop_step(loop={"items": "run.name"})]))
+    world = PlannerWorld(manifest([loop_step(loop={"items": "run.name"})]))
     world.plan()
     assert world.status is not None and world.status.reason == "LoopConditionError"
     assert "expected list" in world.step_status().message
@@ -571,7 +573,7 @@ def test_for_each_over_an_earlier_steps_control_outputs() -> None:
         {"name": "plan"},
         loop_step("work", max_iterations=5, loop={"items": "steps.plan.control.outputs"}),
     ]
-    world = World(manifest(steps))
+    world = PlannerWorld(manifest(steps))
     world.plan()
     world.succeed(control={"outputs": ["a", "b"]})
     world.plan()
@@ -586,7 +588,7 @@ def test_for_each_over_an_earlier_steps_control_outputs() -> None:
 
 def test_when_false_skips_the_step_with_an_event() -> None:
     steps = [{"name": "a"}, {"name": "b", "when": "steps.a.control.deploy == true"}, {"name": "c"}]
-    world = World(manifest(steps))
+    world = PlannerWorld(manifest(steps))
     world.plan()
     world.succeed(control={"deploy": False})
     result = world.plan()
@@ -601,12 +603,14 @@ def test_when_false_skips_the_step_with_an_event() -> None:
 
 
 def test_when_true_runs_the_step() -> None:
-    world = World(manifest([{"name": "a", "when": "run.parameters.go == 'yes'"}], parameters={"go": "yes"}))
+    world = PlannerWorld(
+        manifest([{"name": "a", "when": "run.parameters.go == 'yes'"}], parameters={"go": "yes"})
+    )
     assert creates(world.plan()) == ["run-step-1-iter-1-attempt-1"]
 
 
 def test_when_evaluation_error_fails_the_step() -> None:
-    world = World(manifest([{"name": "a", "when": "run.parameters.missing == 'x'"}]))
+    world = PlannerWorld(manifest([{"name": "a", "when": "run.parameters.missing == 'x'"}]))
     result = world.plan()
     assert result.status.phase == "Failed" and result.status.reason == "WhenConditionError"
     assert "missing" in (result.status.message or "")
@@ -616,7 +620,7 @@ def test_when_evaluation_error_fails_the_step() -> None:
 
 
 def test_failed_attempt_waits_for_backoff_and_budget_resets_per_iteration() -> None:
-    world = World(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=10)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=10)]))
     world.plan()
     world.fail()
     world.plan()
@@ -638,7 +642,7 @@ def test_failed_attempt_waits_for_backoff_and_budget_resets_per_iteration() -> N
 
 
 def test_failure_message_names_the_exit_code() -> None:
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     world.plan()
     world.fail(exit_code=3)
     world.plan()
@@ -647,7 +651,7 @@ def test_failure_message_names_the_exit_code() -> None:
 
 
 def test_vanished_job_is_a_failed_attempt_and_is_retried() -> None:
-    world = World(manifest([loop_step(max_iterations=1, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=1, retries=1, retryBackoffSeconds=0)]))
     world.plan()
     world.plan()  # the Job is observed: its uid is recorded
     world.vanish()
@@ -659,7 +663,7 @@ def test_vanished_job_is_a_failed_attempt_and_is_retried() -> None:
 
 
 def test_job_not_yet_visible_is_waited_for_then_requested_again() -> None:
-    world = World(manifest([{"name": "a"}]))
+    world = PlannerWorld(manifest([{"name": "a"}]))
     result = world.plan(apply=False)  # the shell crashed before creating the Job
     world.status = result.status
     again = world.plan(apply=False)
@@ -669,7 +673,7 @@ def test_job_not_yet_visible_is_waited_for_then_requested_again() -> None:
 
 
 def test_job_still_active_well_past_its_deadline_is_deleted() -> None:
-    world = World(manifest([{"name": "a", "timeoutSeconds": 10}]))
+    world = PlannerWorld(manifest([{"name": "a", "timeoutSeconds": 10}]))
     world.plan()
     world.plan()
     world.advance(10 + 31)
@@ -680,7 +684,7 @@ def test_job_still_active_well_past_its_deadline_is_deleted() -> None:
 
 
 def test_orphan_live_job_of_the_run_is_deleted() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.jobs["run-step-1-iter-9-attempt-1"] = ObservedJob(
         "run-step-1-iter-9-attempt-1", "x", 1, 9, 1, "Active"
@@ -692,7 +696,7 @@ def test_orphan_live_job_of_the_run_is_deleted() -> None:
 
 
 def test_next_iteration_waits_until_every_pod_of_other_jobs_is_terminal() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.succeed()
     world.pods["stray"] = ObservedPod("stray", "run-step-1-iter-9-attempt-1", "Running")
@@ -704,7 +708,7 @@ def test_next_iteration_waits_until_every_pod_of_other_jobs_is_terminal() -> Non
 
 
 def test_set_job_ttl_only_once_the_result_is_persisted() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.succeed()
     recording = world.plan()
@@ -732,7 +736,7 @@ BAD_PAYLOADS = {
 @pytest.mark.parametrize("case", sorted(BAD_PAYLOADS))
 def test_bad_control_payload_follows_on_invalid(case: str, policy: str) -> None:
     data, state, cause = BAD_PAYLOADS[case]
-    world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_invalid=policy)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_invalid=policy)]))
     world.plan()
     world.succeed(control={"continue": True})
     world.plan()
@@ -753,7 +757,7 @@ def test_bad_control_payload_follows_on_invalid(case: str, policy: str) -> None:
 
 @pytest.mark.parametrize(("policy", "phase"), [("stop", "Succeeded"), ("fail", "Failed")])
 def test_stale_control_file_counts_as_missing(policy: str, phase: str) -> None:
-    world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing=policy)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE, on_missing=policy)]))
     world.plan()
     world.succeed(message=envelope_status("stale", "control file was not rewritten by this iteration"))
     world.plan()
@@ -764,7 +768,7 @@ def test_stale_control_file_counts_as_missing(policy: str, phase: str) -> None:
 
 
 def test_missing_termination_message_is_invalid() -> None:
-    world = World(manifest([loop_step(max_iterations=5, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=CONTINUE)]))
     world.plan()
     world.succeed(message="")
     world.plan()
@@ -778,7 +782,7 @@ def test_missing_termination_message_is_invalid() -> None:
     ids=["non-boolean", "eval-error"],
 )
 def test_cel_result_problems_follow_on_invalid(expression: str, fragment: str) -> None:
-    world = World(manifest([loop_step(max_iterations=5, expression=expression)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5, expression=expression)]))
     world.plan()
     world.succeed(control={"count": 3})
     world.plan()
@@ -793,7 +797,7 @@ def test_cel_result_problems_follow_on_invalid(expression: str, fragment: str) -
 
 
 def test_graceful_cancel_between_steps_starts_no_more_steps() -> None:
-    world = World(manifest([{"name": "a"}, {"name": "b"}]))
+    world = PlannerWorld(manifest([{"name": "a"}, {"name": "b"}]))
     world.plan()
     world.spec_manifest["spec"]["cancel"] = "Graceful"
     world.succeed()
@@ -806,13 +810,13 @@ def test_graceful_cancel_between_steps_starts_no_more_steps() -> None:
 
 
 def test_cancel_before_start_creates_nothing() -> None:
-    world = World(manifest(cancel="Immediate"))
+    world = PlannerWorld(manifest(cancel="Immediate"))
     result = world.plan()
     assert result.status.phase == "Cancelled" and creates(result) == []
 
 
 def test_cancel_while_waiting_to_retry_cancels_the_iteration() -> None:
-    world = World(manifest([loop_step(max_iterations=3, retries=2, retryBackoffSeconds=60)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, retries=2, retryBackoffSeconds=60)]))
     world.plan()
     world.fail()
     world.plan()
@@ -825,7 +829,7 @@ def test_cancel_while_waiting_to_retry_cancels_the_iteration() -> None:
 
 
 def test_workflow_timeout_stops_like_graceful_then_fails() -> None:
-    world = World(manifest([loop_step(max_iterations=5)], workflow=None))
+    world = PlannerWorld(manifest([loop_step(max_iterations=5)], workflow=None))
     world.spec_manifest["spec"]["workflow"] = {"steps": [loop_step(max_iterations=5)], "timeoutSeconds": 100}
     result = world.plan()
     assert result.actions[-1].after_seconds == 100  # type: ignore[union-attr]
@@ -847,7 +851,7 @@ def test_workflow_timeout_stops_like_graceful_then_fails() -> None:
 
 
 def test_replanning_the_same_observation_emits_nothing_new() -> None:
-    world = World(manifest([loop_step(max_iterations=3, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, expression=CONTINUE)]))
     for control in ({"continue": True}, {"continue": True}):
         world.plan()
         first = world.plan()
@@ -862,7 +866,7 @@ def test_replanning_the_same_observation_emits_nothing_new() -> None:
 
 
 def test_every_transition_event_is_emitted_exactly_once() -> None:
-    world = World(manifest([loop_step(max_iterations=2, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, expression=CONTINUE)]))
     world.drive(succeed_with({"continue": True}, {"continue": True}))
     assert world.event_reasons() == [
         "LoopStarted",
@@ -877,7 +881,7 @@ def test_every_transition_event_is_emitted_exactly_once() -> None:
 
 
 def test_finished_run_is_deleted_after_its_ttl_and_leftover_jobs_go() -> None:
-    world = World(manifest([{"name": "a"}], ttlSecondsAfterFinished=60))
+    world = PlannerWorld(manifest([{"name": "a"}], ttlSecondsAfterFinished=60))
     world.plan()
     world.succeed()
     result = world.plan()
@@ -897,7 +901,7 @@ def test_runtime_job_runs_one_implicit_main_step() -> None:
     body = manifest()
     del body["spec"]["workflow"]
     body["spec"]["runtime"] = {"type": "job"}
-    world = World(body)
+    world = PlannerWorld(body)
     world.drive(lambda w, j: w.succeed(j))
     assert world.phase == "Succeeded"
     assert world.step_status().name == "main"
@@ -905,7 +909,7 @@ def test_runtime_job_runs_one_implicit_main_step() -> None:
 
 
 def test_non_loop_step_records_its_control_and_has_no_loop_block() -> None:
-    world = World(manifest([{"name": "a"}, {"name": "b"}]))
+    world = PlannerWorld(manifest([{"name": "a"}, {"name": "b"}]))
     world.plan()
     world.succeed(control={"answer": 42})
     world.plan()
@@ -920,7 +924,7 @@ def test_non_loop_step_records_its_control_and_has_no_loop_block() -> None:
 
 
 def test_printer_columns_show_step_and_iteration() -> None:
-    world = World(manifest([{"name": "prep"}, loop_step("impl", max_iterations=8)]))
+    world = PlannerWorld(manifest([{"name": "prep"}, loop_step("impl", max_iterations=8)]))
     world.plan()
     assert world.status is not None
     assert (world.status.current_step, world.status.iteration) == ("prep", None)
@@ -932,7 +936,7 @@ def test_printer_columns_show_step_and_iteration() -> None:
 
 
 def test_previous_control_is_passed_to_the_next_iteration() -> None:
-    world = World(manifest([loop_step(max_iterations=3, expression=CONTINUE)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, expression=CONTINUE)]))
     world.plan()
     world.succeed(control={"continue": True, "n": 1})
     world.plan()
@@ -973,7 +977,7 @@ def test_compaction_keeps_a_recent_failure_without_extra_entries() -> None:
 
 def test_compaction_in_a_run_keeps_the_cancelled_iteration() -> None:
     config = OperatorConfig(loops_enabled=True, loop_max_iterations=100, loop_status_history_limit=2)
-    world = World(manifest([loop_step(max_iterations=10)]), config=config)
+    world = PlannerWorld(manifest([loop_step(max_iterations=10)]), config=config)
     for _ in range(4):
         world.plan()
         world.succeed()
@@ -1194,7 +1198,7 @@ def test_pod_success_ends_the_attempt_before_the_job_controller_does() -> None:
     """A succeeded pod (backoffLimit 0: the only one) is the attempt's success: next Job at once."""
     from dataclasses import replace
 
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     first = world.active()
     pod = f"{first}-pod"
@@ -1216,7 +1220,7 @@ def test_pod_failure_waits_for_the_jobs_verdict() -> None:
     """A failed pod is not acted on alone: the Job's condition names the cause (e.g. the deadline)."""
     from dataclasses import replace
 
-    world = World(manifest([loop_step(max_iterations=3, retries=1)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, retries=1)]))
     world.plan()
     first = world.active()
     pod = f"{first}-pod"

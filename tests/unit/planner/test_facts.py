@@ -14,15 +14,15 @@ from agentrun_operator.planner.facts import (
     RunPhaseChanged,
 )
 from agentrun_operator.shell import metrics
-from tests.unit.planner_world import T0, World, loop_step, manifest
+from tests.unit.planner.world import T0, PlannerWorld, loop_step, manifest
 
 
-def facts_of(world: World) -> list[object]:
+def facts_of(world: PlannerWorld) -> list[object]:
     return [fact for p in world.plans for fact in p.facts]
 
 
 def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.drive(lambda w, job: w.succeed(job, control={"continue": True}))
     assert facts_of(world) == [
         RunPhaseChanged(None, "Running", None),
@@ -35,7 +35,7 @@ def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() 
 
 
 def test_a_retried_then_failed_iteration_reports_retrying_then_failed() -> None:
-    world = World(manifest([loop_step(max_iterations=3, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, retries=1, retryBackoffSeconds=0)]))
     world.drive(lambda w, job: w.fail(job))
     finished = [f for f in facts_of(world) if not isinstance(f, RunPhaseChanged)]
     assert finished == [
@@ -47,7 +47,7 @@ def test_a_retried_then_failed_iteration_reports_retrying_then_failed() -> None:
 
 
 def test_a_step_without_a_loop_reports_iteration_one_and_no_loop_stop() -> None:
-    world = World(manifest())
+    world = PlannerWorld(manifest())
     world.drive(lambda w, job: w.succeed(job))
     assert [f for f in facts_of(world) if isinstance(f, IterationFinished | LoopStopped)] == [
         IterationFinished("a", 1, 1, "Succeeded")
@@ -55,10 +55,10 @@ def test_a_step_without_a_loop_reports_iteration_one_and_no_loop_stop() -> None:
 
 
 def test_facts_match_the_events_one_for_one() -> None:
-    world = World(manifest([loop_step(max_iterations=4, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=4, retries=1, retryBackoffSeconds=0)]))
     outcomes = iter(["fail", "ok", "ok", "fail", "fail"])
 
-    def outcome(w: World, job: str) -> None:
+    def outcome(w: PlannerWorld, job: str) -> None:
         w.succeed(job, control={}) if next(outcomes, "ok") == "ok" else w.fail(job)
 
     world.drive(outcome)
@@ -76,7 +76,7 @@ def test_facts_match_the_events_one_for_one() -> None:
 
 
 def test_replanning_the_persisted_status_reports_nothing_again() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     world.succeed(control={})
     assert world.plan().facts
@@ -108,7 +108,7 @@ def test_metrics_count_iterations_by_result() -> None:
 
 
 def test_the_next_iteration_starts_its_turnaround_where_the_previous_pod_ended() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.advance(7)
     world.succeed(control={})  # the pod ends at T0 + 7 s
@@ -120,7 +120,9 @@ def test_the_next_iteration_starts_its_turnaround_where_the_previous_pod_ended()
 
 
 def test_retries_first_iterations_and_steps_without_a_loop_are_no_turnaround() -> None:
-    world = World(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0), {"name": "b"}]))
+    world = PlannerWorld(
+        manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0), {"name": "b"}])
+    )
     outcomes = iter(["fail", "ok", "ok", "ok"])
     world.drive(lambda w, job: w.succeed(job, control={}) if next(outcomes) == "ok" else w.fail(job))
     assert world.phase == "Succeeded"
@@ -130,7 +132,7 @@ def test_retries_first_iterations_and_steps_without_a_loop_are_no_turnaround() -
 
 
 def test_an_adopted_job_reports_no_turnaround_again() -> None:
-    world = World(manifest([loop_step(max_iterations=2)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2)]))
     world.plan()
     world.succeed(control={})
     lost = world.plan(persist=False)  # the Job is created, but the status write is lost
@@ -167,7 +169,7 @@ def test_metrics_count_run_phase_transitions_with_their_reason() -> None:
 
 
 def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
-    world = World(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=2, retries=1, retryBackoffSeconds=0)]))
     outcomes = iter(["fail", "ok", "ok"])
     world.drive(lambda w, job: w.succeed(job, control={}) if next(outcomes) == "ok" else w.fail(job))
     world.plan()  # the finished run gives the last Job its TTL
@@ -189,7 +191,7 @@ def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
 
 
 def test_a_deleted_job_names_its_attempt() -> None:
-    world = World(manifest([loop_step(max_iterations=3)]))
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.spec_manifest["spec"]["cancel"] = "Immediate"
     deletes = [a for a in world.plan().actions if isinstance(a, DeleteJob)]

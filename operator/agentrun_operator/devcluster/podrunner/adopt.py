@@ -1,0 +1,250 @@
+"""Containers outlive the pod runner, as containers outlive a kubelet restart.
+
+Every container runs under a tiny shell shim (`shim_argv`) in its own session: the shim waits for
+the sandbox and writes its exit code to `<pod>/containers/<name>/<restart>.exit`, whether or not the
+runner that started it is still alive. When a container starts, the runner writes a launch record
+(`<pod>/containers/<name>/launch.json`: the shim's pid and start time, the restart count, the log).
+A runner started later reads these records and re-adopts what still runs (`AdoptedContainer`), and
+reports what ended meanwhile with the exit code and termination message it left; a container
+whose shim is gone without an exit file is reported as lost (exit 137, ContainerStatusUnknown).
+
+A pod with its own network namespace records its helper process in `<pod>/network.json` the same
+way, so a new runner keeps it. `agentrun dev down` (and the test fixtures) stop whatever is left
+with `stop_leftovers`, because stopping the runner itself leaves its containers running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+LAUNCH_RECORD = "launch.json"
+NETWORK_RECORD = "network.json"
+_SHIM = '"$@"; code=$?; echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"; exit "$code"'
+_POLL_SECONDS = 0.5
+
+
+def shim_argv(argv: list[str], exit_file: Path) -> list[str]:
+    """`argv` under `/bin/sh`, which records the exit code in `exit_file` when it ends."""
+    return ["/bin/sh", "-c", _SHIM, str(exit_file), *argv]
+
+
+def exit_file(pod_dir: Path, name: str, restart: int) -> Path:
+    return pod_dir / "containers" / name / f"{restart}.exit"
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/pid/stat): tells a reused pid apart.
+    None when the process is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What the runner wrote when it started one container (see the module docstring)."""
+
+    name: str
+    restart: int
+    pid: int
+    pid_start: str
+    started_at: str
+    container_id: str
+    log: str
+    exit_file: str
+
+    def alive(self) -> bool:
+        return process_start(self.pid) == self.pid_start
+
+    def exit_code(self) -> int | None:
+        """The exit code the shim recorded, None when it recorded none."""
+        try:
+            return int(Path(self.exit_file).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
+def write_launch(pod_dir: Path, record: LaunchRecord) -> None:
+    path = pod_dir / "containers" / record.name / LAUNCH_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record)))
+    tmp.replace(path)
+
+
+def read_launches(pod_dir: Path) -> dict[str, LaunchRecord]:
+    """The latest launch of each container of a pod (empty when none ran here)."""
+    found: dict[str, LaunchRecord] = {}
+    for path in sorted(pod_dir.glob(f"containers/*/{LAUNCH_RECORD}")):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            record = LaunchRecord(**json.loads(path.read_text()))
+            found[record.name] = record
+    return found
+
+
+def any_alive(pod_dir: Path) -> bool:
+    """True when a container an earlier runner started for this pod still runs."""
+    return any(record.alive() for record in read_launches(pod_dir).values())
+
+
+def launch_record(
+    pod_dir: Path, name: str, restart: int, pid: int, started_at: str, container_id: str, log: Path
+) -> LaunchRecord | None:
+    start = process_start(pid)
+    if start is None:
+        return None
+    return LaunchRecord(
+        name=name,
+        restart=restart,
+        pid=pid,
+        pid_start=start,
+        started_at=started_at,
+        container_id=container_id,
+        log=str(log),
+        exit_file=str(exit_file(pod_dir, name, restart)),
+    )
+
+
+def _sandbox_pids(shim: int) -> tuple[int | None, int | None]:
+    """(the sandbox's init, the container's command) under a shim: sh → bwrap → init → command."""
+    for bwrap in children(shim):
+        for init in children(bwrap):
+            commands = children(init)
+            return init, commands[0] if commands else None
+    return None, None
+
+
+def _kill_tree(record: LaunchRecord) -> None:
+    if not record.alive():
+        return
+    init, _command = _sandbox_pids(record.pid)
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(init, signal.SIGKILL)  # PID 1 of the namespace: everything in it dies
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(record.pid, signal.SIGKILL)  # the shim is its session's leader
+
+
+class AdoptedContainer:
+    """A container started by an earlier runner process; its end is noticed by polling its shim."""
+
+    def __init__(self, record: LaunchRecord, on_exit: Callable[[AdoptedContainer], None]) -> None:
+        self.record = record
+        self.log_path = Path(record.log)
+        self.container_id = record.container_id
+        self.exit_code: int | None = None
+        self.lost = False
+        self._on_exit = on_exit
+        if record.alive():
+            threading.Thread(target=self._poll, daemon=True, name=f"adopted-{record.pid}").start()
+        else:
+            self._ended()
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @property
+    def done(self) -> bool:
+        return self.exit_code is not None
+
+    def start_failure(self) -> str | None:
+        """An adopted container did run (a start failure was reported by the runner that saw it)."""
+        return None
+
+    def _poll(self) -> None:
+        while self.record.alive():
+            time.sleep(_POLL_SECONDS)
+        self._ended()
+        self._on_exit(self)
+
+    def _ended(self) -> None:
+        code = self.record.exit_code()
+        self.lost = code is None
+        self.exit_code = 137 if code is None else code
+
+    def terminate(self) -> None:
+        """SIGTERM to the container's command (the whole sandbox when it cannot be found)."""
+        if self.done:
+            return
+        _init, command = _sandbox_pids(self.record.pid)
+        if command is None:
+            self.kill()
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(command, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if not self.done:
+            _kill_tree(self.record)
+
+
+# -- the network helper ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class NetworkRecord:
+    pid: int
+    pid_start: str
+    namespace_pid: int
+
+    def alive(self) -> bool:
+        return process_start(self.pid) == self.pid_start and process_start(self.namespace_pid) is not None
+
+
+def write_network(pod_dir: Path, pid: int, namespace_pid: int) -> None:
+    start = process_start(pid)
+    if start is not None:
+        (pod_dir / NETWORK_RECORD).write_text(json.dumps(asdict(NetworkRecord(pid, start, namespace_pid))))
+
+
+def read_network(pod_dir: Path) -> NetworkRecord | None:
+    try:
+        return NetworkRecord(**json.loads((pod_dir / NETWORK_RECORD).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def stop_network(record: NetworkRecord) -> None:
+    if record.alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signal.SIGKILL)
+
+
+# -- leftovers ---------------------------------------------------------------------------------
+def stop_leftovers(state_dir: Path) -> int:
+    """Kill every container and network helper still running from the runner state `state_dir`
+    (the runner is already stopped); the number of containers stopped."""
+    stopped = 0
+    pods = state_dir / "pods"
+    if not pods.is_dir():
+        return 0
+    for path in pods.glob(f"*/*/*/containers/*/{LAUNCH_RECORD}"):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            record = LaunchRecord(**json.loads(path.read_text()))
+            if record.alive():
+                _kill_tree(record)
+                stopped += 1
+    for path in pods.glob(f"*/*/*/{NETWORK_RECORD}"):
+        network = read_network(path.parent)
+        if network is not None:
+            stop_network(network)
+    return stopped

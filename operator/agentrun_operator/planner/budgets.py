@@ -1,0 +1,85 @@
+"""Usage and budgets: a control file may carry `usage: {inputTokens, outputTokens, costUSD}`; the
+operator sums it per iteration, step and run, and `loop.budget` stops a loop once a sum reaches its
+bound (`LoopBudgetExhausted`; docs/concepts.md#usage-and-budgets).
+
+Usage is added in the one transition that records an attempt's success, so a replayed plan never
+counts it twice. Fields that are not non-negative numbers follow the loop's `onInvalid` policy (a
+step without a loop ignores unusable usage: it has no policy to apply, and its work is done).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from agentrun_operator.api import Usage
+from agentrun_operator.planner.context import PlanContext
+from agentrun_operator.planner.facts import UsageReported
+from agentrun_operator.planner.loops import stop_on_invalid
+from agentrun_operator.planner.state import StepView, end_step
+
+REASON_BUDGET_EXHAUSTED: Final = "LoopBudgetExhausted"
+
+_FIELDS: Final = (("inputTokens", "input_tokens"), ("outputTokens", "output_tokens"), ("costUSD", "cost_usd"))
+
+
+def parse_usage(control: dict[str, Any] | None) -> Usage | str | None:
+    """The control's `usage` as a Usage, None when absent, or a message saying what is wrong."""
+    if control is None or "usage" not in control:
+        return None
+    raw = control["usage"]
+    if not isinstance(raw, dict):
+        return f"usage must be an object {{inputTokens, outputTokens, costUSD}}, got {type(raw).__name__}"
+    values: dict[str, Any] = {}
+    for key, attr in _FIELDS:
+        value = raw.get(key, 0)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            return f"usage.{key} must be a non-negative number, got {value!r}"
+        if key != "costUSD" and value != int(value):
+            return f"usage.{key} must be a whole number of tokens, got {value!r}"
+        values[attr] = int(value) if key != "costUSD" else float(value)
+    return Usage(**values)
+
+
+def account_usage(ctx: PlanContext, step: StepView, control: dict[str, Any] | None) -> bool:
+    """Add the attempt's usage to its iteration, step and run; False when unusable usage ended the step."""
+    usage = parse_usage(control)
+    if usage is None:
+        return True
+    if isinstance(usage, str):
+        if step.loop is None:
+            return True
+        stop_on_invalid(ctx, step, f"iteration {step.iteration}: control file: {usage}")
+        return False
+    record = step.record()
+    if record is not None:
+        record.usage = usage
+    step.st.usage = (step.st.usage or Usage()).plus(usage)
+    workflow = ctx.status.workflow
+    if workflow is not None:
+        workflow.usage = (workflow.usage or Usage()).plus(usage)
+    ctx.facts.append(UsageReported(step.name, usage.tokens, usage.cost_usd))
+    return True
+
+
+def check_budget(ctx: PlanContext, step: StepView) -> None:
+    """Stop a loop still going once its usage reached `loop.budget` (step Failed unless
+    `onBudgetExhausted: Succeed`)."""
+    spec_loop = step.spec.loop
+    if spec_loop is None or spec_loop.budget is None or step.st.phase in ("Succeeded", "Failed", "Cancelled"):
+        return
+    budget, used = spec_loop.budget, step.st.usage or Usage()
+    reached: list[str] = []
+    if budget.max_tokens is not None and used.tokens >= budget.max_tokens:
+        reached.append(f"{used.tokens} tokens of maxTokens {budget.max_tokens}")
+    if budget.max_cost_usd is not None and used.cost_usd >= budget.max_cost_usd:
+        reached.append(f"{used.cost_usd:g} USD of maxCostUSD {budget.max_cost_usd:g}")
+    if not reached:
+        return
+    succeed = spec_loop.on_budget_exhausted == "Succeed"
+    message = (
+        f"iteration {step.iteration}: budget exhausted ({'; '.join(reached)}); "
+        f"onBudgetExhausted: {'Succeed' if succeed else 'Fail'}"
+    )
+    end_step(ctx, step, "Succeeded" if succeed else "Failed", REASON_BUDGET_EXHAUSTED, message)

@@ -1,0 +1,164 @@
+"""Validation of control flow before the first Job: nesting depth, collected output names, and every
+CEL expression of the tree (it compiles; `steps.X` and `outputs.X` name something produced earlier).
+
+The rules a single object can decide (exactly one of workload / group / switch, cases, budgets) sit
+in the models and the CRD; these need the whole tree. See docs/concepts.md#control-flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from agentrun_operator.api import AgentRun
+from agentrun_operator.api.agentrun import DEFAULT_NESTING_DEPTH
+from agentrun_operator.celeval import CelCompileError, compile_expression
+from agentrun_operator.planner.problem import Problem, concepts
+from agentrun_operator.planner.resolution import condition_cel
+from agentrun_operator.planner.tree import StepNode, walk
+
+REASON_NESTING_TOO_DEEP: Final = "NestingTooDeep"
+
+
+def max_nesting_depth(run: AgentRun) -> int:
+    workflow = run.spec.workflow
+    depth = workflow.max_nesting_depth if workflow is not None else None
+    return depth if depth is not None else DEFAULT_NESTING_DEPTH
+
+
+def nesting_problems(run: AgentRun, nodes: list[StepNode]) -> Iterator[Problem]:
+    """One problem per step deeper than `spec.workflow.maxNestingDepth` whose parent is within it."""
+    limit = max_nesting_depth(run)
+    for node in nodes:
+        if node.depth == limit + 1:
+            yield Problem(
+                node.field_path,
+                node.path,
+                f"NestingTooDeep: step {node.path!r} is at nesting depth {node.depth}, past "
+                f"spec.workflow.maxNestingDepth {limit}",
+                "flatten the groups or switches above it, or raise spec.workflow.maxNestingDepth "
+                "(at most 10)",
+                concepts("nesting"),
+                reason=REASON_NESTING_TOO_DEEP,
+            )
+
+
+def output_problems(nodes: list[StepNode]) -> Iterator[Problem]:
+    """An output name is collected by one loop only: `outputs.N` must mean one list."""
+    first: dict[str, StepNode] = {}
+    for node in nodes:
+        loop = node.step.loop
+        if loop is None or loop.output is None:
+            continue
+        name = loop.output.name
+        if name in first:
+            yield Problem(
+                f"{node.field_path}.loop.output.name",
+                name,
+                f"output {name!r} is already collected by step {first[name].path!r}",
+                "give each loop.output its own name",
+                concepts("collected-outputs"),
+            )
+        else:
+            first[name] = node
+
+
+def _expressions(node: StepNode) -> Iterator[tuple[str, str]]:
+    step, path = node.step, node.field_path
+    if step.when is not None:
+        yield f"{path}.when", step.when
+    if step.switch is not None:
+        yield f"{path}.switch.expression", step.switch.expression
+    loop = step.loop
+    if loop is None:
+        return
+    if loop.items is not None:
+        yield f"{path}.loop.items", loop.items
+    if loop.condition is not None:
+        field_name, expression = condition_cel(loop.condition)
+        yield f"{path}.loop.condition.{field_name}", expression
+    if loop.output is not None:
+        yield f"{path}.loop.output.expression", loop.output.expression
+
+
+def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
+    """Every expression compiles, and reads only steps and outputs produced before its step."""
+    all_names = {n.step.name for n in nodes}
+    all_outputs = {n.step.loop.output.name for n in nodes if n.step.loop and n.step.loop.output}
+    for node in nodes:
+        for path, expression in _expressions(node):
+            try:
+                compiled = compile_expression(expression)
+            except CelCompileError as exc:
+                yield Problem(
+                    path,
+                    expression,
+                    str(exc),
+                    "correct the expression; it may read iteration, step, run, steps.<earlier step> and "
+                    "outputs.<earlier output>",
+                    concepts("cel-expressions"),
+                )
+                continue
+            for name in sorted(compiled.referenced_steps - set(node.earlier_steps)):
+                where = (
+                    "itself"
+                    if name == node.step.name
+                    else "a later step or one holding this one"
+                    if name in all_names
+                    else None
+                )
+                what = f"step {name!r} is {where}" if where else f"there is no step named {name!r}"
+                yield Problem(
+                    path,
+                    expression,
+                    f"the expression reads steps.{name}, but {what}; only earlier steps "
+                    f"({', '.join(node.earlier_steps) or 'none'}) are in the context",
+                    "refer only to steps listed before this one (or before a group that holds it), or "
+                    "reorder the steps",
+                    concepts("cel-expressions"),
+                )
+            for name in sorted(compiled.referenced_outputs - set(node.earlier_outputs)):
+                what = (
+                    f"output {name!r} is collected by this step or a later one"
+                    if name in all_outputs
+                    else f"no loop collects an output named {name!r}"
+                )
+                yield Problem(
+                    path,
+                    expression,
+                    f"the expression reads outputs.{name}, but {what}; only outputs of earlier steps "
+                    f"({', '.join(node.earlier_outputs) or 'none'}) are in the context",
+                    "collect the output (loop.output.name) in a step listed before this one, or reorder "
+                    "the steps",
+                    concepts("collected-outputs"),
+                )
+
+
+def flow_problems(run: AgentRun) -> list[Problem]:
+    nodes = list(walk(run))
+    return [
+        *nesting_problems(run, nodes),
+        *output_problems(nodes),
+        *cel_problems(nodes),
+        *unsupported_problems(nodes),
+    ]
+
+
+def unsupported_problems(nodes: list[StepNode]) -> Iterator[Problem]:
+    """Constructs the API accepts but this operator version does not run yet: refused before any Job,
+    so a run never starts half-way (docs/concepts.md#control-flow-support)."""
+    for node in nodes:
+        step, path = node.step, node.field_path
+        found: list[tuple[str, object]] = []
+        if step.steps is not None:
+            found.append(("steps", [c.name for c in step.steps]))
+        if step.switch is not None:
+            found.append(("switch", step.switch.expression))
+        for what, value in found:
+            yield Problem(
+                f"{path}.{what}",
+                value,
+                f"{what} is validated but not run by this operator version yet",
+                "use workload steps (with loops) only, or upgrade the operator",
+                concepts("control-flow-support"),
+            )

@@ -1,0 +1,415 @@
+"""The chaos suite: looping runs with real processes on the local default while its parts fail.
+
+    python -m tests.chaos.run --runs 50 --iterations 5 --faults 20
+
+starts a local default of its own (`agentrun dev up` in a temporary AGENTRUN_DEV_HOME), creates
+`--runs` AgentRuns that loop `--iterations` times (each iteration sleeps `--iteration-seconds`, and
+writes `start N` and `done N` to a log on the run's PVC), and meanwhile injects `--faults` faults of
+each kind, round-robin in a shuffled order, `--gap` seconds apart, while any run is in flight (a
+slow machine may end the runs before every fault is injected: the report counts what was injected;
+a longer `--iteration-seconds` keeps runs in flight longer):
+
+- operator-kill:     SIGKILL the operator, then `agentrun dev up` (restarts only what is down)
+- apiserver-freeze:  SIGSTOP the API server for `--freeze-seconds`, then SIGCONT
+- apiserver-restart: SIGKILL the API server, then `agentrun dev up` (same port, same data)
+- etcd-restart:      `agentrun dev restart etcd`
+- runner-restart:    SIGKILL the pod runner, then `agentrun dev up` (its containers keep running)
+
+Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
+and done exactly once. The report gives the faults injected per kind and the counts of wrong
+terminal states, repeated and lost iterations; the exit code is 0 only when all three are 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrun_operator.devcluster import processes, toolchain
+from agentrun_operator.devcluster.controlplane import ControlPlane
+
+KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
+NAMESPACE = "default"
+AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+
+RUN_TEMPLATE = """\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}-workspace
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentRun
+metadata:
+  name: {name}
+spec:
+  runtime:
+    type: workflow
+  workload:
+    image: busybox:1.36
+    command: [sh, -c]
+    args:
+      - |
+        set -eu
+        echo "start $AGENTRUN_ITERATION" >> /workspace/chaos.log
+        if [ "$AGENTRUN_ITERATION" = 1 ] && [ "{hold}" = yes ]; then
+          while [ ! -e /workspace/release ]; do sleep 0.5; done
+        fi
+        sleep {sleep}
+        echo "done $AGENTRUN_ITERATION" >> /workspace/chaos.log
+    volumes:
+      - name: workspace
+        type: pvc
+        claimName: {name}-workspace
+        mountPath: /workspace
+  workflow:
+    steps:
+      - name: loop
+        loop:
+          maxIterations: {iterations}
+          state:
+            required: true
+            volumeNames: [workspace]
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    runs: int = 3
+    iterations: int = 3
+    faults: int = 1
+    kinds: tuple[str, ...] = KINDS
+    iteration_seconds: float = 2.0
+    freeze_seconds: float = 5.0
+    gap: float = 2.0
+    timeout: float = 900.0
+    seed: int = 0
+    hold: bool = False
+    """Hold every run in its first iteration (a running container) until every fault is in: each
+    fault meets running containers, however fast or slow the machine (the size `make test` runs)."""
+
+
+@dataclass
+class Report:
+    config: Config
+    injected: Counter[str] = field(default_factory=Counter)
+    phases: dict[str, str] = field(default_factory=dict)
+    repeated: dict[str, list[int]] = field(default_factory=dict)
+    lost: dict[str, list[int]] = field(default_factory=dict)
+    seconds: float = 0.0
+    home: str = ""
+    adopted: int = 0
+    failed_recoveries: int = 0
+    """Recovery commands (`dev up`, `dev restart`) that failed and were run again."""
+    error: str = ""
+    """Why the suite stopped early (the local default did not come back), empty when it did not."""
+    """Pods a restarted pod runner adopted (their containers had outlived the old runner)."""
+
+    @property
+    def wrong_terminal(self) -> dict[str, str]:
+        return {name: phase for name, phase in self.phases.items() if phase != "Succeeded"}
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.error
+            and not self.wrong_terminal
+            and not any(self.repeated.values())
+            and not any(self.lost.values())
+        )
+
+    def summary(self) -> str:
+        c = self.config
+        lines = [
+            f"chaos: {c.runs} runs x {c.iterations} iterations, {sum(self.injected.values())} faults "
+            f"in {self.seconds:.0f}s (seed {c.seed})",
+            f"{'FAULT KIND':<20}{'INJECTED':>9}  (scheduled {c.faults} of each)",
+            *(f"{kind:<20}{self.injected.get(kind, 0):>9}" for kind in c.kinds),
+            f"runs: {len(self.phases)}  wrong terminal states: {len(self.wrong_terminal)}  "
+            f"repeated iterations: {sum(len(v) for v in self.repeated.values())}  "
+            f"lost iterations: {sum(len(v) for v in self.lost.values())}  "
+            f"pods adopted by a restarted runner: {self.adopted}  "
+            f"recoveries run again: {self.failed_recoveries}",
+        ]
+        if self.error:
+            lines.append(f"STOPPED EARLY: {self.error}")
+        for name, phase in sorted(self.wrong_terminal.items()):
+            lines.append(f"  {name}: {phase}")
+        for what, table in (("repeated", self.repeated), ("lost", self.lost)):
+            for name, its in sorted(table.items()):
+                if its:
+                    lines.append(f"  {name}: {what} iterations {its}")
+        return "\n".join(lines)
+
+
+def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
+    """(repeated, lost) iterations of one run's PVC log: started more than once, never done."""
+    starts = Counter(int(line.split()[1]) for line in log.splitlines() if line.startswith("start "))
+    dones = Counter(int(line.split()[1]) for line in log.splitlines() if line.startswith("done "))
+    repeated = sorted(k for k in range(1, iterations + 1) if starts[k] > 1 or dones[k] > 1)
+    lost = sorted(k for k in range(1, iterations + 1) if dones[k] == 0)
+    return repeated, lost
+
+
+class LocalDefault:
+    """A local default of the suite's own, driven through the `agentrun dev` CLI as a user would."""
+
+    def __init__(self, home: Path, say: Callable[[str], None]) -> None:
+        self.home = home
+        self.say = say
+        self.plane = ControlPlane(home, toolchain.bin_dir())
+        self.failed_recoveries = 0
+
+    def agentrun(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentrun_operator.cli", *args],
+            env=dict(os.environ, AGENTRUN_DEV_HOME=str(self.home)),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(
+                f"agentrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
+        return proc
+
+    def pid(self, component: str) -> int:
+        record = processes.read_record(self.home / "run", component)
+        if record is None or not record.alive():
+            raise RuntimeError(f"{component} is not running")
+        return record.pid
+
+    def kill_and_up(self, component: str) -> None:
+        """A crash (SIGKILL), then `agentrun dev up`, which must restart it alone."""
+        os.kill(self.pid(component), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            record = processes.read_record(self.home / "run", component)
+            if record is None or not record.alive():
+                break
+            time.sleep(0.05)
+        self.recover("dev", "up")
+
+    def recover(self, *args: str, attempts: int = 3) -> None:
+        """Run a recovery command as a user would: when it fails (a component too slow to come
+        back on a loaded machine), say so, count it, and run `agentrun dev up` again."""
+        for attempt in range(1, attempts + 1):
+            proc = (
+                self.agentrun(*args, check=False) if attempt == 1 else self.agentrun("dev", "up", check=False)
+            )
+            if proc.returncode == 0:
+                return
+            self.failed_recoveries += 1
+            self.say(
+                f"chaos: `agentrun {' '.join(args)}` failed (attempt {attempt}): {proc.stderr.strip()[-300:]}"
+            )
+        raise RuntimeError(f"the local default did not come back after {attempts} attempts")
+
+    def freeze(self, component: str, seconds: float) -> None:
+        pid = self.pid(component)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def inject(self, kind: str, config: Config) -> None:
+        if kind == "operator-kill":
+            self.kill_and_up("operator")
+        elif kind == "apiserver-freeze":
+            self.freeze("kube-apiserver", config.freeze_seconds)
+        elif kind == "apiserver-restart":
+            self.kill_and_up("kube-apiserver")
+        elif kind == "etcd-restart":
+            self.recover("dev", "restart", "etcd")
+        elif kind == "runner-restart":
+            self.kill_and_up("pod-runner")
+        else:
+            raise ValueError(kind)
+
+    def phases(self) -> dict[str, str] | None:
+        code, body = self.plane.api_get(AR_PATH, timeout=10)
+        if code != 200:
+            return None
+        items = json.loads(body).get("items") or []
+        return {i["metadata"]["name"]: (i.get("status") or {}).get("phase") or "Pending" for i in items}
+
+    def all_ended(self, runs: int) -> bool:
+        phases = self.phases()
+        return phases is not None and len(phases) == runs and all(p in TERMINAL for p in phases.values())
+
+    def all_started(self, names: list[str]) -> bool:
+        return all("start 1" in self.claim_log(n) for n in names)
+
+    def release(self, names: list[str]) -> None:
+        for name in names:
+            claim = self.claim_dir(name)
+            if claim is None:
+                raise RuntimeError(f"the claim of {name} is not bound")
+            (claim / "release").touch()
+
+    def wait_for(self, check: Callable[[], bool], deadline: float, what: str) -> None:
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(1.0)
+
+    def claim_dir(self, name: str) -> Path | None:
+        """The directory of the volume bound to the run's claim (None until it is bound)."""
+        code, body = self.plane.api_get(
+            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{name}-workspace"
+        )
+        volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
+        if not volume:
+            return None
+        code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
+        if code != 200:
+            return None
+        return Path(json.loads(body)["spec"]["hostPath"]["path"])
+
+    def claim_log(self, name: str) -> str:
+        claim = self.claim_dir(name)
+        path = claim / "chaos.log" if claim is not None else None
+        return path.read_text() if path is not None and path.exists() else ""
+
+
+def schedule(config: Config) -> list[str]:
+    """`faults` of each kind, interleaved round-robin, each round in a shuffled order."""
+    rng = random.Random(config.seed)
+    order: list[str] = []
+    for _ in range(config.faults):
+        kinds = list(config.kinds)
+        rng.shuffle(kinds)
+        order += kinds
+    return order
+
+
+def _say(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+
+def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: bool = False) -> Report:
+    report = Report(config, home=str(home))
+    env = LocalDefault(home, say)
+    started = time.monotonic()
+    try:
+        say(f"chaos: starting a local default in {home}")
+        env.agentrun("dev", "up")
+        names = [f"chaos-{i:03d}" for i in range(config.runs)]
+        manifest = "---\n".join(
+            RUN_TEMPLATE.format(
+                name=n,
+                sleep=config.iteration_seconds,
+                iterations=config.iterations,
+                hold="yes" if config.hold else "no",
+            )
+            for n in names
+        )
+        env.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
+        say(f"chaos: {len(names)} runs created; injecting {config.faults} faults of each kind")
+        deadline = time.monotonic() + config.timeout
+        phases: dict[str, str] = {}
+        order = schedule(config)
+        if config.hold:
+            env.wait_for(lambda: env.all_started(names), deadline, "every run's first iteration to run")
+        for kind in order:
+            if time.monotonic() > deadline or (not config.hold and env.all_ended(len(names))):
+                break  # faults are injected while runs are in flight only
+            time.sleep(config.gap)
+            say(f"chaos: {kind}")
+            env.inject(kind, config)
+            report.injected[kind] += 1
+        if config.hold:
+            env.release(names)
+        while time.monotonic() < deadline:
+            seen = env.phases()
+            if seen is not None:
+                phases = seen
+                if len(phases) == len(names) and all(p in TERMINAL for p in phases.values()):
+                    break
+            time.sleep(2.0)
+        report.phases = {n: phases.get(n, "missing") for n in names}
+        for name in names:
+            env.wait_for(
+                lambda n=name: env.claim_dir(n) is not None, time.monotonic() + 60, f"{name}'s claim"
+            )
+            repeated, lost = iteration_counts(env.claim_log(name), config.iterations)
+            report.repeated[name] = repeated
+            report.lost[name] = lost
+        runner_log = home / "logs" / "pod-runner.log"
+        if runner_log.exists():
+            report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
+    except RuntimeError as exc:  # the local default did not come back: the report says so
+        report.error = str(exc)
+    finally:
+        report.failed_recoveries = env.failed_recoveries
+        report.seconds = time.monotonic() - started
+        if not keep:
+            env.agentrun("dev", "down", check=False)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=Config.runs)
+    parser.add_argument("--iterations", type=int, default=Config.iterations)
+    parser.add_argument("--faults", type=int, default=Config.faults, help="faults of each kind")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}"
+    )
+    parser.add_argument("--iteration-seconds", type=float, default=Config.iteration_seconds)
+    parser.add_argument("--freeze-seconds", type=float, default=Config.freeze_seconds)
+    parser.add_argument("--gap", type=float, default=Config.gap, help="seconds between two faults")
+    parser.add_argument("--timeout", type=float, default=Config.timeout, help="give up after this long")
+    parser.add_argument("--seed", type=int, default=Config.seed)
+    parser.add_argument(
+        "--hold",
+        action="store_true",
+        help="hold runs in iteration 1 until every fault is in (every fault meets running containers)",
+    )
+    parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
+    parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
+    args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; choose from {', '.join(KINDS)}")
+    config = Config(
+        runs=args.runs,
+        iterations=args.iterations,
+        faults=args.faults,
+        kinds=kinds,
+        iteration_seconds=args.iteration_seconds,
+        freeze_seconds=args.freeze_seconds,
+        gap=args.gap,
+        timeout=args.timeout,
+        seed=args.seed,
+        hold=args.hold,
+    )
+    home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
+    report = run(config, home, keep=args.keep)
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The chaos suite at the size `make test` runs (any size by hand: docs/development.md#chaos)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.run import KINDS, Config, run
+
+
+def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
+    from agentrun_operator.devcluster import toolchain
+    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+
+    if not all(toolchain.is_built(t) for t in toolchain.TOOLS):
+        pytest.skip(
+            f"the local control plane is not built (cache: {toolchain.bin_dir()}); `agentrun dev tools`"
+        )
+    try:
+        find_bwrap()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    # Held in iteration 1 until every fault is in: each fault meets running containers (the
+    # restarted runner adopts them), however fast or slow this machine is.
+    config = Config(runs=2, iterations=2, faults=1, iteration_seconds=1.0, gap=1.0, timeout=600, hold=True)
+    report = run(config, tmp_path / "dev")
+    print(report.summary())
+    assert sum(report.injected.values()) == len(KINDS), report.summary()
+    assert len(report.phases) == 2
+    assert report.adopted >= 2, report.summary()  # the two held pods, after the runner restart
+    assert report.wrong_terminal == {}, report.summary()
+    assert not any(report.repeated.values()), report.summary()
+    assert not any(report.lost.values()), report.summary()

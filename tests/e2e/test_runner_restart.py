@@ -1,0 +1,121 @@
+"""The pod runner restarted under running pods, as a kubelet is: containers outlive it, the new
+runner adopts the ones still running and reports the ones that ended meanwhile truthfully."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrun_operator.devcluster.podrunner.adopt import NetworkRecord, read_network
+from agentrun_operator.devcluster.podrunner.network import isolation_unavailable
+from tests.e2e.conftest import LocalDefault
+from tests.e2e.test_pod_runner import container, create_pod, get_pod, wait_terminal
+from tests.support.polling import eventually
+from tests.support.processes import processes_with
+
+
+def _running(env: LocalDefault, name: str) -> bool:
+    pod = get_pod(env, name) or {}
+    return (pod.get("status") or {}).get("phase") == "Running"
+
+
+def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
+    local_default: LocalDefault,
+) -> None:
+    env = local_default
+    env.create_claim("restart-gate")
+    gate = env.claim_dir("restart-gate") / "go"
+    gate.unlink(missing_ok=True)
+    # Ends with exit 3 and a termination message once the gate file exists (while no runner runs).
+    create_pod(
+        env,
+        "ends-unseen",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": [
+                        "sh",
+                        "-c",
+                        "while [ ! -e /gate/go ]; do sleep 0.2; done; "
+                        "echo finished-unseen > /dev/termination-log; exit 3",
+                    ],
+                    "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                }
+            ],
+            "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "restart-gate"}}],
+        },
+    )
+    create_pod(
+        env,
+        "keeps-running",
+        {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}]},
+    )
+    # A pod with ports has its own network namespace, held by a helper process (network.py).
+    create_pod(
+        env,
+        "serves",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sleep", "7712"],
+                    "ports": [{"containerPort": 8080}],
+                }
+            ]
+        },
+    )
+    eventually(
+        lambda: all(_running(env, p) for p in ("ends-unseen", "keeps-running", "serves")),
+        timeout=120,
+        what="the pods",
+    )
+    network = _network_record(env, "serves")
+    assert (network is not None) == (isolation_unavailable() is None)  # root with nsenter and ip
+    before = container(get_pod(env, "keeps-running") or {}, "main")
+    pids = processes_with("sleep", "7711")
+    assert len(pids) == 1
+
+    env.runner.kill()
+    try:
+        assert processes_with("sleep", "7711") == pids  # the container outlived its runner
+        gate.write_text("go")
+        eventually(
+            lambda: list(Path(env.state_dir).glob("pods/e2e/ends-unseen/*/containers/main/0.exit")),
+            timeout=120,
+            what="the unseen container's shim to record its exit",
+        )
+    finally:
+        env.runner.start()
+
+    ended = wait_terminal(env, "ends-unseen")
+    main = container(ended, "main")
+    assert ended["status"]["phase"] == "Failed"
+    assert main["state"]["terminated"]["exitCode"] == 3
+    assert main["state"]["terminated"]["reason"] == "Error"
+    assert main["state"]["terminated"]["message"].strip() == "finished-unseen"
+
+    after = container(get_pod(env, "keeps-running") or {}, "main")
+    assert "running" in after["state"], after
+    assert after["containerID"] == before["containerID"] and after["restartCount"] == 0
+    assert processes_with("sleep", "7711") == pids  # adopted, not started again
+    assert "adopted main (running)" in env.runner.logs()
+    if network is not None:  # isolation available here: the same helper still holds the namespace
+        assert _network_record(env, "serves") == network and network.alive()
+        assert "running" in container(get_pod(env, "serves") or {}, "main")["state"]
+
+    env.plane.kubectl(
+        "delete", "pod", "keeps-running", "ends-unseen", "serves", "-n", "e2e", "--wait=true", "--timeout=90s"
+    )
+    eventually(
+        lambda: not processes_with("sleep", "7711"), timeout=120, what="the adopted container to be stopped"
+    )
+    assert not processes_with("sleep", "7712")
+    if network is not None:
+        eventually(lambda: not network.alive(), timeout=120, what="the adopted network helper to be stopped")
+
+
+def _network_record(env: LocalDefault, pod: str) -> NetworkRecord | None:
+    found = list(env.state_dir.glob(f"pods/e2e/{pod}/*"))
+    return read_network(found[0]) if found else None

@@ -1,0 +1,21 @@
+"""The chaos suite's accounting of one run's PVC log (tests/chaos/run.py)."""
+
+from __future__ import annotations
+
+from tests.chaos.run import KINDS, Config, iteration_counts, schedule
+
+
+def test_each_iteration_exactly_once_is_clean() -> None:
+    log = "".join(f"start {k}\ndone {k}\n" for k in (1, 2, 3))
+    assert iteration_counts(log, 3) == ([], [])
+
+
+def test_a_repeated_and_a_lost_iteration_are_counted() -> None:
+    log = "start 1\ndone 1\nstart 2\nstart 2\ndone 2\nstart 3\n"
+    assert iteration_counts(log, 3) == ([2], [3])
+
+
+def test_the_schedule_has_each_kind_the_asked_number_of_times() -> None:
+    order = schedule(Config(faults=4, seed=7))
+    assert sorted(order) == sorted(list(KINDS) * 4)
+    assert all(set(order[i : i + len(KINDS)]) == set(KINDS) for i in range(0, len(order), len(KINDS)))
