@@ -1,32 +1,48 @@
-"""Benchmark: iteration turnaround, API writes and operator CPU per iteration (docs/design.md#quality-bars).
+"""Benchmark: iteration turnaround, API writes, reconciles, CPU and memory of the operator per iteration.
 
-Runs on the real local control plane with the operator as its own process and the kubelet driver
-completing pods at once. Prints figures; asserts nothing about time (a slow shared machine is not a
-failure). The baseline — a raw API round trip measured in the same run — puts the numbers in scale.
+Runs N looped AgentRuns of K iterations each, all at once, on the real local control plane, with the
+operator as its own process and the kubelet driver completing each pod at once. It prints, and with
+`--json FILE` writes, from that one run:
 
-    .venv/bin/python -m tests.bench.bench_iterations [--runs 5] [--iterations 20]
+- iteration turnaround (a pod finished -> the next iteration's Job seen by a watch) p50/p95/p99,
+- the raw API GET and POST round trip measured in the same run (the physical floor, for scale),
+- operator CPU (utime + stime) per completed iteration, and its peak RSS (VmHWM),
+- the operator's API writes per iteration by verb and resource, reconciles per iteration,
+- iterations per second over the whole run,
+- the lost/repeated check: every run Succeeded with iterations 1..K recorded once each and exactly
+  one Job (attempt 1) created per iteration.
+
+It asserts nothing about time (a slow shared machine is not a failure); the exit code is 1 only when
+the lost/repeated check fails. `--profile FILE` runs the operator under cProfile and prints the top of
+the profile (docs/operator.md#performance).
+
+    .venv/bin/python -m tests.bench.bench_iterations --runs 5 --iterations 20 --json /tmp/bench.json
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import io
 import json
 import os
+import pstats
 import statistics
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from agentrun_operator import naming
 from agentrun_operator.devcluster import processes, toolchain
 from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.support.manifests import agentrun
 from tests.support.processes import OperatorProcess
 
 NS = "bench"
+FINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -36,20 +52,31 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def summary(name: str, values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:
+def distribution(values: list[float], scale: float = 1000.0) -> dict[str, float]:
     v = [x * scale for x in values]
+    return {
+        "n": len(v),
+        "p50": pct(v, 50),
+        "p95": pct(v, 95),
+        "p99": pct(v, 99),
+        "mean": statistics.fmean(v) if v else float("nan"),
+    }
+
+
+def line(name: str, d: dict[str, float], unit: str = "ms") -> str:
     return (
-        f"{name:<38} n={len(v):<5} p50={pct(v, 50):8.2f}{unit} p95={pct(v, 95):8.2f}{unit} "
-        f"p99={pct(v, 99):8.2f}{unit} mean={statistics.fmean(v) if v else float('nan'):8.2f}{unit}"
+        f"{name:<44} n={d['n']:<5.0f} p50={d['p50']:8.2f}{unit} p95={d['p95']:8.2f}{unit} "
+        f"p99={d['p99']:8.2f}{unit} mean={d['mean']:8.2f}{unit}"
     )
 
 
 class JobWatch:
-    """Streams Job ADDED events and records when each arrived (monotonic)."""
+    """Streams Job events and records when each Job was first added (monotonic) and how often."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
         self.added: dict[str, float] = {}
+        self.adds: collections.Counter[str] = collections.Counter()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> JobWatch:
@@ -58,20 +85,21 @@ class JobWatch:
 
     def _run(self) -> None:
         url = f"{self.plane.server}/apis/batch/v1/namespaces/{NS}/jobs?watch=1&timeoutSeconds=3600"
-        req = urllib.request.Request(url)
         ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(req, context=ctx, timeout=3600) as resp:
-            for line in resp:
-                event = json.loads(line)
+        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
+            for raw in resp:
+                event = json.loads(raw)
                 if event.get("type") == "ADDED":
-                    self.added.setdefault(event["object"]["metadata"]["name"], time.monotonic())
+                    name = event["object"]["metadata"]["name"]
+                    self.added.setdefault(name, time.monotonic())
+                    self.adds[name] += 1
 
 
 def raw_round_trips(plane: ControlPlane, n: int = 200) -> tuple[list[float], list[float]]:
     gets, writes = [], []
     for i in range(n):
         t = time.perf_counter()
-        plane.api_get(f"/api/v1/namespaces/{NS}/configmaps")
+        plane.api_get(f"/api/v1/namespaces/{NS}/configmaps/rt-0")
         gets.append(time.perf_counter() - t)
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"rt-{i}"}, "data": {"a": "b"}}
         t = time.perf_counter()
@@ -81,11 +109,11 @@ def raw_round_trips(plane: ControlPlane, n: int = 200) -> tuple[list[float], lis
 
 
 def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
+    for row in text.splitlines():
+        if row and not row.startswith("#"):
+            key, _, value = row.rpartition(" ")
             out[key] = float(value)
     return out
 
@@ -95,10 +123,97 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mb(pid: int) -> float:
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) / 1024
+    return float("nan")
+
+
+def agentrun(name: str, iterations: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "workload": {"image": "busybox:1.36", "command": ["true"]},
+            "workflow": {"steps": [{"name": "loop", "loop": {"maxIterations": iterations}}]},
+        },
+    }
+
+
+def list_runs(plane: ControlPlane) -> list[dict[str, Any]]:
+    code, body = plane.api_request(
+        "GET", f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns", timeout=60
+    )
+    return list(json.loads(body).get("items", [])) if code == 200 else []
+
+
+def lost_and_repeated(
+    runs: list[dict[str, Any]], names: list[str], iterations: int, watch: JobWatch
+) -> dict[str, Any]:
+    """What a correct operator never does: lose an iteration or run one twice."""
+    by_name = {r["metadata"]["name"]: r for r in runs}
+    not_succeeded, unfinished, lost, repeated = [], [], [], []
+    completed = 0
+    for name in names:
+        status = (by_name.get(name) or {}).get("status") or {}
+        steps_now = (status.get("workflow") or {}).get("steps") or [{}]
+        completed += int((steps_now[0].get("loop") or {}).get("completedIterations") or 0)
+        if status.get("phase") not in FINAL:
+            unfinished.append(name)  # neither lost nor repeated yet: it ran out of time
+            continue
+        if status.get("phase") != "Succeeded":
+            not_succeeded.append(f"{name}: {status.get('phase')}")
+        steps = (status.get("workflow") or {}).get("steps") or [{}]
+        loop = steps[0].get("loop") or {}
+        records = [(i.get("index"), i.get("attempts"), i.get("phase")) for i in loop.get("iterations") or []]
+        indexes = [r[0] for r in records]
+        if loop.get("completedIterations") != iterations or sorted(set(indexes)) != list(
+            range(1, iterations + 1)
+        ):
+            lost.append(f"{name}: completed={loop.get('completedIterations')} recorded={indexes}")
+        if len(indexes) != len(set(indexes)) or any(r[1] != 1 for r in records):
+            repeated.append(f"{name}: records={records}")
+        for k in range(1, iterations + 1):
+            first = naming.job_name(name, 1, k, 1)
+            if first not in watch.added:
+                lost.append(f"{name}: no Job for iteration {k}")
+            elif watch.adds[first] != 1:
+                repeated.append(f"{name}: Job {first} added {watch.adds[first]} times")
+            if naming.job_name(name, 1, k, 2) in watch.added:
+                repeated.append(f"{name}: a second attempt of iteration {k}")
+        extra = naming.job_name(name, 1, iterations + 1, 1)
+        if extra in watch.added:
+            repeated.append(f"{name}: a Job for iteration {iterations + 1}")
+    return {
+        "runs": len(names),
+        "succeeded": len(names) - len(not_succeeded) - len(unfinished),
+        "unfinished": len(unfinished),
+        "completed_iterations": completed,
+        "not_succeeded": not_succeeded[:20],
+        "lost": len(lost),
+        "repeated": len(repeated),
+        "examples": (lost + repeated)[:20],
+    }
+
+
+def profile_top(path: Path, n: int = 25) -> str:
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("cumulative").print_stats(n)
+    out.write("\n")
+    stats.sort_stats("tottime").print_stats(n)
+    return out.getvalue()
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--iterations", type=int, default=20)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5, help="AgentRuns created at once")
+    ap.add_argument("--iterations", type=int, default=20, help="loop iterations per run")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--profile", type=Path, default=None, help="run the operator under cProfile")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for all runs")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
@@ -106,52 +221,68 @@ def main() -> int:
     plane.start(crds_dir=Path(__file__).resolve().parents[2] / "crds")
     driver: KubeletDriver | None = None
     operator: OperatorProcess | None = None
+    if args.profile is not None:
+        os.environ["AGENTRUN_OPERATOR_PROFILE"] = str(args.profile)
     try:
         plane.kubectl("create", "namespace", NS)
         while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
             time.sleep(0.1)
         gets, posts = raw_round_trips(plane)
-        driver = KubeletDriver(plane, NS, lambda _pod: PodOutcome(), poll=0.01).start()
+        driver = KubeletDriver(
+            plane, NS, lambda _pod: PodOutcome(), poll=0.01, field_selector=KubeletDriver.UNFINISHED
+        ).start()
         watch = JobWatch(plane).start()
         port = processes.free_port()
         operator = OperatorProcess(
             plane,
             home / "operator",
-            env={"AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations))},
+            env={
+                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
+                "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
+            },
             args=(f"--metrics-port={port}", "--log-format=text"),
         ).start()
         assert operator.proc is not None
+        pid = operator.proc.pid
         before = scrape(port)
-        cpu_before = cpu_seconds(operator.proc.pid)
+        cpu_before = cpu_seconds(pid)
+        names = [f"bench-{r}" for r in range(args.runs)]
         started = time.monotonic()
-        for r in range(args.runs):
-            run = agentrun(
-                f"bench-{r}",
-                [{"name": "loop", "loop": {"maxIterations": args.iterations}}],
-                metadata={"namespace": NS},
-                workload={"image": "busybox:1.36", "command": ["true"]},
+        for name in names:
+            code, body = plane.api_request(
+                "POST",
+                f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
+                agentrun(name, args.iterations),
             )
-            plane.kubectl("create", "-f", "-", input_text=json.dumps(run))
-        deadline = time.monotonic() + 600
+            if code != 201:
+                raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
+        deadline = time.monotonic() + args.timeout
+        runs: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
-            items = json.loads(plane.kubectl("get", "ar", "-n", NS, "-o", "json"))["items"]
-            if all((i.get("status") or {}).get("phase") in ("Succeeded", "Failed") for i in items):
+            runs = list_runs(plane)
+            done = [r for r in runs if (r.get("status") or {}).get("phase") in FINAL]
+            if len(runs) == len(names) and len(done) == len(names):
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - started
-        time.sleep(1.0)  # let trailing TTL patches and events land
+        time.sleep(1.0)  # let trailing TTL patches and Events land
         after = scrape(port)
-        cpu = cpu_seconds(operator.proc.pid) - cpu_before
+        cpu = cpu_seconds(pid) - cpu_before
+        rss = peak_rss_mb(pid)
+        runs = list_runs(plane)
 
         iterations = args.runs * args.iterations
+        finished_by_job: dict[str, float] = {}
+        for pod, t in driver.finished_at.items():
+            job = pod.rsplit("-", 1)[0]
+            finished_by_job[job] = min(t, finished_by_job.get(job, t))
         turnaround = []
-        for r in range(args.runs):
+        for name in names:
             for k in range(1, args.iterations):
-                prev_job = naming.job_name(f"bench-{r}", 1, k, 1)
-                nxt = naming.job_name(f"bench-{r}", 1, k + 1, 1)
-                done = [t for pod, t in driver.finished_at.items() if pod.startswith(prev_job + "-")]
-                if done and nxt in watch.added:
-                    turnaround.append(watch.added[nxt] - min(done))
+                prev_job = naming.job_name(name, 1, k, 1)
+                nxt = naming.job_name(name, 1, k + 1, 1)
+                if prev_job in finished_by_job and nxt in watch.added:
+                    turnaround.append(watch.added[nxt] - finished_by_job[prev_job])
 
         def delta(prefix: str) -> float:
             return sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(prefix))
@@ -161,37 +292,83 @@ def main() -> int:
             for k, v in after.items()
             if k.startswith("agentrun_api_requests_total{")
             and 'verb="GET"' not in k
+            and 'verb="WATCH"' not in k
             and v - before.get(k, 0.0)
         }
+        reads = sum(
+            v - before.get(k, 0.0)
+            for k, v in after.items()
+            if k.startswith("agentrun_api_requests_total{") and 'verb="GET"' in k
+        )
         total_writes = sum(writes.values())
-        plans = delta("agentrun_plan_duration_seconds_count")
+        check = lost_and_repeated(runs, names, args.iterations, watch)
+        # Per *completed* iteration: when runs time out unfinished, the planned count would flatter.
+        iterations = max(1, check["completed_iterations"])
+        reconciles = delta("agentrun_reconcile_duration_seconds_count")
         plan_seconds = delta("agentrun_plan_duration_seconds_sum")
-        phases = json.loads(plane.kubectl("get", "ar", "-n", NS, "-o", "json"))["items"]
+        report: dict[str, Any] = {
+            "runs": args.runs,
+            "iterations_per_run": args.iterations,
+            "iterations": args.runs * args.iterations,
+            "completed_iterations": check["completed_iterations"],
+            "wall_seconds": elapsed,
+            "iterations_per_second": check["completed_iterations"] / elapsed if elapsed else float("nan"),
+            "turnaround_ms": distribution(turnaround),
+            "raw_get_ms": distribution(gets),
+            "raw_post_ms": distribution(posts),
+            "cpu_ms_per_iteration": 1000 * cpu / iterations,
+            "cpu_seconds": cpu,
+            "operator_peak_rss_mb": rss,
+            "writes_per_iteration": total_writes / iterations,
+            "writes_per_iteration_by_resource": {k: v / iterations for k, v in sorted(writes.items())},
+            "reads_per_iteration": reads / iterations,
+            "reconciles_per_iteration": reconciles / iterations,
+            "planner_ms_per_iteration": 1000 * plan_seconds / iterations,
+            "check": check,
+            "driver_errors": driver.errors[:10],
+        }
         print()
         print(
-            f"runs={args.runs} iterations/run={args.iterations} iterations={iterations} wall={elapsed:.1f}s"
+            f"runs={args.runs} iterations/run={args.iterations} iterations={iterations} "
+            f"wall={elapsed:.1f}s  iterations/s={report['iterations_per_second']:.1f}"
         )
-        print("final phases:", sorted({(i.get("status") or {}).get("phase") for i in phases}))
-        print(summary("baseline: raw API GET round trip", gets))
-        print(summary("baseline: raw API POST round trip", posts))
-        print(summary("iteration turnaround (pod done -> next Job)", turnaround))
-        print(f"API writes per iteration: {total_writes / iterations:.2f} (total {total_writes:.0f})")
-        for key, value in sorted(writes.items()):
-            print(f"    {key}: {value / iterations:.2f}/iteration")
-        print(f"reconciles: {plans:.0f} ({plans / iterations:.2f}/iteration)")
         print(
-            f"planner time: mean {1000 * plan_seconds / max(plans, 1):.3f} ms per plan, "
-            f"{1000 * plan_seconds / iterations:.3f} ms per iteration"
+            f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished "
+            f"after {args.timeout:.0f}s, lost={check['lost']} repeated={check['repeated']}"
         )
-        print(f"operator CPU: {1000 * cpu / iterations:.2f} ms per iteration (total {cpu:.2f}s)")
+        for example in check["examples"]:
+            print("   ", example)
+        print(line("baseline: raw API GET round trip", report["raw_get_ms"]))
+        print(line("baseline: raw API POST round trip", report["raw_post_ms"]))
+        print(line("iteration turnaround (pod done -> next Job)", report["turnaround_ms"]))
+        print(f"API writes per iteration: {total_writes / iterations:.2f} (total {total_writes:.0f})")
+        for key, value in report["writes_per_iteration_by_resource"].items():
+            print(f"    {key}: {value:.2f}/iteration")
+        print(f"API reads per iteration: {reads / iterations:.2f}")
+        print(f"reconciles per iteration: {reconciles / iterations:.2f} (total {reconciles:.0f})")
+        print(f"planner time: {report['planner_ms_per_iteration']:.3f} ms per iteration")
+        print(f"operator CPU: {report['cpu_ms_per_iteration']:.2f} ms per iteration (total {cpu:.2f}s)")
+        print(f"operator peak RSS: {rss:.1f} MB")
         print(f"driver errors: {len(driver.errors)}")
+        ok = check["lost"] == 0 and check["repeated"] == 0 and check["succeeded"] == check["runs"]
     finally:
         if operator is not None:
             operator.stop()
         if driver is not None:
             driver.stop()
         plane.stop()
-    return 0
+    if args.profile is not None and operator is not None:
+        dump = Path(f"{args.profile}.{operator.starts}")
+        if dump.exists():
+            top = profile_top(dump)
+            report["profile_top"] = top
+            print(top)
+        else:
+            print(f"no profile written at {dump}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

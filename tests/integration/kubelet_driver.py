@@ -93,11 +93,16 @@ class KubeletDriver:
     namespace: str
     scenario: Scenario
     poll: float = 0.05
+    # A server-side filter on the pods it plays (e.g. UNFINISHED: at scale, skip the finished ones).
+    field_selector: str = ""
     seen: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time bound
     finished_at: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time finished
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+
+    # Pods in a final phase need no kubelet: deleting them is immediate, nothing is left to report.
+    UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 
     def _req(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
         code, data = self.plane.api_request(method, path, body, content_type=ctype)
@@ -135,7 +140,8 @@ class KubeletDriver:
     def _tick(self) -> None:
         pods = self._req(
             "GET",
-            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={naming.LABEL_RUN}",
+            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={naming.LABEL_RUN}"
+            + (f"&fieldSelector={self.field_selector}" if self.field_selector else ""),
         ).get("items", [])
         for pod in pods:
             meta, spec, status = pod["metadata"], pod["spec"], pod.get("status", {})

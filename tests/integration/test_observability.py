@@ -256,11 +256,14 @@ def test_one_log_line_per_decision_with_its_fields(cluster: Cluster) -> None:
     assert created == [("implement", 1, 1), ("implement", 2, 1), ("implement", 2, 2), ("implement", 3, 1)]
 
     events = _events(cluster.plane, uid)
-    assert len(events) >= 10
     event_lines = [line for line in lines if line["decision"] in {e["reason"] for e in events}]
-    assert sorted((e["reason"], e["message"]) for e in events) == sorted(
-        (line["decision"], line["msg"]) for line in event_lines
-    )
+    # Events are aggregated (docs/operator.md#events): each Event says, under its reason, what a
+    # logged decision of that reason said; repeats of a reason fold into one series.
+    for event in events:
+        assert any(
+            line["decision"] == event["reason"] and line["msg"].rstrip(".") in event["message"]
+            for line in event_lines
+        ), event
     started = sorted(
         (line["iteration"], line["attempt"]) for line in event_lines if line["decision"] == "IterationStarted"
     )

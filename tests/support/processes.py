@@ -75,9 +75,11 @@ class OperatorProcess(GroupProcess):
         log_dir: Path,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        kubeconfig: Path | None = None,
     ) -> None:
         super().__init__(log_dir / "operator-0.log")
         self.args = args
+        self.kubeconfig = kubeconfig or plane.kubeconfig  # e.g. a proxy's (tests/integration/watch_proxy.py)
         self.plane = plane
         self.log_dir = log_dir
         self.env = env or {}
@@ -96,7 +98,7 @@ class OperatorProcess(GroupProcess):
         )
         env.update(self.env)
         argv = [sys.executable, *self._profile_args(), "-m", "agentrun_operator.cli", "operator"]
-        self._spawn([*argv, f"--kubeconfig={self.plane.kubeconfig}", *self.args], env)
+        self._spawn([*argv, f"--kubeconfig={self.kubeconfig}", *self.args], env)
         return self
 
     def _profile_args(self) -> list[str]:

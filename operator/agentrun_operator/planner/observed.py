@@ -6,7 +6,7 @@ object, so every rule can be unit-tested with literals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -65,6 +65,11 @@ class ObservedPod:
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    def plan_relevant(self) -> ObservedPod:
+        """What of this pod can change a plan: Pending and Running are alike to every rule (only
+        how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them."""
+        return replace(self, phase="Running") if self.phase == "Pending" else self
+
 
 @dataclass(frozen=True)
 class ObservedJob:
@@ -85,6 +90,11 @@ class ObservedJob:
     @property
     def finished(self) -> bool:
         return self.outcome != "Active"
+
+    def plan_relevant(self) -> ObservedJob:
+        """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
+        plan made without it arms earlier (from the attempt's request), never later."""
+        return replace(self, started_at=None)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""kopf wiring: watch AgentRuns and their labelled Jobs and Pods, feed one work queue.
+"""kopf wiring: AgentRuns and their labelled Jobs through kopf, Pods through our informer; one work queue.
 
-Only `on.event` handlers are used, so kopf itself never writes to our objects (no finalizers, no
-progress annotations): the reconciler is the one writer of status, and API writes per iteration stay
-few. A child's event re-plans its parent (level-triggered); a periodic resync catches anything a
-watch may have missed. Settings are chosen for latency and documented in docs/operations.md.
+Only `index` and `on.event` handlers are used, so kopf itself never writes to our objects (no
+finalizers, no progress annotations): the reconciler is the one writer of status, and API writes per
+iteration stay few. The indexing handlers fill the cache (docs/operator.md#cache) and enqueue a run
+only when what its planner can see changed (level-triggered); a periodic resync relists everything,
+catching whatever a watch may have missed. Settings are chosen for latency and documented in
+docs/operations.md.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import kopf
 from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
+from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.events import EventRecorder
+from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
@@ -58,11 +62,29 @@ class OperatorState:
         self.kube: Kube | None = None
         self.queue: WorkQueue | None = None
         self.reconciler: Reconciler | None = None
+        self.events: EventRecorder | None = None
         self.resync_task: asyncio.Task[None] | None = None
+        self.ready_task: asyncio.Task[None] | None = None
+        self.pod_informer: Informer | None = None
+        self.cache = RunCache()
 
-    def enqueue(self, key: Key) -> None:
-        if self.queue is not None:
+    def enqueue(self, key: Key | None) -> None:
+        if key is not None and self.queue is not None:
             self.queue.enqueue(key)
+
+    def observed(self, store: Store, body: Any, type_: str | None) -> None:
+        """A watch event: update the cache; re-plan the run if what its planner sees changed."""
+        raw = dict(body)
+        self.enqueue(store.delete(raw) if type_ == "DELETED" else store.upsert(raw))
+
+    def released(self) -> None:
+        """kopf runs event handlers only once every indexed kind's initial list is in the cache."""
+        if not self.cache.ready.is_set():
+            self.cache.open_gate("kopf")
+
+    async def announce_ready(self) -> None:
+        await self.cache.ready.wait()
+        log.info("watch cache filled", extra=self.cache.sizes())
 
     async def reconcile(self, key: Key) -> float | None:
         assert self.reconciler is not None
@@ -70,33 +92,37 @@ class OperatorState:
         return result.requeue_after
 
     async def resync(self) -> None:
-        """Periodically enqueue every run that is not finished (or may still need its TTL)."""
-        assert self.kube is not None
+        """Periodically relist into the cache, then enqueue every run that changed, is not finished,
+        or may still need its TTL."""
+        await self.cache.ready.wait()
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             try:
-                namespaces: list[str | None] = list(self.config.watched_namespaces) or [None]
-                counts: dict[str, int] = {}
-                for ns in namespaces:
-                    for run in await self.kube.list_custom("agentruns", ns):
-                        meta = run["metadata"]
-                        phase = (run.get("status") or {}).get("phase") or "Pending"
-                        counts[phase] = counts.get(phase, 0) + 1
-                        if phase not in TERMINAL_RUN_PHASES or (run.get("spec") or {}).get(
-                            "ttlSecondsAfterFinished"
-                        ):
-                            self.enqueue((meta["namespace"], meta["name"]))
-                for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
-                    metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
+                await self.resync_once()
             except Exception:  # the next round retries; a resync must never kill the operator
                 log.exception("resync failed")
 
-
-def _owner_run(body: Any) -> str | None:
-    for ref in body.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("kind") == "AgentRun" and ref.get("apiVersion", "").startswith(GROUP + "/"):
-            return str(ref.get("name"))
-    return None
+    async def resync_once(self) -> None:
+        assert self.kube is not None
+        changed = await relist(self.kube, self.cache, self.config.watched_namespaces)
+        if changed:
+            log.info("resync found changes the watches had missed", extra={"runs": len(changed)})
+        counts: dict[str, int] = {}
+        for key in self.cache.runs.run_keys():
+            run = self.cache.run(*key)
+            if run is None:
+                continue
+            phase = (run.get("status") or {}).get("phase") or "Pending"
+            counts[phase] = counts.get(phase, 0) + 1
+            ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
+            if key in changed or phase not in TERMINAL_RUN_PHASES or ttl:
+                self.enqueue(key)
+        for key in changed:
+            self.enqueue(key)
+        for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
+            metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
+        if self.events is not None:
+            await self.events.flush_due(self.cache.run_namespaces_by_uid())
 
 
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
@@ -123,7 +149,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         settings.watching.reconnect_backoff = 1.0
         # Server-side filtering: only our Jobs and Pods reach the operator at all.
         settings.watching.label_selectors["batch", "v1", "jobs"] = naming.LABEL_RUN
-        settings.watching.label_selectors["v1", "pods"] = naming.LABEL_RUN
         if state.config.watched_namespaces:
             # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
             settings.scanning.disabled = True
@@ -131,12 +156,28 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # replica takes a distinct one (the highest serves, the others wait).
         settings.peering.priority = random.randint(1, 2**30)
         settings.posting.level = logging.WARNING  # kopf's own Events only for its problems
+        # kopf logs "Handler ... succeeded" at INFO for every watch event: ~10 lines per iteration,
+        # a visible share of CPU in the profile, and nothing an operator reads. Warnings still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
         settings.persistence.diffbase_storage = EventOnlyDiffBase()
         state.kube = await Kube.connect(state.kubeconfig)
-        state.reconciler = Reconciler(state.kube, state.config)
-        state.queue = WorkQueue(state.reconcile, workers=state.workers)
+        state.events = EventRecorder(state.kube, "agentrun-operator")
+        state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
+        state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=state.cache.ready)
+        state.pod_informer = Informer(
+            state.kube,
+            state.cache,
+            state.cache.pods,
+            "/api/v1",
+            "pods",
+            naming.LABEL_RUN,
+            state.config.watched_namespaces,
+            state.enqueue,
+        )
+        state.pod_informer.start()
         state.queue.start()
+        state.ready_task = asyncio.create_task(state.announce_ready())
         state.resync_task = asyncio.create_task(state.resync())
         log.info(
             "operator started",
@@ -150,33 +191,44 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        if state.resync_task is not None:
-            state.resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await state.resync_task
+        for task in (state.resync_task, state.ready_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if state.pod_informer is not None:
+            await state.pod_informer.stop()
         if state.queue is not None:
             await state.queue.stop()
+        if state.events is not None:
+            uids = state.cache.run_namespaces_by_uid()
+            with contextlib.suppress(Exception):  # best effort on the way out
+                await state.events.flush_all(uids)
         if state.kube is not None:
             await state.kube.close()
 
+    # Handlers are `async` although they never wait: kopf runs a sync handler in a thread pool, and
+    # that hand-off was the largest single cost per watch event in the profile (docs/operator.md#performance).
+    # Indexing handlers fill the cache: kopf runs them for every object of the initial lists before
+    # any other handler, which is the cache's "complete after a restart" guarantee. They return
+    # None, so kopf keeps no index of its own. The event handlers see DELETED (which kopf does not
+    # pass to indexing handlers) and open the gate for the work queue.
+    @kopf.index(GROUP, VERSION, "agentruns", registry=registry)
+    async def agentrun_cache(body: Any, **_: Any) -> None:
+        state.observed(state.cache.runs, body, None)
+
+    @kopf.index("batch", "v1", "jobs", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
+    async def job_cache(body: Any, **_: Any) -> None:
+        state.observed(state.cache.jobs, body, None)
+
     @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
-    def on_agentrun(body: Any, type: str | None, **_: Any) -> None:
+    async def on_agentrun(body: Any, type: str | None, **_: Any) -> None:
+        state.released()
         if type == "DELETED":
-            return
-        meta = body.get("metadata", {})
-        state.enqueue((meta.get("namespace"), meta.get("name")))
+            state.observed(state.cache.runs, body, type)
 
     @kopf.on.event("batch", "v1", "jobs", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    def on_job(body: Any, **_: Any) -> None:
-        run = _owner_run(body)
-        if run:
-            state.enqueue((body["metadata"]["namespace"], run))
-
-    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    def on_pod(body: Any, **_: Any) -> None:
-        meta = body.get("metadata", {})
-        run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or (meta.get("labels") or {}).get(
-            naming.LABEL_RUN
-        )
-        if run:
-            state.enqueue((meta["namespace"], run))
+    async def on_job(body: Any, type: str | None, **_: Any) -> None:
+        state.released()
+        if type == "DELETED":
+            state.observed(state.cache.jobs, body, type)

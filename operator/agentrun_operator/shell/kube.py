@@ -71,6 +71,13 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.counters = Counters()
+        # kubernetes_asyncio opens its aiohttp session with trust_env=True, which reads ~/.netrc and
+        # the proxy variables in a worker thread on *every* request: two thread hand-offs per call,
+        # a visible share of CPU in the profile (docs/operator.md#performance). The API server is
+        # reached directly (in-cluster, or the kubeconfig's server), so neither applies.
+        session = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+        if session is not None and hasattr(session, "_trust_env"):
+            session._trust_env = False
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
@@ -164,6 +171,19 @@ class Kube:
         body = await self._ok("GET", path, "list pods", query={"labelSelector": selector})
         return list(body.get("items", []))
 
+    async def list_with_version(
+        self, prefix: str, plural: str, namespace: str | None, selector: str | None = None
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at."""
+        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+        query = {"labelSelector": selector} if selector else None
+        body = await self._ok("GET", path, f"list {plural}", query=query)
+        try:
+            version: int | None = int((body.get("metadata") or {}).get("resourceVersion", ""))
+        except ValueError:
+            version = None
+        return list(body.get("items", [])), version
+
     async def create_job(self, manifest: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         """(created, job). An existing Job of the same name is returned for adoption, not an error."""
         ns = manifest["metadata"]["namespace"]
@@ -184,7 +204,8 @@ class Kube:
         if status not in (200, 202, 404):
             raise KubeError(status, resp, f"delete job {name}")
 
-    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> dict[str, Any] | None:
+        """The patched Job (None when it is gone)."""
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
         patch = {"spec": {"ttlSecondsAfterFinished": seconds}}
         status, resp = await self.request(
@@ -192,6 +213,7 @@ class Kube:
         )
         if status not in (200, 404):
             raise KubeError(status, resp, f"set ttl of job {name}")
+        return resp if status == 200 else None
 
     # -- PersistentVolumeClaims (read only) -----------------------------------------------------
     async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -225,7 +247,17 @@ class Kube:
         raise KubeError(status, body, f"create lease {manifest['metadata']['name']}")
 
     # -- Events --------------------------------------------------------------------------------
-    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
         status, body = await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
         if status not in (200, 201):
             raise KubeError(status, body, "create event")
+        return body
+
+    async def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Update an Event series (count, lastTimestamp, message) with a merge patch."""
+        path = f"/api/v1/namespaces/{namespace}/events/{name}"
+        status, body = await self.request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+        if status not in (200, 404):
+            raise KubeError(status, body, f"patch event {name}")

@@ -20,7 +20,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api import API_VERSION, AgentRun, format_timestamp, parse_agentrun
+from agentrun_operator.api import API_VERSION, AgentRun, parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
@@ -39,8 +39,10 @@ from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
 from agentrun_operator.shell import metrics
+from agentrun_operator.shell.cache import RunCache
+from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube, KubeError
-from agentrun_operator.shell.observe import claim_names, claim_phase, job_from_k8s, pod_from_k8s
+from agentrun_operator.shell.observe import claim_names, claim_phase
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -102,21 +104,49 @@ def _where(where: Where | None) -> dict[str, Any]:
 class Reconciler:
     """Holds the client and the configuration; `reconcile(ns, name)` is safe to call at any time."""
 
-    def __init__(self, kube: Kube, config: OperatorConfig, instance: str = "agentrun-operator") -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        config: OperatorConfig,
+        cache: RunCache,
+        instance: str = "agentrun-operator",
+        events: EventRecorder | None = None,
+    ) -> None:
         self.kube = kube
         self.config = config
+        self.cache = cache
         self.instance = instance
+        self.events = events or EventRecorder(kube, instance)
+        # The last parse of each run, by (uid, resourceVersion): between two writes a run is
+        # reconciled several times unchanged, and validating it was the costliest step of a reconcile.
+        self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, dict[str, Any]]] = {}
+
+    def _parse(self, raw: dict[str, Any]) -> tuple[AgentRun, dict[str, Any]]:
+        """The run as the planner's model and its status as persisted (the planner never mutates
+        either: it is pure, and copies what it changes)."""
+        meta = raw["metadata"]
+        key = (str(meta["namespace"]), str(meta["name"]))
+        stamp = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        hit = self._parsed.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1], hit[2]
+        run = parse_agentrun(raw)
+        persisted = status_dict(run)
+        self._parsed[key] = (stamp, run, persisted)
+        return run, persisted
 
     async def _observe(self, raw: dict[str, Any], run: AgentRun) -> Observed:
+        """The run's Jobs and Pods from the watch cache (docs/operator.md#cache), already converted."""
         meta = raw["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        selector = f"{naming.LABEL_RUN}={naming.label_value(name)}"
-        jobs_raw, pods_raw = await asyncio.gather(
-            self.kube.list_jobs(ns, selector), self.kube.list_pods(ns, selector)
+        key = (ns, name)
+        jobs = tuple(
+            job for _, (job, owners) in self.cache.jobs.entries(key) if job is not None and uid in owners
         )
-        jobs = tuple(j for j in (job_from_k8s(x) for x in jobs_raw if _owned_by(x, uid)) if j)
         job_names = {j.name for j in jobs}
-        pods = tuple(p for p in (pod_from_k8s(x) for x in pods_raw) if p and p.job_name in job_names)
+        pods = tuple(
+            pod for _, pod in self.cache.pods.entries(key) if pod is not None and pod.job_name in job_names
+        )
         observed = Observed(jobs=jobs, pods=pods)
         terminal = run.status is not None and run.status.phase in TERMINAL_RUN_PHASES
         if terminal:
@@ -207,11 +237,12 @@ class Reconciler:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
     async def _reconcile(self, namespace: str, name: str) -> ReconcileResult:
-        raw = await self.kube.get_custom(namespace, "agentruns", name)
+        raw = self.cache.run(namespace, name)
         if raw is None:
+            self._parsed.pop((namespace, name), None)
             return ReconcileResult()
         try:
-            run = parse_agentrun(raw)
+            run, _ = self._parse(raw)
         except ValidationError as err:
             # The CRD admitted something our models refuse: fail the run clearly instead of crashing.
             await self._write_unparseable(raw, err)
@@ -276,6 +307,7 @@ class Reconciler:
                     )
                     result.requeue_after = 1.0
                     continue
+                self.cache.jobs.upsert(job)  # write-through: the watch may deliver it later
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
                 if created:
                     jobs_created[action.name] = datetime.now(UTC)
@@ -311,16 +343,20 @@ class Reconciler:
                 after_status.append(action)
 
         new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-        fill_job_uids(new_status, job_uids)
-        if new_status != status_dict(run):
+        if job_uids:
+            fill_job_uids(new_status, job_uids)
+        if new_status != self._parse(raw)[1]:  # the persisted status, parsed once per version
             body = dict(raw)
             body["status"] = new_status
             try:
-                await self.kube.replace_run_status(body)
+                self.cache.runs.upsert(await self.kube.replace_run_status(body))
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(json.dumps(new_status, separators=(",", ":"))))
             except KubeError as exc:
-                if exc.status == 409:  # someone wrote in between: re-plan from the fresh object
+                if exc.status == 409:  # the cached run is stale: fetch it, re-plan from the fresh one
+                    fresh = await self.kube.get_custom(namespace, "agentruns", name)
+                    if fresh is not None:
+                        self.cache.runs.upsert(fresh)
                     result.requeue_after = 0.0
                     return result
                 if exc.status == 404:  # the run is gone
@@ -329,15 +365,18 @@ class Reconciler:
                     raise _Refused(Refusal("Status", name, exc.status, exc.reason)) from exc
                 raise
 
+        events: list[EmitEvent] = []
         for action in after_status:
             if isinstance(action, SetJobTTL):
-                await self.kube.set_job_ttl(namespace, action.name, action.seconds)
+                patched = await self.kube.set_job_ttl(namespace, action.name, action.seconds)
+                if patched is not None:
+                    self.cache.jobs.upsert(patched)
                 log.info(
                     f"job ttl set to {action.seconds}s (its result is recorded)",
                     extra={**corr, **_where(action.where), "job": action.name, "decision": "set-job-ttl"},
                 )
             elif isinstance(action, EmitEvent):
-                await self._event(raw, action)
+                events.append(action)
                 log.info(action.message, extra={**corr, **_where(action.where), "decision": action.reason})
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(namespace, name, action.uid)
@@ -345,6 +384,8 @@ class Reconciler:
                     "run deleted (spec.ttlSecondsAfterFinished passed)",
                     extra={**corr, **_where(None), "decision": "delete-run"},
                 )
+        finished = decision.status.phase in TERMINAL_RUN_PHASES
+        await self.events.record(raw, events, finished=finished)
         for fact in decision.facts:
             metrics.observe_fact(fact, jobs_created)
         return result
@@ -377,36 +418,6 @@ class Reconciler:
         }
         await self.kube.create_lease(meta["namespace"], lease)
 
-    async def _event(self, raw: dict[str, Any], action: EmitEvent) -> None:
-        meta = raw["metadata"]
-        now = format_timestamp(datetime.now(UTC).replace(microsecond=0))
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": raw.get("apiVersion", API_VERSION),
-                "kind": "AgentRun",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": action.reason,
-            "message": action.message[:1024],
-            "type": action.type,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "source": {"component": "agentrun-operator"},
-            "reportingComponent": f"{naming.GROUP}/agentrun-operator",
-            "reportingInstance": self.instance,
-        }
-        try:
-            await self.kube.create_event(meta["namespace"], event)
-        except KubeError as exc:  # Events are best effort; never fail a reconcile on them
-            log.warning("event not posted: %s", exc)
-
     async def _write_unparseable(self, raw: dict[str, Any], err: ValidationError) -> None:
         prior = (raw.get("status") or {}).get("phase")
         status = unparseable_status(prior, raw["metadata"].get("generation"), err, datetime.now(UTC))
@@ -415,6 +426,6 @@ class Reconciler:
         body = dict(raw)
         body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
-            await self.kube.replace_run_status(body)
+            self.cache.runs.upsert(await self.kube.replace_run_status(body))
         except KubeError as exc:
             log.warning("could not record invalid spec: %s", exc)

@@ -37,8 +37,9 @@ def retry_delay(failures: int, rng: random.Random | None = None) -> float:
 
 
 class WorkQueue:
-    def __init__(self, reconcile: Reconcile, workers: int = 8) -> None:
+    def __init__(self, reconcile: Reconcile, workers: int = 8, ready: asyncio.Event | None = None) -> None:
         self._reconcile = reconcile
+        self._ready = ready  # workers wait for it: keys may be queued before the cache is complete
         self._workers = workers
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
@@ -93,6 +94,8 @@ class WorkQueue:
         return not self._queued and not self._active
 
     async def _work(self) -> None:
+        if self._ready is not None:
+            await self._ready.wait()
         while True:
             key = await self._queue.get()
             self._queued.discard(key)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.planner.plan import result_recorded
+from agentrun_operator.planner.plan import plan, result_recorded
 from tests.unit.planner.world import PlannerWorld, envelope_from_bytes, loop_step, manifest
 
 compile_expression("true")  # celpy raises the recursion limit once; do it before hypothesis watches
@@ -291,3 +291,18 @@ def test_status_stays_under_32_kib_at_1000_iterations_with_limit_50() -> None:
     assert loop.pruned_iterations == 950 and loop.retained_iterations == 50
     size = len(json.dumps(world.status.model_dump(by_alias=True, exclude_none=True, mode="json")))
     assert size <= 32 * 1024, size
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=spec_shapes(), ops=st.lists(OPS, min_size=5, max_size=60))
+def test_planning_never_mutates_the_run_it_is_given(spec: dict[str, Any], ops: list[Any]) -> None:
+    """The shell reuses one parsed run for every reconcile at the same resourceVersion."""
+    world = PlannerWorld(spec, config=CONFIG)
+    checker = Checker()
+    for op in ops:
+        apply_op(world, checker, op)
+    run = world.agentrun()
+    before = run.model_dump(by_alias=True, mode="json")
+    plan(run, world.observed(), world.now, CONFIG)
+    plan(run, world.observed(), world.now, CONFIG)
+    assert run.model_dump(by_alias=True, mode="json") == before

@@ -1,0 +1,281 @@
+"""Watch caches: the AgentRuns, Jobs and Pods kopf's watches deliver, indexed by run.
+
+A reconcile reads its run, the run's Jobs and their Pods from here instead of listing them from the
+API server (docs/operator.md#cache). Why it is correct:
+
+- **Restart.** Runs and Jobs are fed by kopf *indexing* handlers, and kopf runs no other handler
+  before every indexed resource's initial listing has been indexed; Pods by our informer
+  (shell/informer.py), after its first LIST. The work queue starts reconciling only once every feeder
+  has opened its gate (`ready`), so no reconcile ever sees a half-filled cache.
+- **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer).
+  Anything else that is stale makes a write fail safely: the status PUT carries the cached
+  resourceVersion (409 -> the run is fetched fresh and re-planned), and Job names are deterministic
+  (AlreadyExists -> the existing Job is adopted).
+- **Missed watch event.** The periodic resync relists all three kinds and merges the lists in
+  (`relist`), so whatever a watch dropped is seen at the latest one resync period later.
+
+Objects are compared by resourceVersion, which kube-apiserver takes from etcd's revision: an integer
+that only grows. An older object never replaces a newer one, whichever path delivered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from agentrun_operator import naming
+from agentrun_operator.api import GROUP, VERSION
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.planner.observed import ObservedJob, ObservedPod
+from agentrun_operator.shell.kube import Kube
+from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+
+Key = tuple[str, str]  # (namespace, run name)
+Obj = dict[str, Any]
+
+
+def resource_version(obj: Obj) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def is_older(candidate: Obj, stored: Obj) -> bool:
+    """True when `candidate` is an older version than `stored` (then it must not replace it)."""
+    a, b = resource_version(candidate), resource_version(stored)
+    return a is not None and b is not None and a < b
+
+
+def run_of_job(job: Obj) -> str | None:
+    """The AgentRun that owns a Job (by owner reference; the label may be a hashed value)."""
+    for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "AgentRun" and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
+            return str(ref.get("name"))
+    return None
+
+
+def run_of_pod(pod: Obj) -> str | None:
+    meta = pod.get("metadata") or {}
+    run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or (meta.get("labels") or {}).get(
+        naming.LABEL_RUN
+    )
+    return str(run) if run else None
+
+
+def run_of_run(run: Obj) -> str | None:
+    name = (run.get("metadata") or {}).get("name")
+    return str(name) if name else None
+
+
+def owner_uids(obj: Obj) -> tuple[str, ...]:
+    return tuple(str(r.get("uid", "")) for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
+    """The Job as the planner sees it, and its owners (the reconciler reads both from here)."""
+    return (job_from_k8s(job), owner_uids(job))
+
+
+def job_change(view: Any) -> Hashable:
+    """What of a Job's view can change a plan: a change of anything else needs no reconcile."""
+    job, owners = view
+    return (job.plan_relevant() if job is not None else None, owners)
+
+
+def pod_view(pod: Obj) -> ObservedPod | None:
+    return pod_from_k8s(pod)
+
+
+def pod_change(view: Any) -> Hashable:
+    return view.plan_relevant() if view is not None else None
+
+
+def run_view(run: Obj) -> Hashable:
+    """Spec (via generation), deletion, labels, annotations and status: everything a plan reads."""
+    meta = run.get("metadata") or {}
+    return repr(
+        (
+            meta.get("uid"),
+            meta.get("generation"),
+            meta.get("deletionTimestamp"),
+            meta.get("labels"),
+            meta.get("annotations"),
+            run.get("status"),
+        )
+    )
+
+
+def _identity(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
+
+
+class Store:
+    """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
+    it); `change` picks from a view what decides whether the run must be re-planned."""
+
+    def __init__(
+        self,
+        run_of: Callable[[Obj], str | None],
+        view: Callable[[Obj], Any],
+        change: Callable[[Any], Hashable] = lambda view: view,
+        keep_body: bool = True,
+    ) -> None:
+        self._run_of = run_of
+        self._view = view
+        self._change = change
+        # Jobs and Pods are read only through their views: keeping just their identity (not the
+        # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
+        self._keep_body = keep_body
+        self._by_run: dict[Key, dict[str, tuple[Obj, Hashable]]] = {}
+        self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def upsert(self, obj: Obj) -> Key | None:
+        """Store `obj`; the run key when what the planner sees changed, else None."""
+        meta = obj.get("metadata") or {}
+        ns, name, run = str(meta.get("namespace") or ""), str(meta.get("name") or ""), self._run_of(obj)
+        old_key = self._where.get((ns, name))
+        if not run:  # no longer any run's (e.g. orphaned): forget it
+            if old_key is not None:
+                self._drop(old_key, name)
+            return old_key
+        key: Key = (ns, run)
+        if old_key is not None and old_key != key:  # relabelled to another run: move it
+            self._by_run.get(old_key, {}).pop(name, None)
+        entries = self._by_run.setdefault(key, {})
+        current = entries.get(name)
+        if current is not None and is_older(obj, current[0]):
+            return None
+        view = self._view(obj)
+        entries[name] = (obj if self._keep_body else _identity(obj), view)
+        self._where[(ns, name)] = key
+        changed = current is None or self._change(current[1]) != self._change(view) or old_key != key
+        return key if changed else None
+
+    def delete(self, obj: Obj) -> Key | None:
+        """Forget `obj` (a DELETED event); the run key when something was removed."""
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        key = self._where.get((ns, name))
+        if key is None:
+            return None
+        current = self._by_run.get(key, {}).get(name)
+        if current is None:
+            return None
+        same_object = (current[0].get("metadata") or {}).get("uid") == meta.get("uid")
+        if not same_object or is_older(obj, current[0]):
+            return None  # a namesake created since, or a stale delete: keep what we have
+        self._drop(key, name)
+        return key
+
+    def _drop(self, key: Key, name: str) -> None:
+        entries = self._by_run.get(key, {})
+        entries.pop(name, None)
+        if not entries:
+            self._by_run.pop(key, None)
+        self._where.pop((key[0], name), None)
+
+    def get(self, key: Key) -> list[Obj]:
+        return [obj for obj, _ in self._by_run.get(key, {}).values()]
+
+    def entries(self, key: Key) -> list[tuple[Obj, Any]]:
+        """(object, view) pairs: the view is what `view` made of it when it was stored."""
+        return list(self._by_run.get(key, {}).values())
+
+    def one(self, key: Key, name: str) -> Obj | None:
+        found = self._by_run.get(key, {}).get(name)
+        return found[0] if found else None
+
+    def run_keys(self) -> list[Key]:
+        return list(self._by_run)
+
+    def relist(self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None) -> set[Key]:
+        """Merge a fresh LIST in: newer objects win; one missing from the list is gone, unless it is
+        newer than the list itself (it arrived by watch after the list was taken). Returns the runs
+        whose view changed."""
+        changed: set[Key] = set()
+        seen: set[tuple[str, str]] = set()
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            seen.add((str(meta.get("namespace")), str(meta.get("name"))))
+            key = self.upsert(obj)
+            if key is not None:
+                changed.add(key)
+        for (ns, name), key in list(self._where.items()):
+            if (ns, name) in seen or (namespaces is not None and ns not in namespaces):
+                continue
+            entry = self._by_run.get(key, {}).get(name)
+            rv = resource_version(entry[0]) if entry else None
+            if entry is None or rv is None or list_version is None or rv <= list_version:
+                self._drop(key, name)
+                changed.add(key)
+        return changed
+
+
+class RunCache:
+    """The three stores and the readiness gate the work queue waits on: `ready` is set once every
+    feeder (kopf, each informer) has opened its gate, i.e. delivered its initial list."""
+
+    def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
+        self.runs = Store(run_of_run, run_view)
+        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
+        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False)
+        self.ready = asyncio.Event()
+        self._closed_gates = set(gates)
+
+    def add_gate(self, name: str) -> None:
+        if not self.ready.is_set():
+            self._closed_gates.add(name)
+
+    def open_gate(self, name: str) -> None:
+        self._closed_gates.discard(name)
+        if not self._closed_gates:
+            self.ready.set()
+
+    def run(self, namespace: str, name: str) -> Obj | None:
+        return self.runs.one((namespace, name), name)
+
+    def jobs_of(self, namespace: str, name: str) -> list[Obj]:
+        return self.jobs.get((namespace, name))
+
+    def pods_of(self, namespace: str, name: str) -> list[Obj]:
+        return self.pods.get((namespace, name))
+
+    def run_namespaces_by_uid(self) -> dict[str, str]:
+        """uid -> namespace of every cached AgentRun (the Event series are kept by uid)."""
+        out: dict[str, str] = {}
+        for key in self.runs.run_keys():
+            run = self.run(*key)
+            if run is not None:
+                out[str(run["metadata"].get("uid"))] = key[0]
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        return {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+
+
+KINDS = (
+    # (store attribute, API prefix, plural, label selector)
+    ("runs", f"/apis/{GROUP}/{VERSION}", "agentruns", None),
+    ("jobs", "/apis/batch/v1", "jobs", naming.LABEL_RUN),
+    ("pods", "/api/v1", "pods", naming.LABEL_RUN),
+)
+
+
+async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
+    """The resync's half of the cache: LIST every kind afresh and merge it in (see `Store.relist`).
+
+    Returns the runs whose view changed, i.e. those a watch event had been missed for."""
+    changed: set[Key] = set()
+    scopes: list[str | None] = list(namespaces) or [None]
+    for attr, prefix, plural, selector in KINDS:
+        store: Store = getattr(cache, attr)
+        for ns in scopes:
+            items, version = await kube.list_with_version(prefix, plural, ns, selector)
+            changed |= store.relist(items, version, {ns} if ns else None)
+    return changed

@@ -1,0 +1,179 @@
+"""Events, aggregated: at most one Event write per reconcile, repeated reasons folded into a series.
+
+The planner asks for Events per transition (docs/concepts.md#events); posting each as its own object
+cost 2-3 writes per iteration. Here (docs/operator.md#events):
+
+- the Events one reconcile plans become one Event: `Reason: message` of each joined in order, type
+  `Warning` when any is, reason the most telling one (`rank`);
+- an Event whose reason and type repeat the run's existing series only updates that series in memory
+  (count, lastTimestamp, newest message); the series object is patched when `flush_seconds` have
+  passed since it was last written, when the run finishes, or when the operator stops, so
+  `kubectl describe` shows e.g. `IterationStarted (x19 over 40s)` with the newest message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun_operator import naming
+from agentrun_operator.api import API_VERSION, format_timestamp
+from agentrun_operator.planner.actions import EmitEvent
+from agentrun_operator.shell.kube import Kube, KubeError
+
+log = logging.getLogger("agentrun.events")
+
+# Higher wins the merged Event's reason: a run's end, then a loop's, then warnings, then iterations.
+_RANK = {
+    "RunSucceeded": 50,
+    "RunFailed": 50,
+    "RunCancelled": 50,
+    "InvalidSpec": 45,
+    "LoopCompleted": 40,
+    "LoopStarted": 40,
+    "IterationFailed": 35,
+    "IterationRetrying": 30,
+    "StepSkipped": 20,
+}
+MAX_MESSAGE = 1024
+
+
+def merge(events: Sequence[EmitEvent]) -> EmitEvent:
+    """One Event for all a reconcile planned: the most telling reason (the latest among equals)."""
+    warning = any(e.type == "Warning" for e in events)
+    best = events[0]
+    for event in events[1:]:
+        if rank(event) >= rank(best):
+            best = event
+    if len(events) == 1:
+        message = events[0].message
+    else:  # each part keeps its reason, so describe (and a grep for a reason) still finds it
+        message = "; ".join(f"{e.reason}: {e.message.rstrip('.')}" for e in events)
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    return EmitEvent("Warning" if warning else "Normal", best.reason, message)
+
+
+def rank(event: EmitEvent) -> int:
+    return _RANK.get(event.reason, 10 if event.type == "Warning" else 0)
+
+
+def _now() -> str:
+    return format_timestamp(datetime.now(UTC).replace(microsecond=0))
+
+
+@dataclass
+class Series:
+    name: str  # the Event object's name
+    count: int
+    message: str
+    last_timestamp: str
+    written_at: float  # monotonic time of the last write
+    dirty: bool = False
+
+
+@dataclass
+class RunSeries:
+    by_reason: dict[tuple[str, str], Series] = field(default_factory=dict)
+
+
+class EventRecorder:
+    def __init__(self, kube: Kube, instance: str, flush_seconds: float = 60.0) -> None:
+        self.kube = kube
+        self.instance = instance
+        self.flush_seconds = flush_seconds
+        self._runs: dict[str, RunSeries] = {}  # by run uid
+
+    async def record(self, run: dict[str, Any], events: Sequence[EmitEvent], finished: bool) -> None:
+        """Post (or fold into a series) what one reconcile planned; flush all when `finished`."""
+        meta = run["metadata"]
+        uid = str(meta["uid"])
+        if events:
+            event = merge(events)
+            series = self._runs.setdefault(uid, RunSeries()).by_reason.get((event.type, event.reason))
+            if series is None:
+                await self._post(run, event)
+            else:
+                series.count += 1
+                series.message = event.message
+                series.last_timestamp = _now()
+                series.dirty = True
+                if time.monotonic() - series.written_at >= self.flush_seconds:
+                    await self._patch(meta["namespace"], series)
+        if finished:
+            for series in self._runs.pop(uid, RunSeries()).by_reason.values():
+                if series.dirty:
+                    await self._patch(meta["namespace"], series)
+
+    async def flush_due(self, namespaces: dict[str, str]) -> None:
+        """Patch series that changed and were last written `flush_seconds` ago (the resync calls it).
+
+        `namespaces` maps a run's uid to its namespace."""
+        now = time.monotonic()
+        for uid, run_series in list(self._runs.items()):
+            ns = namespaces.get(uid)
+            if ns is None:
+                self._runs.pop(uid, None)  # the run is gone
+                continue
+            for series in run_series.by_reason.values():
+                if series.dirty and now - series.written_at >= self.flush_seconds:
+                    await self._patch(ns, series)
+
+    async def flush_all(self, namespaces: dict[str, str]) -> None:
+        """Patch every changed series now (the operator is stopping)."""
+        self.flush_seconds = 0.0
+        await self.flush_due(namespaces)
+
+    async def _post(self, run: dict[str, Any], action: EmitEvent) -> None:
+        meta = run["metadata"]
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": run.get("apiVersion", API_VERSION),
+                "kind": "AgentRun",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": action.reason,
+            "message": action.message[:MAX_MESSAGE],
+            "type": action.type,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "agentrun-operator"},
+            "reportingComponent": f"{naming.GROUP}/agentrun-operator",
+            "reportingInstance": self.instance,
+        }
+        try:
+            created = await self.kube.create_event(meta["namespace"], event)
+        except KubeError as exc:  # Events are best effort; never fail a reconcile on them
+            log.warning("event not posted: %s", exc)
+            return
+        name = str((created.get("metadata") or {}).get("name") or "")
+        if name:
+            series = Series(name, 1, action.message, now, time.monotonic())
+            self._runs.setdefault(str(meta["uid"]), RunSeries()).by_reason[(action.type, action.reason)] = (
+                series
+            )
+
+    async def _patch(self, namespace: str, series: Series) -> None:
+        series.dirty = False
+        series.written_at = time.monotonic()
+        patch = {
+            "count": series.count,
+            "lastTimestamp": series.last_timestamp,
+            "message": series.message[:MAX_MESSAGE],
+        }
+        try:
+            await self.kube.patch_event(namespace, series.name, patch)
+        except KubeError as exc:
+            log.warning("event series not updated: %s", exc)

@@ -1,0 +1,132 @@
+"""A small informer for Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
+
+Pods are the one kind the operator watches without kopf (docs/operator.md#performance): an iteration
+causes some five pod events (created, bound, started, finished, its Job's finalizer removed), and in
+the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its logging —
+cost more than everything the operator does with them. Here an event costs one JSON decode and
+one cache update; the run is enqueued only when what its planner sees changed.
+
+Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
+cache. A watch that ends (timeout, 410 Gone, a broken or silent connection) is followed by a fresh LIST
+merged into the cache, so nothing that happened in between is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import ClientTimeout
+
+from agentrun_operator.shell import metrics
+from agentrun_operator.shell.cache import Key, RunCache, Store
+from agentrun_operator.shell.kube import Kube
+
+log = logging.getLogger("agentrun.informer")
+
+WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
+SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
+RETRY_SECONDS = 1.0
+
+
+class Informer:
+    """Keeps `store` in line with one kind's objects in the watched namespaces."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        cache: RunCache,
+        store: Store,
+        prefix: str,
+        plural: str,
+        selector: str,
+        namespaces: tuple[str, ...],
+        on_change: Callable[[Key], None],
+    ) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.store = store
+        self.prefix = prefix
+        self.plural = plural
+        self.selector = selector
+        self.scopes: list[str | None] = list(namespaces) or [None]
+        self.on_change = on_change
+        self.gate = f"informer:{plural}"
+        self._listed: set[str | None] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        cache.add_gate(self.gate)
+
+    def start(self) -> None:
+        for scope in self.scopes:
+            self._tasks.append(asyncio.create_task(self._run(scope), name=f"informer-{self.plural}-{scope}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _run(self, scope: str | None) -> None:
+        while True:
+            try:
+                version = await self._list(scope)
+                await self._watch(scope, version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken stream: list again after a pause, never die
+                log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _list(self, scope: str | None) -> int | None:
+        items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
+        for key in self.store.relist(items, version, {scope} if scope else None):
+            self.on_change(key)
+        if scope not in self._listed:
+            self._listed.add(scope)
+            if len(self._listed) == len(self.scopes):
+                self.cache.open_gate(self.gate)
+        return version
+
+    async def _watch(self, scope: str | None, version: int | None) -> None:
+        path = f"{self.prefix}/namespaces/{scope}/{self.plural}" if scope else f"{self.prefix}/{self.plural}"
+        query = {
+            "watch": "1",
+            "labelSelector": self.selector,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        if version is not None:
+            query["resourceVersion"] = str(version)
+        metrics.API_REQUESTS.labels(verb="WATCH", resource=self.plural).inc()
+        resp = await self.kube.api.call_api(
+            path,
+            "GET",
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=False,
+            _request_timeout=ClientTimeout(
+                total=WATCH_SECONDS + 30, sock_connect=10, sock_read=SILENT_SECONDS
+            ),
+        )
+        raw: Any = resp[0] if isinstance(resp, tuple) else resp
+        try:
+            if int(getattr(raw, "status", 0)) != 200:
+                raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
+            while line := await raw.content.readline():
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
+                    log.info("%s watch ended: %s", self.plural, obj.get("message"))
+                    return
+                if kind == "BOOKMARK":
+                    continue
+                key = self.store.delete(obj) if kind == "DELETED" else self.store.upsert(obj)
+                if key is not None:
+                    self.on_change(key)
+        finally:
+            raw.release()

@@ -1,0 +1,311 @@
+"""The watch cache is correct (docs/operator.md#cache): after a restart, with a stale entry, with a
+missed or a lagging watch event, no iteration is ever lost or repeated.
+
+The operator runs as a process behind `WatchProxy`, which can drop or delay one kind's watch events;
+the API server, the Job controller and the garbage collector are real. Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentrun_operator import naming
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.planner.actions import EmitEvent
+from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell.events import EventRecorder
+from agentrun_operator.shell.kube import Kube
+from agentrun_operator.shell.reconciler import Reconciler
+from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.integration.watch_proxy import StreamPolicy, WatchProxy
+from tests.support.claims import bound_claim
+from tests.support.manifests import workflow_run
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
+
+NAMESPACE = "cache"
+AR = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
+
+
+class Outcomes:
+    """What each run's pods do, by run name (the kubelet driver asks)."""
+
+    def __init__(self) -> None:
+        self.by_run: dict[str, PodOutcome] = {}
+        self.control: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def __call__(self, pod: dict[str, Any]) -> PodOutcome:
+        meta = pod["metadata"]
+        run = (meta.get("annotations") or {}).get(f"{naming.GROUP}/agent-run-name", "")
+        iteration = int(meta["labels"].get(naming.LABEL_ITERATION, 1))
+        base = self.by_run.get(run, PodOutcome())
+        control = self.control.get(run, {}).get(iteration)
+        return PodOutcome(run_seconds=base.run_seconds, control=control) if control else base
+
+
+@pytest.fixture(scope="module")
+def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    plane = control_plane
+    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        plane.kubectl("create", "namespace", NAMESPACE)
+    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    bound_claim(plane, NAMESPACE)
+    outcomes = Outcomes()
+    driver = KubeletDriver(plane, NAMESPACE, outcomes).start()
+    proxy = WatchProxy(plane, tmp_path_factory.mktemp("proxy")).start()
+    try:
+        yield plane, driver, proxy, outcomes, tmp_path_factory
+    finally:
+        proxy.stop()
+        driver.stop()
+
+
+def _operator(env: Any, resync_seconds: int = 300) -> OperatorProcess:
+    plane, _, proxy, _, tmp = env
+    return OperatorProcess(
+        plane,
+        tmp.mktemp("operator"),
+        env={
+            "AGENTS_CONTROLLER_NAMESPACES": NAMESPACE,
+            "AGENTS_CONTROLLER_RESYNC_SECONDS": str(resync_seconds),
+        },
+        kubeconfig=proxy.kubeconfig,
+    )
+
+
+def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"]["namespace"] = NAMESPACE
+    plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+
+
+def _run(plane: ControlPlane, name: str) -> dict[str, Any]:
+    return dict(json.loads(plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json")))
+
+
+def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
+    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
+    return list(json.loads(out)["items"])
+
+
+def _finished(
+    plane: ControlPlane, name: str, operator: OperatorProcess, timeout: float = 120
+) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def done() -> bool:
+        seen.update(_run(plane, name))
+        return (seen.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
+
+    try:
+        eventually(done, timeout, f"agentrun {name} to finish")
+    except AssertionError:
+        print(json.dumps(seen.get("status"), indent=1))
+        print(operator.logs()[-6000:])
+        raise
+    return seen
+
+
+def _assert_each_iteration_once(plane: ControlPlane, run: dict[str, Any], iterations: int) -> None:
+    """Neither lost nor repeated: one Job per iteration (attempt 1), each recorded once."""
+    name = run["metadata"]["name"]
+    names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
+    assert names == sorted(naming.job_name(name, 1, k, 1) for k in range(1, iterations + 1))
+    loop = run["status"]["workflow"]["steps"][0]["loop"]
+    assert loop["completedIterations"] == iterations
+    assert [(i["index"], i["attempts"], i["phase"]) for i in loop["iterations"]] == [
+        (k, 1, "Succeeded") for k in range(1, iterations + 1)
+    ]
+
+
+def _loop(name: str, iterations: int, **loop: Any) -> dict[str, Any]:
+    return workflow_run(name, {"loop": {"maxIterations": iterations, **loop}})
+
+
+def _owned_by_run(name: str) -> Any:
+    def match(event: dict[str, Any]) -> bool:
+        meta = event.get("object", {}).get("metadata", {})
+        owners = [r.get("name") for r in meta.get("ownerReferences") or []]
+        return name in owners or (meta.get("annotations") or {}).get(f"{naming.GROUP}/agent-run-name") == name
+
+    return match
+
+
+@pytest.mark.parametrize(
+    "finished_while_down", [True, False], ids=["jobs-finished-while-down", "cold-mid-iteration"]
+)
+def test_restart_with_a_cold_cache_neither_loses_nor_repeats(env: Any, finished_while_down: bool) -> None:
+    """Killed mid-iteration; the new process starts with an empty cache and reconciles nothing before
+    its initial lists are in, whether the running Job finished meanwhile or is still running."""
+    plane, driver, _, outcomes, _ = env
+    name = "restart-done" if finished_while_down else "restart-cold"
+    outcomes.by_run[name] = PodOutcome(run_seconds=2.0 if finished_while_down else 0.5)
+    operator = _operator(env).start()
+    try:
+        _create(plane, _loop(name, 3))
+        job2 = naming.job_name(name, 1, 2, 1)
+        eventually(lambda: any(j["metadata"]["name"] == job2 for j in _jobs(plane, name)), 60, "iteration 2")
+        operator.kill()
+        if finished_while_down:
+            eventually(
+                lambda: any(p.startswith(job2 + "-") for p in driver.finished_at), 60, "its pod to end"
+            )
+        operator.start()
+        run = _finished(plane, name, operator)
+        assert run["status"]["phase"] == "Succeeded"
+        _assert_each_iteration_once(plane, run, 3)
+        assert "watch cache filled" in operator.logs()
+    finally:
+        operator.stop()
+
+
+def test_missed_watch_events_are_recovered_by_the_resync(env: Any) -> None:
+    """Every Job and Pod event of this run is lost on the way: only the resync's relist sees them."""
+    plane, _, proxy, _, _ = env
+    name = "missed"
+    drop = _owned_by_run(name)
+    proxy.policies["jobs"] = StreamPolicy(drop=drop)
+    proxy.policies["pods"] = StreamPolicy(drop=drop)
+    operator = _operator(env, resync_seconds=2).start()
+    try:
+        _create(plane, _loop(name, 2))
+        run = _finished(plane, name, operator)
+        assert run["status"]["phase"] == "Succeeded"
+        _assert_each_iteration_once(plane, run, 2)
+        assert proxy.policies["pods"].dropped > 0 and proxy.policies["jobs"].dropped > 0
+        assert "resync found changes the watches had missed" in operator.logs()
+    finally:
+        proxy.policies.clear()
+        operator.stop()
+
+
+@pytest.mark.parametrize("plural", ["pods", "jobs"])
+def test_a_lagging_watch_stream_neither_loses_nor_repeats(env: Any, plural: str) -> None:
+    """One kind's events arrive 1.5 s late: the conditional loop still reads each iteration's control
+    file once and stops where the file says."""
+    plane, _, proxy, outcomes, _ = env
+    name = f"lagging-{plural}"
+    outcomes.control[name] = {1: {"continue": True}, 2: {"continue": True}, 3: {"continue": False}}
+    proxy.policies[plural] = StreamPolicy(delay_seconds=1.5)
+    operator = _operator(env).start()
+    try:
+        condition = {
+            "type": "cel",
+            "expression": "iteration.last.control.continue == true",
+            "source": {"type": "file", "onMissing": "fail", "onInvalid": "fail"},
+        }
+        _create(plane, _loop(name, 6, condition=condition))
+        run = _finished(plane, name, operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        assert run["status"]["workflow"]["steps"][0]["loop"]["stopReason"] == "LoopConditionFalse"
+        _assert_each_iteration_once(plane, run, 3)
+        assert proxy.policies[plural].streams > 0  # the operator watched this kind through the lag
+    finally:
+        proxy.policies.clear()
+        operator.stop()
+
+
+def _in_process(plane: ControlPlane, body: Any) -> Any:
+    async def main() -> Any:
+        kube = await Kube.connect(str(plane.kubeconfig))
+        try:
+            return await body(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(main())
+
+
+def test_a_stale_cached_run_gets_409_and_is_replanned_from_a_fresh_read(env: Any) -> None:
+    """The status PUT carries the cached resourceVersion: stale -> 409 -> fetched fresh -> re-planned."""
+    plane = env[0]
+    name = "stale"
+    _create(plane, workflow_run(name, {}))
+
+    async def body(kube: Kube) -> None:
+        cache = RunCache()
+        await relist(kube, cache, (NAMESPACE,))
+        stale = cache.run(NAMESPACE, name)
+        assert stale is not None
+        # Someone else changes the run; this cache never hears of it.
+        plane.kubectl("label", "agentrun", name, "-n", NAMESPACE, "touched=yes")
+        reconciler = Reconciler(kube, OperatorConfig(), cache)
+        first = await reconciler.reconcile(NAMESPACE, name)
+        assert not first.wrote_status and first.requeue_after == 0.0
+        fresh = cache.run(NAMESPACE, name)
+        assert fresh is not None and fresh["metadata"]["labels"]["touched"] == "yes"
+        second = await reconciler.reconcile(NAMESPACE, name)
+        assert second.wrote_status
+        # The Job the first attempt created is in the cache (written through): not created twice.
+        assert len(cache.jobs_of(NAMESPACE, name)) == 1
+
+    _in_process(plane, body)
+    assert len(_jobs(plane, name)) == 1
+    assert _run(plane, name)["status"]["phase"] == "Running"
+
+
+def test_relist_finds_what_the_cache_missed_and_forgets_what_is_gone(env: Any) -> None:
+    plane = env[0]
+    name = "relisted"
+    _create(plane, workflow_run(name, {}))
+
+    async def body(kube: Kube) -> None:
+        cache = RunCache()
+        assert (NAMESPACE, name) in await relist(kube, cache, (NAMESPACE,))
+        assert cache.run(NAMESPACE, name) is not None
+        assert (NAMESPACE, name) not in await relist(kube, cache, (NAMESPACE,))  # nothing new
+        plane.kubectl("delete", "agentrun", name, "-n", NAMESPACE, "--wait=true")
+        assert (NAMESPACE, name) in await relist(kube, cache, (NAMESPACE,))
+        assert cache.run(NAMESPACE, name) is None
+
+    _in_process(plane, body)
+
+
+def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
+    """One Event per reconcile; a repeated reason bumps the series count, written when the run ends."""
+    plane = env[0]
+    name = "events"
+    _create(plane, workflow_run(name, {}))
+    run = _run(plane, name)
+
+    async def body(kube: Kube) -> int:
+        recorder = EventRecorder(kube, "test", flush_seconds=3600)
+        before = kube.counters.writes
+        for k in range(1, 4):
+            await recorder.record(
+                run,
+                [
+                    EmitEvent("Normal", "IterationSucceeded", f"iteration {k} succeeded"),
+                    EmitEvent("Normal", "IterationStarted", f"iteration {k + 1} started"),
+                ],
+                finished=False,
+            )
+        await recorder.record(run, [EmitEvent("Normal", "RunSucceeded", "run succeeded")], finished=True)
+        return kube.counters.writes - before
+
+    writes = _in_process(plane, body)
+    out = plane.kubectl(
+        "get",
+        "events",
+        "-n",
+        NAMESPACE,
+        "--field-selector",
+        f"involvedObject.uid={run['metadata']['uid']}",
+        "-o",
+        "json",
+    )
+    events = {e["reason"]: e for e in json.loads(out)["items"]}
+    assert set(events) == {"IterationStarted", "RunSucceeded"}
+    assert events["IterationStarted"]["count"] == 3
+    assert (
+        events["IterationStarted"]["message"]
+        == "IterationSucceeded: iteration 3 succeeded; IterationStarted: iteration 4 started"
+    )
+    assert writes == 3  # two POSTs and one PATCH for four reconciles' worth of Events

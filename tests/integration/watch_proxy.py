@@ -1,0 +1,159 @@
+"""A plain-HTTP proxy in front of the real API server that can delay or drop watch events.
+
+The operator is pointed at it with its own kubeconfig; every request is forwarded as the admin user.
+Watch streams (`?watch=...`) are relayed line by line through a policy the test sets per resource
+plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, or drop the events a
+predicate picks. That is how the tests make a watch lag or lose events against real parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+from agentrun_operator.devcluster import processes
+from agentrun_operator.devcluster.controlplane import ControlPlane
+
+
+@dataclass
+class StreamPolicy:
+    delay_seconds: float = 0.0
+    drop: Callable[[dict[str, Any]], bool] | None = None  # given the watch event; True drops it
+    dropped: int = 0
+    relayed: int = 0
+    streams: int = 0  # watch streams opened under this policy
+
+
+def _plural(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    return parts[-1] if parts else ""
+
+
+@dataclass
+class WatchProxy:
+    plane: ControlPlane
+    home: Path
+    policies: dict[str, StreamPolicy] = field(default_factory=dict)
+    port: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    _thread: threading.Thread | None = None
+    _runner: web.AppRunner | None = None
+    _session: ClientSession | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.home / "proxy-kubeconfig"
+
+    def start(self) -> WatchProxy:
+        self.port = processes.free_port()
+        self.home.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "proxy", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
+            "users": [{"name": "proxy", "user": {"token": "proxy"}}],
+            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}],
+            "current-context": "proxy",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc))
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(started,), daemon=True, name="watch-proxy")
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("watch proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            # Open watch streams hold the runner's cleanup; the loop is stopped regardless.
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _serve(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(self._startup())
+        started.set()
+        loop.run_forever()
+        loop.close()
+
+    async def _startup(self) -> None:
+        ctx: ssl.SSLContext = self.plane._client_ssl()
+        self._session = ClientSession(
+            connector=TCPConnector(ssl=ctx, limit=0), timeout=ClientTimeout(total=None)
+        )
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "authorization")}
+        body = await request.read()
+        url = self.plane.server + request.path_qs
+        watching = request.query.get("watch") in ("1", "true", "True")
+        async with self._session.request(request.method, url, headers=headers, data=body or None) as upstream:
+            if not watching:
+                payload = await upstream.read()
+                return web.Response(
+                    status=upstream.status,
+                    body=payload,
+                    headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+                )
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.headers.get("Content-Type", "application/json").split(";")[0]
+            await response.prepare(request)
+            policy = self.policies.get(_plural(request.path))
+            if policy is not None:
+                policy.streams += 1
+            # Each event is held until `delay_seconds` after it arrived (a lag, not a backlog).
+            lines: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            async def read() -> None:
+                try:
+                    async for line in upstream.content:
+                        await lines.put((loop.time(), line))
+                finally:
+                    await lines.put(None)
+
+            reader = asyncio.create_task(read())
+            try:
+                while (item := await lines.get()) is not None:
+                    received, line = item
+                    if policy is not None:
+                        if policy.drop is not None and policy.drop(json.loads(line)):
+                            policy.dropped += 1
+                            continue
+                        wait = received + policy.delay_seconds - loop.time()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
+                        policy.relayed += 1
+                    await response.write(line)
+            finally:
+                reader.cancel()
+            return response

@@ -1,0 +1,187 @@
+"""The watch cache's store (shell/cache.py) and the Event merge (shell/events.py): which version of an
+object wins, when a run must be re-planned, how a relist is merged in, what one merged Event says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun_operator import naming
+from agentrun_operator.planner.actions import EmitEvent
+from agentrun_operator.shell.cache import RunCache, Store, run_of_run, run_view
+from agentrun_operator.shell.events import merge
+
+NS = "ns"
+
+
+def _job(name: str, rv: int, run: str = "r", uid: str = "job-uid", complete: bool = False) -> dict[str, Any]:
+    status: dict[str, Any] = {"startTime": "2026-01-01T00:00:00Z"}
+    if complete:
+        status["conditions"] = [{"type": "Complete", "status": "True"}]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": uid,
+            "resourceVersion": str(rv),
+            "labels": {
+                naming.LABEL_RUN: run,
+                naming.LABEL_STEP_INDEX: "1",
+                naming.LABEL_ITERATION: "1",
+                naming.LABEL_ATTEMPT: "1",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "agents.proompteng.ai/v1alpha1",
+                    "kind": "AgentRun",
+                    "name": run,
+                    "uid": "run-uid",
+                }
+            ],
+        },
+        "spec": {},
+        "status": status,
+    }
+
+
+def _run(rv: int, status: dict[str, Any] | None = None, uid: str = "run-uid") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "r", "namespace": NS, "uid": uid, "resourceVersion": str(rv), "generation": 1},
+        "spec": {},
+        "status": status or {},
+    }
+
+
+def test_a_new_object_and_a_visible_change_replan_the_run() -> None:
+    cache = RunCache()
+    assert cache.jobs.upsert(_job("j", 1)) == (NS, "r")
+    assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
+    assert cache.jobs_of(NS, "r")[0]["metadata"]["resourceVersion"] == "2"
+
+
+def test_a_change_the_planner_cannot_see_does_not_replan() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    touched = _job("j", 2)
+    touched["metadata"]["annotations"] = {"unrelated": "x"}
+    assert cache.jobs.upsert(touched) is None
+    assert cache.jobs_of(NS, "r")[0]["metadata"]["resourceVersion"] == "2"  # still the newest stored
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    """E.g. our own status write stored first, the watch's older event delivered after it."""
+    store = Store(run_of_run, run_view)
+    assert store.upsert(_run(5, {"phase": "Running"})) is not None
+    assert store.upsert(_run(4, {"phase": "Pending"})) is None
+    assert store.one((NS, "r"), "r") == _run(5, {"phase": "Running"})
+
+
+def test_the_echo_of_our_own_write_does_not_replan() -> None:
+    store = Store(run_of_run, run_view)
+    store.upsert(_run(5, {"phase": "Running"}))
+    assert store.upsert(_run(5, {"phase": "Running"})) is None
+
+
+def test_delete_forgets_only_the_same_object() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 3, uid="new"))
+    assert cache.jobs.delete(_job("j", 2, uid="old")) is None  # a namesake's late DELETED
+    assert len(cache.jobs_of(NS, "r")) == 1
+    assert cache.jobs.delete(_job("j", 4, uid="new")) == (NS, "r")
+    assert cache.jobs_of(NS, "r") == []
+
+
+def test_an_orphaned_object_leaves_its_run() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    orphan = _job("j", 2)
+    orphan["metadata"]["ownerReferences"] = []
+    assert cache.jobs.upsert(orphan) == (NS, "r")
+    assert cache.jobs_of(NS, "r") == []
+
+
+def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_is_newer_than_the_list() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("gone", 3, uid="a"))
+    cache.jobs.upsert(_job("arrived-after-the-list", 12, uid="b"))
+    cache.jobs.upsert(_job("changed", 4, uid="c"))
+    changed = cache.jobs.relist(
+        [_job("changed", 9, uid="c", complete=True), _job("missed", 8, uid="d")], 10, {NS}
+    )
+    assert changed == {(NS, "r")}
+    names = sorted(j["metadata"]["name"] for j in cache.jobs_of(NS, "r"))
+    assert names == ["arrived-after-the-list", "changed", "missed"]
+
+
+def test_relist_of_one_namespace_leaves_the_others_alone() -> None:
+    cache = RunCache()
+    other = _job("j", 1)
+    other["metadata"]["namespace"] = "elsewhere"
+    cache.jobs.upsert(other)
+    assert cache.jobs.relist([], 10, {NS}) == set()
+    assert len(cache.jobs_of("elsewhere", "r")) == 1
+
+
+def test_merge_keeps_every_message_and_the_most_telling_reason() -> None:
+    merged = merge(
+        [
+            EmitEvent("Normal", "IterationSucceeded", "iteration 3/3 succeeded."),
+            EmitEvent("Normal", "LoopCompleted", "loop completed: LoopMaxIterationsReached"),
+            EmitEvent("Normal", "RunSucceeded", "run succeeded"),
+        ]
+    )
+    assert merged == EmitEvent(
+        "Normal",
+        "RunSucceeded",
+        "IterationSucceeded: iteration 3/3 succeeded; "
+        "LoopCompleted: loop completed: LoopMaxIterationsReached; RunSucceeded: run succeeded",
+    )
+
+
+def test_merge_is_a_warning_when_any_part_is() -> None:
+    merged = merge(
+        [
+            EmitEvent("Warning", "ConditionEvaluated", "control file missing"),
+            EmitEvent("Normal", "IterationStarted", "iteration 2 started"),
+        ]
+    )
+    assert merged.type == "Warning"
+    assert merged.reason == "ConditionEvaluated"
+
+
+def test_hand_overs_share_one_reason_and_a_loop_start_keeps_its_own() -> None:
+    """Hand-overs fold into one series; a loop's start stays its own Event (describe shows it)."""
+    start = merge(
+        [EmitEvent("Normal", "LoopStarted", "loop started"), EmitEvent("Normal", "IterationStarted", "1")]
+    )
+    step = merge(
+        [EmitEvent("Normal", "IterationSucceeded", "1"), EmitEvent("Normal", "IterationStarted", "2")]
+    )
+    again = merge(
+        [EmitEvent("Normal", "IterationSucceeded", "2"), EmitEvent("Normal", "IterationStarted", "3")]
+    )
+    assert start.reason == "LoopStarted"
+    assert step.reason == again.reason == "IterationStarted"
+
+
+def _pod(phase: str, rv: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": NS,
+            "uid": "pod-uid",
+            "resourceVersion": str(rv),
+            "labels": {naming.LABEL_RUN: "r", "job-name": "j"},
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_a_pod_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
+    """Neither can change a plan (ObservedPod/ObservedJob.plan_relevant); a pod's end does."""
+    cache = RunCache()
+    assert cache.pods.upsert(_pod("Pending", 1)) == (NS, "r")
+    assert cache.pods.upsert(_pod("Running", 2)) is None
+    assert cache.pods.upsert(_pod("Succeeded", 3)) == (NS, "r")
+    started = _job("j", 1)
+    cache.jobs.upsert({**started, "status": {}})
+    assert cache.jobs.upsert(_job("j", 2)) is None
