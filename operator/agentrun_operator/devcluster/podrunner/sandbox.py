@@ -77,6 +77,12 @@ def _depth(path: str) -> int:
     return len([p for p in path.split("/") if p])
 
 
+def _covers(target: str, path: str) -> bool:
+    """True when a mount at `target` hides `path`."""
+    root = target.rstrip("/") or "/"
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
 def bwrap_argv(
     bwrap: str,
     argv: Sequence[str],
@@ -123,6 +129,11 @@ def bwrap_argv(
                 out += ["--ro-bind", path, path]
     for bind in binds:
         out += ["--ro-bind" if bind.read_only else "--bind", bind.source, bind.target]
+    for path in tool_paths:
+        # A volume mounted over them (an `emptyDir` at /tmp, as the chart's operator pod has) hides
+        # them again: bind them once more on top, so `agentrun` is found wherever the checkout lives.
+        if path.startswith("/tmp/") and any(_covers(bind.target, path) for bind in binds):
+            out += ["--ro-bind", path, path]
     for file in files:
         out += ["--ro-bind" if file.read_only else "--bind", file.source, file.target]
     for directory, _entries in reversed(expand):

@@ -205,3 +205,26 @@ def test_host_tools_under_tmp_are_shown_again_after_the_pods_tmp() -> None:
     assert text.index("--bind /state/pod/tmp /tmp") < text.index("--ro-bind /tmp/ci/.venv /tmp/ci/.venv")
     assert "--ro-bind /tmp/ci/operator /tmp/ci/operator" in text
     assert "/work/main/.venv" not in text  # not hidden, so not bound again
+
+
+def test_host_tools_under_tmp_stay_visible_under_a_volume_mounted_at_tmp() -> None:
+    """The chart's operator pod mounts an emptyDir at /tmp; a checkout (and its venv with `agentrun`)
+    under the host's /tmp must still be there, read-only, on top of that volume."""
+    venv = "/tmp/ci-clone/.venv"
+    argv = bwrap_argv(
+        "/usr/bin/bwrap",
+        ["agentrun", "operator"],
+        [HostEntry("usr", "dir")],
+        "/state/pod/tmp",
+        [Bind("/state/pod/volumes/tmp", "/tmp")],
+        [],
+        "/",
+        tool_paths=[venv, "/usr/lib/python3"],
+    )
+    binds = [tuple(argv[i : i + 3]) for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
+    volume = binds.index(("--bind", "/state/pod/volumes/tmp", "/tmp"))
+    assert ("--ro-bind", venv, venv) in binds[volume + 1 :], "the venv must be bound after the /tmp volume"
+    assert ("--ro-bind", "/usr/lib/python3", "/usr/lib/python3") not in binds  # not under /tmp: never hidden
+    # Without a volume over it, the venv is bound once, right after the pod's own /tmp.
+    plain = bwrap_argv("/usr/bin/bwrap", ["x"], [], "/state/pod/tmp", [], [], "/", tool_paths=[venv])
+    assert " ".join(plain).count(f"--ro-bind {venv} {venv}") == 1
