@@ -260,12 +260,20 @@ class LocalDefault:
     def all_started(self, names: list[str]) -> bool:
         return all("start 1" in self.claim_log(n) for n in names)
 
-    def release(self, names: list[str]) -> None:
+    def release(self, names: list[str], deadline: float) -> None:
+        """Let the held runs go on. The last fault may still be healing (an API server restarting):
+        wait for it to answer rather than taking its silence for an unbound claim."""
         for name in names:
-            claim = self.claim_dir(name)
-            if claim is None:
-                raise RuntimeError(f"the claim of {name} is not bound")
-            (claim / "release").touch()
+            found: list[Path] = []
+
+            def readable(run: str = name) -> bool:
+                claim = self.claim_dir(run)
+                if claim is not None:
+                    found.append(claim)
+                return claim is not None
+
+            self.wait_for(readable, deadline, f"the claim of {name} (the API server back, the claim bound)")
+            (found[-1] / "release").touch()
 
     def wait_for(self, check: Callable[[], bool], deadline: float, what: str) -> None:
         while not check():
@@ -339,7 +347,7 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
             env.inject(kind, config)
             report.injected[kind] += 1
         if config.hold:
-            env.release(names)
+            env.release(names, deadline)
         while time.monotonic() < deadline:
             seen = env.phases()
             if seen is not None:
