@@ -266,7 +266,7 @@ class LocalDefault:
         for name in names:
             found: list[Path] = []
 
-            def readable(run: str = name) -> bool:
+            def readable(run: str = name, found: list[Path] = found) -> bool:
                 claim = self.claim_dir(run)
                 if claim is not None:
                     found.append(claim)
