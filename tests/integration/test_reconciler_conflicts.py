@@ -19,6 +19,7 @@ import pytest
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_operator.shell.cache import RunCache, relist
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
 from tests.support.claims import bound_claim
@@ -92,7 +93,9 @@ async def _reconcile_twice_with_a_race(plane: ControlPlane, name: str) -> tuple[
     kube = await Kube.connect(str(plane.kubeconfig))
     try:
         raced = RacedKube(kube, plane)
-        reconciler = Reconciler(raced, CONFIG)
+        cache = RunCache(gates=())
+        await relist(kube, cache, (NAMESPACE,))
+        reconciler = Reconciler(raced, CONFIG, cache)
         raced.race_next_status_write = True
         first = await reconciler.reconcile(NAMESPACE, name)
         second = await reconciler.reconcile(NAMESPACE, name)
@@ -130,7 +133,9 @@ def test_job_refused_by_the_api_server_fails_the_run_once_with_its_message(
     async def reconcile_three_times() -> tuple[list[Any], int]:
         kube = await Kube.connect(str(plane.kubeconfig))
         try:
-            reconciler = Reconciler(kube, CONFIG)
+            cache = RunCache(gates=())
+            await relist(kube, cache, (NAMESPACE,))
+            reconciler = Reconciler(kube, CONFIG, cache)
             results = [await reconciler.reconcile(NAMESPACE, name) for _ in range(3)]
             return results, kube.counters.writes
         finally:

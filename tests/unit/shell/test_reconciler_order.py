@@ -28,6 +28,7 @@ from agentrun_operator.planner.actions import (
 )
 from agentrun_operator.planner.context import Plan
 from agentrun_operator.shell import reconciler as reconciler_module
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.kube import KubeError
 from agentrun_operator.shell.reconciler import Reconciler
 from tests.support.manifests import WORKSPACE_PVC, agentrun
@@ -55,6 +56,7 @@ class RecordingKube:
         self.run = run
         self.status_conflict = status_conflict
         self.calls: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
         self.written_status: dict[str, Any] | None = None
 
     async def get_custom(self, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
@@ -105,15 +107,24 @@ class RecordingKube:
     async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
         self.calls.append(("patch", f"jobs/{name}"))
 
-    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("create", f"events/{event['reason']}"))
+        self.events.append(event)
+        return {**event, "metadata": {**event.get("metadata", {}), "name": f"event-{len(self.calls)}"}}
+
+    async def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", f"events/{name}"))
+        return {"metadata": {"name": name}, **patch}
 
     async def delete_run(self, namespace: str, name: str, uid: str) -> None:
         self.calls.append(("delete", f"agentruns/{name}"))
 
 
 def reconcile(kube: RecordingKube) -> reconciler_module.ReconcileResult:
-    return asyncio.run(Reconciler(kube, CONFIG).reconcile("ns", "run"))  # type: ignore[arg-type]
+    """One reconcile, reading the run from a watch cache that holds it (as the operator's does)."""
+    cache = RunCache(gates=())
+    cache.runs.upsert(copy.deepcopy(kube.run))
+    return asyncio.run(Reconciler(kube, CONFIG, cache).reconcile("ns", "run"))  # type: ignore[arg-type]
 
 
 def writes(kube: RecordingKube) -> list[tuple[str, str]]:
@@ -160,7 +171,8 @@ BEFORE_STATUS = [("create", "jobs/new-job"), ("delete", "jobs/stray-job"), ("cre
 AFTER_STATUS = [
     ("patch", "jobs/old-job"),
     ("delete", "agentruns/run"),
-    ("create", "events/First"),
+    # The reconcile's Events are aggregated into one (docs/operator.md#events): the most telling
+    # reason (a Warning wins), each part kept under its own reason in the message.
     ("create", "events/Last"),
 ]
 
@@ -181,9 +193,11 @@ def test_writes_before_the_status_and_effects_after_it_whatever_order_the_plan_l
     status_at = done.index(("replace", "agentruns/run/status"))
     assert done[:status_at] == [BEFORE_STATUS[0], BEFORE_STATUS[1], BEFORE_STATUS[2]]
     assert sorted(done[status_at + 1 :]) == sorted(AFTER_STATUS)
-    # Events keep the planner's order among themselves.
-    events = [c for c in done if c[1].startswith("events/")]
-    assert events == [("create", "events/First"), ("create", "events/Last")]
+    # One Event for the reconcile; its parts keep the planner's order.
+    assert [c for c in done if c[1].startswith("events/")] == [("create", "events/Last")]
+    (event,) = kube.events
+    assert event["type"] == "Warning"
+    assert event["message"].index("First: an event listed first") < event["message"].index("Last: an event")
     assert result.requeue_after == 0.0  # the claim asks for an immediate look
 
 
