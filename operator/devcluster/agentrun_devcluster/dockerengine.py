@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from agentrun_operator.devcluster import processes, toolchain
+from agentrun_devcluster import processes, toolchain
 
 DOCKERD = "dockerd"
 DOCKERD_FLAGS = ("--iptables=false", "--bridge=none")

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
+from agentrun_devcluster import processes
+from agentrun_devcluster.pki import PKIPaths, ensure_pki
 
 Progress = Callable[[str], None]
 
