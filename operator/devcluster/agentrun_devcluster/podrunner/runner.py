@@ -35,6 +35,7 @@ from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path
+from agentrun_devcluster.podrunner.docker import DockerContainer
 from agentrun_devcluster.podrunner.network import (
     PodNetwork,
     isolation_unavailable,
@@ -409,7 +410,7 @@ class PodWorker:
                 container_id=record.container_id,
                 last_state=last,
             )
-            self.procs[name] = adopt.AdoptedContainer(record, self._notify)
+            self.procs[name] = adopt.adopt_container(record, self._notify)
         log.info(
             "pod %s/%s: adopted %s from an earlier runner process",
             self.namespace,
@@ -700,9 +701,12 @@ class PodWorker:
             return
         self.procs[name] = proc
         self._set(name, State("running", started_at=now), container_id=proc.container_id)
-        if isinstance(proc, ContainerProcess):  # the process runtime's containers can be adopted
+        if isinstance(proc, ContainerProcess | DockerContainer):  # a later runner can adopt it
+            pid, runtime = (
+                (proc.pid, "process") if isinstance(proc, ContainerProcess) else (proc.proc.pid, "docker")
+            )
             record = adopt.launch_record(
-                self.dir, name, restart, proc.pid, now, proc.container_id, proc.log_path
+                self.dir, name, restart, pid, now, proc.container_id, proc.log_path, runtime
             )
             if record is not None:
                 adopt.write_launch(self.dir, record)
@@ -738,7 +742,7 @@ class PodWorker:
         reason = S.exit_reason(code)
         message: str | None
         failure = proc.start_failure()
-        if isinstance(proc, adopt.AdoptedContainer) and proc.lost:  # ended unseen, no exit code left
+        if getattr(proc, "lost", False):  # an adopted container that ended unseen, no exit code left
             reason, message = "ContainerStatusUnknown", _LOST_MESSAGE
         elif failure is not None:  # the sandbox or container could not be set up
             code, reason = 128, "StartError"
