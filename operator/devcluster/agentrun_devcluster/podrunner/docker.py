@@ -372,7 +372,7 @@ class DockerAdoptedContainer:
     def _wait(self) -> None:
         state: dict[str, Any] | None = None
         while True:
-            engine.docker("wait", self.name, timeout=365 * 86400)
+            waited = engine.docker("wait", self.name, timeout=3600)
             try:
                 state = container_state(self.name)
             except OSError:  # the engine does not answer: ask again
@@ -380,6 +380,8 @@ class DockerAdoptedContainer:
                 continue
             if state is None or str(state.get("Status")) not in _RUNNING:
                 break
+            if waited.returncode not in (0, 124):  # refused while it runs (an engine restarting)
+                time.sleep(2.0)
         try:
             self._follower.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -35,7 +35,7 @@ from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path
-from agentrun_devcluster.podrunner.docker import DockerContainer
+from agentrun_devcluster.podrunner.docker import DockerContainer, DockerPodNetwork
 from agentrun_devcluster.podrunner.network import (
     PodNetwork,
     isolation_unavailable,
@@ -419,7 +419,7 @@ class PodWorker:
         )
         self.publish()
         network = adopt.read_network(self.dir)
-        if network is not None and network.alive():
+        if network is not None and network.alive() and self.runner.runtime.name == "process":
             self.adopted_network = network
             endpoint = urllib.parse.urlsplit(self.api.server)
             adopted = PodNetwork(
@@ -427,8 +427,11 @@ class PodWorker:
             )
             adopted.namespace_pid = network.namespace_pid
             self.network = adopted
-        elif not self._start_network():
-            return False
+        else:
+            if network is not None:  # the docker runtime's forwarder: a new one into the kept pause container
+                adopt.stop_network(network)
+            if not self._start_network():
+                return False
         return self._prepare_volumes(adopting=True)
 
     def _bind(self) -> bool:
@@ -526,7 +529,7 @@ class PodWorker:
         except OSError as exc:
             self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
             return False
-        net = self.network
+        net = self.network.forwarder if isinstance(self.network, DockerPodNetwork) else self.network
         if isinstance(net, PodNetwork) and net.proc is not None and net.namespace_pid is not None:
             adopt.write_network(self.dir, net.proc.pid, net.namespace_pid)
         return True
