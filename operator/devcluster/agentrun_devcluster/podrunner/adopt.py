@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,61 @@ def read_launches(pod_dir: Path) -> dict[str, LaunchRecord]:
 
 def any_alive(pod_dir: Path) -> bool:
     """True when a container an earlier runner started for this pod still runs."""
-    return any(record.alive() for record in read_launches(pod_dir).values())
+    return bool(running_shims(pod_dir)) or any(record.alive() for record in read_launches(pod_dir).values())
+
+
+def running_shims(pod_dir: Path) -> dict[Path, int]:
+    """The shims running for this pod's containers, found by the exit file their argv names:
+    {exit file: shim pid}."""
+    prefix = (str(pod_dir / "containers") + "/").encode()
+    head = [b"/bin/sh", b"-c", _SHIM.encode()]
+    found: dict[Path, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = argv[:3] == head and len(argv) > 3 and argv[3].startswith(prefix)
+        if ours and process_start(int(entry.name)) is not None:
+            found[Path(argv[3].decode(errors="replace"))] = int(entry.name)
+    return found
+
+
+def unrecorded_launches(
+    pod_dir: Path, uid: str, names: Iterable[str], recorded: Mapping[str, LaunchRecord], now: str
+) -> dict[str, LaunchRecord]:
+    """Containers (of the process runtime) an earlier runner started but did not record: it was
+    killed between starting one and writing its launch record. Found by the shim still running
+    or the exit file it left, for a restart later than the recorded one; started again they would
+    run twice. `now` stands for their unknown start time."""
+    shims = running_shims(pod_dir)
+    found: dict[str, LaunchRecord] = {}
+    for name in names:
+        prior = recorded.get(name)
+        floor = prior.restart + 1 if prior is not None else 0
+        directory = pod_dir / "containers" / name
+        exits = {p: 0 for p in directory.glob("*.exit")}
+        candidates = {**exits, **{p: pid for p, pid in shims.items() if p.parent == directory}}
+        restarts = {
+            int(p.stem): pid for p, pid in candidates.items() if p.stem.isdigit() and int(p.stem) >= floor
+        }
+        if not restarts:
+            continue
+        restart = max(restarts)
+        pid = restarts[restart]
+        found[name] = LaunchRecord(
+            name=name,
+            restart=restart,
+            pid=pid,
+            pid_start=(process_start(pid) or "") if pid else "",
+            started_at=now,
+            container_id=f"agentrun://{uid[:8]}-{name}-{restart}",
+            log=str(pod_dir / "logs" / name / f"{restart}.log"),
+            exit_file=str(exit_file(pod_dir, name, restart)),
+        )
+    return found
 
 
 def launch_record(

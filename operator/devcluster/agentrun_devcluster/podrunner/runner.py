@@ -365,6 +365,10 @@ class PodWorker:
             self._await_deletion()
             return
         launched = adopt.read_launches(self.dir)
+        if self.runner.runtime.name == "process":  # started, then the runner died before the record
+            launched.update(
+                adopt.unrecorded_launches(self.dir, self.uid, self.records, launched, now_rfc3339())
+            )
         if launched:  # an earlier runner process started this pod: its containers may still run
             if not self._adopt(launched):
                 self._await_deletion()
@@ -417,6 +421,7 @@ class PodWorker:
             self.name,
             ", ".join(f"{n} ({'running' if not p.done else 'ended'})" for n, p in self.procs.items()),
         )
+        self._reap()  # the ended ones are terminated before the first write (never back to running)
         self.publish()
         network = adopt.read_network(self.dir)
         if network is not None and network.alive() and self.runner.runtime.name == "process":
