@@ -288,8 +288,9 @@ def test_runner_killed_and_restarted_adopts_running_containers_and_reports_finis
     docker_default: LocalDefault,
 ) -> None:
     """Containers outlive the runner, as containers outlive a kubelet restart: the new runner adopts
-    the running ones (the same container, its pause container and log kept) and reports the one that
-    ended while no runner ran with its real exit code, termination message and whole log."""
+    the running ones (the same container, its pause container and log kept; also one whose launch
+    record was never written) and reports the one that ended while no runner ran with its real exit
+    code, termination message and whole log."""
     env = docker_default
     env.create_claim("docker-restart-gate")
     gate = env.claim_dir("docker-restart-gate") / "go"
@@ -341,6 +342,10 @@ def test_runner_killed_and_restarted_adopts_running_containers_and_reports_finis
     env.runner.kill()  # the runner's process group: its `docker start --attach` clients too
     try:
         assert _state(before["containerID"])["Running"], "the container outlived its runner"
+        # As if the runner had died between starting it and recording it: found by its name.
+        records = list(env.state_dir.glob("pods/e2e-docker/d-keeps-running/*/containers/main/launch.json"))
+        assert len(records) == 1
+        records[0].unlink()
         gate.write_text("go")
         unseen = main_status(get_pod(env, "d-ends-unseen"))["containerID"]
         eventually(

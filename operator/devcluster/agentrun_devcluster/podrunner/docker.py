@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -329,16 +329,23 @@ class DockerAdoptedContainer:
         if state is None:
             self.lost = True
             self._exit_code = 137
-        elif str(state.get("Status")) in _RUNNING:
+        elif str(state.get("Status")) in _RUNNING or self._started_now(state):
             self._follower = self._follow_log()
             threading.Thread(target=self._wait, daemon=True, name=f"docker-adopted-{self.name}").start()
         elif str(state.get("Status")) in ("exited", "dead"):
             self._copy_log()
             self._ended(state)
-        else:  # created but never started (the runner died in between): it did not run
+        else:  # being removed, or its start failed: nothing to tell
             remove_container(self.name)
             self.lost = True
             self._exit_code = 137
+
+    def _started_now(self, state: Mapping[str, Any]) -> bool:
+        """Created, and the runner died before its `docker start` did: start it (the runner had
+        decided to), detached this time; its log comes from the engine as for any adopted one."""
+        if str(state.get("Status")) != "created":
+            return False
+        return engine.docker("start", self.name, timeout=120).returncode == 0
 
     def _stop_old_client(self) -> None:
         """The earlier runner's `docker start --attach` client, if it outlived that runner, would
@@ -446,6 +453,50 @@ class DockerRuntime:
     def close(self) -> None:
         """Nothing to do: containers outlive the runner and a new runner adopts them (adopt.py);
         `agentrun dev down` removes what is left (`adopt.stop_leftovers`)."""
+
+    def unrecorded_launches(
+        self,
+        pod: Mapping[str, Any],
+        pod_dir: Path,
+        names: Iterable[str],
+        recorded: Mapping[str, LaunchRecord],
+        now: str,
+    ) -> dict[str, LaunchRecord]:
+        """Found by the pod's uid label and the container's name, for a restart later than the
+        recorded one (see `container_name`)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        listing = engine.docker(
+            "ps", "--all", "--format", "{{.Names}}\t{{.State}}", "--filter", f"label={LABEL_UID}={uid}"
+        )
+        rows = [line.split("\t", 1) for line in listing.stdout.splitlines() if "\t" in line]
+        present = [n for n, state in rows if state != "created"]  # never started: it is started anew
+        found: dict[str, LaunchRecord] = {}
+        for name in names:
+            prior = recorded.get(name)
+            floor = prior.restart + 1 if prior is not None else 0
+            prefix = _NAME_UNSAFE.sub(
+                "-", f"agentrun_{meta.get('namespace')}_{meta.get('name')}_{name}_{uid[:8]}_"
+            )
+            restarts = [
+                int(n[len(prefix) :]) for n in present if n.startswith(prefix) and n[len(prefix) :].isdigit()
+            ]
+            restarts = [r for r in restarts if r >= floor]
+            if not restarts:
+                continue
+            restart = max(restarts)
+            found[name] = LaunchRecord(
+                name=name,
+                restart=restart,
+                pid=0,
+                pid_start="",
+                started_at=now,
+                container_id=f"docker://{prefix}{restart}",
+                log=str(pod_dir / "logs" / name / f"{restart}.log"),
+                exit_file=str(pod_dir / "containers" / name / f"{restart}.exit"),
+                runtime="docker",
+            )
+        return found
 
     def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
         env = S.default_env(pod, "", api_server)

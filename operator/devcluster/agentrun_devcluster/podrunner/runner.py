@@ -365,10 +365,9 @@ class PodWorker:
             self._await_deletion()
             return
         launched = adopt.read_launches(self.dir)
-        if self.runner.runtime.name == "process":  # started, then the runner died before the record
-            launched.update(
-                adopt.unrecorded_launches(self.dir, self.uid, self.records, launched, now_rfc3339())
-            )
+        launched.update(  # started, then the runner died before it wrote the record
+            self.runner.runtime.unrecorded_launches(self.pod, self.dir, self.records, launched, now_rfc3339())
+        )
         if launched:  # an earlier runner process started this pod: its containers may still run
             if not self._adopt(launched):
                 self._await_deletion()
