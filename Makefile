@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 
 .PHONY: setup bubblewrap test lint unit integration demo crds down clean kind image
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml operator/devcluster/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e operator/devcluster
 	touch $@
 
 setup: $(BIN)/.installed bubblewrap

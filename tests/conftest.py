@@ -53,8 +53,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A running etcd + kube-apiserver + kube-controller-manager with our CRDs installed."""
-    from agentrun_operator.devcluster import toolchain
-    from agentrun_operator.devcluster.controlplane import ControlPlane
+    from agentrun_devcluster import toolchain
+    from agentrun_devcluster.controlplane import ControlPlane
 
     if not all(toolchain.is_built(t) for t in toolchain.TOOLS) and shutil.which("go") is None:
         pytest.skip(
@@ -85,7 +85,7 @@ def docker_image() -> str:
     no apt-get), or with AGENTRUN_DOCKER=0. Where one answers, a failed base or image build fails
     the test: that is ours.
     """
-    from agentrun_operator.devcluster import baseimages, dockerengine, imagebuild
+    from agentrun_devcluster import baseimages, dockerengine, imagebuild
 
     if os.environ.get("AGENTRUN_DOCKER") == "0":
         pytest.skip("AGENTRUN_DOCKER=0: the Docker tiers are switched off")

@@ -21,12 +21,26 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+DEV_CLUSTER_MISSING = (
+    "agentrun dev: the local development cluster is not installed here. It is its own distribution, "
+    "agentrun-devcluster (operator/devcluster/ in the repository), and not part of the operator's "
+    "wheel or image. From a checkout: `make setup`, or `pip install -e operator/devcluster`; "
+    "see docs/development.md#dev-cluster-package"
+)
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from agentrun_operator.devcluster import dev, toolchain
-    from agentrun_operator.devcluster.controlplane import ControlPlaneError
-    from agentrun_operator.devcluster.dockerengine import EngineUnavailable
-    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
-    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
+    try:
+        from agentrun_devcluster import dev, toolchain
+        from agentrun_devcluster.controlplane import ControlPlaneError
+        from agentrun_devcluster.dockerengine import EngineUnavailable
+        from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
+        from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith(("agentrun_devcluster", "cryptography")):
+            raise
+        print(DEV_CLUSTER_MISSING, file=sys.stderr)
+        return 2
 
     try:
         if args.dev_command == "up":
@@ -44,7 +58,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         if args.dev_command == "run":
             return dev.run_example(Path(args.manifest), args.namespace, args.timeout, fresh=not args.keep)
         if args.dev_command == "pod-runner":
-            from agentrun_operator.devcluster.podrunner.main import run_pod_runner
+            from agentrun_devcluster.podrunner.main import run_pod_runner
 
             return run_pod_runner(
                 Path(args.kubeconfig),

@@ -35,9 +35,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
-from agentrun_operator.devcluster import processes, toolchain
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.processes import OperatorProcess
 

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrun_operator.devcluster import processes, toolchain
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.controlplane import ControlPlane
 
 KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
 NAMESPACE = "default"

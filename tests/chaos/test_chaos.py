@@ -10,8 +10,8 @@ from tests.chaos.run import KINDS, Config, run
 
 
 def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
-    from agentrun_operator.devcluster import toolchain
-    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+    from agentrun_devcluster import toolchain
+    from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
 
     if not all(toolchain.is_built(t) for t in toolchain.TOOLS):
         pytest.skip(

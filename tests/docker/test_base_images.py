@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrun_operator.devcluster import baseimages, dockerengine
+from agentrun_devcluster import baseimages, dockerengine
 
 
 def test_bases_are_cached(docker_image: str) -> None:

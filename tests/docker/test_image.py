@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agentrun_devcluster.dockerengine import docker_cli
 from agentrun_operator import __version__
 from agentrun_operator.control.envelope import decode_envelope
-from agentrun_operator.devcluster.dockerengine import docker_cli
 
 CONTROL = "/workspace/.agentrun/loop-control.json"
 FINGERPRINT = "/meta/fingerprint.json"
@@ -54,6 +54,37 @@ def test_operator_command_is_there(docker_image: str) -> None:
     proc = docker_run(docker_image, "operator", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "--liveness-port" in proc.stdout
+
+
+def test_the_image_holds_no_dev_cluster_and_no_cryptography(docker_image: str) -> None:
+    """The image installs the operator's wheel only (docs/development.md#dev-cluster-package)."""
+    probe = (
+        "import importlib.util as u;"
+        "print([m for m in ('agentrun_operator', 'agentrun_devcluster', 'cryptography') if u.find_spec(m)])"
+    )
+    found = subprocess.run(
+        [
+            docker_cli(),
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "python",
+            docker_image,
+            "-c",
+            probe,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "['agentrun_operator']"
+    dev = docker_run(docker_image, "dev", "status")
+    assert dev.returncode == 2
+    assert "pip install -e operator/devcluster" in dev.stderr
 
 
 class PodFiles:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane
 from tests.support.claims import bound_claim_dir, create_claim
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
@@ -101,7 +101,7 @@ def step_status(run: dict[str, Any], index: int = 0) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def needs_bubblewrap() -> None:
     """The pod runner cannot mount volumes without bwrap (`make setup` installs it as root)."""
-    from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+    from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
 
     try:
         find_bwrap()

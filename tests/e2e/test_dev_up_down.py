@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.controlplane import ControlPlane
-from agentrun_operator.devcluster.dev import SERVICES, component_rows
-from agentrun_operator.devcluster.toolchain import bin_dir
+from agentrun_devcluster import processes
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.dev import SERVICES, component_rows
+from agentrun_devcluster.toolchain import bin_dir
 from tests.e2e.conftest import EXAMPLES
 from tests.support.polling import eventually
 from tests.support.processes import processes_with

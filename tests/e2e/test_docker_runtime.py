@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
-from agentrun_operator.devcluster.dockerengine import docker
-from agentrun_operator.devcluster.podrunner.docker import LABEL_UID
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.dockerengine import docker
+from agentrun_devcluster.podrunner.docker import LABEL_UID
 from tests.e2e.conftest import LocalDefault, start_local_default, step_status
 from tests.support.polling import eventually
 

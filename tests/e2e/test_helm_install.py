@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster import processes
+from agentrun_devcluster.controlplane import ControlPlane
 from tests.e2e.conftest import EXAMPLES, TERMINAL, step_status
 from tests.integration.helm import CHART, Helm
 from tests.support.claims import bound_claim_dir, create_claim

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrun_operator.devcluster.podrunner.adopt import NetworkRecord, read_network
-from agentrun_operator.devcluster.podrunner.network import isolation_unavailable
+from agentrun_devcluster.podrunner.adopt import NetworkRecord, read_network
+from agentrun_devcluster.podrunner.network import isolation_unavailable
 from tests.e2e.conftest import LocalDefault
 from tests.e2e.test_pod_runner import container, create_pod, get_pod, wait_terminal
 from tests.support.polling import eventually

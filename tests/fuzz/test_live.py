@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import pytest
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.fuzz.mutate import Mutant, example_claims, mutant, support_objects
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.claims import bound_claim

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.control.envelope import encode_envelope, parse_control_payload
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 
 NODE = "agentrun-test-node"

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.helm import CHART, RELEASE_NS, Helm
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
 from tests.support.claims import bound_claim

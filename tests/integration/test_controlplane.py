@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_operator.devcluster import processes, toolchain
-from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane
 from tests.support.polling import eventually
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane
 from tests.fixtures.invalid_agentruns import (
     INVALID_AGENTRUNS,
     INVALID_UPDATES,

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane
-from agentrun_operator.devcluster.toolchain import bin_dir
+from agentrun_devcluster import processes
+from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane
+from agentrun_devcluster.toolchain import bin_dir
 
 
 def agentrun(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

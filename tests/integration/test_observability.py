@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentrun_devcluster.controlplane import ControlPlane, ControlPlaneError
 from agentrun_operator import naming
-from agentrun_operator.devcluster.controlplane import ControlPlane, ControlPlaneError
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run

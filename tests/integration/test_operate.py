@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run

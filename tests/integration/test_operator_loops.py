@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.shell.cache import RunCache, relist
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler

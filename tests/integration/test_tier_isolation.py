@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane
 from tests.e2e.conftest import NAMESPACE, NODE
 
 

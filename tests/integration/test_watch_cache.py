@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.devcluster.controlplane import ControlPlane
 from agentrun_operator.planner.actions import EmitEvent
 from agentrun_operator.shell.cache import RunCache, relist
 from agentrun_operator.shell.events import EventRecorder

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster import processes
+from agentrun_devcluster.controlplane import ControlPlane
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane
 from tests.support.polling import eventually
 
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrun_operator.devcluster.controlplane import ControlPlane
-from agentrun_operator.devcluster.podrunner.main import READY_LINE
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.podrunner.main import READY_LINE
 from tests.support.polling import eventually
 
 

@@ -340,8 +340,8 @@ def settable_names(*roots: Path, exclude: Iterable[Path] = ()) -> frozenset[str]
 
 
 def dev_cluster_roots() -> list[Path]:
-    """The local default's code: a subpackage today, possibly its own package later."""
-    return [p for p in (PACKAGE / "devcluster", PACKAGE.parent / "agentrun_devcluster") if p.is_dir()]
+    """The local default's code: its own distribution under operator/devcluster/."""
+    return [PACKAGE.parent / "devcluster" / "agentrun_devcluster"]
 
 
 def product_names() -> frozenset[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_operator.devcluster import baseimages, dockerengine
-from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable, make_runtime
-from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+from agentrun_devcluster import baseimages, dockerengine
+from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable, make_runtime
+from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
 
 
 @pytest.fixture

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_operator.devcluster import baseimages, imagebuild
-from agentrun_operator.devcluster.podrunner import spec as S
-from agentrun_operator.devcluster.podrunner.docker import (
+from agentrun_devcluster import baseimages, imagebuild
+from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.docker import (
     LABEL_NODE,
     container_name,
     create_argv,
     non_root_problem,
     user_flag,
 )
-from agentrun_operator.devcluster.podrunner.runtime import ImageNeverPulled, Launch
-from agentrun_operator.devcluster.podrunner.sandbox import Bind
+from agentrun_devcluster.podrunner.runtime import ImageNeverPulled, Launch
+from agentrun_devcluster.podrunner.sandbox import Bind
 
 REPO = Path(__file__).resolve().parents[2]
 

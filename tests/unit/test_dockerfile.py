@@ -149,5 +149,5 @@ def test_ci_repeats_the_install_steps(parsed: list[Instruction]) -> None:
 
 def test_build_context_holds_what_the_dockerfile_copies() -> None:
     ignore = (REPO / ".dockerignore").read_text().splitlines()
-    for needed in ("pyproject.toml", "README.md", "operator/"):
+    for needed in ("pyproject.toml", "README.md", "operator/agentrun_operator/"):
         assert f"!{needed}" in ignore, needed

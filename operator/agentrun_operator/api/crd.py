@@ -95,12 +95,34 @@ class KindInfo:
         return f"{GROUP}_{self.plural}.yaml"
 
 
-_AGE: Final = {
-    "name": "Age",
-    "type": "date",
-    "jsonPath": ".metadata.creationTimestamp",
-    "description": "Time since the object was created.",
-}
+def _column(name: str, kind: str, json_path: str, description: str) -> dict[str, str]:
+    """One `additionalPrinterColumns` entry (what `kubectl get` shows)."""
+    return {"name": name, "type": kind, "jsonPath": json_path, "description": description}
+
+
+_AGE: Final = _column("Age", "date", ".metadata.creationTimestamp", "Time since the object was created.")
+
+
+def _referenced_kind(
+    kind: str,
+    plural: str,
+    short_name: str,
+    description: str,
+    spec_model: type[BaseModel],
+    column: dict[str, str],
+) -> KindInfo:
+    """A kind that runs only name (Agent, AgentProvider, ImplementationSpec): a spec, no status of
+    its own, one column of its own before the age."""
+    return KindInfo(
+        kind=kind,
+        plural=plural,
+        short_names=(short_name,),
+        description=description,
+        spec_model=spec_model,
+        status_model=SimpleStatus,
+        printer_columns=(column, _AGE),
+    )
+
 
 KINDS: Final[tuple[KindInfo, ...]] = (
     KindInfo(
@@ -114,80 +136,43 @@ KINDS: Final[tuple[KindInfo, ...]] = (
         spec_model=AgentRunSpec,
         status_model=AgentRunStatus,
         printer_columns=(
-            {
-                "name": "Phase",
-                "type": "string",
-                "jsonPath": ".status.phase",
-                "description": "Phase of the run.",
-            },
-            {
-                "name": "Step",
-                "type": "string",
-                "jsonPath": ".status.currentStep",
-                "description": "Active step, or the last one run.",
-            },
-            {
-                "name": "Iteration",
-                "type": "string",
-                "jsonPath": ".status.iteration",
-                "description": "Iteration of the current looped step, current/max.",
-            },
-            {
-                "name": "Reason",
-                "type": "string",
-                "jsonPath": ".status.reason",
-                "description": "Reason of the phase, e.g. InvalidSpec.",
-            },
+            _column("Phase", "string", ".status.phase", "Phase of the run."),
+            _column("Step", "string", ".status.currentStep", "Active step, or the last one run."),
+            _column(
+                "Iteration",
+                "string",
+                ".status.iteration",
+                "Iteration of the current looped step, current/max.",
+            ),
+            _column("Reason", "string", ".status.reason", "Reason of the phase, e.g. InvalidSpec."),
             _AGE,
         ),
         immutable_spec_except=("cancel",),
         extra_spec_rules=(rules.CANCEL_STICKY,),
     ),
-    KindInfo(
-        kind="Agent",
-        plural="agents",
-        short_names=("ag",),
-        description="Agent names an AgentProvider plus environment and step defaults for runs that use it.",
-        spec_model=AgentSpec,
-        status_model=SimpleStatus,
-        printer_columns=(
-            {
-                "name": "Provider",
-                "type": "string",
-                "jsonPath": ".spec.providerRef.name",
-                "description": "The AgentProvider.",
-            },
-            _AGE,
-        ),
+    _referenced_kind(
+        "Agent",
+        "agents",
+        "ag",
+        "Agent names an AgentProvider plus environment and step defaults for runs that use it.",
+        AgentSpec,
+        _column("Provider", "string", ".spec.providerRef.name", "The AgentProvider."),
     ),
-    KindInfo(
-        kind="AgentProvider",
-        plural="agentproviders",
-        short_names=("agp",),
-        description="AgentProvider says how to launch an agent CLI: image, command, args and environment.",
-        spec_model=AgentProviderSpec,
-        status_model=SimpleStatus,
-        printer_columns=(
-            {"name": "Image", "type": "string", "jsonPath": ".spec.image", "description": "Container image."},
-            _AGE,
-        ),
+    _referenced_kind(
+        "AgentProvider",
+        "agentproviders",
+        "agp",
+        "AgentProvider says how to launch an agent CLI: image, command, args and environment.",
+        AgentProviderSpec,
+        _column("Image", "string", ".spec.image", "Container image."),
     ),
-    KindInfo(
-        kind="ImplementationSpec",
-        plural="implementationspecs",
-        short_names=("impl",),
-        description="ImplementationSpec holds a reusable task text (at most 128 KiB) and its checks.",
-        spec_model=ImplementationSpecSpec,
-        status_model=SimpleStatus,
-        printer_columns=(
-            {
-                "name": "Summary",
-                "type": "string",
-                "jsonPath": ".spec.summary",
-                "description": "Task summary.",
-            },
-            _AGE,
-        ),
+    _referenced_kind(
+        "ImplementationSpec",
+        "implementationspecs",
+        "impl",
+        "ImplementationSpec holds a reusable task text (at most 128 KiB) and its checks.",
+        ImplementationSpecSpec,
+        _column("Summary", "string", ".spec.summary", "Task summary."),
     ),
 )
 

@@ -23,8 +23,6 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.observed import IdempotencyClaim
 from agentrun_operator.planner.run import (
-    CONDITION_DUPLICATE,
-    CONDITION_INVALID_SPEC,
     finish_run,
     mark_invalid_spec,
     set_condition,
@@ -144,7 +142,7 @@ def _hold_idempotency_claim(ctx: PlanContext, key: str) -> bool:
         f"idempotencyKey {key!r} (agent {agent or '-'}) belongs to AgentRun {claim.holder_name!r} "
         f"(uid {claim.holder_uid}), which {state}; this run starts no Jobs and does not resume its loops"
     )
-    set_condition(ctx, CONDITION_DUPLICATE, "True", reason, message)
+    set_condition(ctx, conditions.DUPLICATE, "True", reason, message)
     finish_run(ctx, "Failed", reason, message)
     return False
 
@@ -171,7 +169,7 @@ def unparseable_status(
         observed_generation=generation,
         conditions=[
             Condition(
-                type=CONDITION_INVALID_SPEC,
+                type=conditions.INVALID_SPEC,
                 status="True",
                 reason=REASON_INVALID_SPEC,
                 message=message,

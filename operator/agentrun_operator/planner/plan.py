@@ -27,7 +27,7 @@ from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import conditions
 from agentrun_operator.planner.admission import admit
-from agentrun_operator.planner.compaction import compact, compact_history
+from agentrun_operator.planner.compaction import compact, compact_history, fit_to_budget
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
 from agentrun_operator.planner.observed import Observed
@@ -64,6 +64,7 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
+    fit_to_budget(ctx.status, ctx.config.status_budget_bytes)
     conditions.conclude(ctx)
     return ctx.result()
 

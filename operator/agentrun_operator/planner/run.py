@@ -7,6 +7,7 @@ from typing import Final, Literal
 
 from agentrun_operator.api import Condition, StepStatus, WorkflowStatus
 from agentrun_operator.planner.actions import DeleteRun
+from agentrun_operator.planner.conditions import INVALID_SPEC
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
     REASON_CANCELLED,
@@ -20,9 +21,6 @@ from agentrun_operator.planner.gating import delete_strays, set_job_ttls
 from agentrun_operator.planner.observed import Refusal
 from agentrun_operator.planner.state import StepView, all_views, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
-
-CONDITION_INVALID_SPEC: Final = "InvalidSpec"
-CONDITION_DUPLICATE: Final = "Duplicate"
 
 REASON_TIMED_OUT: Final = "WorkflowTimedOut"
 
@@ -67,7 +65,7 @@ def set_condition(
 
 def mark_invalid_spec(ctx: PlanContext, reason: str, message: str) -> None:
     """The InvalidSpec condition and its Warning Event (the run itself is finished by the caller)."""
-    set_condition(ctx, CONDITION_INVALID_SPEC, "True", reason, message)
+    set_condition(ctx, INVALID_SPEC, "True", reason, message)
     ctx.emit("Warning", REASON_INVALID_SPEC, message)
 
 

@@ -79,7 +79,7 @@ def test_in_cluster_credentials_and_namespace(no_credentials: Path, monkeypatch:
     account = no_credentials / "serviceaccount"
     account.mkdir()
     (account / "token").write_text("tok3n")
-    from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
+    from agentrun_devcluster.pki import PKIPaths, ensure_pki
 
     ensure_pki(no_credentials / "pki")  # any real CA certificate
     (account / "ca.crt").write_bytes(PKIPaths(no_credentials / "pki").ca_cert.read_bytes())

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrun_operator.devcluster import provisioner as P
+from agentrun_devcluster import provisioner as P
 
 ROOT = Path("/state")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_operator.devcluster import toolchain
-from agentrun_operator.devcluster.toolchain import Tool, ToolchainError
+from agentrun_devcluster import toolchain
+from agentrun_devcluster.toolchain import Tool, ToolchainError
 
 
 def test_missing_go_says_exactly_what_is_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrun_operator.devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner import spec as S
 from agentrun_operator.jobs.builder import FINGERPRINT_CONTAINER, MAIN_CONTAINER, REPORTER_CONTAINER
 
 POD: dict[str, Any] = {
@@ -367,7 +367,7 @@ def test_default_env_points_in_cluster_clients_at_the_api_server() -> None:
 
 
 def test_only_pods_that_serve_ports_get_their_own_network() -> None:
-    from agentrun_operator.devcluster.podrunner.network import wants_own_network
+    from agentrun_devcluster.podrunner.network import wants_own_network
 
     server = {"containers": [{"name": "op", "ports": [{"containerPort": 8080}]}]}
     assert wants_own_network(server)

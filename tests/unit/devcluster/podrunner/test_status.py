@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentrun_operator.devcluster.podrunner.sandbox import Bind, HostEntry, bwrap_argv
-from agentrun_operator.devcluster.podrunner.status import (
+from agentrun_devcluster.podrunner.sandbox import Bind, HostEntry, bwrap_argv
+from agentrun_devcluster.podrunner.status import (
     ContainerRecord,
     PodVerdict,
     PodView,

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from agentrun_operator.devcluster.podrunner.runner import DEFAULT_NODE, PodRunner, RunnerConfig
-from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
-from agentrun_operator.devcluster.podrunner.sandbox import SandboxUnavailable
+from agentrun_devcluster.podrunner.runner import DEFAULT_NODE, PodRunner, RunnerConfig
+from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
+from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable
 
 READY_LINE = "pod runner ready"
 

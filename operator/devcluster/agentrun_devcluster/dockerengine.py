@@ -13,16 +13,16 @@ so the plain `docker` CLI finds it. Every failure is an `EngineUnavailable` with
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from agentrun_operator.devcluster import processes, toolchain
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.processes import exclusive
 
 DOCKERD = "dockerd"
 DOCKERD_FLAGS = ("--iptables=false", "--bridge=none")
@@ -84,16 +84,9 @@ def engine_problem() -> str | None:
     return f"no Docker engine answers ({_last_line(proc.stderr)})"
 
 
-@contextmanager
-def _lock() -> Iterator[None]:
+def _lock() -> contextlib.AbstractContextManager[None]:
     """One engine start (or base build) at a time across processes (pytest and make may race)."""
-    state_dir().mkdir(parents=True, exist_ok=True)
-    with open(state_dir() / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return exclusive(state_dir() / ".lock")
 
 
 def apt_install(packages: Sequence[str], what: str, progress: Progress) -> None:

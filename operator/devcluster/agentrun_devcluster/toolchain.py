@@ -9,7 +9,7 @@ See docs/development.md#local-control-plane for why these versions.
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import shutil
@@ -17,10 +17,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from agentrun_devcluster.processes import exclusive
 
 KUBERNETES_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.8"  # the etcd k8s.io/kubernetes v1.36.3 pins in its go.mod
@@ -246,16 +247,9 @@ def is_built(tool: Tool) -> bool:
     return all(os.access(bin_dir() / b, os.X_OK) for b in tool.binaries)
 
 
-@contextmanager
-def _build_lock() -> Iterator[None]:
+def _build_lock() -> contextlib.AbstractContextManager[None]:
     """Serialise builds across processes (pytest and `agentrun dev up` may race)."""
-    toolchain_dir().mkdir(parents=True, exist_ok=True)
-    with open(toolchain_dir() / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return exclusive(toolchain_dir() / ".lock")
 
 
 def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label: str) -> None:

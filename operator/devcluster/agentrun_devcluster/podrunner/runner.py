@@ -31,25 +31,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agentrun_operator.devcluster import provisioner
-from agentrun_operator.devcluster.podrunner import adopt
-from agentrun_operator.devcluster.podrunner import spec as S
-from agentrun_operator.devcluster.podrunner.api import Api, ApiError, pod_path
-from agentrun_operator.devcluster.podrunner.network import (
+from agentrun_devcluster import provisioner
+from agentrun_devcluster.podrunner import adopt
+from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path
+from agentrun_devcluster.podrunner.network import (
     PodNetwork,
     isolation_unavailable,
     wants_own_network,
 )
-from agentrun_operator.devcluster.podrunner.process import ContainerProcess, default_container_path
-from agentrun_operator.devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
-from agentrun_operator.devcluster.podrunner.runtime import (
+from agentrun_devcluster.podrunner.process import ContainerProcess, default_container_path
+from agentrun_devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
+from agentrun_devcluster.podrunner.runtime import (
     Launch,
     PodSandbox,
     RunningContainer,
     make_runtime,
 )
-from agentrun_operator.devcluster.podrunner.sandbox import Bind
-from agentrun_operator.devcluster.podrunner.status import (
+from agentrun_devcluster.podrunner.sandbox import Bind
+from agentrun_devcluster.podrunner.status import (
     ContainerRecord,
     PodVerdict,
     PodView,

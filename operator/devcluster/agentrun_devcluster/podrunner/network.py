@@ -17,7 +17,7 @@ every pod stays on the host's network, as before.
 With `--netns PATH` the child joins an existing namespace instead of making one: the docker runtime
 makes it with a pause container and forwards the API server into it the same way.
 
-    python -m agentrun_operator.devcluster.podrunner.network HOST PORT [--netns PATH]
+    python -m agentrun_devcluster.podrunner.network HOST PORT [--netns PATH]
 """
 
 from __future__ import annotations

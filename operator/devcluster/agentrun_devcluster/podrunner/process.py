@@ -24,11 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrun_operator.devcluster.podrunner import adopt
-from agentrun_operator.devcluster.podrunner import spec as S
-from agentrun_operator.devcluster.podrunner.network import PodNetwork
-from agentrun_operator.devcluster.podrunner.runtime import Launch, OnExit
-from agentrun_operator.devcluster.podrunner.sandbox import (
+from agentrun_devcluster.podrunner import adopt
+from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.network import PodNetwork
+from agentrun_devcluster.podrunner.runtime import Launch, OnExit
+from agentrun_devcluster.podrunner.sandbox import (
     Bind,
     HostEntry,
     bwrap_argv,

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from agentrun_operator.devcluster.podrunner.api import Api, ApiError
+from agentrun_devcluster.podrunner.api import Api, ApiError
 
 log = logging.getLogger("agentrun.provisioner")
 

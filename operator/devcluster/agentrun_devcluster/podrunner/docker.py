@@ -30,17 +30,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from agentrun_operator.devcluster import dockerengine as engine
-from agentrun_operator.devcluster.baseimages import BUSYBOX
-from agentrun_operator.devcluster.podrunner import spec as S
-from agentrun_operator.devcluster.podrunner.network import PodNetwork
-from agentrun_operator.devcluster.podrunner.runtime import (
+from agentrun_devcluster import dockerengine as engine
+from agentrun_devcluster.baseimages import BUSYBOX
+from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.network import PodNetwork
+from agentrun_devcluster.podrunner.runtime import (
     ImageNeverPulled,
     Launch,
     OnExit,
     RuntimeUnavailable,
 )
-from agentrun_operator.devcluster.podrunner.sandbox import Bind
+from agentrun_devcluster.podrunner.sandbox import Bind
 
 LABEL_NODE: Final = "ai.proompteng.agentrun.node"
 LABEL_POD: Final = "ai.proompteng.agentrun.pod"

@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from agentrun_operator.devcluster import processes
-from agentrun_operator.devcluster.pki import PKIPaths, ensure_pki
+from agentrun_devcluster import processes
+from agentrun_devcluster.pki import PKIPaths, ensure_pki
+from agentrun_devcluster.podrunner.api import open_json_request
 
 Progress = Callable[[str], None]
 
@@ -185,13 +186,10 @@ class ControlPlane:
                 self._ssl = self._client_ssl()
             except (OSError, ssl.SSLError):
                 return 0, b""  # no certificates yet: nothing can be up
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as resp:
+            with open_json_request(
+                method, self.server + path, body, content_type, self._ssl, timeout
+            ) as resp:
                 return int(resp.status), bytes(resp.read())
         except urllib.error.HTTPError as exc:
             return int(exc.code), bytes(exc.read())

@@ -43,6 +43,26 @@ def _material(entry: dict[str, Any], key: str, base: Path, out: Path) -> str | N
     return None
 
 
+def open_json_request(
+    method: str,
+    url: str,
+    body: Any,
+    content_type: str,
+    context: ssl.SSLContext,
+    timeout: float,
+    token: str | None = None,
+) -> Any:
+    """Send one request with a JSON body (if any) and open its answer; HTTPError on non-2xx."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", content_type)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    return urllib.request.urlopen(req, context=context, timeout=timeout)
+
+
 class Api:
     """JSON requests against the API server of a kubeconfig's current context."""
 
@@ -66,14 +86,9 @@ class Api:
         self.token = user.get("token")
 
     def _request(self, method: str, path: str, body: Any, content_type: str, timeout: float) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        return urllib.request.urlopen(req, context=self.ssl, timeout=timeout)
+        return open_json_request(
+            method, self.server + path, body, content_type, self.ssl, timeout, token=self.token
+        )
 
     def request(
         self,

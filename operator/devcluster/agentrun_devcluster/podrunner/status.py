@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from agentrun_operator.devcluster.podrunner.spec import HOST_IP, start_order
+from agentrun_devcluster.podrunner.spec import HOST_IP, start_order
 
 StateKind = Literal["waiting", "running", "terminated"]
 

@@ -25,8 +25,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from agentrun_operator.devcluster import dockerengine as engine
-from agentrun_operator.devcluster.dockerengine import EngineUnavailable, Progress
+from agentrun_devcluster import dockerengine as engine
+from agentrun_devcluster.dockerengine import EngineUnavailable, Progress
 
 PYTHON_BASE = "agentrun-local/python:3.11-bookworm"
 BUSYBOX = "busybox:1.36"

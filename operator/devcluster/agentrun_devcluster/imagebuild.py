@@ -24,17 +24,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrun_devcluster import baseimages
+from agentrun_devcluster import dockerengine as engine
+from agentrun_devcluster.dockerengine import EngineUnavailable, Progress
 from agentrun_operator import __version__
 from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
-from agentrun_operator.devcluster import baseimages
-from agentrun_operator.devcluster import dockerengine as engine
-from agentrun_operator.devcluster.dockerengine import EngineUnavailable, Progress
 
 SOURCE_LABEL = "ai.proompteng.agentrun.source"
 DEFAULT_TAG = DEFAULT_REPORTER_IMAGE
 BASES = ("auto", "local", "registry")
 CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "README.md")
-CONTEXT_DIRS = ("operator",)
+CONTEXT_DIRS = ("operator/agentrun_operator",)
 """What `.dockerignore` lets into the build context (kept in step by tests/unit/test_imagebuild.py)."""
 
 
@@ -43,7 +43,7 @@ class ImageBuildError(EngineUnavailable):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[3]  # operator/devcluster/agentrun_devcluster/
 
 
 def pinned_base(dockerfile_text: str) -> str:

@@ -24,10 +24,10 @@ from typing import Any
 
 import yaml
 
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError
+from agentrun_devcluster.podrunner.adopt import stop_leftovers
 from agentrun_operator import naming
-from agentrun_operator.devcluster import processes, toolchain
-from agentrun_operator.devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError
-from agentrun_operator.devcluster.podrunner.adopt import stop_leftovers
 
 RUNNER = "pod-runner"
 OPERATOR = "operator"
@@ -151,9 +151,9 @@ def check_runtime(runtime: str) -> str:
 
     process needs bubblewrap; docker needs a Docker engine (started here as root on Debian, see
     `dockerengine`); auto is docker when an engine answers already, else process."""
-    from agentrun_operator.devcluster import dockerengine
-    from agentrun_operator.devcluster.podrunner.runtime import RuntimeUnavailable
-    from agentrun_operator.devcluster.podrunner.sandbox import find_bwrap
+    from agentrun_devcluster import dockerengine
+    from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
+    from agentrun_devcluster.podrunner.sandbox import find_bwrap
 
     if runtime == "auto":
         runtime = "docker" if dockerengine.engine_problem() is None else "process"
@@ -316,7 +316,7 @@ def env() -> int:
 
 def engine(stop: bool = False) -> int:
     """`agentrun dev engine [--stop]`: make sure a Docker engine answers (see `dockerengine`)."""
-    from agentrun_operator.devcluster import dockerengine
+    from agentrun_devcluster import dockerengine
 
     if stop:
         stopped = dockerengine.stop_engine()
@@ -333,7 +333,7 @@ def engine(stop: bool = False) -> int:
 
 def base_images() -> int:
     """`agentrun dev base-images`: the local Python base and busybox:1.36 from Debian packages."""
-    from agentrun_operator.devcluster import baseimages
+    from agentrun_devcluster import baseimages
 
     print(baseimages.ensure_python_base(_say))
     print(baseimages.ensure_busybox(_say))
@@ -342,7 +342,7 @@ def base_images() -> int:
 
 def image(tag: str, base: str, with_busybox: bool = False) -> int:
     """`agentrun dev image` (`make image`): build the operator image (see `imagebuild`)."""
-    from agentrun_operator.devcluster import baseimages, imagebuild
+    from agentrun_devcluster import baseimages, imagebuild
 
     built = imagebuild.build_image(tag, base, _say)
     if with_busybox:
@@ -434,7 +434,7 @@ def _show_files(root: Path, limit: int = 2048) -> None:
 
 def _claim_directory(plane: ControlPlane, namespace: str, claim: str) -> Path | None:
     """The directory of the local volume bound to `claim`, if it is bound to one."""
-    from agentrun_operator.devcluster.provisioner import local_path
+    from agentrun_devcluster.provisioner import local_path
 
     code, body = plane.api_get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
     volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrun_operator.devcluster.podrunner import spec as S
-from agentrun_operator.devcluster.podrunner.sandbox import Bind
+from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.sandbox import Bind
 
 RUNTIMES = ("process", "docker", "auto")
 
@@ -127,16 +127,16 @@ class ContainerRuntime(Protocol):
 
 def make_runtime(choice: str, node: str, container_path: str) -> ContainerRuntime:
     """The runtime for `--runtime`: RuntimeUnavailable (one line) when it cannot run here."""
-    from agentrun_operator.devcluster.dockerengine import engine_problem
+    from agentrun_devcluster.dockerengine import engine_problem
 
     if choice not in RUNTIMES:
         raise RuntimeUnavailable(f"--runtime must be one of {', '.join(RUNTIMES)}, not {choice!r}")
     if choice == "auto":
         choice = "docker" if engine_problem() is None else "process"
     if choice == "docker":
-        from agentrun_operator.devcluster.podrunner.docker import DockerRuntime
+        from agentrun_devcluster.podrunner.docker import DockerRuntime
 
         return DockerRuntime(node)
-    from agentrun_operator.devcluster.podrunner.process import ProcessRuntime
+    from agentrun_devcluster.podrunner.process import ProcessRuntime
 
     return ProcessRuntime(container_path)
