@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import celpy
@@ -32,6 +30,7 @@ from agentrun_operator.api.crd import (
     render_crds_yaml,
     write_crds,
 )
+from tests.fixtures import invalid_agentruns
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS_DIR = REPO / "crds"
@@ -48,15 +47,7 @@ EXPECTED_FILES = {
 }
 
 
-def _load_fixture_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"fixtures_{name}", FIXTURES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-INVALID = _load_fixture_module("invalid_agentruns")
+INVALID = invalid_agentruns
 
 
 def _crd(kind: str) -> dict[str, Any]:

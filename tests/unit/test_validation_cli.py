@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
 from agentrun_operator.validation_cli import main
+from tests.fixtures import invalid_agentruns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REFERENCE = FIXTURES / "reference"
@@ -193,16 +192,7 @@ def test_cli_entry_point_is_wired(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "maxIterations" not in out and "type pvc" in out
 
 
-def _invalid_fixtures() -> ModuleType:
-    """tests/fixtures is not a package; load the invalid-manifest table by path."""
-    spec = importlib.util.spec_from_file_location("fixtures_invalid_cli", FIXTURES / "invalid_agentruns.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-INVALID = _invalid_fixtures()
+INVALID = invalid_agentruns
 
 
 @pytest.mark.parametrize(

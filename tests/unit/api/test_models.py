@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,21 +30,13 @@ from agentrun_operator.api import (
     immutability_violations,
     parse_agentrun,
 )
+from tests.fixtures import invalid_agentruns
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 REFERENCE = FIXTURES / "reference"
 
 
-def _load_fixture_module(name: str) -> ModuleType:
-    """tests/fixtures is not a package; load by path so no sys.path/conftest setup is needed."""
-    spec = importlib.util.spec_from_file_location(f"fixtures_{name}", FIXTURES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-INVALID = _load_fixture_module("invalid_agentruns")
+INVALID = invalid_agentruns
 
 
 def _reference(name: str) -> dict[str, Any]:
