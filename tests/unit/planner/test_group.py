@@ -275,3 +275,31 @@ def test_a_budget_on_a_body_counts_the_usage_of_its_children() -> None:
     assert dev.loop.iterations[0].usage is not None and dev.loop.iterations[0].usage.tokens == 120
     assert world.status is not None and world.status.workflow is not None
     assert world.status.workflow.usage is not None and world.status.workflow.usage.tokens == 360
+
+
+def test_implementation_specs_of_nested_steps_are_looked_up_and_used() -> None:
+    from agentrun_operator.api import parse_agentrun
+    from agentrun_operator.planner.resolution import implementation_spec_refs
+
+    switch = {
+        "expression": "'x'",
+        "cases": [{"value": "x", "steps": [{"name": "c", "implementationSpecRef": {"name": "task-c"}}]}],
+    }
+    group = {
+        "name": "g",
+        "steps": [
+            {"name": "a", "implementationSpecRef": {"name": "task-a"}},
+            {"name": "s", "switch": switch},
+        ],
+    }
+    spec = manifest([group])
+    assert list(implementation_spec_refs(parse_agentrun(spec))) == [
+        ("spec.workflow.steps[0].steps[0].implementationSpecRef.name", "task-a"),
+        ("spec.workflow.steps[0].steps[1].switch.cases[0].steps[0].implementationSpecRef.name", "task-c"),
+    ]
+    world = PlannerWorld(spec)
+    world.implementation_specs = {"task-a": {"text": "do A"}, "task-c": {"text": "do C"}}
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    texts = [env(world, job)["AGENTRUN_IMPLEMENTATION_TEXT"] for job in world.created]
+    assert texts == ["do A", "do C"]
