@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -303,3 +304,25 @@ def test_implementation_specs_of_nested_steps_are_looked_up_and_used() -> None:
     assert world.phase == "Succeeded"
     texts = [env(world, job)["AGENTRUN_IMPLEMENTATION_TEXT"] for job in world.created]
     assert texts == ["do A", "do C"]
+
+
+def test_children_see_the_parameters_of_the_groups_holding_them() -> None:
+    inner = {
+        "name": "inner",
+        "parameters": {"level": "inner"},
+        "steps": [{"name": "leaf", "parameters": {"own": "1"}}],
+    }
+    outer = {"name": "outer", "parameters": {"level": "outer", "team": "core"}, "steps": [inner]}
+    check = {"name": "check", "when": "run.parameters.team == 'core'"}
+    outer["steps"].append(check)
+    world = PlannerWorld(manifest([outer], parameters={"team": "all", "run": "yes"}))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    leaf = env(world, "run-step-1i1-1i1-1-iter-1-attempt-1")
+    assert json.loads(leaf["AGENTRUN_PARAMETERS"]) == {
+        "team": "core",
+        "run": "yes",
+        "level": "inner",
+        "own": "1",
+    }
+    assert world.step_status().steps[1].phase == "Succeeded"  # its `when` saw team=core
