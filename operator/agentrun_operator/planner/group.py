@@ -40,6 +40,8 @@ def plan_group(ctx: PlanContext, view: StepView, plan_children: PlanChildren) ->
         if not start_step(ctx, view):
             return Outcome.DONE
         begin_pass(ctx, view, 1)
+    elif st.phase not in TERMINAL_STEP_PHASES and st.steps is None:  # started, its pass never recorded
+        begin_pass(ctx, view, max(view.iteration, 1))
     for _ in range(_MAX_PASSES):
         if st.phase in TERMINAL_STEP_PHASES:
             return Outcome.DONE
