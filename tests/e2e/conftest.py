@@ -86,6 +86,16 @@ class LocalDefault:
             ) from None
         return result
 
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The Events posted on the run (aggregated: one may carry several `Reason: message` parts)."""
+        uid = self.run(name)["metadata"]["uid"]
+        selector = f"involvedObject.uid={uid}"
+        out = self.plane.kubectl(
+            "get", "events", "-n", self.namespace, "--field-selector", selector, "-o", "json"
+        )
+        result: list[dict[str, Any]] = json.loads(out)["items"]
+        return result
+
     def patch_run(self, name: str, patch: dict[str, Any]) -> None:
         self.plane.kubectl(
             "patch", "agentrun", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch)

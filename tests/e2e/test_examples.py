@@ -158,3 +158,96 @@ def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
     assert [it["usage"]["inputTokens"] for it in iterations(run)] == [300, 300, 300]
     lines = (local_default.claim_dir("token-budget-workspace") / "spend.log").read_text().splitlines()
     assert lines == [f"iteration {k} spent 400 tokens" for k in (1, 2, 3)]
+
+
+def test_until_stops_when_its_condition_is_true(local_default: LocalDefault) -> None:
+    local_default.apply_example("until-loop.yaml")
+    run = local_default.wait_for_end("until-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3 and loop["maxIterations"] == 10
+    assert loop["lastControl"] == {"outputs": {"remaining_tasks": 0, "finished": "docs"}}
+    root = local_default.claim_dir("until-loop-workspace")
+    assert (root / "done.txt").read_text().splitlines() == [
+        "iteration 1 finished parser",
+        "iteration 2 finished lexer",
+        "iteration 3 finished docs",
+    ]
+    assert (root / "todo.txt").read_text() == ""
+
+
+def test_for_each_over_a_run_parameter(local_default: LocalDefault) -> None:
+    local_default.apply_example("for-each-parameters.yaml")
+    run = local_default.wait_for_end("for-each-parameters")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["items"] == ["api", "web", "worker"]
+    assert (loop["itemCount"], loop["maxIterations"], loop["completedIterations"]) == (3, 3, 3)
+    assert loop["stopReason"] == "LoopMaxIterationsReached"
+    root = local_default.claim_dir("for-each-parameters-workspace")
+    assert (root / "checked.log").read_text().splitlines() == ["0 api", "1 web", "2 worker"]
+    for index, repo in enumerate(["api", "web", "worker"]):
+        assert (root / "repos" / f"{repo}.txt").read_text() == (
+            f"checked {repo} (item {index}, iteration {index + 1} of 3)\n"
+        )
+
+
+def test_for_each_over_an_earlier_steps_control_outputs(local_default: LocalDefault) -> None:
+    local_default.apply_example("for-each-step-outputs.yaml")
+    run = local_default.wait_for_end("for-each-step-outputs")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    plan, work = run["status"]["workflow"]["steps"]
+    assert plan["phase"] == "Succeeded" and "loop" not in plan
+    assert plan["control"] == {"outputs": {"tasks": ["lint", "test", "package"]}}
+    assert work["loop"]["items"] == ["lint", "test", "package"]
+    assert work["loop"]["completedIterations"] == 3
+    assert work["loop"]["stopReason"] == "LoopMaxIterationsReached"
+    root = local_default.claim_dir("for-each-step-outputs-workspace")
+    assert (root / "plan.txt").read_text() == "planned: lint test package\n"
+    assert (root / "work.log").read_text().splitlines() == [
+        'task 0: "lint"',
+        'task 1: "test"',
+        'task 2: "package"',
+    ]
+
+
+def test_when_skips_one_step_and_runs_another(local_default: LocalDefault) -> None:
+    local_default.apply_example("when.yaml")
+    run = local_default.wait_for_end("when")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    check, fix, publish = run["status"]["workflow"]["steps"]
+    assert (check["phase"], fix["phase"], publish["phase"]) == ("Succeeded", "Skipped", "Succeeded")
+    assert fix["reason"] == "WhenFalse"
+    assert fix["message"] == "skipped: when `steps.check.control.outputs.failures > 0` is false"
+    assert "jobRef" not in fix
+    messages = [e["message"] for e in local_default.events("when")]
+    assert any("step fix: skipped: when" in m for m in messages), messages
+    root = local_default.claim_dir("when-workspace")
+    assert (root / "check.log").read_text() == "checked: 0 failures\n"
+    assert (root / "published.txt").read_text() == "published after checked: 0 failures\n"
+    assert not (root / "fixed.txt").exists()
+
+
+def test_graceful_cancel_lets_the_running_iteration_finish(local_default: LocalDefault) -> None:
+    local_default.apply_example("cancel-graceful.yaml")
+    progress = local_default.claim_dir("cancel-graceful-workspace") / "progress.log"
+    eventually(
+        lambda: progress.exists() and "iteration 1 started" in progress.read_text(),
+        what="iteration 1 to start",
+        timeout=120,
+    )
+    local_default.patch_run("cancel-graceful", {"spec": {"cancel": "Graceful"}})
+    run = local_default.wait_for_end("cancel-graceful")
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    step = step_status(run)
+    assert step["phase"] == "Cancelled"
+    assert step["loop"]["stopReason"] == "LoopCancelled"
+    recorded = iterations(run)
+    # the iteration that was running when the cancel came finished and is recorded; none started after
+    assert recorded and all(it["phase"] == "Succeeded" for it in recorded), recorded
+    assert step["loop"]["completedIterations"] == len(recorded) < 10
+    lines = progress.read_text().splitlines()
+    assert lines == [
+        f"iteration {k} {what}" for k in range(1, len(recorded) + 1) for what in ("started", "finished")
+    ]
