@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.metrics import delta
 from tests.support.polling import eventually
 from tests.support.processes import processes_with
 
@@ -147,8 +148,10 @@ def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None
 
 
 def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("token-budget.yaml")
     run = local_default.wait_for_end("token-budget")
+    after = local_default.metrics_after(before, "agentrun_loop_stops_total", reason="LoopBudgetExhausted")
     assert run["status"]["phase"] == "Succeeded", run["status"]
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopBudgetExhausted"
@@ -156,6 +159,9 @@ def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
     assert step["usage"] == {"inputTokens": 900, "outputTokens": 300, "costUSD": 0.03}
     assert run["status"]["workflow"]["usage"] == step["usage"]
     assert [it["usage"]["inputTokens"] for it in iterations(run)] == [300, 300, 300]
+    # the same usage in the metrics (docs/operator.md#metrics): 3 x 400 tokens, 3 x 0.01 USD
+    assert delta(before, after, "agentrun_tokens_total") == 1200
+    assert abs(delta(before, after, "agentrun_cost_usd_total") - 0.03) < 1e-9
     lines = (local_default.claim_dir("token-budget-workspace") / "spend.log").read_text().splitlines()
     assert lines == [f"iteration {k} spent 400 tokens" for k in (1, 2, 3)]
 

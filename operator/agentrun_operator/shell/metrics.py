@@ -18,8 +18,10 @@ from agentrun_operator.planner.facts import (
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
-TOKENS = Counter("agentrun_tokens", "Tokens reported in control files (usage), summed.")
-COST_USD = Counter("agentrun_cost_usd", "Cost in USD reported in control files (usage), summed.")
+TOKENS = Counter(
+    "agentrun_tokens_total", "Tokens (input + output) reported in control files (usage), summed."
+)
+COST_USD = Counter("agentrun_cost_usd_total", "Cost in USD reported in control files (usage), summed.")
 RECONCILE_SECONDS = Histogram(
     "agentrun_reconcile_duration_seconds",
     "Wall time of one reconcile (observe, plan, apply).",

@@ -12,6 +12,7 @@ from agentrun_operator.planner.facts import (
     LoopStopped,
     NextIterationRequested,
     RunPhaseChanged,
+    UsageReported,
 )
 from agentrun_operator.shell import metrics
 from tests.unit.planner.world import T0, PlannerWorld, loop_step, manifest
@@ -102,6 +103,24 @@ def test_metrics_count_iterations_by_result() -> None:
     metrics.observe_fact(IterationFinished("a", 1, 1, "Retrying"))
     metrics.observe_fact(RunPhaseChanged(None, "Running", None))
     assert count("Retrying") == before + 1
+
+
+def test_metrics_sum_the_usage_reported() -> None:
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    tokens, cost = sample("agentrun_tokens_total"), sample("agentrun_cost_usd_total")
+    metrics.observe_fact(UsageReported("a", 400, 0.01))
+    metrics.observe_fact(UsageReported("review/iteration 2/fix", 0, 0.25))
+    assert sample("agentrun_tokens_total") == tokens + 400
+    assert abs(sample("agentrun_cost_usd_total") - (cost + 0.26)) < 1e-9
+
+
+def test_a_loop_reports_the_usage_of_each_succeeded_iteration_once() -> None:
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
+    usage = {"inputTokens": 30, "outputTokens": 12, "costUSD": 0.5}
+    world.drive(lambda w, job: w.succeed(job, control={"usage": usage}))
+    assert [f for f in facts_of(world) if isinstance(f, UsageReported)] == [UsageReported("a", 42, 0.5)] * 3
 
 
 # ----------------------------------------------------------------------------------- turnaround
