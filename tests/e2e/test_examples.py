@@ -257,3 +257,139 @@ def test_graceful_cancel_lets_the_running_iteration_finish(local_default: LocalD
     assert lines == [
         f"iteration {k} {what}" for k in range(1, len(recorded) + 1) for what in ("started", "finished")
     ]
+
+
+# ----------------------------------------------------------------------------------- control flow
+
+
+def created_jobs(local_default: LocalDefault, name: str) -> list[str]:
+    return [line["job"] for line in local_default.decision_lines(name) if line["decision"] == "create-job"]
+
+
+def test_review_loop_repeats_its_body_until_the_review_approves(local_default: LocalDefault) -> None:
+    local_default.apply_example("review-loop.yaml")
+    run = local_default.wait_for_end("review-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    develop = step_status(run)
+    loop = develop["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3
+    assert loop["lastControl"] == {"approved": True, "changes": 3}
+    children = {"implement": "Succeeded", "test": "Succeeded", "review": "Succeeded"}
+    assert [(it["index"], it["phase"], it["steps"]) for it in loop["iterations"]] == [
+        (k, "Succeeded", children) for k in (1, 2, 3)
+    ]
+    assert [(c["name"], c["phase"]) for c in develop["steps"]] == list(children.items())
+    assert len(set(created_jobs(local_default, "review-loop"))) == 9  # 3 children x 3 iterations
+    root = local_default.claim_dir("review-loop-workspace")
+    assert (root / "feature.txt").read_text().splitlines() == ["change 1", "change 2", "change 3"]
+    assert (root / "tests.log").read_text().splitlines() == [
+        f"iteration {k}: {k} changes pass" for k in (1, 2, 3)
+    ]
+    assert (root / "journal.log").read_text().splitlines() == [
+        f"iteration {k} {child}" for k in (1, 2, 3) for child in ("implement", "test", "review")
+    ]
+
+
+def test_switch_takes_the_case_of_the_triage_result(local_default: LocalDefault) -> None:
+    local_default.apply_example("switch-triage.yaml")
+    run = local_default.wait_for_end("switch-triage")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    triage, route = run["status"]["workflow"]["steps"]
+    assert triage["control"] == {"outputs": {"kind": "bug"}}
+    assert (route["phase"], route["case"]) == ("Succeeded", "cases[0]")
+    assert [(c["name"], c["phase"]) for c in route["steps"]] == [
+        ("reproduce", "Succeeded"),
+        ("fix", "Succeeded"),
+    ]
+    root = local_default.claim_dir("switch-triage-workspace")
+    assert (root / "triage.txt").read_text() == "bug\n"
+    assert (root / "route.log").read_text().splitlines() == ["reproduce bug", "fix bug"]
+
+
+def test_switch_takes_its_default_when_no_case_matches(local_default: LocalDefault) -> None:
+    def question(text: str) -> str:
+        return text.replace("switch-triage", "switch-default").replace(
+            "crash when saving", "how do I export?"
+        )
+
+    local_default.apply_example("switch-triage.yaml", edit=question)
+    run = local_default.wait_for_end("switch-default")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    triage, route = run["status"]["workflow"]["steps"]
+    assert triage["control"] == {"outputs": {"kind": "question"}}
+    assert (route["phase"], route["case"]) == ("Succeeded", "default")
+    assert [(c["name"], c["phase"]) for c in route["steps"]] == [("ask-human", "Succeeded")]
+    root = local_default.claim_dir("switch-default-workspace")
+    assert (root / "route.log").read_text().splitlines() == ["ask-human question"]
+
+
+def test_nested_loop_refines_each_module_until_its_check_passes(local_default: LocalDefault) -> None:
+    local_default.apply_example("nested-loop.yaml")
+    run = local_default.wait_for_end("nested-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    plan, modules = run["status"]["workflow"]["steps"]
+    assert plan["phase"] == "Succeeded"
+    loop = modules["loop"]
+    assert [item["name"] for item in loop["items"]] == ["lexer", "parser", "printer"]
+    assert (loop["completedIterations"], loop["stopReason"]) == (3, "LoopMaxIterationsReached")
+    assert [it["steps"] for it in loop["iterations"]] == [
+        {"checkout": "Succeeded", "refine": "Succeeded"}
+    ] * 3
+    refine = modules["steps"][1]  # the last pass's: the printer needed 3 refinements
+    assert (refine["loop"]["completedIterations"], refine["loop"]["stopReason"]) == (3, "LoopConditionFalse")
+    root = local_default.claim_dir("nested-loop-workspace")
+    for module, rounds in (("lexer", 1), ("parser", 2), ("printer", 3)):
+        lines = (root / "modules" / f"{module}.txt").read_text().splitlines()
+        assert lines == [f"refinement {k}" for k in range(1, rounds + 1)]
+    assert (root / "refine.log").read_text().splitlines() == [
+        "lexer refinement 1: passed=true",
+        "parser refinement 1: passed=false",
+        "parser refinement 2: passed=true",
+        "printer refinement 1: passed=false",
+        "printer refinement 2: passed=false",
+        "printer refinement 3: passed=true",
+    ]
+    # 1 plan + per module 1 checkout and 1, 2, 3 refinements: every Job its own (path-based names)
+    assert len(set(created_jobs(local_default, "nested-loop"))) == 1 + 3 + 6
+
+
+def test_graceful_cancel_of_a_running_body_keeps_its_partial_outputs(local_default: LocalDefault) -> None:
+    local_default.apply_example("cancel-body.yaml")
+    progress = local_default.claim_dir("cancel-body-workspace") / "progress.log"
+    eventually(
+        lambda: progress.exists() and "iteration 2 implement started" in progress.read_text(),
+        what="iteration 2's implement to start",
+        timeout=180,
+    )
+    local_default.patch_run("cancel-body", {"spec": {"cancel": "Graceful"}})
+    run = local_default.wait_for_end("cancel-body")
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    develop = step_status(run)
+    assert (develop["phase"], develop["loop"]["stopReason"]) == ("Cancelled", "LoopCancelled")
+    completed = develop["loop"]["completedIterations"]
+    assert completed >= 1
+    # what the completed iterations collected stays in status
+    assert run["status"]["workflow"]["outputs"] == {
+        "changes": [f"change-{k}" for k in range(1, completed + 1)]
+    }
+    records = develop["loop"]["iterations"]
+    both = {"implement": "Succeeded", "test": "Succeeded"}
+    assert [(it["phase"], it["steps"]) for it in records[:completed]] == [("Succeeded", both)] * completed
+    lines = progress.read_text().splitlines()
+    full = [
+        f"iteration {k} {c} {w}"
+        for k in range(1, completed + 1)
+        for c in ("implement", "test")
+        for w in ("started", "finished")
+    ]
+    assert lines[: len(full)] == full
+    partial = lines[len(full) :]
+    # the cancel came while the next pass's implement ran: it finished, and test never started
+    nxt = completed + 1
+    assert partial == [f"iteration {nxt} implement started", f"iteration {nxt} implement finished"], lines
+    assert records[-1]["index"] == nxt and records[-1]["phase"] == "Cancelled", records
+    assert records[-1]["steps"]["implement"] == "Succeeded" and records[-1]["steps"]["test"] != "Succeeded"
+    work = local_default.claim_dir("cancel-body-workspace") / "work"
+    assert (work / f"implement-{nxt}.txt").read_text() == f"implement of change {nxt}\n"
+    assert not (work / f"test-{nxt}.txt").exists()
