@@ -212,19 +212,14 @@ def test_switch_expression_and_output_expression_are_compiled() -> None:
     _only(problems, "output.expression")
 
 
-def test_groups_and_switches_are_refused_naming_each_field_outputs_and_budgets_run() -> None:
+def test_groups_switches_outputs_and_budgets_are_accepted() -> None:
     switch = {"expression": "'a'", "cases": [{"value": "a", "steps": [_work("x")]}]}
     steps = [
         _group("g", [_work("a")]),
         _work("s", switch=switch),
         _work("w", loop={"maxIterations": 2, "output": {"name": "o"}, "budget": {"maxTokens": 10}}),
     ]
-    problems = [p for p in _problems(_run(steps)) if "not run by this operator" in p.message]
-    # outputs and budgets run on looped workload steps; groups and switches do not yet
-    assert [p.path for p in problems] == ["spec.workflow.steps[0].steps", "spec.workflow.steps[1].switch"]
-    for problem in problems:
-        _actionable(problem)
-        assert problem.docs == "docs/concepts.md#control-flow-support"
+    assert _problems(_run(steps)) == []
 
 
 def test_nested_loop_rules_apply_at_any_depth() -> None:

@@ -19,7 +19,7 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.gating import delete_strays, set_job_ttls
 from agentrun_operator.planner.observed import Refusal
-from agentrun_operator.planner.state import StepView, step_views
+from agentrun_operator.planner.state import StepView, all_views, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
 REASON_TIMED_OUT: Final = "WorkflowTimedOut"
@@ -130,11 +130,22 @@ def conclude(ctx: PlanContext) -> None:
     status = ctx.status
     status.phase = "Running"
     status.reason = None
-    active = next((s for s in steps if s.st.phase not in TERMINAL_STEP_PHASES), None)
+    active = _deepest_active(ctx)
     status.message = (
-        clip(f"step {active.name}: {active.st.message}") if active and active.st.message else None
+        clip(f"step {active.label}: {active.st.message}") if active and active.st.message else None
     )
     _summarize(ctx)
+
+
+def _deepest_active(ctx: PlanContext) -> StepView | None:
+    """The innermost step not finished yet that has started (the one a user wants to read about)."""
+    active = None
+    for view in all_views(ctx):
+        if view.st.phase not in TERMINAL_STEP_PHASES and view.st.phase != "Pending":
+            active = view
+    if active is None:
+        active = next((s for s in step_views(ctx) if s.st.phase not in TERMINAL_STEP_PHASES), None)
+    return active
 
 
 def _timeout_message(ctx: PlanContext) -> str:
@@ -149,10 +160,12 @@ def _summarize(ctx: PlanContext) -> None:
         return
     steps = step_views(ctx)
     active = next((s for s in steps if s.st.phase in ("Running", "Retrying")), None)
-    if active is None:
+    if active is not None:
+        active = next((v for v in all_views(ctx) if v.st.phase == "Retrying"), None) or _deepest_active(ctx)
+    else:
         ran = [s for s in steps if s.st.phase != "Pending"]
         active = ran[-1] if ran else None
-    status.current_step = active.name if active else None
+    status.current_step = active.path if active else None
     loop = active.st.loop if active else None
     status.iteration = f"{loop.current_iteration}/{loop.max_iterations}" if loop is not None else None
 

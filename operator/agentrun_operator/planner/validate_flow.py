@@ -140,25 +140,4 @@ def flow_problems(run: AgentRun) -> list[Problem]:
         *nesting_problems(run, nodes),
         *output_problems(nodes),
         *cel_problems(nodes),
-        *unsupported_problems(nodes),
     ]
-
-
-def unsupported_problems(nodes: list[StepNode]) -> Iterator[Problem]:
-    """Constructs the API accepts but this operator version does not run yet: refused before any Job,
-    so a run never starts half-way (docs/concepts.md#control-flow-support)."""
-    for node in nodes:
-        step, path = node.step, node.field_path
-        found: list[tuple[str, object]] = []
-        if step.steps is not None:
-            found.append(("steps", [c.name for c in step.steps]))
-        if step.switch is not None:
-            found.append(("switch", step.switch.expression))
-        for what, value in found:
-            yield Problem(
-                f"{path}.{what}",
-                value,
-                f"{what} is validated but not run by this operator version yet",
-                "use workload steps (with loops) only, or upgrade the operator",
-                concepts("control-flow-support"),
-            )
