@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from prometheus_client import REGISTRY
 
-from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
+from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.facts import (
     IterationFinished,
     LoopStopped,
@@ -210,6 +210,29 @@ def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
     ]
     creates = [a.where for p in world.plans for a in p.actions if hasattr(a, "manifest")]
     assert creates == [Where("a", 1, 1), Where("a", 1, 2), Where("a", 2, 1)]
+
+
+def test_a_nested_steps_decisions_name_its_path_with_the_iteration_of_its_body() -> None:
+    body = {"name": "dev", "loop": {"maxIterations": 2}, "steps": [{"name": "implement"}, {"name": "review"}]}
+    world = PlannerWorld(manifest([body]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    world.plan()  # the finished run gives the last Job its TTL
+    assert world.phase == "Succeeded"
+    review_2 = Where("dev/review", 1, 1, "dev/iteration 2/review")
+    where = {(e.reason, e.where) for e in world.events}
+    assert ("IterationStarted", review_2) in where
+    assert ("IterationSucceeded", review_2) in where
+    assert ("IterationSucceeded", Where("dev", 2, 0)) in where  # the body's pass: a top-level step
+    creates = [a.where for p in world.plans for a in p.actions if isinstance(a, CreateJob)]
+    assert creates == [
+        Where(f"dev/{child}", 1, 1, f"dev/iteration {k}/{child}")
+        for k in (1, 2)
+        for child in ("implement", "review")
+    ]
+    ttls = [a.where for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
+    assert sorted(ttls, key=str) == sorted(creates, key=str)
+    manifest_of = world.manifests["run-step-1i2-2-iter-1-attempt-1"]
+    assert manifest_of["metadata"]["annotations"]["agents.proompteng.ai/step"] == "dev/iteration 2/review"
 
 
 def test_a_deleted_job_names_its_attempt() -> None:
