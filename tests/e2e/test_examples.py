@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.e2e.conftest import LocalDefault, step_status
-from tests.support.metrics import delta
+from tests.support.metrics import Samples, delta, value
 from tests.support.polling import eventually
 from tests.support.processes import processes_with
 
@@ -266,9 +266,18 @@ def created_jobs(local_default: LocalDefault, name: str) -> list[str]:
     return [line["job"] for line in local_default.decision_lines(name) if line["decision"] == "create-job"]
 
 
+def succeeded_metrics(local_default: LocalDefault, before: Samples) -> Samples:
+    """The metrics once the run that just succeeded is counted (its last facts, counted together)."""
+    return local_default.metrics_after(
+        before, "agentrun_run_phase_transitions_total", phase="Succeeded", reason="Completed"
+    )
+
+
 def test_review_loop_repeats_its_body_until_the_review_approves(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("review-loop.yaml")
     run = local_default.wait_for_end("review-loop")
+    after = succeeded_metrics(local_default, before)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     develop = step_status(run)
     loop = develop["loop"]
@@ -280,7 +289,38 @@ def test_review_loop_repeats_its_body_until_the_review_approves(local_default: L
         (k, "Succeeded", children) for k in (1, 2, 3)
     ]
     assert [(c["name"], c["phase"]) for c in develop["steps"]] == list(children.items())
+    # Job decisions name the child's path, with the body's iteration (docs/operator.md#logs)
+    lines = local_default.decision_lines("review-loop")
+    assert [
+        (line["step"], line["path"], line["iteration"]) for line in lines if line["decision"] == "create-job"
+    ] == [
+        (f"develop/{child}", f"develop/iteration {k}/{child}", 1)
+        for k in (1, 2, 3)
+        for child in ("implement", "test", "review")
+    ]
     assert len(set(created_jobs(local_default, "review-loop"))) == 9  # 3 children x 3 iterations
+    paths = {f"develop/iteration {k}/{child}" for k in (1, 2, 3) for child in ("implement", "test", "review")}
+
+    def ttl_paths() -> bool:  # the last Job's TTL is set by the reconcile after the run's end
+        lines = local_default.decision_lines("review-loop")
+        return {line["path"] for line in lines if line["decision"] == "set-job-ttl"} == paths
+
+    eventually(ttl_paths, timeout=30, what="every Job's TTL decision, naming its path")
+    # Events (and their log lines) name the path the same way
+    succeeded = [line["msg"] for line in lines if line["decision"] == "IterationSucceeded"]
+    assert any(m.startswith("step develop/iteration 2/test: succeeded (Job ") for m in succeeded), succeeded
+    assert "step develop: iteration 3/5 succeeded: all 3 steps finished" in succeeded
+    # metrics: 9 child steps and 1 loop body ended; 9 attempts and 3 passes
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="workload", loop="false", phase="Succeeded")
+        == 9
+    )
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="group", loop="true", phase="Succeeded") == 1
+    )
+    assert delta(before, after, "agentrun_iterations_total", result="Succeeded") == 12
+    assert delta(before, after, "agentrun_loop_stops_total", reason="LoopConditionFalse") == 1
+    assert value(after, "agentrun_nesting_depth_reached") >= 2
     root = local_default.claim_dir("review-loop-workspace")
     assert (root / "feature.txt").read_text().splitlines() == ["change 1", "change 2", "change 3"]
     assert (root / "tests.log").read_text().splitlines() == [
@@ -292,8 +332,10 @@ def test_review_loop_repeats_its_body_until_the_review_approves(local_default: L
 
 
 def test_switch_takes_the_case_of_the_triage_result(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("switch-triage.yaml")
     run = local_default.wait_for_end("switch-triage")
+    after = succeeded_metrics(local_default, before)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     triage, route = run["status"]["workflow"]["steps"]
     assert triage["control"] == {"outputs": {"kind": "bug"}}
@@ -305,6 +347,19 @@ def test_switch_takes_the_case_of_the_triage_result(local_default: LocalDefault)
     root = local_default.claim_dir("switch-triage-workspace")
     assert (root / "triage.txt").read_text() == "bug\n"
     assert (root / "route.log").read_text().splitlines() == ["reproduce bug", "fix bug"]
+    assert delta(before, after, "agentrun_switch_cases_total", case="cases[0]") == 1
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="switch", loop="false", phase="Succeeded") == 1
+    )
+    lines = local_default.decision_lines("switch-triage")
+    taken = [(line["step"], line["msg"]) for line in lines if line["decision"] == "SwitchCaseTaken"]
+    assert taken == [("route", 'step route: took cases[0] (the expression gave "bug")')]
+    created = [(line["step"], line["path"]) for line in lines if line["decision"] == "create-job"]
+    assert created == [
+        ("triage", "triage"),
+        ("route/reproduce", "route/reproduce"),
+        ("route/fix", "route/fix"),
+    ]
 
 
 def test_switch_takes_its_default_when_no_case_matches(local_default: LocalDefault) -> None:
@@ -313,8 +368,11 @@ def test_switch_takes_its_default_when_no_case_matches(local_default: LocalDefau
             "crash when saving", "how do I export?"
         )
 
+    before = local_default.metrics()
     local_default.apply_example("switch-triage.yaml", edit=question)
     run = local_default.wait_for_end("switch-default")
+    after = succeeded_metrics(local_default, before)
+    assert delta(before, after, "agentrun_switch_cases_total", case="default") == 1
     assert run["status"]["phase"] == "Succeeded", run["status"]
     triage, route = run["status"]["workflow"]["steps"]
     assert triage["control"] == {"outputs": {"kind": "question"}}
@@ -325,8 +383,10 @@ def test_switch_takes_its_default_when_no_case_matches(local_default: LocalDefau
 
 
 def test_nested_loop_refines_each_module_until_its_check_passes(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("nested-loop.yaml")
     run = local_default.wait_for_end("nested-loop")
+    after = succeeded_metrics(local_default, before)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     plan, modules = run["status"]["workflow"]["steps"]
     assert plan["phase"] == "Succeeded"
@@ -352,6 +412,19 @@ def test_nested_loop_refines_each_module_until_its_check_passes(local_default: L
     ]
     # 1 plan + per module 1 checkout and 1, 2, 3 refinements: every Job its own (path-based names)
     assert len(set(created_jobs(local_default, "nested-loop"))) == 1 + 3 + 6
+    created = [
+        (line["path"], line["iteration"])
+        for line in local_default.decision_lines("nested-loop")
+        if line["decision"] == "create-job" and line["step"] == "modules/refine"
+    ]
+    assert created == [(f"modules/iteration {m}/refine", k) for m in (1, 2, 3) for k in range(1, m + 1)]
+    # 3 inner loops stopped by their condition, 1 outer forEach by its count; the inner loops at depth 2
+    assert delta(before, after, "agentrun_loop_stops_total", reason="LoopConditionFalse") == 3
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="workload", loop="true", phase="Succeeded")
+        == 3
+    )
+    assert value(after, "agentrun_nesting_depth_reached") >= 2
 
 
 def test_graceful_cancel_of_a_running_body_keeps_its_partial_outputs(local_default: LocalDefault) -> None:

@@ -126,6 +126,54 @@ def test_a_loop_reports_the_usage_of_each_succeeded_iteration_once() -> None:
     assert [f for f in facts_of(world) if isinstance(f, UsageReported)] == [UsageReported("a", 42, 0.5)] * 3
 
 
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_metrics_count_the_steps_of_a_loop_body_by_construct_and_the_depth_reached() -> None:
+    body = {"name": "dev", "loop": {"maxIterations": 2}, "steps": [{"name": "implement"}, {"name": "review"}]}
+    world = PlannerWorld(manifest([body]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    children = {"construct": "workload", "loop": "false", "phase": "Succeeded"}
+    bodies = {"construct": "group", "loop": "true", "phase": "Succeeded"}
+    before = _sample("agentrun_steps_total", **children), _sample("agentrun_steps_total", **bodies)
+    for fact in facts_of(world):
+        metrics.observe_fact(fact)
+    after = _sample("agentrun_steps_total", **children), _sample("agentrun_steps_total", **bodies)
+    assert (after[0] - before[0], after[1] - before[1]) == (4, 1)  # 2 children x 2 passes; 1 body
+    assert _sample("agentrun_nesting_depth_reached") >= 2
+
+
+def test_metrics_count_the_branch_each_switch_took() -> None:
+    def switch(value: str) -> dict[str, object]:
+        cases = [{"value": "bug", "steps": [{"name": "fix"}]}]
+        return {"name": "route", "switch": {"expression": f"'{value}'", "cases": cases}}
+
+    def counts() -> tuple[float, float]:
+        return _sample("agentrun_switch_cases_total", case="cases[0]"), _sample(
+            "agentrun_switch_cases_total", case="none"
+        )
+
+    before = counts()
+    for value in ("bug", "question"):  # the second matches no case and has no default
+        world = PlannerWorld(manifest([switch(value)]))
+        world.drive(lambda w, job: w.succeed(job, control={}))
+        for fact in facts_of(world):
+            metrics.observe_fact(fact)
+    assert world.phase == "Failed"
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+def test_the_depth_reached_only_grows() -> None:
+    metrics.observe_fact(
+        StepEnded("a/b/c/d/e/f/g/h/i", "a/b/c/d/e/f/g/h/i", "workload", 9, "Succeeded", None)
+    )
+    metrics.observe_fact(StepEnded("a", "a", "workload", 1, "Succeeded", None))
+    assert _sample("agentrun_nesting_depth_reached") == 9
+
+
 # ----------------------------------------------------------------------------------- turnaround
 
 
