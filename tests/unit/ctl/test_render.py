@@ -33,6 +33,7 @@ def check_golden(name: str, text: str) -> None:
         ("status-invalid.txt", runs.invalid()),
         ("status-cancelled.txt", runs.cancelled()),
         ("status-created.txt", runs.conditional(0)),
+        ("status-nested.txt", runs.nested()),
     ],
 )
 def test_status_table(golden: str, run: dict[str, object]) -> None:
@@ -55,6 +56,10 @@ def test_watch_prints_each_change_once_and_every_iteration() -> None:
 
 def test_watch_of_a_finished_run_prints_its_whole_story() -> None:
     check_golden("watch-cancelled.txt", "\n".join(render.progress_lines(None, runs.cancelled(), NOW)) + "\n")
+
+
+def test_watch_names_nested_steps_by_their_path() -> None:
+    check_golden("watch-nested.txt", "\n".join(render.progress_lines(None, runs.nested(), NOW)) + "\n")
 
 
 def test_an_unchanged_observation_prints_nothing() -> None:
