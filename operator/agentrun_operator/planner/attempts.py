@@ -90,11 +90,8 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
     view, index = looping
     loop = view.loop
     assert loop is not None
-    item: Any = None
-    item_index: int | None = None
-    if loop.items is not None and 1 <= index <= len(loop.items):
-        item, item_index = loop.items[index - 1], index - 1
     own = view is step
+    item, item_index = _item_for(step, iteration)
     return replace(
         planned,
         iteration=iteration if own else 1,
@@ -104,6 +101,21 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         item_index=item_index,
         env_iteration=None if own else index,
     )
+
+
+def _item_for(step: StepView, iteration: int) -> tuple[Any, int | None]:
+    """AGENTRUN_ITEM: the item of the nearest forEach loop among the step and its ancestors (a
+    child of a forEach body, with or without a loop of its own, works on the body's item)."""
+    view: StepView | None = step
+    while view is not None:
+        loop = view.loop
+        if loop is not None and loop.items is not None:
+            index = iteration if view is step else view.iteration
+            if 1 <= index <= len(loop.items):
+                return loop.items[index - 1], index - 1
+            return None, None
+        view = view.parent
+    return None, None
 
 
 def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> str:

@@ -156,7 +156,9 @@ def _step_bytes(step: StepStatus) -> int:
         return total
     total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
     for record in loop.iterations:
-        total += _RECORD_FIXED_BYTES + _text_bytes(record.message) + _json_bytes(record.steps)
+        total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
+        if record.steps:  # `"<child>":"<phase>",` per child; phases are ASCII words of ≤ 9 letters
+            total += sum(4 * len(name) + 16 for name in record.steps)
     return total
 
 

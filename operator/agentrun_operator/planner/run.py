@@ -134,7 +134,7 @@ def conclude(ctx: PlanContext) -> None:
     status.message = (
         clip(f"step {active.label}: {active.st.message}") if active and active.st.message else None
     )
-    _summarize(ctx)
+    _summarize(ctx, active)
 
 
 def _deepest_active(ctx: PlanContext) -> StepView | None:
@@ -153,7 +153,7 @@ def _timeout_message(ctx: PlanContext) -> str:
     return f"the workflow timed out after {timeout}s (spec.workflow.timeoutSeconds)"
 
 
-def _summarize(ctx: PlanContext) -> None:
+def _summarize(ctx: PlanContext, deepest: StepView | None = None) -> None:
     """Printer columns: the active (or last run) step, and its iteration as `current/max`."""
     status = ctx.status
     if status.workflow is None:
@@ -161,7 +161,7 @@ def _summarize(ctx: PlanContext) -> None:
     steps = step_views(ctx)
     active = next((s for s in steps if s.st.phase in ("Running", "Retrying")), None)
     if active is not None:
-        active = next((v for v in all_views(ctx) if v.st.phase == "Retrying"), None) or _deepest_active(ctx)
+        active = deepest or _deepest_active(ctx)
     else:
         ran = [s for s in steps if s.st.phase != "Pending"]
         active = ran[-1] if ran else None

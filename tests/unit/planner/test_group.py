@@ -240,3 +240,38 @@ def test_replanning_a_body_without_change_is_quiet() -> None:
     assert again.status == world.plans[-2].status
     assert not [a for a in again.actions if isinstance(a, CreateJob)]
     assert not again.facts
+
+
+def test_a_for_each_body_gives_every_child_the_item() -> None:
+    spec = {
+        "name": "modules",
+        "loop": {"maxIterations": 5, "items": "['api', 'ui']"},
+        "steps": [{"name": "plan"}, {"name": "refine", "loop": {"maxIterations": 2}}],
+    }
+    world = PlannerWorld(manifest([spec]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    items = [(job, env(world, job)["AGENTRUN_ITEM"]) for job in world.created]
+    assert items == [
+        ("run-step-1i1-1-iter-1-attempt-1", '"api"'),
+        ("run-step-1i1-2-iter-1-attempt-1", '"api"'),
+        ("run-step-1i1-2-iter-2-attempt-1", '"api"'),
+        ("run-step-1i2-1-iter-1-attempt-1", '"ui"'),
+        ("run-step-1i2-2-iter-1-attempt-1", '"ui"'),
+        ("run-step-1i2-2-iter-2-attempt-1", '"ui"'),
+    ]  # for each module, refine until done: the inner loop works on the body's item
+    refine = env(world, "run-step-1i2-2-iter-2-attempt-1")
+    assert refine["AGENTRUN_ITERATION"] == "2" and refine["AGENTRUN_ITEM_INDEX"] == "1"
+
+
+def test_a_budget_on_a_body_counts_the_usage_of_its_children() -> None:
+    spec = body(10, loop={"budget": {"maxTokens": 250}})
+    world = PlannerWorld(manifest([spec]))
+    world.drive(lambda w, job: w.succeed(job, control={"usage": {"inputTokens": 40}}))
+    dev = world.step_status()
+    assert world.phase == "Failed" and dev.reason == "LoopBudgetExhausted"
+    assert dev.loop.completed_iterations == 3  # 120, 240, 360 tokens: the third pass reached it
+    assert dev.usage is not None and dev.usage.tokens == 360
+    assert dev.loop.iterations[0].usage is not None and dev.loop.iterations[0].usage.tokens == 120
+    assert world.status is not None and world.status.workflow is not None
+    assert world.status.workflow.usage is not None and world.status.workflow.usage.tokens == 360
