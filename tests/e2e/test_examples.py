@@ -399,9 +399,13 @@ def test_nested_loop_refines_each_module_until_its_check_passes(local_default: L
     refine = modules["steps"][1]  # the last pass's: the printer needed 3 refinements
     assert (refine["loop"]["completedIterations"], refine["loop"]["stopReason"]) == (3, "LoopConditionFalse")
     root = local_default.claim_dir("nested-loop-workspace")
-    for module, rounds in (("lexer", 1), ("parser", 2), ("printer", 3)):
+    for index, (module, rounds) in enumerate((("lexer", 1), ("parser", 2), ("printer", 3))):
+        # checkout and every refinement got the body's item: the module
         lines = (root / "modules" / f"{module}.txt").read_text().splitlines()
-        assert lines == [f"refinement {k}" for k in range(1, rounds + 1)]
+        assert lines == [
+            f"checked out {module} (module {index})",
+            *(f"refinement {k}" for k in range(1, rounds + 1)),
+        ]
     assert (root / "refine.log").read_text().splitlines() == [
         "lexer refinement 1: passed=true",
         "parser refinement 1: passed=false",
