@@ -202,8 +202,11 @@ def test_one_log_line_per_decision_with_its_fields(cluster: Cluster) -> None:
     )
     lines = cluster.operator.decision_lines(uid)
     for line in lines:
-        assert {"correlation_id", "run", "step", "iteration", "attempt", "decision"} <= set(line), line
+        assert {"correlation_id", "run", "step", "path", "iteration", "attempt", "decision"} <= set(line), (
+            line
+        )
         assert line["run"] == f"{NAMESPACE}/{name}"
+        assert line["path"] == line["step"]  # a top-level step: its path is its name (or null for the run)
 
     jobs = _jobs(cluster.plane, name)
     created = sorted(
