@@ -22,7 +22,7 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
-from agentrun_operator.planner.loops import collected_outputs, decide_next
+from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
@@ -80,7 +80,7 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         attempt,
         outputs=outputs,
         ancestors=step.ancestors,
-        step=step.spec if nested else None,
+        step=with_inherited_parameters(step) if nested else None,
         control_path=pod_control_path(step) if nested else None,
         path=step.label if nested else None,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -275,3 +276,53 @@ def test_a_budget_on_a_body_counts_the_usage_of_its_children() -> None:
     assert dev.loop.iterations[0].usage is not None and dev.loop.iterations[0].usage.tokens == 120
     assert world.status is not None and world.status.workflow is not None
     assert world.status.workflow.usage is not None and world.status.workflow.usage.tokens == 360
+
+
+def test_implementation_specs_of_nested_steps_are_looked_up_and_used() -> None:
+    from agentrun_operator.api import parse_agentrun
+    from agentrun_operator.planner.resolution import implementation_spec_refs
+
+    switch = {
+        "expression": "'x'",
+        "cases": [{"value": "x", "steps": [{"name": "c", "implementationSpecRef": {"name": "task-c"}}]}],
+    }
+    group = {
+        "name": "g",
+        "steps": [
+            {"name": "a", "implementationSpecRef": {"name": "task-a"}},
+            {"name": "s", "switch": switch},
+        ],
+    }
+    spec = manifest([group])
+    assert list(implementation_spec_refs(parse_agentrun(spec))) == [
+        ("spec.workflow.steps[0].steps[0].implementationSpecRef.name", "task-a"),
+        ("spec.workflow.steps[0].steps[1].switch.cases[0].steps[0].implementationSpecRef.name", "task-c"),
+    ]
+    world = PlannerWorld(spec)
+    world.implementation_specs = {"task-a": {"text": "do A"}, "task-c": {"text": "do C"}}
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    texts = [env(world, job)["AGENTRUN_IMPLEMENTATION_TEXT"] for job in world.created]
+    assert texts == ["do A", "do C"]
+
+
+def test_children_see_the_parameters_of_the_groups_holding_them() -> None:
+    inner = {
+        "name": "inner",
+        "parameters": {"level": "inner"},
+        "steps": [{"name": "leaf", "parameters": {"own": "1"}}],
+    }
+    outer = {"name": "outer", "parameters": {"level": "outer", "team": "core"}, "steps": [inner]}
+    check = {"name": "check", "when": "run.parameters.team == 'core'"}
+    outer["steps"].append(check)
+    world = PlannerWorld(manifest([outer], parameters={"team": "all", "run": "yes"}))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    leaf = env(world, "run-step-1i1-1i1-1-iter-1-attempt-1")
+    assert json.loads(leaf["AGENTRUN_PARAMETERS"]) == {
+        "team": "core",
+        "run": "yes",
+        "level": "inner",
+        "own": "1",
+    }
+    assert world.step_status().steps[1].phase == "Succeeded"  # its `when` saw team=core
