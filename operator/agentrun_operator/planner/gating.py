@@ -11,7 +11,7 @@ from agentrun_operator.api import AgentRunStatus, StepStatus
 from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, TERMINAL_STEP_PHASES, PlanContext
 from agentrun_operator.planner.observed import ObservedJob
-from agentrun_operator.planner.state import StepState, all_views, case_number, state_of
+from agentrun_operator.planner.state import StepState, StepView, all_views, case_number, state_of
 
 
 def _where(ctx: PlanContext, job: ObservedJob) -> Where | None:
@@ -27,11 +27,11 @@ def _where(ctx: PlanContext, job: ObservedJob) -> Where | None:
     return Where(f"{name}@{job.path}" if job.path else name, job.iteration, job.attempt)
 
 
-def active_job_name(ctx: PlanContext) -> str | None:
+def active_job_name(ctx: PlanContext, views: list[StepView] | None = None) -> str | None:
     """The one Job that may be alive: the current attempt of the running workload step, if any."""
     if ctx.status.phase in TERMINAL_RUN_PHASES or ctx.status.workflow is None:
         return None
-    for step in all_views(ctx):
+    for step in views if views is not None else all_views(ctx):
         if step.spec.kind != "workload":
             continue
         if state_of(step) is StepState.RUNNING and step.st.job_ref is not None:

@@ -105,7 +105,7 @@ def stop_request(ctx: PlanContext) -> StopMode | None:
     return None
 
 
-def conclude(ctx: PlanContext) -> None:
+def conclude(ctx: PlanContext, views: list[StepView] | None = None) -> None:
     """The run's phase from its steps' phases; terminal transitions finish the run."""
     steps = step_views(ctx)
     failed = next((s for s in steps if s.st.phase == "Failed"), None)
@@ -130,17 +130,17 @@ def conclude(ctx: PlanContext) -> None:
     status = ctx.status
     status.phase = "Running"
     status.reason = None
-    active = _deepest_active(ctx)
+    active = _deepest_active(ctx, views)
     status.message = (
         clip(f"step {active.label}: {active.st.message}") if active and active.st.message else None
     )
     _summarize(ctx, active)
 
 
-def _deepest_active(ctx: PlanContext) -> StepView | None:
+def _deepest_active(ctx: PlanContext, views: list[StepView] | None = None) -> StepView | None:
     """The innermost step not finished yet that has started (the one a user wants to read about)."""
     active = None
-    for view in all_views(ctx):
+    for view in views if views is not None else all_views(ctx):
         if view.st.phase not in TERMINAL_STEP_PHASES and view.st.phase != "Pending":
             active = view
     if active is None:
