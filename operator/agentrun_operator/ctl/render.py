@@ -211,13 +211,14 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
         done = loop.get("completedIterations", 0)
         lines.append(f"  iterations: {done} completed, {len(records)} kept, {pruned} pruned")
         body = any(isinstance(r.get("steps"), Mapping) for r in records)  # a loop body's records
+        order = [str(c.get("name")) for c in step.get("steps") or [] if isinstance(c, Mapping)]
         rows = [
             [
                 str(r.get("index")),
                 str(r.get("phase")),
                 str(r.get("attempts", 0)),
                 _duration(r.get("startedAt"), r.get("finishedAt"), now),
-                *([_children(r.get("steps"))] if body else []),
+                *([_children(r.get("steps"), order)] if body else []),
                 _clip(str(r.get("message") or ""), MAX_MESSAGE_CHARS),
             ]
             for r in records
@@ -234,11 +235,13 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
     return ["", f"{name}:", *lines]
 
 
-def _children(phases: Any) -> str:
-    """A body iteration's children as `implement=Succeeded test=Failed review=Skipped`."""
+def _children(phases: Any, order: list[str]) -> str:
+    """A body iteration's children as `implement=Succeeded test=Failed review=Skipped`, in the body's
+    order (the API server returns the map's keys sorted)."""
     if not isinstance(phases, Mapping):
         return "-"
-    return " ".join(f"{name}={phase}" for name, phase in phases.items())
+    names = [n for n in order if n in phases] + sorted(n for n in phases if n not in order)
+    return " ".join(f"{name}={phases[name]}" for name in names)
 
 
 def render_object(run: Mapping[str, Any], output: str) -> str:

@@ -198,7 +198,7 @@ def _child(name: str, start: str, end: str, job: str, **extra: Any) -> dict[str,
 
 def nested() -> dict[str, Any]:
     """The review-loop example (a loop body of three children) in its 3rd iteration, after a switch."""
-    children = {"implement": "Succeeded", "test": "Succeeded", "review": "Succeeded"}
+    children = {"implement": "Succeeded", "review": "Succeeded", "test": "Succeeded"}  # sorted, as served
     body = {
         "name": "develop",
         "phase": "Running",
