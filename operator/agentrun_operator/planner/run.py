@@ -166,7 +166,10 @@ def _summarize(ctx: PlanContext, deepest: StepView | None = None) -> None:
         ran = [s for s in steps if s.st.phase != "Pending"]
         active = ran[-1] if ran else None
     status.current_step = active.path if active else None
-    loop = active.st.loop if active else None
+    looping = active
+    while looping is not None and looping.st.loop is None:  # a body's child: the body's iteration
+        looping = looping.parent
+    loop = looping.st.loop if looping is not None else None
     status.iteration = f"{loop.current_iteration}/{loop.max_iterations}" if loop is not None else None
 
 

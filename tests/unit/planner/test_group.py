@@ -168,6 +168,8 @@ def test_a_restart_mid_body_resumes_without_running_a_child_twice() -> None:
     world.succeed()
     world.plan()
     assert world.live_jobs() == ["run-step-1i1-2-iter-1-attempt-1"]
+    assert world.status is not None
+    assert (world.status.current_step, world.status.iteration) == ("dev/test", "1/3")
     world.succeed()
     world.plan(persist=False)  # the status saying test succeeded and review started is lost
     assert world.live_jobs() == ["run-step-1i1-3-iter-1-attempt-1"]
