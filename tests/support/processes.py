@@ -118,10 +118,14 @@ class OperatorProcess(GroupProcess):
         """The JSON decision lines about the run with this uid (docs/operator.md#logs), in order."""
         lines = []
         for raw in self.logs().splitlines():
-            if raw.startswith("{"):
+            if not raw.startswith("{"):
+                continue
+            try:
                 line = json.loads(raw)
-                if line.get("correlation_id") == uid and "decision" in line:
-                    lines.append(line)
+            except ValueError:  # the line the operator is writing right now
+                continue
+            if line.get("correlation_id") == uid and "decision" in line:
+                lines.append(line)
         return lines
 
 
