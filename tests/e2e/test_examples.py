@@ -17,6 +17,13 @@ def iterations(run: dict[str, object]) -> list[dict[str, object]]:
     return result
 
 
+def succeeded_metrics(local_default: LocalDefault, before: Samples) -> Samples:
+    """The metrics once the run that just succeeded is counted (its last facts, counted together)."""
+    return local_default.metrics_after(
+        before, "agentrun_run_phase_transitions_total", phase="Succeeded", reason="Completed"
+    )
+
+
 def test_fixed_loop(local_default: LocalDefault) -> None:
     local_default.apply_example("fixed-loop.yaml")
     run = local_default.wait_for_end("fixed-loop")
@@ -219,8 +226,10 @@ def test_for_each_over_an_earlier_steps_control_outputs(local_default: LocalDefa
 
 
 def test_when_skips_one_step_and_runs_another(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("when.yaml")
     run = local_default.wait_for_end("when")
+    after = succeeded_metrics(local_default, before)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     check, fix, publish = run["status"]["workflow"]["steps"]
     assert (check["phase"], fix["phase"], publish["phase"]) == ("Succeeded", "Skipped", "Succeeded")
@@ -233,6 +242,9 @@ def test_when_skips_one_step_and_runs_another(local_default: LocalDefault) -> No
     assert (root / "check.log").read_text() == "checked: 0 failures\n"
     assert (root / "published.txt").read_text() == "published after checked: 0 failures\n"
     assert not (root / "fixed.txt").exists()
+    steps = {"construct": "workload", "loop": "false"}
+    assert delta(before, after, "agentrun_steps_total", **steps, phase="Skipped") == 1
+    assert delta(before, after, "agentrun_steps_total", **steps, phase="Succeeded") == 2
 
 
 def test_graceful_cancel_lets_the_running_iteration_finish(local_default: LocalDefault) -> None:
@@ -264,13 +276,6 @@ def test_graceful_cancel_lets_the_running_iteration_finish(local_default: LocalD
 
 def created_jobs(local_default: LocalDefault, name: str) -> list[str]:
     return [line["job"] for line in local_default.decision_lines(name) if line["decision"] == "create-job"]
-
-
-def succeeded_metrics(local_default: LocalDefault, before: Samples) -> Samples:
-    """The metrics once the run that just succeeded is counted (its last facts, counted together)."""
-    return local_default.metrics_after(
-        before, "agentrun_run_phase_transitions_total", phase="Succeeded", reason="Completed"
-    )
 
 
 def test_review_loop_repeats_its_body_until_the_review_approves(local_default: LocalDefault) -> None:
