@@ -22,7 +22,7 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
-from agentrun_operator.planner.loops import collected_outputs, decide_next
+from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
@@ -80,8 +80,9 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         attempt,
         outputs=outputs,
         ancestors=step.ancestors,
-        step=step.spec if nested else None,
+        step=with_inherited_parameters(step) if nested else None,
         control_path=pod_control_path(step) if nested else None,
+        path=step.label if nested else None,
     )
     looping = _loop_env(step, iteration)
     if looping is None:
@@ -89,11 +90,8 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
     view, index = looping
     loop = view.loop
     assert loop is not None
-    item: Any = None
-    item_index: int | None = None
-    if loop.items is not None and 1 <= index <= len(loop.items):
-        item, item_index = loop.items[index - 1], index - 1
     own = view is step
+    item, item_index = _item_for(step, iteration)
     return replace(
         planned,
         iteration=iteration if own else 1,
@@ -103,6 +101,21 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         item_index=item_index,
         env_iteration=None if own else index,
     )
+
+
+def _item_for(step: StepView, iteration: int) -> tuple[Any, int | None]:
+    """AGENTRUN_ITEM: the item of the nearest forEach loop among the step and its ancestors (a
+    child of a forEach body, with or without a loop of its own, works on the body's item)."""
+    view: StepView | None = step
+    while view is not None:
+        loop = view.loop
+        if loop is not None and loop.items is not None:
+            index = iteration if view is step else view.iteration
+            if 1 <= index <= len(loop.items):
+                return loop.items[index - 1], index - 1
+            return None, None
+        view = view.parent
+    return None, None
 
 
 def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> str:

@@ -40,6 +40,8 @@ def plan_group(ctx: PlanContext, view: StepView, plan_children: PlanChildren) ->
         if not start_step(ctx, view):
             return Outcome.DONE
         begin_pass(ctx, view, 1)
+    elif st.phase not in TERMINAL_STEP_PHASES and st.steps is None:  # started, its pass never recorded
+        begin_pass(ctx, view, max(view.iteration, 1))
     for _ in range(_MAX_PASSES):
         if st.phase in TERMINAL_STEP_PHASES:
             return Outcome.DONE
@@ -47,7 +49,7 @@ def plan_group(ctx: PlanContext, view: StepView, plan_children: PlanChildren) ->
         if outcome is Outcome.ACTIVE:
             return outcome
         if outcome is Outcome.HALTED:
-            end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
+            _end_halted_pass(ctx, view)
             return Outcome.DONE
         end_pass(ctx, view)
     return Outcome.ACTIVE  # pragma: no cover - a guard against a planner bug
@@ -83,6 +85,7 @@ def end_pass(ctx: PlanContext, view: StepView) -> None:
     control = control_of(ran[-1].st) if ran else None
     if record is not None:
         record.steps = phases
+    _add_pass_usage(view, children)
     st.control = control if loop is None else None
     if any(child.st.phase == "Cancelled" for child in children):
         end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
@@ -107,17 +110,31 @@ def end_pass(ctx: PlanContext, view: StepView) -> None:
     _pass_succeeded(ctx, view, children, control, done)
 
 
+def _end_halted_pass(ctx: PlanContext, view: StepView) -> None:
+    """The run stops (cancel or workflow timeout) before the pass's next child: the record keeps the
+    children's phases and usage, and the message says how far the pass got."""
+    children = view.children()
+    record = view.record()
+    if record is not None:
+        record.steps = {child.name: child.st.phase for child in children}
+    _add_pass_usage(view, children)
+    message = stop_message(ctx, view)
+    if view.loop is not None and view.iteration and ctx.stopping != "timeout":
+        ran = sum(1 for child in children if child.st.phase not in ("Pending", "Skipped"))
+        message = (
+            f"cancelled ({ctx.stopping}) during iteration {view.iteration} after {ran} of "
+            f"{len(children)} steps; no further step, iteration or attempt was started"
+        )
+    end_step(ctx, view, "Cancelled", None, message)
+
+
 def _pass_succeeded(
     ctx: PlanContext, view: StepView, children: list[StepView], control: dict[str, object] | None, done: str
 ) -> None:
     st, loop, record = view.st, view.loop, view.record()
     assert loop is not None
-    usage = _pass_usage(children)
     if record is not None:
         record.phase, record.finished_at = "Succeeded", ctx.now
-        record.usage = usage
-    if usage is not None:
-        st.usage = (st.usage or Usage()).plus(usage)
     loop.completed_iterations = min(max(loop.completed_iterations, view.iteration), loop.max_iterations)
     loop.last_control = control
     st.message = f"iteration {view.iteration}/{loop.max_iterations} succeeded: {done}"
@@ -133,6 +150,18 @@ def _pass_succeeded(
         end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
         return
     begin_pass(ctx, view, view.iteration + 1)
+
+
+def _add_pass_usage(view: StepView, children: list[StepView]) -> None:
+    """What the children of the pass reported goes to the body's record and the body (for its
+    budget), whether the pass succeeded or not; the run's sum got it from the children already."""
+    usage = _pass_usage(children)
+    if usage is None:
+        return
+    record = view.record()
+    if record is not None:
+        record.usage = usage
+    view.st.usage = (view.st.usage or Usage()).plus(usage)
 
 
 def _pass_usage(children: list[StepView]) -> Usage | None:

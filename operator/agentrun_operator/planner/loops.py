@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from agentrun_operator.api import LoopStatus, StepStatus
+from agentrun_operator.api import LoopStatus, StepStatus, WorkflowStep
 from agentrun_operator.celeval import (
     CelError,
     EarlierStep,
@@ -45,7 +45,7 @@ def cel_context(
         run_name=ctx.name,
         run_namespace=ctx.namespace,
         step_name=step.name,
-        run_parameters=effective_parameters(ctx.run, step.spec),
+        run_parameters=effective_parameters(ctx.run, with_inherited_parameters(step)),
         iteration_index=iteration_index,
         max_iterations=step.max_iterations if step.spec.loop is not None else 1,
         last_phase=last_phase,
@@ -55,6 +55,24 @@ def cel_context(
         outputs=collected_outputs(ctx),
         iteration_steps=_iteration_steps(step),
     )
+
+
+def with_inherited_parameters(step: StepView) -> WorkflowStep:
+    """The step's spec with the parameters of the groups and switches holding it laid under its own
+    (the nearest wins), so a child sees its ancestors' parameters like the run's."""
+    if step.parent is None:
+        return step.spec
+    merged: dict[str, str] = {}
+    chain: list[StepView] = []
+    view: StepView | None = step
+    while view is not None:
+        chain.append(view)
+        view = view.parent
+    for holder in reversed(chain):
+        merged.update(holder.spec.parameters or {})
+    if merged == (step.spec.parameters or {}):
+        return step.spec
+    return step.spec.model_copy(update={"parameters": merged})
 
 
 def control_of(st: StepStatus) -> dict[str, Any] | None:

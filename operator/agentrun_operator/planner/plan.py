@@ -64,8 +64,10 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
-    fit_to_budget(ctx.status, ctx.config.status_budget_bytes)
-    conditions.conclude(ctx)
+    bound: int | None = conditions.size_upper_bound(ctx.status)  # one walk serves both below
+    if fit_to_budget(ctx.status, ctx.config.status_budget_bytes, bound):
+        bound = None  # compacted: measured again
+    conditions.conclude(ctx, bound)
     return ctx.result()
 
 
@@ -95,9 +97,10 @@ def _execute(ctx: PlanContext) -> None:
     ctx.refs, ctx.ref_problems = resolution.refs, resolution.problems
     ctx.stopping = stop_request(ctx)
     plan_top(ctx, step_views(ctx))
-    for view in all_views(ctx):
+    views = list(all_views(ctx))  # the tree no longer changes shape in this plan: walk it once
+    for view in views:
         if view.st.loop is not None:
             compact(view.st.loop, ctx.config.loop_status_history_limit)
-    conclude(ctx)
-    delete_strays(ctx, expected=active_job_name(ctx))
+    conclude(ctx, views)
+    delete_strays(ctx, expected=active_job_name(ctx, views))
     set_job_ttls(ctx)

@@ -1,17 +1,19 @@
 """A step's state machine: the step view, its states, the transitions between them, and `end_step`.
 
+The states and table below are those of a workload step; a group (`group`) or a switch (`switch`)
+is Pending, then Running while its children run, then terminal, and its view gives its children.
 A step is in exactly one `StepState`, derived from its persisted status entry by `state_of` (nothing
-else is stored). `plan._advance` moves a step along these transitions as far as one observation
+else is stored). `workload._advance` moves a step along these transitions as far as one observation
 allows; each row names the function that takes it.
 
 | from      | when                                                   | to             | taken by          |
 |-----------|--------------------------------------------------------|----------------|-------------------|
-| PENDING   | the run is stopping (cancel, workflow timeout)         | PENDING, halts | plan._plan_step   |
+| PENDING   | the run is stopping (cancel, workflow timeout)         | PENDING, halts | workload.plan_wo. |
 | PENDING   | `when` is false                                        | DONE Skipped   | loops.start_step  |
 | PENDING   | `when`/`loop.items` errs; too many or too large items  | DONE Failed    | loops.start_step  |
 | PENDING   | `loop.items` is empty                                  | DONE Succeeded | loops.start_step  |
 | PENDING   | started (loop set up, forEach items frozen)            | NEXT_DUE       | loops.start_step  |
-| NEXT_DUE  | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| NEXT_DUE  | the run is stopping                                    | DONE Cancelled | workload._advance |
 | NEXT_DUE  | gate clear: the next Job is created, or adopted        | RUNNING        | attempts.start_.. |
 | NEXT_DUE  | a reference went missing before the Job's creation     | DONE Failed    | attempts.start_.. |
 | RUNNING   | cancel Immediate (its Job is deleted)                  | DONE Cancelled | attempts.observe_ |
@@ -21,7 +23,7 @@ allows; each row names the function that takes it.
 | RUNNING   | failed, timed out or vanished; retries left, not stopping | RETRY_DUE   | attempts.record_. |
 | RUNNING   | failed, timed out or vanished; no retries left         | DONE Failed    | attempts.record_. |
 | RUNNING   | failed, timed out or vanished while the run is stopping | DONE Cancelled | attempts.record_. |
-| RETRY_DUE | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| RETRY_DUE | the run is stopping                                    | DONE Cancelled | workload._advance |
 | RETRY_DUE | the backoff has passed, gate clear: the retry's Job    | RUNNING        | attempts.start_.. |
 
 "Timed out" is the Job's DeadlineExceeded (activeDeadlineSeconds = the step's timeout), or the Job
@@ -124,7 +126,9 @@ class StepView:
     @property
     def where(self) -> Where:
         """The step, iteration and attempt as the log fields name them (attempt 0: none started)."""
-        return Where(self.path, self.iteration, self.st.attempt)
+        return Where(
+            self.path, self.iteration, self.st.attempt, self.label if self.parent is not None else None
+        )
 
     @property
     def max_iterations(self) -> int:

@@ -35,6 +35,8 @@ def plan_switch(ctx: PlanContext, view: StepView, plan_children: PlanChildren) -
             return Outcome.DONE
     if st.phase in TERMINAL_STEP_PHASES:
         return Outcome.DONE
+    if st.case is None and not _take_case(ctx, view):  # started, its branch never recorded
+        return Outcome.DONE
     children = view.children()
     outcome = plan_children(ctx, children)
     if outcome is Outcome.ACTIVE:

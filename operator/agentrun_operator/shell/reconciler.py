@@ -38,6 +38,7 @@ from agentrun_operator.planner.admission import unparseable_status
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
+from agentrun_operator.planner.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
@@ -95,10 +96,11 @@ def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
 
 
 def _where(where: Where | None) -> dict[str, Any]:
-    """The log fields of a decision: its step, iteration and attempt (null for the whole run)."""
+    """The log fields of a decision: its step, path, iteration and attempt (null for the whole run)."""
     if where is None:
-        return {"step": None, "iteration": None, "attempt": None}
-    return {"step": where.step, "iteration": where.iteration, "attempt": where.attempt}
+        return {"step": None, "path": None, "iteration": None, "attempt": None}
+    path = where.path or where.step
+    return {"step": where.step, "path": path, "iteration": where.iteration, "attempt": where.attempt}
 
 
 class Reconciler:
@@ -165,12 +167,7 @@ class Reconciler:
             if provider_ref.get("name"):
                 provider = await self.kube.get_custom(ns, "agentproviders", provider_ref["name"])
                 providers[provider_ref["name"]] = provider.get("spec", {}) if provider else None
-        impl_names = set()
-        if spec.implementation_spec_ref is not None:
-            impl_names.add(spec.implementation_spec_ref.name)
-        for step in spec.workflow.steps if spec.workflow else []:
-            if step.implementation_spec_ref is not None:
-                impl_names.add(step.implementation_spec_ref.name)
+        impl_names = {name for _, name in implementation_spec_refs(run)}  # nested steps' too
         for impl_name in sorted(impl_names):
             impl = await self.kube.get_custom(ns, "implementationspecs", impl_name)
             impls[impl_name] = impl.get("spec", {}) if impl else None

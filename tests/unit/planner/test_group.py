@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -167,6 +168,8 @@ def test_a_restart_mid_body_resumes_without_running_a_child_twice() -> None:
     world.succeed()
     world.plan()
     assert world.live_jobs() == ["run-step-1i1-2-iter-1-attempt-1"]
+    assert world.status is not None
+    assert (world.status.current_step, world.status.iteration) == ("dev/test", "1/3")
     world.succeed()
     world.plan(persist=False)  # the status saying test succeeded and review started is lost
     assert world.live_jobs() == ["run-step-1i1-3-iter-1-attempt-1"]
@@ -193,9 +196,20 @@ def test_cancel_mid_body_starts_no_further_child(mode: str) -> None:
     assert world.phase == "Cancelled"
     dev = world.step_status()
     assert dev.phase == "Cancelled" and dev.loop.stop_reason == "LoopCancelled"
-    assert dev.loop.iterations[-1].phase == "Cancelled"
+    record = dev.loop.iterations[-1]
+    assert record.phase == "Cancelled"
     assert dev.steps[2].phase == "Pending"
     assert len(world.created) == 2
+    if mode == "Graceful":  # the pass stopped between children: the record says how far it got
+        assert record.steps == {
+            dev.steps[0].name: "Succeeded",
+            dev.steps[1].name: "Succeeded",
+            dev.steps[2].name: "Pending",
+        }
+        assert dev.message == (
+            "cancelled (Graceful) during iteration 1 after 2 of 3 steps; "
+            "no further step, iteration or attempt was started"
+        )
 
 
 def test_a_nested_loop_restarts_in_every_iteration_of_its_body() -> None:
@@ -240,3 +254,88 @@ def test_replanning_a_body_without_change_is_quiet() -> None:
     assert again.status == world.plans[-2].status
     assert not [a for a in again.actions if isinstance(a, CreateJob)]
     assert not again.facts
+
+
+def test_a_for_each_body_gives_every_child_the_item() -> None:
+    spec = {
+        "name": "modules",
+        "loop": {"maxIterations": 5, "items": "['api', 'ui']"},
+        "steps": [{"name": "plan"}, {"name": "refine", "loop": {"maxIterations": 2}}],
+    }
+    world = PlannerWorld(manifest([spec]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    items = [(job, env(world, job)["AGENTRUN_ITEM"]) for job in world.created]
+    assert items == [
+        ("run-step-1i1-1-iter-1-attempt-1", '"api"'),
+        ("run-step-1i1-2-iter-1-attempt-1", '"api"'),
+        ("run-step-1i1-2-iter-2-attempt-1", '"api"'),
+        ("run-step-1i2-1-iter-1-attempt-1", '"ui"'),
+        ("run-step-1i2-2-iter-1-attempt-1", '"ui"'),
+        ("run-step-1i2-2-iter-2-attempt-1", '"ui"'),
+    ]  # for each module, refine until done: the inner loop works on the body's item
+    refine = env(world, "run-step-1i2-2-iter-2-attempt-1")
+    assert refine["AGENTRUN_ITERATION"] == "2" and refine["AGENTRUN_ITEM_INDEX"] == "1"
+
+
+def test_a_budget_on_a_body_counts_the_usage_of_its_children() -> None:
+    spec = body(10, loop={"budget": {"maxTokens": 250}})
+    world = PlannerWorld(manifest([spec]))
+    world.drive(lambda w, job: w.succeed(job, control={"usage": {"inputTokens": 40}}))
+    dev = world.step_status()
+    assert world.phase == "Failed" and dev.reason == "LoopBudgetExhausted"
+    assert dev.loop.completed_iterations == 3  # 120, 240, 360 tokens: the third pass reached it
+    assert dev.usage is not None and dev.usage.tokens == 360
+    assert dev.loop.iterations[0].usage is not None and dev.loop.iterations[0].usage.tokens == 120
+    assert world.status is not None and world.status.workflow is not None
+    assert world.status.workflow.usage is not None and world.status.workflow.usage.tokens == 360
+
+
+def test_implementation_specs_of_nested_steps_are_looked_up_and_used() -> None:
+    from agentrun_operator.api import parse_agentrun
+    from agentrun_operator.planner.resolution import implementation_spec_refs
+
+    switch = {
+        "expression": "'x'",
+        "cases": [{"value": "x", "steps": [{"name": "c", "implementationSpecRef": {"name": "task-c"}}]}],
+    }
+    group = {
+        "name": "g",
+        "steps": [
+            {"name": "a", "implementationSpecRef": {"name": "task-a"}},
+            {"name": "s", "switch": switch},
+        ],
+    }
+    spec = manifest([group])
+    assert list(implementation_spec_refs(parse_agentrun(spec))) == [
+        ("spec.workflow.steps[0].steps[0].implementationSpecRef.name", "task-a"),
+        ("spec.workflow.steps[0].steps[1].switch.cases[0].steps[0].implementationSpecRef.name", "task-c"),
+    ]
+    world = PlannerWorld(spec)
+    world.implementation_specs = {"task-a": {"text": "do A"}, "task-c": {"text": "do C"}}
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    texts = [env(world, job)["AGENTRUN_IMPLEMENTATION_TEXT"] for job in world.created]
+    assert texts == ["do A", "do C"]
+
+
+def test_children_see_the_parameters_of_the_groups_holding_them() -> None:
+    inner = {
+        "name": "inner",
+        "parameters": {"level": "inner"},
+        "steps": [{"name": "leaf", "parameters": {"own": "1"}}],
+    }
+    outer = {"name": "outer", "parameters": {"level": "outer", "team": "core"}, "steps": [inner]}
+    check = {"name": "check", "when": "run.parameters.team == 'core'"}
+    outer["steps"].append(check)
+    world = PlannerWorld(manifest([outer], parameters={"team": "all", "run": "yes"}))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    leaf = env(world, "run-step-1i1-1i1-1-iter-1-attempt-1")
+    assert json.loads(leaf["AGENTRUN_PARAMETERS"]) == {
+        "team": "core",
+        "run": "yes",
+        "level": "inner",
+        "own": "1",
+    }
+    assert world.step_status().steps[1].phase == "Succeeded"  # its `when` saw team=core

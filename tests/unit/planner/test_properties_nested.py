@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.conditions import exact_size
-from agentrun_operator.planner.plan import result_recorded
+from agentrun_operator.planner.plan import plan, result_recorded
 from tests.unit.planner.test_properties import OPS, TERMINAL, apply_op
 from tests.unit.planner.world import PlannerWorld, manifest
 
@@ -194,3 +194,20 @@ def test_a_small_budget_compacts_a_body_without_failing_it() -> None:
     assert loop.completed_iterations == 60 and loop.pruned_iterations > 0
     assert exact_size(world.status) <= 4096
     assert any(c.type == "StatusSizeWarning" and c.status == "True" for c in world.status.conditions)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=nested_specs(), ops=st.lists(OPS, min_size=5, max_size=60))
+def test_planning_a_nested_run_never_mutates_the_run_it_is_given(
+    spec: dict[str, Any], ops: list[Any]
+) -> None:
+    """The children's status entries are copied too (the shell reuses one parsed run per version)."""
+    world = PlannerWorld(spec, config=CONFIG)
+    checker = NestedChecker()
+    for op in ops:
+        apply_op(world, checker, op)  # type: ignore[arg-type]
+    run = world.agentrun()
+    before = run.model_dump(by_alias=True, mode="json")
+    plan(run, world.observed(), world.now, CONFIG)
+    plan(run, world.observed(), world.now, CONFIG)
+    assert run.model_dump(by_alias=True, mode="json") == before
