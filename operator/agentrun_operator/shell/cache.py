@@ -48,6 +48,13 @@ def is_older(candidate: Obj, stored: Obj) -> bool:
     return a is not None and b is not None and a < b
 
 
+def _same_version(candidate: Obj, stored: Obj) -> bool:
+    """The same object at the same resourceVersion: nothing in it can differ (no view to rebuild)."""
+    a, b = candidate.get("metadata") or {}, stored.get("metadata") or {}
+    version = a.get("resourceVersion")
+    return bool(version) and version == b.get("resourceVersion") and a.get("uid") == b.get("uid")
+
+
 def run_of_job(job: Obj) -> str | None:
     """The AgentRun that owns a Job (by owner reference; the label may be a hashed value)."""
     for ref in (job.get("metadata") or {}).get("ownerReferences") or []:
@@ -149,8 +156,8 @@ class Store:
             self._by_run.get(old_key, {}).pop(name, None)
         entries = self._by_run.setdefault(key, {})
         current = entries.get(name)
-        if current is not None and is_older(obj, current[0]):
-            return None
+        if current is not None and (is_older(obj, current[0]) or _same_version(obj, current[0])):
+            return None  # older, or unchanged: the echo of our own write, a relist of the same object
         view = self._view(obj)
         entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[(ns, name)] = key

@@ -1,10 +1,11 @@
-"""A small informer for Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
+"""A small informer for Jobs and Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
 
-Pods are the one kind the operator watches without kopf (docs/operator.md#performance): an iteration
-causes some five pod events (created, bound, started, finished, its Job's finalizer removed), and in
-the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its logging —
-cost more than everything the operator does with them. Here an event costs one JSON decode and
-one cache update; the run is enqueued only when what its planner sees changed.
+Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration causes some five
+pod events (created, bound, started, finished, its Job's finalizer removed) and about as many Job
+events (created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery —
+a worker per object, handler bookkeeping, its logging — cost more than everything the operator does
+with them. Here an event costs one JSON decode and one cache update; the run is enqueued only when
+what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (timeout, 410 Gone, a broken or silent connection) is followed by a fresh LIST
@@ -14,7 +15,6 @@ merged into the cache, so nothing that happened in between is missed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +23,7 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store
-from agentrun_operator.shell.kube import Kube
+from agentrun_operator.shell.kube import Kube, decode_json
 
 log = logging.getLogger("agentrun.informer")
 
@@ -118,7 +118,7 @@ class Informer:
             if int(getattr(raw, "status", 0)) != 200:
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
             while line := await raw.content.readline():
-                event = json.loads(line)
+                event = decode_json(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
                     log.info("%s watch ended: %s", self.plural, obj.get("message"))

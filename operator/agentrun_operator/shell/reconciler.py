@@ -20,7 +20,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api import API_VERSION, AgentRun, parse_agentrun
+from agentrun_operator.api import API_VERSION, AgentRun, AgentRunStatus, parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
@@ -71,10 +71,15 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-def status_dict(run: AgentRun) -> dict[str, Any]:
-    if run.status is None:
+def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
+    """A status as the API server stores it (JSON-ready, camelCase, no nulls)."""
+    if status is None:
         return {}
-    return run.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def status_dict(run: AgentRun) -> dict[str, Any]:
+    return status_dict_of(run.status)
 
 
 def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
@@ -342,10 +347,13 @@ class Reconciler:
             else:
                 after_status.append(action)
 
-        new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        # Most reconciles change nothing: comparing the models is far cheaper than serializing the
+        # whole status (its history grows with every iteration) to compare the dicts.
+        unchanged = not job_uids and decision.status == run.status
+        new_status = {} if unchanged else status_dict_of(decision.status)
         if job_uids:
             fill_job_uids(new_status, job_uids)
-        if new_status != self._parse(raw)[1]:  # the persisted status, parsed once per version
+        if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
             body = dict(raw)
             body["status"] = new_status
             try:
