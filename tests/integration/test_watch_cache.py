@@ -309,3 +309,76 @@ def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
         == "IterationSucceeded: iteration 3 succeeded; IterationStarted: iteration 4 started"
     )
     assert writes == 3  # two POSTs and one PATCH for four reconciles' worth of Events
+
+
+def _references(plane: ControlPlane, prefix: str) -> dict[str, Any]:
+    """An AgentProvider, an Agent using it and an ImplementationSpec; the spec fields of a run naming them."""
+    for kind, name, spec in (
+        ("AgentProvider", f"{prefix}-provider", {"image": "busybox:1.36", "command": ["sh", "-c", "true"]}),
+        ("Agent", f"{prefix}-agent", {"providerRef": {"name": f"{prefix}-provider"}}),
+        ("ImplementationSpec", f"{prefix}-impl", {"text": "Do the thing.", "summary": "thing"}),
+    ):
+        manifest = {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec,
+        }
+        plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+    return {"agentRef": {"name": f"{prefix}-agent"}, "implementationSpecRef": {"name": f"{prefix}-impl"}}
+
+
+def _run_with(name: str, iterations: int, refs: dict[str, Any]) -> dict[str, Any]:
+    manifest = workflow_run(name, {"loop": {"maxIterations": iterations}}, **refs)
+    del manifest["spec"]["workload"]["image"], manifest["spec"]["workload"]["command"]  # the provider's
+    return manifest
+
+
+def _reference_reads(proxy: WatchProxy) -> list[str]:
+    """The GETs of one Agent, AgentProvider or ImplementationSpec by name (not the informers' LISTs)."""
+    return [
+        path
+        for method, path in proxy.requests
+        if method == "GET"
+        and path.rstrip("/").split("/")[-2] in ("agents", "agentproviders", "implementationspecs")
+    ]
+
+
+def test_referenced_objects_are_served_from_the_watch_cache(env: Any) -> None:
+    """Agent, AgentProvider and ImplementationSpec that exist when the operator starts are in its
+    initial lists: a run naming them reads none of them from the API server, iteration after iteration."""
+    plane, _, proxy, _, _ = env
+    refs = _references(plane, "cached")
+    proxy.requests.clear()
+    operator = _operator(env).start()
+    try:
+        _create(plane, _run_with("refs-cached", 3, refs))
+        run = _finished(plane, "refs-cached", operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        _assert_each_iteration_once(plane, run, 3)
+        assert _reference_reads(proxy) == []
+    finally:
+        operator.stop()
+
+
+def test_a_reference_the_watch_has_not_delivered_is_read_from_the_api_server(env: Any) -> None:
+    """Every watch event of the referenced kinds is lost: the cache never sees the objects created after
+    the operator started, so each read misses and is answered by a GET -- the run neither waits for nor
+    fails on an object that exists."""
+    plane, _, proxy, _, _ = env
+    for plural in ("agents", "agentproviders", "implementationspecs"):
+        proxy.policies[plural] = StreamPolicy(drop=lambda _event: True)
+    proxy.requests.clear()
+    operator = _operator(env).start()
+    try:
+        eventually(lambda: proxy.policies["agents"].streams > 0, 30, "the Agent watch (after its list)")
+        refs = _references(plane, "unseen")
+        _create(plane, _run_with("refs-unseen", 2, refs))
+        run = _finished(plane, "refs-unseen", operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        _assert_each_iteration_once(plane, run, 2)
+        assert proxy.policies["agents"].dropped > 0
+        assert _reference_reads(proxy)  # each read missed the cache and asked the API server
+    finally:
+        proxy.policies.clear()
+        operator.stop()

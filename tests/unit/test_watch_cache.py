@@ -185,3 +185,48 @@ def test_a_pod_starting_or_a_job_getting_its_start_time_does_not_replan() -> Non
     started = _job("j", 1)
     cache.jobs.upsert({**started, "status": {}})
     assert cache.jobs.upsert(_job("j", 2)) is None
+
+
+def test_the_same_version_again_is_not_converted_again() -> None:
+    """A relist or the echo of our own write brings an object the cache already holds at that version:
+    its view is kept, not rebuilt (the cost of a resync is one comparison per unchanged object)."""
+    views: list[str] = []
+
+    def view(obj: dict[str, Any]) -> str:
+        views.append(obj["metadata"]["resourceVersion"])
+        return str(obj.get("status"))
+
+    store = Store(run_of_run, view)
+    assert store.upsert(_run(5, {"phase": "Running"})) == (NS, "r")
+    assert store.upsert(_run(5, {"phase": "Running"})) is None
+    assert store.relist([_run(5, {"phase": "Running"})], 6, {NS}) == set()
+    assert views == ["5"]
+    assert store.upsert(_run(6, {"phase": "Succeeded"})) == (NS, "r")
+    assert views == ["5", "6"]
+
+
+def _agent(rv: int, spec: dict[str, Any], name: str = "a", ns: str = NS) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": str(rv)},
+        "spec": spec,
+    }
+
+
+def test_referenced_objects_are_kept_by_namespace_and_name_as_their_spec() -> None:
+    """Agents, AgentProviders and ImplementationSpecs: found or not, and a spec change concerns the
+    whole namespace (every run there may name it)."""
+    cache = RunCache()
+    agents = cache.references["agents"]
+    assert cache.reference("agents", NS, "a") == (False, None)
+    assert agents.upsert(_agent(1, {"providerRef": {"name": "p"}})) == (NS, "*")
+    assert cache.reference("agents", NS, "a") == (True, {"providerRef": {"name": "p"}})
+    assert cache.reference("agents", "elsewhere", "a") == (False, None)
+    assert cache.reference("agentproviders", NS, "a") == (False, None)
+    touched = _agent(2, {"providerRef": {"name": "p"}})
+    touched["metadata"]["labels"] = {"x": "y"}
+    assert agents.upsert(touched) is None  # the spec is what a plan reads
+    assert agents.upsert(_agent(3, {"providerRef": {"name": "q"}})) == (NS, "*")
+    assert agents.delete(_agent(4, {})) == (NS, "*")
+    assert cache.reference("agents", NS, "a") == (False, None)
+    assert agents.relist([_agent(7, {}, name="b")], 8, {NS}) == {(NS, "*")}
+    assert cache.reference("agents", NS, "b") == (True, {})

@@ -198,6 +198,11 @@ class Store:
         found = self._by_run.get(key, {}).get(name)
         return found[0] if found else None
 
+    def view_of(self, key: Key, name: str) -> tuple[bool, Any]:
+        """(found, view) of one object."""
+        found = self._by_run.get(key, {}).get(name)
+        return (True, found[1]) if found else (False, None)
+
     def run_keys(self) -> list[Key]:
         return list(self._by_run)
 
@@ -224,6 +229,28 @@ class Store:
         return changed
 
 
+NAMESPACE_WIDE = "*"
+"""The run key's name part for objects that belong to no one run (what runs refer to): a change to one
+concerns every run of its namespace."""
+
+
+def namespace_wide(_obj: Obj) -> str:
+    return NAMESPACE_WIDE
+
+
+def spec_view(obj: Obj) -> dict[str, Any]:
+    """What the planner reads of a referenced object: its spec."""
+    return dict(obj.get("spec") or {})
+
+
+def spec_change(view: Any) -> Hashable:
+    return repr(view)
+
+
+REFERENCE_KINDS = ("agents", "agentproviders", "implementationspecs")
+"""The kinds a run refers to by name, cached by namespace and name (docs/operator.md#cache)."""
+
+
 class RunCache:
     """The three stores and the readiness gate the work queue waits on: `ready` is set once every
     feeder (kopf, each informer) has opened its gate, i.e. delivered its initial list."""
@@ -232,6 +259,10 @@ class RunCache:
         self.runs = Store(run_of_run, run_view)
         self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
         self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False)
+        self.references = {
+            plural: Store(namespace_wide, spec_view, spec_change, keep_body=False)
+            for plural in REFERENCE_KINDS
+        }
         self.ready = asyncio.Event()
         self._closed_gates = set(gates)
 
@@ -246,6 +277,11 @@ class RunCache:
 
     def run(self, namespace: str, name: str) -> Obj | None:
         return self.runs.one((namespace, name), name)
+
+    def reference(self, plural: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(found, spec) of an Agent, AgentProvider or ImplementationSpec, as last seen."""
+        found, view = self.references[plural].view_of((namespace, NAMESPACE_WIDE), name)
+        return found, view
 
     def jobs_of(self, namespace: str, name: str) -> list[Obj]:
         return self.jobs.get((namespace, name))
@@ -263,7 +299,8 @@ class RunCache:
         return out
 
     def sizes(self) -> dict[str, int]:
-        return {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+        sizes = {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+        return sizes | {plural: len(store) for plural, store in self.references.items()}
 
 
 KINDS = (

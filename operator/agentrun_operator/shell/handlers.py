@@ -74,6 +74,13 @@ class OperatorState:
         if key is not None and self.queue is not None:
             self.queue.enqueue(key)
 
+    def enqueue_namespace(self, key: Key) -> None:
+        """Something runs refer to changed: re-plan the unfinished runs of its namespace."""
+        for run_key in self.cache.runs.run_keys():
+            run = self.cache.run(*run_key) if run_key[0] == key[0] else None
+            if run is not None and (run.get("status") or {}).get("phase") not in TERMINAL_RUN_PHASES:
+                self.enqueue(run_key)
+
     def observed(self, store: Store, body: Any, type_: str | None) -> None:
         """A watch event: update the cache; re-plan the run if what its planner sees changed."""
         raw = dict(body)
@@ -191,6 +198,22 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 (state.cache.jobs, "/apis/batch/v1", "jobs"),
                 (state.cache.pods, "/api/v1", "pods"),
             )
+        ]
+        # What runs refer to (Agents, AgentProviders, ImplementationSpecs): few, small, rarely
+        # changed, and read by every reconcile of a run that names them.
+        state.informers += [
+            Informer(
+                state.kube,
+                state.cache,
+                store,
+                f"/apis/{GROUP}/{VERSION}",
+                plural,
+                None,
+                state.config.watched_namespaces,
+                state.enqueue_namespace,
+                optional=True,
+            )
+            for plural, store in state.cache.references.items()
         ]
         for informer in state.informers:
             informer.start()

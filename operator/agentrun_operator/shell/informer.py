@@ -23,13 +23,14 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store
-from agentrun_operator.shell.kube import Kube, decode_json
+from agentrun_operator.shell.kube import Kube, KubeError, decode_json
 
 log = logging.getLogger("agentrun.informer")
 
 WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
 SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
+FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
 
 
 class Informer:
@@ -42,9 +43,10 @@ class Informer:
         store: Store,
         prefix: str,
         plural: str,
-        selector: str,
+        selector: str | None,
         namespaces: tuple[str, ...],
         on_change: Callable[[Key], None],
+        optional: bool = False,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -54,6 +56,10 @@ class Informer:
         self.selector = selector
         self.scopes: list[str | None] = list(namespaces) or [None]
         self.on_change = on_change
+        # An optional kind (what runs refer to) is also read with a GET on a cache miss: when the
+        # operator may not list it (RBAC from before it was watched), the cache stays empty and
+        # every read falls back to GET, as before; its gate opens anyway.
+        self.optional = optional
         self.gate = f"informer:{plural}"
         self._listed: set[str | None] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -76,6 +82,18 @@ class Informer:
                 await self._watch(scope, version)
             except asyncio.CancelledError:
                 raise
+            except KubeError as exc:
+                if self.optional and exc.status in (403, 404):
+                    log.warning(
+                        "cannot list %s (grant list and watch on them); reading them per reconcile: %s",
+                        self.plural,
+                        exc,
+                    )
+                    self._mark_listed(scope)
+                    await asyncio.sleep(FORBIDDEN_RETRY_SECONDS)
+                else:
+                    log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
+                    await asyncio.sleep(RETRY_SECONDS)
             except Exception as exc:  # a broken stream: list again after a pause, never die
                 log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
                 await asyncio.sleep(RETRY_SECONDS)
@@ -84,20 +102,20 @@ class Informer:
         items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
         for key in self.store.relist(items, version, {scope} if scope else None):
             self.on_change(key)
+        self._mark_listed(scope)
+        return version
+
+    def _mark_listed(self, scope: str | None) -> None:
         if scope not in self._listed:
             self._listed.add(scope)
             if len(self._listed) == len(self.scopes):
                 self.cache.open_gate(self.gate)
-        return version
 
     async def _watch(self, scope: str | None, version: int | None) -> None:
         path = f"{self.prefix}/namespaces/{scope}/{self.plural}" if scope else f"{self.prefix}/{self.plural}"
-        query = {
-            "watch": "1",
-            "labelSelector": self.selector,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
-        }
+        query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
+        if self.selector:
+            query["labelSelector"] = self.selector
         if version is not None:
             query["resourceVersion"] = str(version)
         metrics.API_REQUESTS.labels(verb="WATCH", resource=self.plural).inc()

@@ -158,18 +158,35 @@ class Reconciler:
             return observed
         return await self._observe_references(ns, uid, run, observed)
 
+    async def _reference(self, ns: str, plural: str, name: str) -> dict[str, Any] | None:
+        """The spec of a referenced Agent, AgentProvider or ImplementationSpec from the watch cache.
+
+        A name the cache does not hold is read from the API server (None: it does not exist), so a
+        lagging watch can never make a run wait for, or fail on, an object that exists; and when the
+        operator may not watch the kind (older RBAC) every read is a GET, as before the cache."""
+        found, spec = self.cache.reference(plural, ns, name)
+        if found:
+            return spec
+        obj = await self.kube.get_custom(ns, plural, name)
+        return dict(obj.get("spec") or {}) if obj is not None else None
+
+    async def _holder(self, ns: str, name: str) -> dict[str, Any] | None:
+        """The AgentRun holding an idempotency claim: from the cache, else (not seen yet, or gone)
+        from the API server, so a claim is never taken for free because of a lagging watch."""
+        return self.cache.run(ns, name) or await self.kube.get_custom(ns, "agentruns", name)
+
     async def _observe_references(self, ns: str, uid: str, run: AgentRun, observed: Observed) -> Observed:
         spec = run.spec
         agents: dict[str, dict[str, Any] | None] = {}
         providers: dict[str, dict[str, Any] | None] = {}
         impls: dict[str, dict[str, Any] | None] = {}
         if spec.agent_ref is not None:
-            agent = await self.kube.get_custom(ns, "agents", spec.agent_ref.name)
-            agents[spec.agent_ref.name] = agent.get("spec", {}) if agent else None
-            provider_ref = ((agent or {}).get("spec") or {}).get("providerRef") or {}
+            agent = await self._reference(ns, "agents", spec.agent_ref.name)
+            agents[spec.agent_ref.name] = agent
+            provider_ref = (agent or {}).get("providerRef") or {}
             if provider_ref.get("name"):
-                provider = await self.kube.get_custom(ns, "agentproviders", provider_ref["name"])
-                providers[provider_ref["name"]] = provider.get("spec", {}) if provider else None
+                provider = await self._reference(ns, "agentproviders", provider_ref["name"])
+                providers[provider_ref["name"]] = provider
         impl_names = set()
         if spec.implementation_spec_ref is not None:
             impl_names.add(spec.implementation_spec_ref.name)
@@ -177,8 +194,7 @@ class Reconciler:
             if step.implementation_spec_ref is not None:
                 impl_names.add(step.implementation_spec_ref.name)
         for impl_name in sorted(impl_names):
-            impl = await self.kube.get_custom(ns, "implementationspecs", impl_name)
-            impls[impl_name] = impl.get("spec", {}) if impl else None
+            impls[impl_name] = await self._reference(ns, "implementationspecs", impl_name)
         claim: IdempotencyClaim | None = None
         claim_checked = False
         if spec.idempotency_key:
@@ -194,7 +210,7 @@ class Reconciler:
                 holder_phase: str | None = None
                 holder_gone = False
                 if holder_uid != uid:
-                    holder = await self.kube.get_custom(ns, "agentruns", holder_name) if holder_name else None
+                    holder = await self._holder(ns, holder_name) if holder_name else None
                     holder_gone = holder is None or holder["metadata"].get("uid") != holder_uid
                     holder_phase = ((holder or {}).get("status") or {}).get("phase")
                 claim = IdempotencyClaim(
