@@ -230,3 +230,25 @@ def test_referenced_objects_are_kept_by_namespace_and_name_as_their_spec() -> No
     assert cache.reference("agents", NS, "a") == (False, None)
     assert agents.relist([_agent(7, {}, name="b")], 8, {NS}) == {(NS, "*")}
     assert cache.reference("agents", NS, "b") == (True, {})
+
+
+def _meta_only(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "metadata": obj["metadata"]}
+
+
+def test_a_metadata_only_list_names_what_to_read_in_full_and_drops_the_gone() -> None:
+    """The resync compares versions: the same version needs nothing, a newer or an unknown object is
+    read in full, one missing from the list is dropped unless it is newer than the list."""
+    cache = RunCache()
+    cache.jobs.upsert(_job("same", 3, uid="a"))
+    cache.jobs.upsert(_job("changed", 4, uid="b"))
+    cache.jobs.upsert(_job("gone", 5, uid="c"))
+    cache.jobs.upsert(_job("arrived-after-the-list", 12, uid="d"))
+    listed = [_job("same", 3, uid="a"), _job("changed", 9, uid="b"), _job("missed", 8, uid="e")]
+    fetch, changed = cache.jobs.compare([_meta_only(j) for j in listed], 10, {NS})
+    assert fetch == [(NS, "changed"), (NS, "missed")]
+    assert changed == {(NS, "r")}
+    names = sorted(j["metadata"]["name"] for j in cache.jobs_of(NS, "r"))
+    assert names == ["arrived-after-the-list", "changed", "same"]
+    replaced = _job("same", 3, uid="other")  # a namesake at an equal version is still another object
+    assert cache.jobs.compare([_meta_only(replaced)], 13, {NS})[0] == [(NS, "same")]

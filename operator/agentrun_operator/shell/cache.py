@@ -218,6 +218,30 @@ class Store:
             key = self.upsert(obj)
             if key is not None:
                 changed.add(key)
+        return changed | self._drop_unlisted(seen, list_version, namespaces)
+
+    def compare(
+        self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None
+    ) -> tuple[list[tuple[str, str]], set[Key]]:
+        """Merge a metadata-only LIST in: (namespace, name) of each listed object the cache does not
+        hold at that version or newer (to be read in full), and the runs whose view changed because an
+        object missing from the list was dropped (as in `relist`)."""
+        seen: set[tuple[str, str]] = set()
+        fetch: list[tuple[str, str]] = []
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            where = (str(meta.get("namespace")), str(meta.get("name")))
+            seen.add(where)
+            key = self._where.get(where)
+            entry = self._by_run.get(key, {}).get(where[1]) if key is not None else None
+            if entry is None or not (_same_version(obj, entry[0]) or is_older(obj, entry[0])):
+                fetch.append(where)
+        return fetch, self._drop_unlisted(seen, list_version, namespaces)
+
+    def _drop_unlisted(
+        self, seen: set[tuple[str, str]], list_version: int | None, namespaces: set[str] | None
+    ) -> set[Key]:
+        changed: set[Key] = set()
         for (ns, name), key in list(self._where.items()):
             if (ns, name) in seen or (namespaces is not None and ns not in namespaces):
                 continue
@@ -311,15 +335,33 @@ KINDS = (
 )
 
 
-async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
-    """The resync's half of the cache: LIST every kind afresh and merge it in (see `Store.relist`).
+FULL_LIST_AFTER = 50
+"""A resync that finds more objects than this out of date lists them whole instead of one GET each."""
 
-    Returns the runs whose view changed, i.e. those a watch event had been missed for."""
+
+async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
+    """The resync's half of the cache: compare every kind with the API server and merge it in.
+
+    Each kind is listed as metadata only (`Store.compare`), and only the objects the cache does not
+    hold at their current version are read in full: a resync of an up-to-date cache decodes names
+    and versions, not every pod's spec and status. Many out of date at once: one full LIST
+    (`Store.relist`). Returns the runs whose view changed, i.e. those a watch event had been missed for."""
     changed: set[Key] = set()
     scopes: list[str | None] = list(namespaces) or [None]
     for attr, prefix, plural, selector in KINDS:
         store: Store = getattr(cache, attr)
         for ns in scopes:
-            items, version = await kube.list_with_version(prefix, plural, ns, selector)
-            changed |= store.relist(items, version, {ns} if ns else None)
+            within = {ns} if ns else None
+            metas, version = await kube.list_with_version(prefix, plural, ns, selector, metadata_only=True)
+            fetch, dropped = store.compare(metas, version, within)
+            changed |= dropped
+            if len(fetch) > FULL_LIST_AFTER:
+                items, version = await kube.list_with_version(prefix, plural, ns, selector)
+                changed |= store.relist(items, version, within)
+                continue
+            for obj_ns, name in fetch:
+                obj = await kube.get_object(prefix, plural, obj_ns, name)
+                key = store.upsert(obj) if obj is not None else None  # gone since: its DELETED, or next round
+                if key is not None:
+                    changed.add(key)
     return changed
