@@ -735,6 +735,13 @@ class WorkflowStatus(StatusModel):
         description="Collected outputs (loop.output): one value per successful iteration, by name.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    pruned_outputs: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "Collected values dropped (oldest first) to keep the status within its budget, by output "
+            "name; outputs.<name> holds the values kept."
+        ),
+    )
     usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
 
 

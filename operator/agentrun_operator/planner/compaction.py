@@ -1,10 +1,14 @@
-"""History compaction: the bounded iteration history kept in status."""
+"""Compaction: the bounded iteration history of each loop, and the whole status within its budget."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, Final
 
-from agentrun_operator.api import IterationRecord, LoopStatus
+from agentrun_operator.api import AgentRunStatus, IterationRecord, LoopStatus
+from agentrun_operator.planner.conditions import exact_size, size_upper_bound
 
 
 def compact_history(records: Iterable[IterationRecord], limit: int) -> tuple[list[IterationRecord], int]:
@@ -31,3 +35,89 @@ def compact(loop: LoopStatus, limit: int) -> None:
         loop.iterations = kept
         loop.pruned_iterations += dropped
     loop.retained_iterations = len(loop.iterations)
+
+
+BUDGET_RESERVE_BYTES: Final = 2048
+"""Room kept under the status budget for what is decided after compaction (the conditions); at
+most a tenth of the budget, so a status past 80 % of it is warned about before it is compacted."""
+
+_TERMINAL_RECORD_PHASES: Final = frozenset({"Succeeded", "Failed", "Cancelled"})
+_NEVER: Final = datetime.max.replace(tzinfo=UTC)
+
+
+def _json_len(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str).encode())
+
+
+def _record_len(record: IterationRecord) -> int:
+    return len(record.model_dump_json(by_alias=True, exclude_none=True).encode()) + 1  # and its comma
+
+
+def _droppable(loop: LoopStatus) -> list[IterationRecord]:
+    """Finished records that may go: never a running one, never the loop's newest failure."""
+    newest_bad = next((r for r in reversed(loop.iterations) if r.phase in ("Failed", "Cancelled")), None)
+    return [r for r in loop.iterations if r.phase in _TERMINAL_RECORD_PHASES and r is not newest_bad]
+
+
+def fit_to_budget(status: AgentRunStatus, budget_bytes: int) -> int:
+    """Shrink `status` under `budget_bytes` (less a reserve for its conditions) without failing the run.
+
+    The per-loop history limit keeps a status small in the common case; this is the bound for the
+    whole status (large messages, many looped steps, large collected outputs). It drops, oldest first
+    across all loops, finished iteration records (counted in each loop's `prunedIterations`, the
+    newest failure of each loop always kept); then, if still too big, the oldest collected output
+    values (counted in `workflow.prunedOutputs`). Returns the bytes it removed (0: nothing to do).
+    """
+    target = budget_bytes - min(BUDGET_RESERVE_BYTES, budget_bytes // 10)
+    if size_upper_bound(status) <= target:
+        return 0
+    start = size = exact_size(status)
+    # Each pass drops by estimated sizes, then measures: a pass drops at least one entry while any
+    # is left, so this ends; two passes are the rule (the estimate is off by the odd counter digit).
+    while size > target and (_drop_records(status, size - target) or _drop_outputs(status, size - target)):
+        size = exact_size(status)
+    return start - size
+
+
+def _drop_records(status: AgentRunStatus, excess: int) -> bool:
+    """Drop the oldest finished records across all loops until about `excess` bytes are gone."""
+    loops = [s.loop for s in (status.workflow.steps if status.workflow is not None else []) if s.loop]
+    candidates = [
+        (record.finished_at or record.started_at or _NEVER, record.index, order, record)
+        for order, loop in enumerate(loops)
+        for record in _droppable(loop)
+    ]
+    candidates.sort(key=lambda c: c[:3])
+    gone: set[int] = set()
+    for _, _, _, record in candidates:
+        if excess <= 0:
+            break
+        excess -= _record_len(record)
+        gone.add(id(record))
+    for loop in loops:
+        kept = [r for r in loop.iterations if id(r) not in gone]
+        if len(kept) != len(loop.iterations):
+            loop.pruned_iterations += len(loop.iterations) - len(kept)
+            loop.iterations = kept
+            loop.retained_iterations = len(kept)
+    return bool(gone)
+
+
+def _drop_outputs(status: AgentRunStatus, excess: int) -> bool:
+    """Drop the oldest values of the largest output lists until about `excess` bytes are gone."""
+    workflow = status.workflow
+    if workflow is None or not workflow.outputs:
+        return False
+    outputs = {name: list(values) for name, values in workflow.outputs.items()}
+    pruned = dict(workflow.pruned_outputs or {})
+    dropped = False
+    while excess > 0:
+        name = max((n for n in outputs if outputs[n]), key=lambda n: _json_len(outputs[n]), default=None)
+        if name is None:
+            break
+        excess -= _json_len(outputs[name].pop(0)) + 1
+        pruned[name] = pruned.get(name, 0) + 1
+        dropped = True
+    workflow.outputs = outputs
+    workflow.pruned_outputs = pruned or None
+    return dropped

@@ -147,6 +147,8 @@ def size_upper_bound(status: AgentRunStatus) -> int:
         total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
         for record in loop.iterations:
             total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
+    if status.workflow is not None:
+        total += _json_bytes(status.workflow.outputs) + _json_bytes(status.workflow.pruned_outputs)
     return total
 
 

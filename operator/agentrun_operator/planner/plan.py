@@ -30,7 +30,7 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import conditions
 from agentrun_operator.planner.admission import admit
 from agentrun_operator.planner.attempts import observe_attempt, start_attempt
-from agentrun_operator.planner.compaction import compact, compact_history
+from agentrun_operator.planner.compaction import compact, compact_history, fit_to_budget
 from agentrun_operator.planner.context import (
     RESULT_REQUEUE_SECONDS,
     TERMINAL_RUN_PHASES,
@@ -82,6 +82,7 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
+    fit_to_budget(ctx.status, ctx.config.status_budget_bytes)
     conditions.conclude(ctx)
     return ctx.result()
 
