@@ -176,15 +176,18 @@ def _pod(phase: str, rv: int) -> dict[str, Any]:
     }
 
 
-def test_a_pod_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
-    """Neither can change a plan (ObservedPod/ObservedJob.plan_relevant); a pod's end does."""
+def test_a_pod_appearing_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
+    """None can change a plan (ObservedPod.arrival_can_change_a_plan, ObservedPod/ObservedJob.plan_relevant);
+    a pod's end does, and so does a pod first seen already ended."""
     cache = RunCache()
-    assert cache.pods.upsert(_pod("Pending", 1)) == (NS, "r")
+    assert cache.pods.upsert(_pod("Pending", 1)) is None
+    assert cache.pods.one((NS, "r"), "p") is not None  # kept all the same: the next plan sees it
     assert cache.pods.upsert(_pod("Running", 2)) is None
     assert cache.pods.upsert(_pod("Succeeded", 3)) == (NS, "r")
     started = _job("j", 1)
     cache.jobs.upsert({**started, "status": {}})
     assert cache.jobs.upsert(_job("j", 2)) is None
+    assert RunCache().pods.upsert(_pod("Succeeded", 1)) == (NS, "r")
 
 
 def test_the_same_version_again_is_not_converted_again() -> None:

@@ -70,6 +70,12 @@ class ObservedPod:
         how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them."""
         return replace(self, phase="Running") if self.phase == "Pending" else self
 
+    def arrival_can_change_a_plan(self) -> bool:
+        """Whether a plan made before this pod was seen may now be wrong. A pod that has not ended
+        can only hold the planner back (the one-Job gate, waiting for its report), never make it act,
+        so the shell need not re-plan when one appears: the next plan, for any reason, sees it."""
+        return self.terminal
+
 
 @dataclass(frozen=True)
 class ObservedJob:

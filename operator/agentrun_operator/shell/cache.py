@@ -99,6 +99,12 @@ def pod_change(view: Any) -> Hashable:
     return view.plan_relevant() if view is not None else None
 
 
+def pod_arrival(view: Any) -> bool:
+    """A new pod re-plans its run only when it could change a plan (`arrival_can_change_a_plan`): the
+    pod every iteration starts with, still pending, does not."""
+    return view is not None and bool(view.arrival_can_change_a_plan())
+
+
 def run_view(run: Obj) -> Hashable:
     """Spec (via generation), deletion, labels, annotations and status: everything a plan reads."""
     meta = run.get("metadata") or {}
@@ -129,10 +135,12 @@ class Store:
         view: Callable[[Obj], Any],
         change: Callable[[Any], Hashable] = lambda view: view,
         keep_body: bool = True,
+        arrival: Callable[[Any], bool] = lambda view: True,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
+        self._arrival = arrival  # whether a new object (by its view) is worth a re-plan
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
@@ -161,7 +169,11 @@ class Store:
         view = self._view(obj)
         entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[(ns, name)] = key
-        changed = current is None or self._change(current[1]) != self._change(view) or old_key != key
+        moved = old_key is not None and old_key != key
+        if current is None:
+            changed = moved or self._arrival(view)
+        else:
+            changed = moved or self._change(current[1]) != self._change(view)
         return key if changed else None
 
     def delete(self, obj: Obj) -> Key | None:
@@ -282,7 +294,7 @@ class RunCache:
     def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
         self.runs = Store(run_of_run, run_view)
         self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
-        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False)
+        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False, arrival=pod_arrival)
         self.references = {
             plural: Store(namespace_wide, spec_view, spec_change, keep_body=False)
             for plural in REFERENCE_KINDS
