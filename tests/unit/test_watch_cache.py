@@ -255,3 +255,31 @@ def test_a_metadata_only_list_names_what_to_read_in_full_and_drops_the_gone() ->
     assert names == ["arrived-after-the-list", "changed", "same"]
     replaced = _job("same", 3, uid="other")  # a namesake at an equal version is still another object
     assert cache.jobs.compare([_meta_only(replaced)], 13, {NS})[0] == [(NS, "same")]
+
+
+def test_the_echo_of_a_write_in_flight_does_not_replan_but_another_change_does() -> None:
+    """The watch may deliver our own write before the API server's answer reaches the reconcile that
+    made it: that echo (same view, keys in any order) is no news; anything else is."""
+    store = Store(run_of_run, run_view)
+    store.upsert(_run(5, {"phase": "Pending"}))
+    written = _run(5, {"phase": "Running", "message": "m"})
+    with store.writing(NS, "r", written):
+        assert store.upsert(_run(6, {"message": "m", "phase": "Running"})) is None
+        assert store.upsert(_run(7, {"message": "m", "phase": "Succeeded"})) == (NS, "r")
+    assert store.upsert(_run(8, {"message": "m", "phase": "Running"})) == (NS, "r")  # no longer writing
+
+
+def test_the_first_event_of_a_job_being_created_does_not_replan_but_its_end_does() -> None:
+    cache = RunCache()
+    with cache.jobs.writing(NS, "j"):
+        assert cache.jobs.upsert(_job("j", 1)) is None
+        assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
+    assert cache.jobs.upsert(_job("other", 3)) == (NS, "r")  # a Job we did not create: a stray
+
+
+def test_a_job_getting_its_ttl_does_not_replan() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1, complete=True))
+    with_ttl = _job("j", 2, complete=True)
+    with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
+    assert cache.jobs.upsert(with_ttl) is None

@@ -99,8 +99,10 @@ class ObservedJob:
 
     def plan_relevant(self) -> ObservedJob:
         """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
-        plan made without it arms earlier (from the attempt's request), never later."""
-        return replace(self, started_at=None)
+        plan made without it arms earlier (from the attempt's request), never later; a TTL, once
+        set, only keeps the planner from setting it (a plan that has not seen it sets it once more,
+        the same value: an idempotent write)."""
+        return replace(self, started_at=None, ttl_seconds_after_finished=None)
 
 
 @dataclass(frozen=True)

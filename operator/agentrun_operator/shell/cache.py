@@ -21,7 +21,8 @@ that only grows. An older object never replaces a newer one, whichever path deli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agentrun_operator import naming
@@ -85,7 +86,7 @@ def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
     return (job_from_k8s(job), owner_uids(job))
 
 
-def job_change(view: Any) -> Hashable:
+def job_change(view: Any) -> Any:
     """What of a Job's view can change a plan: a change of anything else needs no reconcile."""
     job, owners = view
     return (job.plan_relevant() if job is not None else None, owners)
@@ -95,7 +96,7 @@ def pod_view(pod: Obj) -> ObservedPod | None:
     return pod_from_k8s(pod)
 
 
-def pod_change(view: Any) -> Hashable:
+def pod_change(view: Any) -> Any:
     return view.plan_relevant() if view is not None else None
 
 
@@ -105,24 +106,27 @@ def pod_arrival(view: Any) -> bool:
     return view is not None and bool(view.arrival_can_change_a_plan())
 
 
-def run_view(run: Obj) -> Hashable:
-    """Spec (via generation), deletion, labels, annotations and status: everything a plan reads."""
+def run_view(run: Obj) -> tuple[Any, ...]:
+    """Spec (via generation), deletion, labels, annotations and status: everything a plan reads.
+    Compared by value (the API server may answer with the keys of our own write in another order)."""
     meta = run.get("metadata") or {}
-    return repr(
-        (
-            meta.get("uid"),
-            meta.get("generation"),
-            meta.get("deletionTimestamp"),
-            meta.get("labels"),
-            meta.get("annotations"),
-            run.get("status"),
-        )
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        meta.get("labels"),
+        meta.get("annotations"),
+        run.get("status"),
     )
 
 
 def _identity(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
+
+
+_CREATING = object()
+_NOT_WRITING = object()
 
 
 class Store:
@@ -133,7 +137,7 @@ class Store:
         self,
         run_of: Callable[[Obj], str | None],
         view: Callable[[Obj], Any],
-        change: Callable[[Any], Hashable] = lambda view: view,
+        change: Callable[[Any], Any] = lambda view: view,
         keep_body: bool = True,
         arrival: Callable[[Any], bool] = lambda view: True,
     ) -> None:
@@ -144,8 +148,10 @@ class Store:
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
-        self._by_run: dict[Key, dict[str, tuple[Obj, Hashable]]] = {}
+        self._by_run: dict[Key, dict[str, tuple[Obj, Any]]] = {}
         self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
+        # (namespace, name) -> what of it we are writing right now (`writing`)
+        self._writing: dict[tuple[str, str], Any] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -170,11 +176,27 @@ class Store:
         entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[(ns, name)] = key
         moved = old_key is not None and old_key != key
+        echo = self._writing.get((ns, name), _NOT_WRITING)
         if current is None:
-            changed = moved or self._arrival(view)
+            changed = moved or (self._arrival(view) and echo is not _CREATING)
         else:
-            changed = moved or self._change(current[1]) != self._change(view)
+            now = self._change(view)
+            changed = moved or (now != self._change(current[1]) and now != echo)
         return key if changed else None
+
+    @contextlib.contextmanager
+    def writing(self, namespace: str, name: str, written: Obj | None = None) -> Iterator[None]:
+        """While we write this object, the watch event echoing our write -- which may come before
+        the API server's answer -- re-plans nothing: the reconcile writing it planned with it, and
+        writes the answer through. `written` is the object as we send it (an event whose view is the
+        same is the echo); None for a create (the object's first event is the echo). Any other
+        change of it re-plans as usual."""
+        where = (namespace, name)
+        self._writing[where] = _CREATING if written is None else self._change(self._view(written))
+        try:
+            yield
+        finally:
+            self._writing.pop(where, None)
 
     def delete(self, obj: Obj) -> Key | None:
         """Forget `obj` (a DELETED event); the run key when something was removed."""
@@ -279,10 +301,6 @@ def spec_view(obj: Obj) -> dict[str, Any]:
     return dict(obj.get("spec") or {})
 
 
-def spec_change(view: Any) -> Hashable:
-    return repr(view)
-
-
 REFERENCE_KINDS = ("agents", "agentproviders", "implementationspecs")
 """The kinds a run refers to by name, cached by namespace and name (docs/operator.md#cache)."""
 
@@ -296,8 +314,7 @@ class RunCache:
         self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
         self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False, arrival=pod_arrival)
         self.references = {
-            plural: Store(namespace_wide, spec_view, spec_change, keep_body=False)
-            for plural in REFERENCE_KINDS
+            plural: Store(namespace_wide, spec_view, keep_body=False) for plural in REFERENCE_KINDS
         }
         self.ready = asyncio.Event()
         self._closed_gates = set(gates)

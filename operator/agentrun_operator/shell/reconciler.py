@@ -309,7 +309,8 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 try:
-                    created, job = await self.kube.create_job(action.manifest)
+                    with self.cache.jobs.writing(namespace, action.name):
+                        created, job = await self.kube.create_job(action.manifest)
                 except KubeError as exc:
                     if permanent_refusal(exc.status):
                         raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
@@ -373,7 +374,9 @@ class Reconciler:
             body = dict(raw)
             body["status"] = new_status
             try:
-                self.cache.runs.upsert(await self.kube.replace_run_status(body))
+                with self.cache.runs.writing(namespace, name, body):
+                    answer = await self.kube.replace_run_status(body)
+                self.cache.runs.upsert(answer)
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(json.dumps(new_status, separators=(",", ":"))))
             except KubeError as exc:
