@@ -9,6 +9,8 @@ operator as its own process and the kubelet driver completing each pod at once. 
 - operator CPU (utime + stime) per completed iteration, and its peak RSS (VmHWM),
 - the operator's API writes per iteration by verb and resource, reconciles per iteration,
 - iterations per second over the whole run,
+- the machine's load average when the runs started and when they ended (the machine may be shared:
+  latency figures move with it; CPU per iteration much less),
 - the lost/repeated check: every run Succeeded with iterations 1..K recorded once each and exactly
   one Job (attempt 1) created per iteration.
 
@@ -247,6 +249,7 @@ def main() -> int:
         before = scrape(port)
         cpu_before = cpu_seconds(pid)
         names = [f"bench-{r}" for r in range(args.runs)]
+        load_start = os.getloadavg()
         started = time.monotonic()
         for name in names:
             code, body = plane.api_request(
@@ -265,6 +268,7 @@ def main() -> int:
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
         time.sleep(1.0)  # let trailing TTL patches and Events land
         after = scrape(port)
         cpu = cpu_seconds(pid) - cpu_before
@@ -312,6 +316,8 @@ def main() -> int:
             "iterations": args.runs * args.iterations,
             "completed_iterations": check["completed_iterations"],
             "wall_seconds": elapsed,
+            "load_average_start": list(load_start),
+            "load_average_end": list(load_end),
             "iterations_per_second": check["completed_iterations"] / elapsed if elapsed else float("nan"),
             "turnaround_ms": distribution(turnaround),
             "raw_get_ms": distribution(gets),
@@ -331,6 +337,11 @@ def main() -> int:
         print(
             f"runs={args.runs} iterations/run={args.iterations} iterations={iterations} "
             f"wall={elapsed:.1f}s  iterations/s={report['iterations_per_second']:.1f}"
+        )
+        print(
+            "load average (1/5/15 min) at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f}".format(
+                *load_start, *load_end
+            )
         )
         print(
             f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished "

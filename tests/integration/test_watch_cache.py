@@ -19,7 +19,8 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import EmitEvent
-from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell import informer
+from agentrun_operator.shell.cache import RunCache, Store, relist
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
@@ -382,3 +383,45 @@ def test_a_reference_the_watch_has_not_delivered_is_read_from_the_api_server(env
     finally:
         proxy.policies.clear()
         operator.stop()
+
+
+def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watches that end every second (the API server closes them at `timeoutSeconds`) are resumed
+    from the last resourceVersion they delivered: every object created meanwhile arrives, and the
+    kind is listed once, at start."""
+    plane = env[0]
+    monkeypatch.setattr(informer, "WATCH_SECONDS", 1)
+    names = [f"resumed-{k}" for k in range(4)]
+
+    async def body(kube: Kube) -> tuple[int, int, list[str]]:
+        cache = RunCache(gates=())
+        store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
+        watcher = informer.Informer(
+            kube, cache, store, "/api/v1", "configmaps", "perf-resume=yes", (NAMESPACE,), lambda _key: None
+        )
+        watcher.start()
+        try:
+            await asyncio.wait_for(cache.ready.wait(), 30)
+            listed = kube.counters.reads
+            for name in names:
+                await asyncio.sleep(1.5)  # at least one watch ends between two creates
+                manifest = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"perf-resume": "yes"}},
+                    "data": {"k": name},
+                }
+                await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body=manifest)
+            for _ in range(300):
+                if all(store.one((NAMESPACE, "all"), n) is not None for n in names):
+                    break
+                await asyncio.sleep(0.1)
+            return listed, kube.counters.reads, [n for n in names if store.one((NAMESPACE, "all"), n)]
+        finally:
+            await watcher.stop()
+
+    listed, reads, seen = _in_process(plane, body)
+    assert seen == names  # every object created across the watches' ends arrived
+    assert listed == 1 and reads == 1  # and the kind was listed once, at start

@@ -8,8 +8,11 @@ with them. Here an event costs one JSON decode and one cache update; the run is 
 what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
-cache. A watch that ends (timeout, 410 Gone, a broken or silent connection) is followed by a fresh LIST
-merged into the cache, so nothing that happened in between is missed.
+cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
+resourceVersion it delivered (bookmarks included), as client-go's reflector does: the API server
+replays every change since, so nothing in between is missed, and no periodic LIST of every pod is
+decoded. When it no longer has that version (410 Gone) or refuses the watch, a fresh LIST is merged
+into the cache instead.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import Key, RunCache, Store
+from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
 from agentrun_operator.shell.kube import Kube, KubeError, decode_json
 
 log = logging.getLogger("agentrun.informer")
@@ -62,6 +65,8 @@ class Informer:
         self.optional = optional
         self.gate = f"informer:{plural}"
         self._listed: set[str | None] = set()
+        # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
+        self._resume: dict[str | None, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         cache.add_gate(self.gate)
 
@@ -78,8 +83,8 @@ class Informer:
     async def _run(self, scope: str | None) -> None:
         while True:
             try:
-                version = await self._list(scope)
-                await self._watch(scope, version)
+                resume = self._resume.pop(scope, None)
+                await self._watch(scope, await self._list(scope) if resume is None else resume)
             except asyncio.CancelledError:
                 raise
             except KubeError as exc:
@@ -94,8 +99,8 @@ class Informer:
                 else:
                     log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
                     await asyncio.sleep(RETRY_SECONDS)
-            except Exception as exc:  # a broken stream: list again after a pause, never die
-                log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
+            except Exception as exc:  # a broken or silent stream: resume after a pause, never die
+                log.warning("%s watch interrupted, resuming: %s", self.plural, exc)
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def _list(self, scope: str | None) -> int | None:
@@ -118,6 +123,7 @@ class Informer:
             query["labelSelector"] = self.selector
         if version is not None:
             query["resourceVersion"] = str(version)
+            self._resume[scope] = version
         metrics.API_REQUESTS.labels(verb="WATCH", resource=self.plural).inc()
         resp = await self.kube.api.call_api(
             path,
@@ -134,13 +140,18 @@ class Informer:
         raw: Any = resp[0] if isinstance(resp, tuple) else resp
         try:
             if int(getattr(raw, "status", 0)) != 200:
+                self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
             while line := await raw.content.readline():
                 event = decode_json(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
+                    self._resume.pop(scope, None)
                     log.info("%s watch ended: %s", self.plural, obj.get("message"))
                     return
+                version = resource_version(obj)
+                if version is not None:
+                    self._resume[scope] = version
                 if kind == "BOOKMARK":
                     continue
                 key = self.store.delete(obj) if kind == "DELETED" else self.store.upsert(obj)
