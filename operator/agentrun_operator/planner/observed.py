@@ -70,11 +70,13 @@ class ObservedPod:
         how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them."""
         return replace(self, phase="Running") if self.phase == "Pending" else self
 
-    def arrival_can_change_a_plan(self) -> bool:
-        """Whether a plan made before this pod was seen may now be wrong. A pod that has not ended
-        can only hold the planner back (the one-Job gate, waiting for its report), never make it act,
-        so the shell need not re-plan when one appears: the next plan, for any reason, sees it."""
-        return self.terminal
+    def arrival_can_change_a_plan(self, others: tuple[ObservedPod, ...]) -> bool:
+        """Whether a plan made before this pod was seen (beside `others`, the run's other pods) may
+        now be wrong. The first pod of a Job, not yet ended, can only hold the planner back (the
+        one-Job gate, waiting for its report), never make it act, so the shell need not re-plan when
+        it appears: the next plan, for any reason, sees it. A further pod of a Job can: a Job taken
+        for succeeded by its one pod is live again with two."""
+        return self.terminal or any(p.job_name == self.job_name for p in others)
 
 
 @dataclass(frozen=True)

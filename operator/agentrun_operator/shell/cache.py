@@ -100,10 +100,11 @@ def pod_change(view: Any) -> Any:
     return view.plan_relevant() if view is not None else None
 
 
-def pod_arrival(view: Any) -> bool:
+def pod_arrival(view: Any, others: list[Any]) -> bool:
     """A new pod re-plans its run only when it could change a plan (`arrival_can_change_a_plan`): the
     pod every iteration starts with, still pending, does not."""
-    return view is not None and bool(view.arrival_can_change_a_plan())
+    known = tuple(other for other in others if other is not None)
+    return view is not None and bool(view.arrival_can_change_a_plan(known))
 
 
 def run_view(run: Obj) -> tuple[Any, ...]:
@@ -139,12 +140,12 @@ class Store:
         view: Callable[[Obj], Any],
         change: Callable[[Any], Any] = lambda view: view,
         keep_body: bool = True,
-        arrival: Callable[[Any], bool] = lambda view: True,
+        arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
-        self._arrival = arrival  # whether a new object (by its view) is worth a re-plan
+        self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
@@ -178,7 +179,8 @@ class Store:
         moved = old_key is not None and old_key != key
         echo = self._writing.get((ns, name), _NOT_WRITING)
         if current is None:
-            changed = moved or (self._arrival(view) and echo is not _CREATING)
+            others = [v for n, (_, v) in entries.items() if n != name]
+            changed = moved or (echo is not _CREATING and self._arrival(view, others))
         else:
             now = self._change(view)
             changed = moved or (now != self._change(current[1]) and now != echo)
