@@ -70,9 +70,9 @@ class OperatorState:
         self.cache = RunCache()
         self.reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
 
-    def enqueue(self, key: Key | None) -> None:
+    def enqueue(self, key: Key | None, background: bool = False) -> None:
         if key is not None and self.queue is not None:
-            self.queue.enqueue(key)
+            self.queue.enqueue(key, background=background)
 
     def enqueue_namespace(self, key: Key) -> None:
         """Something runs refer to changed: re-plan the unfinished runs of its namespace."""
@@ -133,8 +133,8 @@ class OperatorState:
             phase = (run.get("status") or {}).get("phase") or "Pending"
             counts[phase] = counts.get(phase, 0) + 1
             ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
-            if key in changed or ((phase not in TERMINAL_RUN_PHASES or ttl) and self.due_for_resync(key)):
-                self.enqueue(key)
+            if (phase not in TERMINAL_RUN_PHASES or ttl) and self.due_for_resync(key):
+                self.enqueue(key, background=True)  # behind every event-driven reconcile
         for key in changed:
             self.enqueue(key)
         for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
