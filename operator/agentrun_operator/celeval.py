@@ -102,6 +102,8 @@ class CompiledExpression:
     _runner: Any  # a celpy Runner; untyped upstream
     #: Names X used as ``outputs.X`` (or ``outputs["X"]``): validation checks each is collected earlier.
     referenced_outputs: frozenset[str] = frozenset()
+    referenced_iteration_steps: frozenset[str] = frozenset()
+    """Names X used as ``iteration.steps.X`` (children of a loop body)."""
 
     def __repr__(self) -> str:
         return f"CompiledExpression({self.expression!r})"
@@ -232,23 +234,37 @@ def _literal_string(node: Any) -> str | None:
     return None
 
 
+def _is_iteration_steps(node: Any) -> bool:
+    """Whether ``node`` is the ``iteration.steps`` member chain."""
+    while isinstance(node, lark.Tree) and node.data == "member" and len(node.children) == 1:
+        node = node.children[0]
+    if not (isinstance(node, lark.Tree) and node.data == "member_dot" and len(node.children) == 2):
+        return False
+    return _ident_name(node.children[0]) == "iteration" and str(node.children[1]) == "steps"
+
+
 @dataclass
 class _Analysis:
     steps: set[str]
     outputs: set[str]
     roots: list[tuple[str, int | None, int | None]]  # (name, line, column) of free identifiers
     bound: set[str]
+    iteration_steps: set[str]
 
 
 def _analyse(ast: lark.Tree[Any]) -> _Analysis:
     """Walk the AST once: ``steps.X`` references, root identifiers, macro-bound variables."""
-    result = _Analysis(steps=set(), outputs=set(), roots=[], bound=set())
+    result = _Analysis(steps=set(), outputs=set(), roots=[], bound=set(), iteration_steps=set())
     tables = {"steps": result.steps, "outputs": result.outputs}
     for node in ast.iter_subtrees():
         kids = _children(node)
         root = (
             _ident_name(kids[0]) if node.data in ("member_dot", "member_index") and len(kids) == 2 else None
         )
+        if node.data in ("member_dot", "member_index") and len(kids) == 2 and _is_iteration_steps(kids[0]):
+            key = str(kids[1]) if node.data == "member_dot" else _literal_string(kids[1])
+            if key is not None:
+                result.iteration_steps.add(key)
         if root in tables and node.data == "member_dot":
             tables[root].add(str(kids[1]))
         elif root in tables:
@@ -298,7 +314,13 @@ def _compile_cached(expression: str) -> CompiledExpression | CelCompileError:
             return CelCompileError(
                 expression, f"undeclared reference to {name!r} (the context has {roots})", line, column
             )
-    return CompiledExpression(expression, frozenset(analysis.steps), runner, frozenset(analysis.outputs))
+    return CompiledExpression(
+        expression,
+        frozenset(analysis.steps),
+        runner,
+        frozenset(analysis.outputs),
+        frozenset(analysis.iteration_steps),
+    )
 
 
 def compile_expression(expression: str) -> CompiledExpression:

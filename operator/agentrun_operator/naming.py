@@ -11,6 +11,7 @@ LABEL_STEP = f"{GROUP}/step"
 LABEL_STEP_INDEX = f"{GROUP}/step-index"
 LABEL_ITERATION = f"{GROUP}/iteration"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_STEP_PATH = f"{GROUP}/step-path"  # only on Jobs of nested steps: the address, e.g. `2i3-1`
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
 
@@ -18,19 +19,38 @@ MAX_NAME = 63
 _HASH_LEN = 8
 
 
-def job_name(run_name: str, step_index: int, iteration: int, attempt: int) -> str:
-    """`<run>-step-<i>-iter-<k>-attempt-<a>`; cut to 63 characters with a hash suffix when too long.
+def step_address(ancestors: tuple[str, ...], step_index: int) -> str:
+    """Where a step sits in the tree, with the iteration (or case) of every ancestor: `2i3-1`.
+
+    Each ancestor is a segment `<index>i<iteration>` (a group; iteration 1 without a loop) or
+    `<index>c<case>` (a switch: case 1.., 0 for the default), then the step's own 1-based index. A
+    top-level step's address is its index alone. Label-safe (`[0-9a-z-]`).
+    """
+    return "-".join((*ancestors, str(step_index)))
+
+
+def job_name(
+    run_name: str, step_index: int, iteration: int, attempt: int, ancestors: tuple[str, ...] = ()
+) -> str:
+    """`<run>-step-<address>-iter-<k>-attempt-<a>`; cut to 63 characters with a hash suffix when too long.
 
     `step_index` and `iteration` are 1-based, as in the loop proposal's `run-step-1-iter-2-attempt-1`
-    (docs/design.md#origin).
+    (docs/design.md#origin); a top-level step's address is its index, so its names are unchanged. A
+    nested step's address carries its ancestors' iterations (`step_address`), so every iteration of
+    a loop body gets Jobs of its own. When the name is too long the run name is cut first; when the
+    suffix alone is too long, the address is replaced by a hash of the whole name.
     """
-    suffix = f"-step-{step_index}-iter-{iteration}-attempt-{attempt}"
+    suffix = f"-step-{step_address(ancestors, step_index)}-iter-{iteration}-attempt-{attempt}"
     full = f"{run_name}{suffix}"
     if len(full) <= MAX_NAME:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_LEN]
     keep = MAX_NAME - len(suffix) - _HASH_LEN - 1
-    return f"{run_name[:keep].rstrip('-.')}-{digest}{suffix}"
+    if keep >= 1:
+        return f"{run_name[:keep].rstrip('-.')}-{digest}{suffix}"
+    tail = f"-{digest}-iter-{iteration}-attempt-{attempt}"
+    head = f"{run_name}-step-{step_address(ancestors, step_index)}"[: MAX_NAME - len(tail)]
+    return f"{head.rstrip('-.')}{tail}"
 
 
 def label_value(value: str) -> str:

@@ -69,7 +69,7 @@ spec:
       - |
         set -eu
         echo "start $AGENTRUN_ITERATION" >> /workspace/chaos.log
-        if [ "$AGENTRUN_ITERATION" = 1 ] && [ "{hold}" = yes ]; then
+        if [ "$AGENTRUN_ITERATION" = {hold_iteration} ] && [ "{hold}" = yes ]; then
           while [ ! -e /workspace/release ]; do sleep 0.5; done
         fi
         sleep {sleep}
@@ -102,8 +102,13 @@ class Config:
     timeout: float = 900.0
     seed: int = 0
     hold: bool = False
-    """Hold every run in its first iteration (a running container) until every fault is in: each
-    fault meets running containers, however fast or slow the machine (the size `make test` runs)."""
+    """Hold every run in iteration `hold_iteration` (a running container) until every fault is in:
+    each fault meets runs in flight, however fast or slow the machine (the size `make test` runs
+    holds them in iteration 1, so each fault meets running containers)."""
+    hold_iteration: int = 1
+    """1: faults start once every run's first iteration runs. The last iteration: the iterations
+    before it run (pods created, bound, ended, the next one planned) while faults go in, and the
+    runs wait in the last one for the faults that remain."""
 
 
 @dataclass
@@ -329,6 +334,7 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
                 sleep=config.iteration_seconds,
                 iterations=config.iterations,
                 hold="yes" if config.hold else "no",
+                hold_iteration=config.hold_iteration,
             )
             for n in names
         )
@@ -337,7 +343,7 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
         deadline = time.monotonic() + config.timeout
         phases: dict[str, str] = {}
         order = schedule(config)
-        if config.hold:
+        if config.hold and config.hold_iteration == 1:
             env.wait_for(lambda: env.all_started(names), deadline, "every run's first iteration to run")
         for kind in order:
             if time.monotonic() > deadline or (not config.hold and env.all_ended(len(names))):
@@ -392,7 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hold",
         action="store_true",
-        help="hold runs in iteration 1 until every fault is in (every fault meets running containers)",
+        help="hold runs in an iteration until every fault is in (every fault meets runs in flight)",
+    )
+    parser.add_argument(
+        "--hold-iteration",
+        type=int,
+        default=Config.hold_iteration,
+        help="the iteration --hold holds runs in (1: faults start once all run; the last: the "
+        "iterations before it run while faults go in)",
     )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
@@ -401,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; choose from {', '.join(KINDS)}")
+    if not 1 <= args.hold_iteration <= args.iterations:
+        parser.error(f"--hold-iteration must be between 1 and --iterations ({args.iterations})")
     config = Config(
         runs=args.runs,
         iterations=args.iterations,
@@ -412,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         seed=args.seed,
         hold=args.hold,
+        hold_iteration=args.hold_iteration,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)

@@ -275,3 +275,106 @@ def test_the_operator_image_logs_in_with_in_cluster_credentials(
     ended = wait_terminal(docker_default, "in-cluster")
     assert ended["status"]["phase"] == "Succeeded", (ended["status"], dev_logs(docker_default, "in-cluster"))
     assert dev_logs(docker_default, "in-cluster").split() == ["10001", NAMESPACE, "1"]
+
+
+def _state(container: str) -> dict[str, Any]:
+    """The engine's `.State` of a container (empty when the engine has no such container)."""
+    proc = docker("inspect", "--format", "{{json .State}}", container.removeprefix("docker://"))
+    state: dict[str, Any] = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    return state
+
+
+def test_runner_killed_and_restarted_adopts_running_containers_and_reports_finished_ones(
+    docker_default: LocalDefault,
+) -> None:
+    """Containers outlive the runner, as containers outlive a kubelet restart: the new runner adopts
+    the running ones (the same container, its pause container and log kept; also one whose launch
+    record was never written) and reports the one that ended while no runner ran with its real exit
+    code, termination message and whole log."""
+    env = docker_default
+    env.create_claim("docker-restart-gate")
+    gate = env.claim_dir("docker-restart-gate") / "go"
+    gate.unlink(missing_ok=True)
+    waits = "echo before; while [ ! -e /gate/go ]; do sleep 0.2; done; echo after"
+    create_pod(
+        env,
+        "d-ends-unseen",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", f"{waits}; echo finished-unseen > /dev/termination-log; exit 3"],
+                    "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                }
+            ],
+            "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "docker-restart-gate"}}],
+        },
+    )
+    create_pod(
+        env,
+        "d-keeps-running",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.36",
+                    "command": ["sh", "-c", f"{waits}; sleep 3600"],
+                    "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                    "ports": [{"containerPort": 8080}],  # its own network: a pause container
+                }
+            ],
+            "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "docker-restart-gate"}}],
+        },
+    )
+
+    def running(name: str) -> bool:
+        return ((get_pod(env, name) or {}).get("status") or {}).get("phase") == "Running"
+
+    eventually(lambda: running("d-ends-unseen") and running("d-keeps-running"), timeout=120, what="the pods")
+    kept = get_pod(env, "d-keeps-running") or {}
+    before = main_status(kept)
+    uid = kept["metadata"]["uid"]
+    containers = sorted(containers_of(uid))
+    assert len(containers) == 2, "the container and the pod's pause container"
+    started = _state(before["containerID"])["StartedAt"]
+
+    env.runner.kill()  # the runner's process group: its `docker start --attach` clients too
+    try:
+        assert _state(before["containerID"])["Running"], "the container outlived its runner"
+        # As if the runner had died between starting it and recording it: found by its name.
+        records = list(env.state_dir.glob("pods/e2e-docker/d-keeps-running/*/containers/main/launch.json"))
+        assert len(records) == 1
+        records[0].unlink()
+        gate.write_text("go")
+        unseen = main_status(get_pod(env, "d-ends-unseen"))["containerID"]
+        eventually(
+            lambda: _state(unseen).get("Status") == "exited", timeout=60, what="the unseen container to end"
+        )
+    finally:
+        env.runner.start()
+
+    ended = wait_terminal(env, "d-ends-unseen")
+    main = main_status(ended)
+    assert ended["status"]["phase"] == "Failed"
+    assert main["state"]["terminated"]["exitCode"] == 3
+    assert main["state"]["terminated"]["reason"] == "Error"
+    assert main["state"]["terminated"]["message"].strip() == "finished-unseen"
+    assert dev_logs(env, "d-ends-unseen").splitlines() == ["before", "after"]  # "after": while no runner ran
+    eventually(lambda: not _state(unseen), timeout=60, what="the ended container to be removed")
+
+    after = main_status(get_pod(env, "d-keeps-running"))
+    assert "running" in after["state"], after
+    assert after["containerID"] == before["containerID"] and after["restartCount"] == 0
+    assert _state(after["containerID"])["StartedAt"] == started, "adopted, not started again"
+    assert sorted(containers_of(uid)) == containers, "the same container and pause container"
+    assert "adopted main (running)" in env.runner.logs()
+    eventually(
+        lambda: dev_logs(env, "d-keeps-running").splitlines() == ["before", "after"],
+        timeout=30,
+        what="the adopted container's whole log",
+    )
+
+    env.plane.kubectl("delete", "pod", "d-keeps-running", "d-ends-unseen", "-n", NAMESPACE, "--wait=false")
+    eventually(lambda: get_pod(env, "d-keeps-running") is None, timeout=90, what="d-keeps-running to go")
+    eventually(lambda: not containers_of(uid), timeout=60, what="the adopted containers to be removed")

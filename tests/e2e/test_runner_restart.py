@@ -119,3 +119,34 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
 def _network_record(env: LocalDefault, pod: str) -> NetworkRecord | None:
     found = list(env.state_dir.glob(f"pods/e2e/{pod}/*"))
     return read_network(found[0]) if found else None
+
+
+def test_a_container_started_just_before_the_runner_died_is_adopted_not_started_again(
+    local_default: LocalDefault,
+) -> None:
+    """The runner killed between starting a container and writing its launch record (the chaos
+    suite met it: an iteration ran twice): the next runner finds the container by its shim."""
+    env = local_default
+    create_pod(
+        env,
+        "unrecorded",
+        {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7713"]}]},
+    )
+    eventually(lambda: _running(env, "unrecorded"), timeout=120, what="the pod")
+    pids = processes_with("sleep", "7713")
+    assert len(pids) == 1
+    env.runner.kill()
+    try:
+        records = list(Path(env.state_dir).glob("pods/e2e/unrecorded/*/containers/main/launch.json"))
+        assert len(records) == 1
+        records[0].unlink()  # as if the runner had died before writing it
+    finally:
+        env.runner.start()
+    eventually(
+        lambda: "unrecorded: adopted main (running)" in env.runner.logs(), timeout=120, what="the adoption"
+    )
+    main = container(get_pod(env, "unrecorded") or {}, "main")
+    assert "running" in main["state"] and main["restartCount"] == 0, main
+    assert processes_with("sleep", "7713") == pids, "adopted, not started a second time"
+    env.plane.kubectl("delete", "pod", "unrecorded", "-n", "e2e", "--wait=true", "--timeout=90s")
+    eventually(lambda: not processes_with("sleep", "7713"), timeout=120, what="the container to stop")

@@ -54,11 +54,16 @@ class ScriptedOutcomes:
 
     def __init__(self) -> None:
         self.runs: dict[str, Outcomes] = {}
+        # Scripts that need to know which step a pod is (children of groups and switches): the
+        # pod's labels (step name, step-path, iteration, attempt) -> what happens to it.
+        self.by_labels: dict[str, Callable[[dict[str, str]], PodOutcome]] = {}
 
     def outcome(self, pod: dict[str, Any]) -> PodOutcome:
         meta = pod["metadata"]
         labels = meta.get("labels", {})
         run = (meta.get("annotations") or {}).get(ANNOTATION_RUN_NAME) or labels.get(naming.LABEL_RUN)
+        if str(run) in self.by_labels:
+            return self.by_labels[str(run)](dict(labels))
         fn = self.runs.get(str(run), _succeeds)
         return fn(int(labels.get(naming.LABEL_ITERATION, 1)), int(labels.get(naming.LABEL_ATTEMPT, 1)))
 

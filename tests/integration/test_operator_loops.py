@@ -397,12 +397,107 @@ def test_nesting_past_the_limit_is_rejected_before_any_job(cluster: Any, outcome
     assert _jobs(plane, "nesting-past") == []
 
 
-def test_nesting_at_the_limit_is_refused_as_not_run_yet(cluster: Any, outcomes: ScriptedOutcomes) -> None:
-    """At the limit the depth is fine; groups do not run in this version, so nothing starts either."""
+def test_nesting_at_the_limit_runs(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """At the limit the depth is fine: the innermost step runs, named by its address."""
     plane, operator, _ = cluster
     _create(plane, _nested_run("nesting-at", 3, 3))
     run = _wait_finished(plane, "nesting-at", operator)
-    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "InvalidSpec"
-    assert "NestingTooDeep" not in run["status"]["message"]
-    assert "steps is validated but not run by this operator version yet" in run["status"]["message"]
-    assert _jobs(plane, "nesting-at") == []
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    jobs = _jobs(plane, "nesting-at")
+    assert [j["metadata"]["name"] for j in jobs] == ["nesting-at-step-1i1-1i1-1-iter-1-attempt-1"]
+    assert jobs[0]["metadata"]["labels"][naming.LABEL_STEP_PATH] == "1i1-1i1-1"
+    d3 = run["status"]["workflow"]["steps"][0]["steps"][0]["steps"][0]
+    assert d3["name"] == "d3" and d3["phase"] == "Succeeded"
+
+
+def _body_run(name: str, max_iterations: int = 3) -> dict[str, Any]:
+    """implement -> test -> review, until review approves."""
+    manifest = workflow_run(name, {})
+    manifest["spec"]["workflow"]["steps"] = [
+        {
+            "name": "develop",
+            "loop": {
+                "maxIterations": max_iterations,
+                "condition": {"type": "cel", "until": "iteration.steps.review.control.approved == true"},
+            },
+            "steps": [{"name": "implement"}, {"name": "test"}, {"name": "review"}],
+        }
+    ]
+    return manifest
+
+
+def _review_approves_in(iteration: int, run_seconds: float = 0.0) -> Any:
+    def outcome(labels: dict[str, str]) -> PodOutcome:
+        path = labels.get(naming.LABEL_STEP_PATH, "")
+        body_iteration = int(path.split("-")[0].split("i")[1]) if path else 0
+        approved = labels[naming.LABEL_STEP] == "review" and body_iteration == iteration
+        return PodOutcome(control={"approved": approved}, run_seconds=run_seconds)
+
+    return outcome
+
+
+def test_a_loop_body_repeats_its_children_until_review_approves(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    plane, operator, _ = cluster
+    name = "body"
+    outcomes.by_labels[name] = _review_approves_in(2)
+    _create(plane, _body_run(name))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    develop = _step_status(run)
+    assert develop["loop"]["completedIterations"] == 2
+    assert develop["loop"]["stopReason"] == "LoopConditionFalse"
+    children = {"implement": "Succeeded", "test": "Succeeded", "review": "Succeeded"}
+    assert [it["steps"] for it in develop["loop"]["iterations"]] == [children, children]
+    names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
+    assert names == sorted(f"{name}-step-1i{k}-{c}-iter-1-attempt-1" for k in (1, 2) for c in (1, 2, 3))
+
+
+def test_a_switch_runs_the_matching_case(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    plane, operator, _ = cluster
+    name = "switch"
+    outcomes.by_labels[name] = lambda labels: PodOutcome(control={"kind": "bug"})
+    manifest = workflow_run(name, {})
+    manifest["spec"]["workflow"]["steps"].append(
+        {
+            "name": "route",
+            "switch": {
+                "expression": "steps.implement.control.kind",
+                "cases": [
+                    {"value": "feature", "steps": [{"name": "build"}]},
+                    {"value": "bug", "steps": [{"name": "fix"}]},
+                ],
+                "default": {"steps": [{"name": "ask"}]},
+            },
+        }
+    )
+    _create(plane, manifest)
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    route = run["status"]["workflow"]["steps"][1]
+    assert route["case"] == "cases[1]" and [c["name"] for c in route["steps"]] == ["fix"]
+    names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
+    assert names == [f"{name}-step-1-iter-1-attempt-1", f"{name}-step-2c2-1-iter-1-attempt-1"]
+
+
+def test_operator_sigkilled_mid_body_resumes_without_repeating_a_child(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    plane, operator, _ = cluster
+    name = "body-restart"
+    outcomes.by_labels[name] = _review_approves_in(2, run_seconds=1.0)
+    _create(plane, _body_run(name))
+
+    def on_test_of_iteration_1() -> bool:
+        return any(j["metadata"]["name"] == f"{name}-step-1i1-2-iter-1-attempt-1" for j in _jobs(plane, name))
+
+    eventually(on_test_of_iteration_1, what="the body's second child to start")
+    operator.kill()  # SIGKILL, mid-body
+    time.sleep(1.5)  # the child finishes while no operator runs
+    operator.start()
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
+    assert names == sorted(f"{name}-step-1i{k}-{c}-iter-1-attempt-1" for k in (1, 2) for c in (1, 2, 3))
+    assert _step_status(run)["loop"]["completedIterations"] == 2

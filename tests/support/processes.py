@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.podrunner.adopt import stop_leftovers
 from agentrun_devcluster.podrunner.main import READY_LINE
 from tests.support.polling import eventually
 
@@ -152,7 +153,10 @@ class RunnerProcess(GroupProcess):
         return self
 
     def stop(self, grace: float = 30) -> None:
+        """Stop the runner, then what it leaves running (containers outlive it, as `agentrun dev
+        down` knows: adopt.stop_leftovers)."""
         super().stop(grace)
+        stop_leftovers(self.state_dir)
 
     def logs(self) -> str:
         return self.log_text()

@@ -58,7 +58,7 @@ def _actionable(problem: Problem) -> None:
 
 
 def _only(problems: list[Problem], path_part: str) -> Problem:
-    matching = [p for p in problems if path_part in p.path and "not run by this operator" not in p.message]
+    matching = [p for p in problems if path_part in p.path]
     assert len(matching) == 1, [p.render() for p in problems]
     _actionable(matching[0])
     return matching[0]
@@ -212,19 +212,14 @@ def test_switch_expression_and_output_expression_are_compiled() -> None:
     _only(problems, "output.expression")
 
 
-def test_groups_and_switches_are_refused_naming_each_field_outputs_and_budgets_run() -> None:
+def test_groups_switches_outputs_and_budgets_are_accepted() -> None:
     switch = {"expression": "'a'", "cases": [{"value": "a", "steps": [_work("x")]}]}
     steps = [
         _group("g", [_work("a")]),
         _work("s", switch=switch),
         _work("w", loop={"maxIterations": 2, "output": {"name": "o"}, "budget": {"maxTokens": 10}}),
     ]
-    problems = [p for p in _problems(_run(steps)) if "not run by this operator" in p.message]
-    # outputs and budgets run on looped workload steps; groups and switches do not yet
-    assert [p.path for p in problems] == ["spec.workflow.steps[0].steps", "spec.workflow.steps[1].switch"]
-    for problem in problems:
-        _actionable(problem)
-        assert problem.docs == "docs/concepts.md#control-flow-support"
+    assert _problems(_run(steps)) == []
 
 
 def test_nested_loop_rules_apply_at_any_depth() -> None:
@@ -275,3 +270,26 @@ def test_crd_types_top_level_steps_and_keeps_children_free_form() -> None:
     assert {"output", "budget", "onBudgetExhausted"} <= set(loop)
     rules = [r["message"] for r in step["x-kubernetes-validations"]]
     assert any("exactly one of a workload step" in m for m in rules)
+
+
+def test_iteration_steps_names_a_child_of_the_loop_body_in_its_condition_only() -> None:
+    ok = _group("body", [_work("implement"), _work("review")])
+    ok["loop"] = {
+        "maxIterations": 3,
+        "condition": {"type": "cel", "until": "iteration.steps.review.control.approved"},
+        "output": {"name": "o", "expression": "iteration.steps['implement'].phase"},
+    }
+    assert _problems(_run([ok])) == []
+    bad = _group("body", [_work("implement"), _work("review")])
+    bad["loop"] = {
+        "maxIterations": 3,
+        "condition": {"type": "cel", "until": "iteration.steps.reveiw.control.ok"},
+    }
+    problems = _problems(_run([bad, _work("after", when="iteration.steps.review.phase == 'Succeeded'")]))
+    typo = _only(problems, "steps[0].loop.condition.until")
+    assert "no child named 'reveiw'" in typo.message and "implement, review" in typo.message
+    _actionable(typo)
+    assert typo.docs == "docs/cel.md#iteration-steps"
+    outside = _only(problems, "steps[1].when")
+    assert "only filled in the loop.condition and loop.output of a loop body" in outside.message
+    _actionable(outside)

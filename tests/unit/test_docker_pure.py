@@ -3,17 +3,20 @@ runtime, the securityContext rules, the base images' recipe and layout, the imag
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from agentrun_devcluster import baseimages, imagebuild
+from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.docker import (
     LABEL_NODE,
     container_name,
     create_argv,
+    exit_code,
     non_root_problem,
     user_flag,
 )
@@ -198,3 +201,25 @@ def test_context_files_leave_out_bytecode_and_egg_info() -> None:
     files = imagebuild.context_files(REPO)
     assert REPO / "operator" / "agentrun_operator" / "cli.py" in files
     assert not [f for f in files if "__pycache__" in f.parts or any(p.endswith(".egg-info") for p in f.parts)]
+
+
+def test_an_ended_container_reports_the_engines_exit_code_and_an_oom_kill_as_137() -> None:
+    assert exit_code({"Status": "exited", "ExitCode": 3}, 137) == 3
+    assert exit_code({"Status": "exited", "ExitCode": 0, "OOMKilled": True}, 137) == 137
+    assert exit_code({}, 128) == 128
+
+
+def test_a_docker_launch_record_is_written_without_a_live_client_and_old_records_are_the_process_kind(
+    tmp_path: Path,
+) -> None:
+    gone_pid = 2**22 + 1  # above the kernel's pid_max: no such process
+    record = adopt.launch_record(
+        tmp_path, "main", 0, gone_pid, "t0", "docker://c1", tmp_path / "0.log", runtime="docker"
+    )
+    assert record is not None and record.runtime == "docker" and record.pid_start == ""
+    adopt.write_launch(tmp_path, record)
+    assert adopt.read_launches(tmp_path) == {"main": record}
+    assert adopt.launch_record(tmp_path, "main", 0, gone_pid, "t0", "x", tmp_path / "0.log") is None
+    old = {k: v for k, v in record.__dict__.items() if k != "runtime"}  # written before `runtime`
+    (tmp_path / "containers" / "main" / adopt.LAUNCH_RECORD).write_text(json.dumps(old))
+    assert adopt.read_launches(tmp_path)["main"].runtime == "process"

@@ -370,13 +370,13 @@ class StepSwitch(ApiModel):
             raise ValueError(rules.SWITCH_CASES.message)
         seen: list[Any] = []
         for case in self.cases:
-            if any(_same_scalar(case.value, other) for other in seen):
+            if any(same_scalar(case.value, other) for other in seen):
                 raise ValueError(rules.SWITCH_CASES_UNIQUE_MESSAGE)
             seen.append(case.value)
         return self
 
 
-def _same_scalar(a: Any, b: Any) -> bool:
+def same_scalar(a: Any, b: Any) -> bool:
     """CEL equality of JSON scalars: numbers by value (1 == 1.0), booleans never equal numbers."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -659,6 +659,10 @@ class IterationRecord(StatusModel):
     message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
     job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")
     usage: Usage | None = Field(default=None, description="Usage the iteration reported, if any.")
+    steps: dict[str, str] | None = Field(
+        default=None,
+        description="For a loop body (a looped group): the phase each child ended this iteration with.",
+    )
 
 
 class LoopStatus(StatusModel):
@@ -721,6 +725,20 @@ class StepStatus(StatusModel):
         ),
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    case: str | None = Field(
+        default=None,
+        description="For a switch: the branch taken, `cases[<i>]` (0-based) or `default`.",
+    )
+    steps: list[StepStatus] | None = Field(
+        default=None,
+        description=(
+            "For a group or a switch: its children's progress (for a loop body, in the current or last "
+            "iteration; earlier iterations keep their children's phases in loop.iterations[].steps)."
+        ),
+    )
+
+
+StepStatus.model_rebuild()
 
 
 class WorkflowStatus(StatusModel):

@@ -55,9 +55,21 @@ def status_of(run: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _steps(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every step entry, a group's or switch's children after it, named by their path (`dev/review`)."""
     workflow = status_of(run).get("workflow")
     steps = workflow.get("steps") if isinstance(workflow, Mapping) else None
-    return [s for s in steps or [] if isinstance(s, Mapping)]
+    return _flatten(steps, "")
+
+
+def _flatten(steps: Any, prefix: str) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, Mapping):
+            continue
+        path = f"{prefix}{step.get('name')}"
+        out.append({**step, "name": path} if prefix else step)
+        out.extend(_flatten(step.get("steps"), f"{path}/"))
+    return out
 
 
 def _parse_time(value: Any) -> datetime | None:

@@ -87,6 +87,23 @@ class PlannedAttempt:
     item_index: int | None = None
     outputs: dict[str, list[Any]] | None = None
     """Collected outputs so far; None when the run collects none (then no AGENTRUN_OUTPUTS)."""
+    ancestors: tuple[str, ...] = ()
+    """For a nested step: its ancestors' segments (`naming.step_address`); `step_index` is then its
+    index among its siblings. Empty for a top-level step."""
+    step: WorkflowStep | None = None
+    """The step's spec, for a nested step (a top-level one is found by `step_index`)."""
+    control_path: str | None = None
+    """Where the pod leaves its control file, when not the step's own (a loop body's source path)."""
+    env_iteration: int | None = None
+    """AGENTRUN_ITERATION when it is not `iteration` (a child of a loop body without a loop of its
+    own gets the body's iteration; its Job name keeps iteration 1)."""
+
+    @property
+    def top_index(self) -> int:
+        """The 1-based index of the top-level step this attempt belongs to."""
+        if not self.ancestors:
+            return self.step_index
+        return int(self.ancestors[0].split("i")[0].split("c")[0])
 
 
 @dataclass(frozen=True)
@@ -200,10 +217,10 @@ def agentrun_env(
         "AGENTRUN_NAME": str(meta.get("name", "")),
         "AGENTRUN_NAMESPACE": str(meta.get("namespace", "")),
         "AGENTRUN_STEP": step.name,
-        "AGENTRUN_ITERATION": str(attempt.iteration),
+        "AGENTRUN_ITERATION": str(attempt.env_iteration or attempt.iteration),
         "AGENTRUN_MAX_ITERATIONS": str(attempt.max_iterations),
         "AGENTRUN_ATTEMPT": str(attempt.attempt),
-        "AGENTRUN_LOOP_CONTROL_PATH": control_path(step),
+        "AGENTRUN_LOOP_CONTROL_PATH": attempt.control_path or control_path(step),
         "AGENTRUN_PREVIOUS_CONTROL": _json(attempt.previous_control),
         "AGENTRUN_ITEM": _json(attempt.item),
         "AGENTRUN_ITEM_INDEX": "" if attempt.item_index is None else str(attempt.item_index),
@@ -350,14 +367,17 @@ def main_container(
 
 def job_labels(run_name: str, step: WorkflowStep, attempt: PlannedAttempt) -> dict[str, str]:
     """Labels on the Job and its pod template; the shell finds a run's Jobs and pods by them."""
-    return {
+    labels = {
         naming.LABEL_RUN: naming.label_value(run_name),
         naming.LABEL_STEP: naming.label_value(step.name),
-        naming.LABEL_STEP_INDEX: str(attempt.step_index),
+        naming.LABEL_STEP_INDEX: str(attempt.top_index),
         naming.LABEL_ITERATION: str(attempt.iteration),
         naming.LABEL_ATTEMPT: str(attempt.attempt),
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
     }
+    if attempt.ancestors:
+        labels[naming.LABEL_STEP_PATH] = naming.step_address(attempt.ancestors, attempt.step_index)
+    return labels
 
 
 def owner_reference(run: AgentRun) -> dict[str, Any]:
@@ -375,7 +395,11 @@ def owner_reference(run: AgentRun) -> dict[str, Any]:
 def iteration_job_name(run: AgentRun, attempt: PlannedAttempt) -> str:
     """The deterministic Job name of a planned attempt (see `naming.job_name`)."""
     return naming.job_name(
-        str(run.metadata.get("name", "")), attempt.step_index, attempt.iteration, attempt.attempt
+        str(run.metadata.get("name", "")),
+        attempt.step_index,
+        attempt.iteration,
+        attempt.attempt,
+        attempt.ancestors,
     )
 
 
@@ -387,7 +411,7 @@ def _pod_spec(
     config: OperatorConfig,
 ) -> dict[str, Any]:
     workload = effective_workload(run.spec.workload, step.workload)
-    path = control_path(step)
+    path = attempt.control_path or control_path(step)
     volumes = _pod_volumes(workload, path)
     resolved = resolve_container(run, step, refs, config)
     pod: dict[str, Any] = {
@@ -424,7 +448,7 @@ def build_iteration_job(
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the
     planner sets it once the attempt's result is safely recorded in the run's status.
     """
-    step = effective_steps(run)[attempt.step_index - 1]
+    step = attempt.step if attempt.step is not None else effective_steps(run)[attempt.step_index - 1]
     run_name = str(run.metadata.get("name", ""))
     labels = job_labels(run_name, step, attempt)
     annotations = {ANNOTATION_RUN_NAME: run_name}

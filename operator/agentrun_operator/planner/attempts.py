@@ -3,6 +3,7 @@ a failure (retry after the backoff while the budget lasts) or a timeout."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -21,7 +22,7 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
-from agentrun_operator.planner.loops import collected_outputs, decide_next
+from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
@@ -46,23 +47,78 @@ GATE_REQUEUE_SECONDS: Final = 2.0
 REASON_JOB_REFUSED: Final = "JobRefused"
 
 
+def pod_control_path(step: StepView) -> str:
+    """Where the step's pod leaves its control file: its own loop's source path, else the source path
+    of the nearest enclosing loop body with a condition (every child of a body reports the body's
+    path), else the default."""
+    view: StepView | None = step
+    while view is not None:
+        loop = view.spec.loop
+        if loop is not None and loop.condition is not None:
+            return loop.condition.source.path
+        view = view.parent
+    return control_path(step.spec)
+
+
+def _loop_env(step: StepView, iteration: int) -> tuple[StepView, int] | None:
+    """The loop whose iteration the pod is told about: the step's own, else the nearest looping
+    ancestor's (a child of a loop body runs in the body's iteration)."""
+    view: StepView | None = step
+    while view is not None:
+        if view.loop is not None:
+            return view, iteration if view is step else view.iteration
+        view = view.parent
+    return None
+
+
 def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> PlannedAttempt:
     outputs = collected_outputs(ctx) if declared_outputs(ctx) else None
-    loop = step.loop
-    if loop is None:
-        return PlannedAttempt(step.index, 1, attempt, 1, outputs=outputs)
-    item: Any = None
-    item_index: int | None = None
-    if loop.items is not None and 1 <= iteration <= len(loop.items):
-        item, item_index = loop.items[iteration - 1], iteration - 1
-    previous = loop.last_control if iteration > 1 else None
-    return PlannedAttempt(
-        step.index, iteration, attempt, loop.max_iterations, previous, item, item_index, outputs
+    nested = step.parent is not None
+    planned = PlannedAttempt(
+        step.index,
+        1,
+        attempt,
+        outputs=outputs,
+        ancestors=step.ancestors,
+        step=with_inherited_parameters(step) if nested else None,
+        control_path=pod_control_path(step) if nested else None,
+    )
+    looping = _loop_env(step, iteration)
+    if looping is None:
+        return planned
+    view, index = looping
+    loop = view.loop
+    assert loop is not None
+    own = view is step
+    item, item_index = _item_for(step, iteration)
+    return replace(
+        planned,
+        iteration=iteration if own else 1,
+        max_iterations=loop.max_iterations,
+        previous_control=loop.last_control if index > 1 else None,
+        item=item,
+        item_index=item_index,
+        env_iteration=None if own else index,
     )
 
 
+def _item_for(step: StepView, iteration: int) -> tuple[Any, int | None]:
+    """AGENTRUN_ITEM: the item of the nearest forEach loop among the step and its ancestors (a
+    child of a forEach body, with or without a loop of its own, works on the body's item)."""
+    view: StepView | None = step
+    while view is not None:
+        loop = view.loop
+        if loop is not None and loop.items is not None:
+            index = iteration if view is step else view.iteration
+            if 1 <= index <= len(loop.items):
+                return loop.items[index - 1], index - 1
+            return None, None
+        view = view.parent
+    return None, None
+
+
 def _job_name(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> str:
-    return naming.job_name(ctx.name, step.index, iteration, attempt)
+    return naming.job_name(ctx.name, step.index, iteration, attempt, step.ancestors)
 
 
 def start_attempt(
@@ -114,7 +170,7 @@ def _next_iteration_requested(
         if p.phase == "Succeeded" and p.finished_at is not None
     ]
     if ends:
-        ctx.facts.append(NextIterationRequested(step.name, iteration, name, max(ends)))
+        ctx.facts.append(NextIterationRequested(step.path, iteration, name, max(ends)))
 
 
 def _enter_attempt(
@@ -159,7 +215,7 @@ def _mark_attempt_started(
     ctx.emit(
         "Normal",
         "IterationStarted",
-        f"step {step.name}: {where}attempt {attempt}/{retries + 1} started (Job {name})",
+        f"step {step.label}: {where}attempt {attempt}/{retries + 1} started (Job {name})",
         step.where,
     )
 
@@ -179,7 +235,7 @@ def _refuse_attempt(
         record.finished_at = ctx.now
         record.message = message
     _iteration_finished(ctx, step, "Failed")
-    ctx.emit("Warning", REASON_JOB_REFUSED, f"step {step.name}: {message}", step.where)
+    ctx.emit("Warning", REASON_JOB_REFUSED, f"step {step.label}: {message}", step.where)
     end_step(ctx, step, "Failed", REASON_JOB_REFUSED, message)
 
 
@@ -274,7 +330,7 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
 
 def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> ControlEnvelope | None:
     """The control envelope of a succeeded attempt, or None while its pod has not reported yet."""
-    path = control_path(step.spec)
+    path = pod_control_path(step)
     pods = ctx.observed.pods_of(job.name)
     since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
     if any(not p.terminal for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
@@ -329,7 +385,7 @@ def _pod_reason(pod: ObservedPod) -> str:
 
 
 def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResult) -> None:
-    ctx.facts.append(IterationFinished(step.name, step.iteration, step.st.attempt, result))
+    ctx.facts.append(IterationFinished(step.path, step.iteration, step.st.attempt, result))
 
 
 def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
@@ -349,14 +405,14 @@ def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, c
             record.phase = "Retrying"
             record.message = message
         _iteration_finished(ctx, step, "Retrying")
-        ctx.emit("Warning", "IterationRetrying", f"step {step.name}: {st.message}", step.where)
+        ctx.emit("Warning", "IterationRetrying", f"step {step.label}: {st.message}", step.where)
         return True
     if record is not None:
         record.phase = "Failed"
         record.finished_at = finished
         record.message = message
     _iteration_finished(ctx, step, "Failed")
-    ctx.emit("Warning", "IterationFailed", f"step {step.name}: {message}", step.where)
+    ctx.emit("Warning", "IterationFailed", f"step {step.label}: {message}", step.where)
     if ctx.stopping is not None:
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
         return True
@@ -377,7 +433,10 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
         account_usage(ctx, step, control)
         _iteration_finished(ctx, step, "Succeeded")
         ctx.emit(
-            "Normal", "IterationSucceeded", f"step {step.name}: succeeded{tries} (Job {job.name})", step.where
+            "Normal",
+            "IterationSucceeded",
+            f"step {step.label}: succeeded{tries} (Job {job.name})",
+            step.where,
         )
         end_step(ctx, step, "Succeeded", None, f"succeeded{tries}")
         return
@@ -390,7 +449,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
     _iteration_finished(ctx, step, "Succeeded")
-    ctx.emit("Normal", "IterationSucceeded", f"step {step.name}: {st.message} (Job {job.name})", step.where)
+    ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return
     decide_next(ctx, step, envelope)

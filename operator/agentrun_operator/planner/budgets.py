@@ -59,7 +59,7 @@ def account_usage(ctx: PlanContext, step: StepView, control: dict[str, Any] | No
     workflow = ctx.status.workflow
     if workflow is not None:
         workflow.usage = (workflow.usage or Usage()).plus(usage)
-    ctx.facts.append(UsageReported(step.name, usage.tokens, usage.cost_usd))
+    ctx.facts.append(UsageReported(step.path, usage.tokens, usage.cost_usd))
     return True
 
 

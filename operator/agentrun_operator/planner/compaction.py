@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from agentrun_operator.api import AgentRunStatus, IterationRecord, LoopStatus
+from agentrun_operator.api import AgentRunStatus, IterationRecord, LoopStatus, StepStatus
 from agentrun_operator.planner.conditions import exact_size, size_upper_bound
 
 
@@ -81,7 +81,7 @@ def fit_to_budget(status: AgentRunStatus, budget_bytes: int) -> int:
 
 def _drop_records(status: AgentRunStatus, excess: int) -> bool:
     """Drop the oldest finished records across all loops until about `excess` bytes are gone."""
-    loops = [s.loop for s in (status.workflow.steps if status.workflow is not None else []) if s.loop]
+    loops = [s.loop for s in _entries(status.workflow.steps if status.workflow is not None else []) if s.loop]
     candidates = [
         (record.finished_at or record.started_at or _NEVER, record.index, order, record)
         for order, loop in enumerate(loops)
@@ -101,6 +101,13 @@ def _drop_records(status: AgentRunStatus, excess: int) -> bool:
             loop.iterations = kept
             loop.retained_iterations = len(kept)
     return bool(gone)
+
+
+def _entries(steps: list[StepStatus]) -> Iterator[StepStatus]:
+    """Every step entry, the children of groups and switches included (depth first)."""
+    for step in steps:
+        yield step
+        yield from _entries(step.steps or [])
 
 
 def _drop_outputs(status: AgentRunStatus, excess: int) -> bool:

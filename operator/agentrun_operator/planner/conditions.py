@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from agentrun_operator.api import AgentRunStatus, Condition
+from agentrun_operator.api import AgentRunStatus, Condition, StepStatus
 from agentrun_operator.planner.context import PlanContext
 
 READY: Final = "Ready"
@@ -137,18 +137,28 @@ def size_upper_bound(status: AgentRunStatus) -> int:
         status.reason, status.message, status.current_step, status.iteration
     )
     for step in status.workflow.steps if status.workflow is not None else []:
-        total += _STEP_FIXED_BYTES + _text_bytes(step.name, step.reason, step.message)
-        total += _json_bytes(step.control)
-        if step.job_ref is not None:
-            total += _text_bytes(step.job_ref.name, step.job_ref.uid)
-        loop = step.loop
-        if loop is None:
-            continue
-        total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
-        for record in loop.iterations:
-            total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
+        total += _step_bytes(step)
     if status.workflow is not None:
         total += _json_bytes(status.workflow.outputs) + _json_bytes(status.workflow.pruned_outputs)
+    return total
+
+
+def _step_bytes(step: StepStatus) -> int:
+    """The bound for one step entry, its children's entries (groups, switches) included."""
+    total = _STEP_FIXED_BYTES + _text_bytes(step.name, step.reason, step.message, step.case)
+    total += _json_bytes(step.control)
+    if step.job_ref is not None:
+        total += _text_bytes(step.job_ref.name, step.job_ref.uid)
+    for child in step.steps or []:
+        total += _step_bytes(child)
+    loop = step.loop
+    if loop is None:
+        return total
+    total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
+    for record in loop.iterations:
+        total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
+        if record.steps:  # `"<child>":"<phase>",` per child; phases are ASCII words of ≤ 9 letters
+            total += sum(4 * len(name) + 16 for name in record.steps)
     return total
 
 

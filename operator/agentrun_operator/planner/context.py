@@ -131,4 +131,6 @@ def _copy_step_status(st: StepStatus) -> StepStatus:
             iterations[-1] = iterations[-1].model_copy()
         loop.iterations = iterations
         copy.loop = loop
+    if st.steps is not None:
+        copy.steps = [_copy_step_status(child) for child in st.steps]
     return copy

@@ -70,4 +70,46 @@ class UsageReported:
     cost_usd: float
 
 
-Fact = IterationFinished | LoopStopped | RunPhaseChanged | NextIterationRequested | UsageReported
+StepKind = Literal["workload", "group", "switch"]
+
+
+@dataclass(frozen=True)
+class StepEnded:
+    """A step (at any depth) reached its final phase: Succeeded, Failed, Cancelled or Skipped.
+
+    `path` is the run path without iterations (`review/fix`), `label` the same with the iteration of
+    every looping ancestor (`review/iteration 3/fix`); `kind` is the construct; `depth` is 1 for a
+    top-level step; `case` is the branch a switch took (`cases[1]` or `default`), else None;
+    `iterations` the completed iterations of a looped step (None without a loop).
+    """
+
+    path: str
+    label: str
+    kind: StepKind
+    depth: int
+    phase: str
+    reason: str | None
+    case: str | None = None
+    iterations: int | None = None
+
+
+@dataclass(frozen=True)
+class SwitchCaseTaken:
+    """A switch evaluated its expression and took a branch (`cases[<i>]` or `default`)."""
+
+    path: str
+    label: str
+    depth: int
+    case: str
+    value: str  # the expression's result, as compact JSON
+
+
+Fact = (
+    IterationFinished
+    | LoopStopped
+    | RunPhaseChanged
+    | NextIterationRequested
+    | UsageReported
+    | StepEnded
+    | SwitchCaseTaken
+)

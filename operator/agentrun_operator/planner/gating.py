@@ -6,25 +6,30 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agentrun_operator.api import AgentRunStatus
+from agentrun_operator.api import AgentRunStatus, StepStatus
 from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, TERMINAL_STEP_PHASES, PlanContext
 from agentrun_operator.planner.observed import ObservedJob
-from agentrun_operator.planner.state import StepState, state_of, step_views
+from agentrun_operator.planner.state import StepState, StepView, all_views, case_number, state_of
 
 
 def _where(ctx: PlanContext, job: ObservedJob) -> Where | None:
-    """The step, iteration and attempt of one of the run's Jobs (None for a step index not in the spec)."""
+    """The step, iteration and attempt of one of the run's Jobs (None for a step index not in the spec).
+
+    A nested step's Job is named by its top-level step and its address (`build@2i3-1`)."""
     if not 1 <= job.step_index <= len(ctx.steps):
         return None
-    return Where(ctx.steps[job.step_index - 1].name, job.iteration, job.attempt)
+    name = ctx.steps[job.step_index - 1].name
+    return Where(f"{name}@{job.path}" if job.path else name, job.iteration, job.attempt)
 
 
-def active_job_name(ctx: PlanContext) -> str | None:
-    """The one Job that may be alive: the current attempt of the running step, if any."""
+def active_job_name(ctx: PlanContext, views: list[StepView] | None = None) -> str | None:
+    """The one Job that may be alive: the current attempt of the running workload step, if any."""
     if ctx.status.phase in TERMINAL_RUN_PHASES or ctx.status.workflow is None:
         return None
-    for step in step_views(ctx):
+    for step in views if views is not None else all_views(ctx):
+        if step.spec.kind != "workload":
+            continue
         if state_of(step) is StepState.RUNNING and step.st.job_ref is not None:
             return step.st.job_ref.name
     return None
@@ -67,6 +72,14 @@ def result_recorded(prior: AgentRunStatus | None, job: ObservedJob) -> bool:
     if not 1 <= job.step_index <= len(prior.workflow.steps):
         return False
     st = prior.workflow.steps[job.step_index - 1]
+    if job.path:
+        try:
+            found = _nested_entry(st, job.path)
+        except ValueError:  # a step-path label this operator did not write
+            return False
+        if isinstance(found, bool):
+            return found
+        st = found
     if st.phase in TERMINAL_STEP_PHASES:
         return True
     if st.phase == "Pending":
@@ -82,6 +95,39 @@ def result_recorded(prior: AgentRunStatus | None, job: ObservedJob) -> bool:
         newest = st.loop.iterations[-1]
         return newest.index == current and newest.phase in ("Succeeded", "Failed", "Cancelled")
     return False
+
+
+def _nested_entry(top: StepStatus, path: str) -> StepStatus | bool:
+    """The status entry of a nested step's Job from its address (`2i3-1`, see `naming.step_address`),
+    or whether the Job's result is recorded already when an ancestor moved past it (True: the ancestor
+    finished, or is in a later iteration or another case) or has not reached it (False)."""
+    segments = [_parse_segment(segment) for segment in path.split("-")]
+    st = top
+    for k, (_, kind, number) in enumerate(segments[:-1]):  # segment k describes `st`
+        if st.phase in TERMINAL_STEP_PHASES:
+            return True
+        if st.phase == "Pending" or st.steps is None:
+            return False
+        if kind == "i":
+            current = st.loop.current_iteration if st.loop is not None else 1
+            if number != current:
+                return number < current
+        elif case_number(st.case) != number:
+            return True
+        child = segments[k + 1][0]
+        if not 1 <= child <= len(st.steps):
+            return False
+        st = st.steps[child - 1]
+    return st
+
+
+def _parse_segment(segment: str) -> tuple[int, str, int]:
+    """`2i3` -> (2, "i", 3); `4c0` -> (4, "c", 0); `1` -> (1, "", 0)."""
+    for kind in ("i", "c"):
+        if kind in segment:
+            index, number = segment.split(kind, 1)
+            return int(index), kind, int(number)
+    return int(segment), "", 0
 
 
 def _live(ctx: PlanContext, job: ObservedJob) -> bool:

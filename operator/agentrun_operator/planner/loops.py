@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from agentrun_operator.api import LoopStatus
+from agentrun_operator.api import LoopStatus, StepStatus, WorkflowStep
 from agentrun_operator.celeval import (
     CelError,
     EarlierStep,
@@ -19,7 +19,7 @@ from agentrun_operator.celeval import (
 from agentrun_operator.control.envelope import ControlEnvelope, effective_status
 from agentrun_operator.planner.context import PlanContext, clip
 from agentrun_operator.planner.resolution import condition_cel, control_path, effective_parameters
-from agentrun_operator.planner.state import StepView, end_step
+from agentrun_operator.planner.state import StepView, end_step, step_ended
 
 MAX_ITEMS_JSON_BYTES: Final = 8 * 1024
 
@@ -45,27 +45,64 @@ def cel_context(
         run_name=ctx.name,
         run_namespace=ctx.namespace,
         step_name=step.name,
-        run_parameters=effective_parameters(ctx.run, step.spec),
+        run_parameters=effective_parameters(ctx.run, with_inherited_parameters(step)),
         iteration_index=iteration_index,
         max_iterations=step.max_iterations if step.spec.loop is not None else 1,
         last_phase=last_phase,
         last_control=last_control,
         item=item,
-        steps=_earlier_steps(ctx, step.index),
+        steps=_earlier_steps(step),
         outputs=collected_outputs(ctx),
+        iteration_steps=_iteration_steps(step),
     )
 
 
-def _earlier_steps(ctx: PlanContext, index: int) -> dict[str, EarlierStep]:
-    """`steps.<name>` of the CEL context: phase, completed iterations and last control of earlier steps."""
-    assert ctx.status.workflow is not None
+def with_inherited_parameters(step: StepView) -> WorkflowStep:
+    """The step's spec with the parameters of the groups and switches holding it laid under its own
+    (the nearest wins), so a child sees its ancestors' parameters like the run's."""
+    if step.parent is None:
+        return step.spec
+    merged: dict[str, str] = {}
+    chain: list[StepView] = []
+    view: StepView | None = step
+    while view is not None:
+        chain.append(view)
+        view = view.parent
+    for holder in reversed(chain):
+        merged.update(holder.spec.parameters or {})
+    if merged == (step.spec.parameters or {}):
+        return step.spec
+    return step.spec.model_copy(update={"parameters": merged})
+
+
+def control_of(st: StepStatus) -> dict[str, Any] | None:
+    """A step's last control: a loop's last one, else the one its attempt (or, for a group or a
+    switch, its last child that ran) left."""
+    return st.loop.last_control if st.loop is not None else st.control
+
+
+def _earlier_steps(step: StepView) -> dict[str, EarlierStep]:
+    """`steps.<name>` of the CEL context: phase, completed iterations and last control of the steps
+    before this one in its list and before each of its ancestors in theirs (the nearest wins)."""
     out: dict[str, EarlierStep] = {}
-    for st in ctx.status.workflow.steps[: index - 1]:
-        if st.loop is not None:
-            out[st.name] = EarlierStep(st.phase, st.loop.completed_iterations, st.loop.last_control)
-        else:
-            out[st.name] = EarlierStep(st.phase, 1 if st.phase == "Succeeded" else 0, st.control)
+    view: StepView | None = step
+    while view is not None:
+        for st in (view.siblings or [])[: view.index - 1]:
+            if st.name in out:
+                continue
+            if st.loop is not None:
+                out[st.name] = EarlierStep(st.phase, st.loop.completed_iterations, st.loop.last_control)
+            else:
+                out[st.name] = EarlierStep(st.phase, 1 if st.phase == "Succeeded" else 0, st.control)
+        view = view.parent
     return out
+
+
+def _iteration_steps(step: StepView) -> dict[str, dict[str, Any]]:
+    """`iteration.steps.<child>` of a loop body: each child's phase and control in this iteration."""
+    if step.spec.steps is None or step.spec.loop is None:
+        return {}
+    return {c.name: {"phase": c.st.phase, "control": control_of(c.st) or {}} for c in step.children()}
 
 
 def start_step(ctx: PlanContext, step: StepView) -> bool:
@@ -86,7 +123,7 @@ def start_step(ctx: PlanContext, step: StepView) -> bool:
     ctx.emit(
         "Normal",
         "LoopStarted",
-        f"step {step.name}: loop started (maxIterations {st.loop.max_iterations}{count})",
+        f"step {step.label}: loop started (maxIterations {st.loop.max_iterations}{count})",
         step.where,
     )
     return True
@@ -102,6 +139,7 @@ def _when_allows(ctx: PlanContext, step: StepView, expression: str) -> bool:
         st.reason = REASON_WHEN_ERROR
         st.message = clip(f"when: {exc}")
         st.started_at = st.finished_at = ctx.now
+        step_ended(ctx, step)
         return False
     if allowed:
         return True
@@ -109,7 +147,8 @@ def _when_allows(ctx: PlanContext, step: StepView, expression: str) -> bool:
     st.reason = "WhenFalse"
     st.message = clip(f"skipped: when `{expression}` is false")
     st.finished_at = ctx.now
-    ctx.emit("Normal", "StepSkipped", f"step {step.name}: {st.message}", step.where)
+    ctx.emit("Normal", "StepSkipped", f"step {step.label}: {st.message}", step.where)
+    step_ended(ctx, step)
     return False
 
 
@@ -248,7 +287,7 @@ def _evaluate_condition(ctx: PlanContext, step: StepView, envelope: ControlEnvel
     else:
         verdict = _evaluate_cel_condition(ctx, step, envelope.control)
     event_type: Literal["Normal", "Warning"] = "Normal" if verdict.kind in ("continue", "stop") else "Warning"
-    ctx.emit(event_type, "ConditionEvaluated", f"step {step.name}: {verdict.detail}", step.where)
+    ctx.emit(event_type, "ConditionEvaluated", f"step {step.label}: {verdict.detail}", step.where)
     return verdict
 
 

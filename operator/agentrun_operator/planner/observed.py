@@ -94,6 +94,7 @@ class ObservedJob:
     finished_at: datetime | None = None
     message: str | None = None  # the Job's Failed condition message, when it failed
     ttl_seconds_after_finished: int | None = None
+    path: str = ""  # the step-path label of a nested step's Job (`2i3-1`); "" for a top-level step
 
     @property
     def finished(self) -> bool:

@@ -15,6 +15,7 @@ from agentrun_operator.celeval import CelError, compile_expression, evaluate_jso
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.loops import cel_context, stop_on_invalid
 from agentrun_operator.planner.state import StepView
+from agentrun_operator.planner.tree import outputs_in
 
 MAX_OUTPUT_VALUE_BYTES: Final = 4 * 1024
 """One collected value, as compact JSON: outputs live in status, which has a size budget."""
@@ -68,4 +69,4 @@ def collect_output(ctx: PlanContext, step: StepView, control: dict[str, Any] | N
 
 def declared_outputs(ctx: PlanContext) -> bool:
     """Whether any loop of the run collects an output (only then do pods get AGENTRUN_OUTPUTS)."""
-    return any(s.loop is not None and s.loop.output is not None for s in ctx.steps)
+    return any(outputs_in(s) for s in ctx.steps)

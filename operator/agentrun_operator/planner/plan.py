@@ -22,24 +22,14 @@ How restart safety works (why the code is shaped like this):
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import Enum
-from typing import Final
 
 from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import conditions
 from agentrun_operator.planner.admission import admit
-from agentrun_operator.planner.attempts import observe_attempt, start_attempt
 from agentrun_operator.planner.compaction import compact, compact_history, fit_to_budget
-from agentrun_operator.planner.context import (
-    RESULT_REQUEUE_SECONDS,
-    TERMINAL_RUN_PHASES,
-    Plan,
-    PlanContext,
-    working_copy,
-)
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
-from agentrun_operator.planner.loops import start_step
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
@@ -48,21 +38,13 @@ from agentrun_operator.planner.run import (
     fail_refused_status,
     plan_finished_run,
     start_run,
-    stop_message,
     stop_request,
 )
-from agentrun_operator.planner.state import StepState, StepView, end_step, state_of, step_views
+from agentrun_operator.planner.state import all_views, step_views
 from agentrun_operator.planner.validate import resolve_references
+from agentrun_operator.planner.walk import plan_top
 
 __all__ = ["Plan", "compact_history", "plan", "result_recorded"]
-
-_MAX_TRANSITIONS: Final = 100_000
-
-
-class _Outcome(Enum):
-    DONE = "done"  # the step is terminal (Succeeded, Skipped, Failed, Cancelled)
-    ACTIVE = "active"  # the step waits for something (a Job, a backoff, pods to end)
-    HALTED = "halted"  # the step was not started because the run is stopping
 
 
 def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfig) -> Plan:
@@ -112,54 +94,11 @@ def _execute(ctx: PlanContext) -> None:
     resolution = resolve_references(ctx.run, ctx.observed)
     ctx.refs, ctx.ref_problems = resolution.refs, resolution.problems
     ctx.stopping = stop_request(ctx)
-    for step in step_views(ctx):
-        if step.st.phase in ("Succeeded", "Skipped"):
-            continue
-        outcome = _plan_step(ctx, step)
-        if outcome is _Outcome.HALTED:
-            ctx.halted = True
-        if outcome is not _Outcome.DONE or step.st.phase in ("Failed", "Cancelled"):
-            break
-    for step in step_views(ctx):
-        if step.st.loop is not None:
-            compact(step.st.loop, ctx.config.loop_status_history_limit)
-    conclude(ctx)
-    delete_strays(ctx, expected=active_job_name(ctx))
+    plan_top(ctx, step_views(ctx))
+    views = list(all_views(ctx))  # the tree no longer changes shape in this plan: walk it once
+    for view in views:
+        if view.st.loop is not None:
+            compact(view.st.loop, ctx.config.loop_status_history_limit)
+    conclude(ctx, views)
+    delete_strays(ctx, expected=active_job_name(ctx, views))
     set_job_ttls(ctx)
-
-
-def _plan_step(ctx: PlanContext, step: StepView) -> _Outcome:
-    if state_of(step) is StepState.PENDING:
-        if ctx.stopping is not None:
-            return _Outcome.HALTED
-        if not start_step(ctx, step):
-            return _Outcome.DONE
-    return _advance(ctx, step)
-
-
-def _advance(ctx: PlanContext, step: StepView) -> _Outcome:
-    """Move the step along its transitions (see `state`) as far as the observation allows.
-
-    Adopted Jobs may already be done, so one call can take several transitions.
-    """
-    for _ in range(_MAX_TRANSITIONS):
-        state = state_of(step)
-        if state is StepState.DONE:
-            return _Outcome.DONE
-        if state is StepState.RUNNING:
-            if not observe_attempt(ctx, step):
-                return _Outcome.ACTIVE
-            continue
-        if ctx.stopping is not None:
-            end_step(ctx, step, "Cancelled", None, stop_message(ctx, step))
-            return _Outcome.DONE
-        if state is StepState.RETRY_DUE:
-            started = start_attempt(
-                ctx, step, step.iteration, step.st.attempt + 1, not_before=step.st.next_retry_at
-            )
-        else:
-            started = start_attempt(ctx, step, step.iteration + 1 if step.loop is not None else 1, 1)
-        if not started:
-            return _Outcome.ACTIVE
-    ctx.requeue(RESULT_REQUEUE_SECONDS)  # pragma: no cover - a guard against a planner bug
-    return _Outcome.ACTIVE  # pragma: no cover

@@ -8,7 +8,7 @@ through these, so each rule has one home and validation does not depend on manif
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -33,6 +33,23 @@ def effective_steps(run: AgentRun) -> list[WorkflowStep]:
     if run.spec.workflow is not None:
         return list(run.spec.workflow.steps)
     return [WorkflowStep(name=IMPLICIT_STEP_NAME)]
+
+
+def implementation_spec_refs(run: AgentRun) -> Iterator[tuple[str, str]]:
+    """(field path, name) of every ImplementationSpec the run names, nested steps included.
+
+    The shell looks these up for the planner on every reconcile, so this is a plain recursion over
+    the specs (not the scoped tree walk of validation)."""
+    if run.spec.implementation_spec_ref is not None:
+        yield "spec.implementationSpecRef.name", run.spec.implementation_spec_ref.name
+    pending = [(f"spec.workflow.steps[{i}]", step) for i, step in enumerate(effective_steps(run))]
+    if run.spec.workflow is None:
+        pending = [("spec", step) for _, step in pending]
+    while pending:
+        path, step = pending.pop(0)
+        if step.implementation_spec_ref is not None:
+            yield f"{path}.implementationSpecRef.name", step.implementation_spec_ref.name
+        pending[:0] = [(f"{path}.{rel}", child) for rel, child in step.children()]
 
 
 def effective_workload(run_workload: Workload | None, step_workload: Workload | None) -> Workload:

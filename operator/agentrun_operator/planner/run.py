@@ -19,7 +19,7 @@ from agentrun_operator.planner.context import (
 )
 from agentrun_operator.planner.gating import delete_strays, set_job_ttls
 from agentrun_operator.planner.observed import Refusal
-from agentrun_operator.planner.state import StepView, step_views
+from agentrun_operator.planner.state import StepView, all_views, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
 REASON_TIMED_OUT: Final = "WorkflowTimedOut"
@@ -105,7 +105,7 @@ def stop_request(ctx: PlanContext) -> StopMode | None:
     return None
 
 
-def conclude(ctx: PlanContext) -> None:
+def conclude(ctx: PlanContext, views: list[StepView] | None = None) -> None:
     """The run's phase from its steps' phases; terminal transitions finish the run."""
     steps = step_views(ctx)
     failed = next((s for s in steps if s.st.phase == "Failed"), None)
@@ -130,11 +130,22 @@ def conclude(ctx: PlanContext) -> None:
     status = ctx.status
     status.phase = "Running"
     status.reason = None
-    active = next((s for s in steps if s.st.phase not in TERMINAL_STEP_PHASES), None)
+    active = _deepest_active(ctx, views)
     status.message = (
-        clip(f"step {active.name}: {active.st.message}") if active and active.st.message else None
+        clip(f"step {active.label}: {active.st.message}") if active and active.st.message else None
     )
-    _summarize(ctx)
+    _summarize(ctx, active)
+
+
+def _deepest_active(ctx: PlanContext, views: list[StepView] | None = None) -> StepView | None:
+    """The innermost step not finished yet that has started (the one a user wants to read about)."""
+    active = None
+    for view in views if views is not None else all_views(ctx):
+        if view.st.phase not in TERMINAL_STEP_PHASES and view.st.phase != "Pending":
+            active = view
+    if active is None:
+        active = next((s for s in step_views(ctx) if s.st.phase not in TERMINAL_STEP_PHASES), None)
+    return active
 
 
 def _timeout_message(ctx: PlanContext) -> str:
@@ -142,18 +153,23 @@ def _timeout_message(ctx: PlanContext) -> str:
     return f"the workflow timed out after {timeout}s (spec.workflow.timeoutSeconds)"
 
 
-def _summarize(ctx: PlanContext) -> None:
+def _summarize(ctx: PlanContext, deepest: StepView | None = None) -> None:
     """Printer columns: the active (or last run) step, and its iteration as `current/max`."""
     status = ctx.status
     if status.workflow is None:
         return
     steps = step_views(ctx)
     active = next((s for s in steps if s.st.phase in ("Running", "Retrying")), None)
-    if active is None:
+    if active is not None:
+        active = deepest or _deepest_active(ctx)
+    else:
         ran = [s for s in steps if s.st.phase != "Pending"]
         active = ran[-1] if ran else None
-    status.current_step = active.name if active else None
-    loop = active.st.loop if active else None
+    status.current_step = active.path if active else None
+    looping = active
+    while looping is not None and looping.st.loop is None:  # a body's child: the body's iteration
+        looping = looping.parent
+    loop = looping.st.loop if looping is not None else None
     status.iteration = f"{loop.current_iteration}/{loop.max_iterations}" if loop is not None else None
 
 

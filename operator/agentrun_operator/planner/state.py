@@ -1,17 +1,19 @@
 """A step's state machine: the step view, its states, the transitions between them, and `end_step`.
 
+The states and table below are those of a workload step; a group (`group`) or a switch (`switch`)
+is Pending, then Running while its children run, then terminal, and its view gives its children.
 A step is in exactly one `StepState`, derived from its persisted status entry by `state_of` (nothing
-else is stored). `plan._advance` moves a step along these transitions as far as one observation
+else is stored). `workload._advance` moves a step along these transitions as far as one observation
 allows; each row names the function that takes it.
 
 | from      | when                                                   | to             | taken by          |
 |-----------|--------------------------------------------------------|----------------|-------------------|
-| PENDING   | the run is stopping (cancel, workflow timeout)         | PENDING, halts | plan._plan_step   |
+| PENDING   | the run is stopping (cancel, workflow timeout)         | PENDING, halts | workload.plan_wo. |
 | PENDING   | `when` is false                                        | DONE Skipped   | loops.start_step  |
 | PENDING   | `when`/`loop.items` errs; too many or too large items  | DONE Failed    | loops.start_step  |
 | PENDING   | `loop.items` is empty                                  | DONE Succeeded | loops.start_step  |
 | PENDING   | started (loop set up, forEach items frozen)            | NEXT_DUE       | loops.start_step  |
-| NEXT_DUE  | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| NEXT_DUE  | the run is stopping                                    | DONE Cancelled | workload._advance |
 | NEXT_DUE  | gate clear: the next Job is created, or adopted        | RUNNING        | attempts.start_.. |
 | NEXT_DUE  | a reference went missing before the Job's creation     | DONE Failed    | attempts.start_.. |
 | RUNNING   | cancel Immediate (its Job is deleted)                  | DONE Cancelled | attempts.observe_ |
@@ -21,7 +23,7 @@ allows; each row names the function that takes it.
 | RUNNING   | failed, timed out or vanished; retries left, not stopping | RETRY_DUE   | attempts.record_. |
 | RUNNING   | failed, timed out or vanished; no retries left         | DONE Failed    | attempts.record_. |
 | RUNNING   | failed, timed out or vanished while the run is stopping | DONE Cancelled | attempts.record_. |
-| RETRY_DUE | the run is stopping                                    | DONE Cancelled | plan._advance     |
+| RETRY_DUE | the run is stopping                                    | DONE Cancelled | workload._advance |
 | RETRY_DUE | the backoff has passed, gate clear: the retry's Job    | RUNNING        | attempts.start_.. |
 
 "Timed out" is the Job's DeadlineExceeded (activeDeadlineSeconds = the step's timeout), or the Job
@@ -35,6 +37,7 @@ a requeue. Every move to DONE other than Skipped goes through `end_step`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, cast
@@ -49,20 +52,67 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.planner.actions import Where
 from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
-from agentrun_operator.planner.facts import LoopStopped
+from agentrun_operator.planner.facts import LoopStopped, StepEnded
 
 
 @dataclass
 class StepView:
-    """A spec step together with its (mutable, working-copy) status entry."""
+    """A spec step together with its (mutable, working-copy) status entry and where it sits.
 
-    index: int  # 1-based, as in Job names
+    A top-level step has no parent; a child of a group or switch has the group or switch as parent,
+    and `siblings` is the status list that holds its entry (what `steps.X` of its CEL may read).
+    """
+
+    index: int  # 1-based among its siblings, as in Job names
     spec: WorkflowStep
     st: StepStatus
+    parent: StepView | None = None
+    siblings: list[StepStatus] | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def path(self) -> str:
+        """The run path without iterations (`review/fix`): a top-level step's path is its name."""
+        return self.name if self.parent is None else f"{self.parent.path}/{self.name}"
+
+    @property
+    def label(self) -> str:
+        """The path as messages name it, with the iteration of every looping ancestor:
+        `review/iteration 3/fix`."""
+        if self.parent is None:
+            return self.name
+        parent = self.parent
+        if parent.loop is not None:
+            return f"{parent.label}/iteration {parent.iteration}/{self.name}"
+        return f"{parent.label}/{self.name}"
+
+    @property
+    def depth(self) -> int:
+        return 1 if self.parent is None else self.parent.depth + 1
+
+    @property
+    def ancestors(self) -> tuple[str, ...]:
+        """The Job-name segments of the ancestors (`naming.step_address`); () for a top-level step."""
+        if self.parent is None:
+            return ()
+        return (*self.parent.ancestors, self.parent.segment())
+
+    def segment(self) -> str:
+        """This step as an ancestor in Job names: `<index>i<iteration>` or, for a switch, `<index>c<case>`."""
+        if self.spec.switch is not None:
+            return f"{self.index}c{case_number(self.st.case)}"
+        return f"{self.index}i{self.iteration}"
+
+    def children(self) -> list[StepView]:
+        """The child steps of the current pass (a group) or of the case taken (a switch)."""
+        specs = child_specs(self.spec, self.st.case)
+        entries = self.st.steps or []
+        if len(entries) != len(specs):
+            return []
+        return [StepView(i, spec, entries[i - 1], self, entries) for i, spec in enumerate(specs, 1)]
 
     @property
     def loop(self) -> LoopStatus | None:
@@ -76,7 +126,7 @@ class StepView:
     @property
     def where(self) -> Where:
         """The step, iteration and attempt as the log fields name them (attempt 0: none started)."""
-        return Where(self.name, self.iteration, self.st.attempt)
+        return Where(self.path, self.iteration, self.st.attempt)
 
     @property
     def max_iterations(self) -> int:
@@ -98,10 +148,41 @@ class StepView:
         return f"iteration {self.iteration} attempt {attempt}"
 
 
+def case_number(case: str | None) -> int:
+    """`cases[i]` -> i + 1, `default` (or none) -> 0: a switch's case in Job names."""
+    if case is not None and case.startswith("cases["):
+        return int(case[len("cases[") : -1]) + 1
+    return 0
+
+
+def child_specs(spec: WorkflowStep, case: str | None) -> list[WorkflowStep]:
+    """A group's children, or the steps of the switch case `case` (none before a case is taken)."""
+    if spec.steps is not None:
+        return list(spec.steps)
+    if spec.switch is None or case is None:
+        return []
+    if case == "default":
+        return list(spec.switch.default.steps) if spec.switch.default is not None else []
+    return list(spec.switch.cases[case_number(case) - 1].steps)
+
+
 def step_views(ctx: PlanContext) -> list[StepView]:
     workflow = ctx.status.workflow
     assert workflow is not None
-    return [StepView(i, spec, workflow.steps[i - 1]) for i, spec in enumerate(ctx.steps, 1)]
+    entries = workflow.steps
+    return [StepView(i, spec, entries[i - 1], None, entries) for i, spec in enumerate(ctx.steps, 1)]
+
+
+def all_views(ctx: PlanContext) -> Iterator[StepView]:
+    """Every step that has a status entry, depth first (children of the current pass only)."""
+
+    def below(view: StepView) -> Iterator[StepView]:
+        yield view
+        for child in view.children():
+            yield from below(child)
+
+    for top in step_views(ctx):
+        yield from below(top)
 
 
 class StepState(Enum):
@@ -138,11 +219,11 @@ def _end_loop_event(ctx: PlanContext, step: StepView, warning: bool) -> None:
     loop = step.loop
     if loop is None:
         return
-    ctx.facts.append(LoopStopped(step.name, str(loop.stop_reason), loop.completed_iterations))
+    ctx.facts.append(LoopStopped(step.path, str(loop.stop_reason), loop.completed_iterations))
     ctx.emit(
         "Warning" if warning else "Normal",
         "LoopCompleted",
-        f"step {step.name}: loop stopped: {loop.stop_reason} after {loop.completed_iterations} completed "
+        f"step {step.label}: loop stopped: {loop.stop_reason} after {loop.completed_iterations} completed "
         f"iteration(s): {step.st.message}",
         step.where,
     )
@@ -187,3 +268,21 @@ def end_step(
     if loop is not None:
         loop.stop_reason = _loop_stop_reason(phase, reason)
         _end_loop_event(ctx, step, warning=phase != "Succeeded")
+    step_ended(ctx, step)
+
+
+def step_ended(ctx: PlanContext, step: StepView) -> None:
+    """The `StepEnded` fact of a step that just reached its final phase (Skipped included)."""
+    st = step.st
+    ctx.facts.append(
+        StepEnded(
+            step.path,
+            step.label,
+            step.spec.kind,
+            step.depth,
+            st.phase,
+            st.reason,
+            st.case,
+            step.loop.completed_iterations if step.loop is not None else None,
+        )
+    )

@@ -40,7 +40,7 @@ from agentrun_operator.planner.problem import Problem as Problem
 from agentrun_operator.planner.problem import api as _api
 from agentrun_operator.planner.problem import concepts as _concepts
 from agentrun_operator.planner.problem import format_value as format_value
-from agentrun_operator.planner.resolution import References, effective_workload
+from agentrun_operator.planner.resolution import References, effective_workload, implementation_spec_refs
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.planner.validate_flow import flow_problems
 
@@ -305,11 +305,7 @@ def _via_agent(problem: Problem, agent_name: str) -> Problem:
 
 
 def _implementation_refs(run: AgentRun) -> Iterator[tuple[str, str]]:
-    if run.spec.implementation_spec_ref is not None:
-        yield "spec.implementationSpecRef.name", run.spec.implementation_spec_ref.name
-    for view in _step_views(run):
-        if view.step.implementation_spec_ref is not None:
-            yield f"{view.field_path}.implementationSpecRef.name", view.step.implementation_spec_ref.name
+    return implementation_spec_refs(run)
 
 
 # ----------------------------------------------------------------------------------- entry points

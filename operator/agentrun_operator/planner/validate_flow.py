@@ -117,6 +117,7 @@ def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
                     "reorder the steps",
                     concepts("cel-expressions"),
                 )
+            yield from _iteration_steps_problems(node, path, expression, compiled.referenced_iteration_steps)
             for name in sorted(compiled.referenced_outputs - set(node.earlier_outputs)):
                 what = (
                     f"output {name!r} is collected by this step or a later one"
@@ -140,25 +141,39 @@ def flow_problems(run: AgentRun) -> list[Problem]:
         *nesting_problems(run, nodes),
         *output_problems(nodes),
         *cel_problems(nodes),
-        *unsupported_problems(nodes),
     ]
 
 
-def unsupported_problems(nodes: list[StepNode]) -> Iterator[Problem]:
-    """Constructs the API accepts but this operator version does not run yet: refused before any Job,
-    so a run never starts half-way (docs/concepts.md#control-flow-support)."""
-    for node in nodes:
-        step, path = node.step, node.field_path
-        found: list[tuple[str, object]] = []
-        if step.steps is not None:
-            found.append(("steps", [c.name for c in step.steps]))
-        if step.switch is not None:
-            found.append(("switch", step.switch.expression))
-        for what, value in found:
-            yield Problem(
-                f"{path}.{what}",
-                value,
-                f"{what} is validated but not run by this operator version yet",
-                "use workload steps (with loops) only, or upgrade the operator",
-                concepts("control-flow-support"),
+_BODY_FIELDS: Final = (".loop.condition.expression", ".loop.condition.until", ".loop.output.expression")
+
+
+def _iteration_steps_problems(
+    node: StepNode, path: str, expression: str, names: frozenset[str]
+) -> Iterator[Problem]:
+    """`iteration.steps.X` exists only in the condition and output of a loop body, and X must be one
+    of the body's children (docs/cel.md#iteration-steps)."""
+    body = node.step.steps is not None and node.step.loop is not None and path.endswith(_BODY_FIELDS)
+    children = [c.name for c in node.step.steps or []] if body else []
+    for name in sorted(names - set(children)):
+        if body:
+            why = (
+                f"the loop body {node.path!r} has no child named {name!r}; its children are "
+                f"{', '.join(children)}"
             )
+            fix = "name one of the body's children, or reorder the steps"
+        else:
+            why = (
+                "iteration.steps is only filled in the loop.condition and loop.output of a loop body "
+                "(a group with loop), and this expression is not one"
+            )
+            fix = (
+                "read an earlier step as steps.<name> instead, or move the expression to the loop "
+                "body's condition"
+            )
+        yield Problem(
+            path,
+            expression,
+            f"the expression reads iteration.steps.{name}, but {why}",
+            fix,
+            "docs/cel.md#iteration-steps",
+        )

@@ -143,6 +143,15 @@ class OperatorState:
             await self.events.flush_due(self.cache.run_namespaces_by_uid())
 
 
+API_ERROR_BACKOFFS: tuple[float, ...] = (1, 2, 4, 8, 15, *(30,) * 18)
+"""kopf's delays between attempts of one API request that failed with a 5xx, a timeout or a refused
+connection (then it gives up, and a watch that gives up stops the operator). kopf's default (about
+a minute in all) is shorter than an API server takes to come back on a loaded machine: after a
+restart it answers 503 ("before all known HTTP paths have been installed") until its CRD paths are
+served. These wait up to 30 s apart, about 10 minutes in all, longer than `agentrun dev up` waits
+for an API server to start (300 s)."""
+
+
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     """Register the handlers on `registry` (not the global one, so tests can build their own)."""
 
@@ -165,6 +174,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         settings.watching.client_timeout = 300
         settings.watching.connect_timeout = 10
         settings.watching.reconnect_backoff = 1.0
+        settings.networking.error_backoffs = API_ERROR_BACKOFFS
         if state.config.watched_namespaces:
             # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
             settings.scanning.disabled = True

@@ -68,6 +68,7 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
         started_at=parse_time(status.get("startTime")),
         finished_at=finished_at,
         message=message,
+        path=str(labels.get(naming.LABEL_STEP_PATH, "")),
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
     )
 

@@ -38,6 +38,7 @@ from agentrun_operator.planner.admission import unparseable_status
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
+from agentrun_operator.planner.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
@@ -187,12 +188,7 @@ class Reconciler:
             if provider_ref.get("name"):
                 provider = await self._reference(ns, "agentproviders", provider_ref["name"])
                 providers[provider_ref["name"]] = provider
-        impl_names = set()
-        if spec.implementation_spec_ref is not None:
-            impl_names.add(spec.implementation_spec_ref.name)
-        for step in spec.workflow.steps if spec.workflow else []:
-            if step.implementation_spec_ref is not None:
-                impl_names.add(step.implementation_spec_ref.name)
+        impl_names = {name for _, name in implementation_spec_refs(run)}  # nested steps' too
         for impl_name in sorted(impl_names):
             impls[impl_name] = await self._reference(ns, "implementationspecs", impl_name)
         claim: IdempotencyClaim | None = None

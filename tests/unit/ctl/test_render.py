@@ -94,3 +94,19 @@ def test_watch_exit_codes(phase: str | None, code: int | None) -> None:
 )
 def test_durations(seconds: float, text: str) -> None:
     assert render.format_duration(seconds) == text
+
+
+def test_the_status_table_lists_children_of_groups_by_path() -> None:
+    from tests.unit.planner.world import PlannerWorld, manifest
+
+    body = {"name": "dev", "loop": {"maxIterations": 2}, "steps": [{"name": "implement"}, {"name": "review"}]}
+    world = PlannerWorld(manifest([body]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.status is not None
+    run = {
+        **world.spec_manifest,
+        "status": world.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    text = render.render_status(run, NOW)
+    rows = [line.split()[0] for line in text.splitlines() if line.startswith(("dev", "STEP"))]
+    assert rows[:4] == ["STEP", "dev", "dev/implement", "dev/review"]

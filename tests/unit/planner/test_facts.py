@@ -12,6 +12,7 @@ from agentrun_operator.planner.facts import (
     LoopStopped,
     NextIterationRequested,
     RunPhaseChanged,
+    StepEnded,
 )
 from agentrun_operator.shell import metrics
 from tests.unit.planner.world import T0, PlannerWorld, loop_step, manifest
@@ -30,6 +31,7 @@ def test_a_fixed_loop_reports_each_iteration_the_loop_stop_and_the_run_phases() 
         NextIterationRequested("a", 2, "run-step-1-iter-2-attempt-1", T0),
         IterationFinished("a", 2, 1, "Succeeded"),
         LoopStopped("a", "LoopMaxIterationsReached", 2),
+        StepEnded("a", "a", "workload", 1, "Succeeded", "LoopMaxIterationsReached", None, 2),
         RunPhaseChanged("Running", "Succeeded", "Completed"),
     ]
 
@@ -42,6 +44,7 @@ def test_a_retried_then_failed_iteration_reports_retrying_then_failed() -> None:
         IterationFinished("a", 1, 1, "Retrying"),
         IterationFinished("a", 1, 2, "Failed"),
         LoopStopped("a", "LoopIterationFailed", 0),
+        StepEnded("a", "a", "workload", 1, "Failed", "LoopIterationFailed", None, 0),
     ]
     assert facts_of(world)[-1] == RunPhaseChanged("Running", "Failed", "LoopIterationFailed")
 

@@ -222,6 +222,7 @@ class PlannerWorld:
             step_index=int(labels["agents.proompteng.ai/step-index"]),
             iteration=int(labels["agents.proompteng.ai/iteration"]),
             attempt=int(labels["agents.proompteng.ai/attempt"]),
+            path=labels.get("agents.proompteng.ai/step-path", ""),
             outcome="Active",
             started_at=self.now,
         )

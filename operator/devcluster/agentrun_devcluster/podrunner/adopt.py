@@ -8,6 +8,11 @@ A runner started later reads these records and re-adopts what still runs (`Adopt
 reports what ended meanwhile with the exit code and termination message it left; a container
 whose shim is gone without an exit file is reported as lost (exit 137, ContainerStatusUnknown).
 
+The docker runtime's containers outlive the runner the same way (the engine runs them; nothing
+removes them while no runner runs): their launch record (`runtime: docker`) names the container,
+and a new runner asks the engine whether it still runs and with which exit code it ended
+(`docker.DockerAdoptedContainer`).
+
 A pod with its own network namespace records its helper process in `<pod>/network.json` the same
 way, so a new runner keeps it. `agentrun dev down` (and the test fixtures) stop whatever is left
 with `stop_leftovers`, because stopping the runner itself leaves its containers running.
@@ -21,9 +26,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 LAUNCH_RECORD = "launch.json"
 NETWORK_RECORD = "network.json"
@@ -72,8 +78,15 @@ class LaunchRecord:
     container_id: str
     log: str
     exit_file: str
+    runtime: str = "process"
+    """What ran it: `process` (`pid` is the shim) or `docker` (`pid` is the `docker start --attach`
+    client, `container_id` names the container)."""
 
     def alive(self) -> bool:
+        if self.runtime == "docker":
+            from agentrun_devcluster.podrunner.docker import container_running
+
+            return container_running(self.container_id)
         return process_start(self.pid) == self.pid_start
 
     def exit_code(self) -> int | None:
@@ -104,25 +117,99 @@ def read_launches(pod_dir: Path) -> dict[str, LaunchRecord]:
 
 def any_alive(pod_dir: Path) -> bool:
     """True when a container an earlier runner started for this pod still runs."""
-    return any(record.alive() for record in read_launches(pod_dir).values())
+    return bool(running_shims(pod_dir)) or any(record.alive() for record in read_launches(pod_dir).values())
+
+
+def running_shims(pod_dir: Path) -> dict[Path, int]:
+    """The shims running for this pod's containers, found by the exit file their argv names:
+    {exit file: shim pid}."""
+    prefix = (str(pod_dir / "containers") + "/").encode()
+    head = [b"/bin/sh", b"-c", _SHIM.encode()]
+    found: dict[Path, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = argv[:3] == head and len(argv) > 3 and argv[3].startswith(prefix)
+        if ours and process_start(int(entry.name)) is not None:
+            found[Path(argv[3].decode(errors="replace"))] = int(entry.name)
+    return found
+
+
+def unrecorded_launches(
+    pod_dir: Path, uid: str, names: Iterable[str], recorded: Mapping[str, LaunchRecord], now: str
+) -> dict[str, LaunchRecord]:
+    """Containers (of the process runtime) an earlier runner started but did not record: it was
+    killed between starting one and writing its launch record. Found by the shim still running
+    or the exit file it left, for a restart later than the recorded one; started again they would
+    run twice. `now` stands for their unknown start time."""
+    shims = running_shims(pod_dir)
+    found: dict[str, LaunchRecord] = {}
+    for name in names:
+        prior = recorded.get(name)
+        floor = prior.restart + 1 if prior is not None else 0
+        directory = pod_dir / "containers" / name
+        exits = {p: 0 for p in directory.glob("*.exit")}
+        candidates = {**exits, **{p: pid for p, pid in shims.items() if p.parent == directory}}
+        restarts = {
+            int(p.stem): pid for p, pid in candidates.items() if p.stem.isdigit() and int(p.stem) >= floor
+        }
+        if not restarts:
+            continue
+        restart = max(restarts)
+        pid = restarts[restart]
+        found[name] = LaunchRecord(
+            name=name,
+            restart=restart,
+            pid=pid,
+            pid_start=(process_start(pid) or "") if pid else "",
+            started_at=now,
+            container_id=f"agentrun://{uid[:8]}-{name}-{restart}",
+            log=str(pod_dir / "logs" / name / f"{restart}.log"),
+            exit_file=str(exit_file(pod_dir, name, restart)),
+        )
+    return found
 
 
 def launch_record(
-    pod_dir: Path, name: str, restart: int, pid: int, started_at: str, container_id: str, log: Path
+    pod_dir: Path,
+    name: str,
+    restart: int,
+    pid: int,
+    started_at: str,
+    container_id: str,
+    log: Path,
+    runtime: str = "process",
 ) -> LaunchRecord | None:
+    """The record of a container just started; None for a process that already ended (its shim
+    is gone, so it cannot be adopted). A docker container is recorded whatever its client does."""
     start = process_start(pid)
-    if start is None:
+    if start is None and runtime == "process":
         return None
     return LaunchRecord(
         name=name,
         restart=restart,
         pid=pid,
-        pid_start=start,
+        pid_start=start or "",
         started_at=started_at,
         container_id=container_id,
         log=str(log),
         exit_file=str(exit_file(pod_dir, name, restart)),
+        runtime=runtime,
     )
+
+
+def adopt_container(record: LaunchRecord, on_exit: Callable[[Any], None]) -> AdoptedContainer | Any:
+    """The container `record` describes, taken over by this runner (the runtime that started it
+    tells how: a shim to poll, or a container to ask the engine about)."""
+    if record.runtime == "docker":
+        from agentrun_devcluster.podrunner.docker import DockerAdoptedContainer
+
+        return DockerAdoptedContainer(record, on_exit)
+    return AdoptedContainer(record, on_exit)
 
 
 def _sandbox_pids(shim: int) -> tuple[int | None, int | None]:
@@ -237,12 +324,19 @@ def stop_leftovers(state_dir: Path) -> int:
     pods = state_dir / "pods"
     if not pods.is_dir():
         return 0
+    on_docker: list[tuple[Path, LaunchRecord]] = []
     for path in pods.glob(f"*/*/*/containers/*/{LAUNCH_RECORD}"):
         with contextlib.suppress(OSError, ValueError, TypeError):
             record = LaunchRecord(**json.loads(path.read_text()))
-            if record.alive():
+            if record.runtime == "docker":
+                on_docker.append((path.parents[2], record))
+            elif record.alive():
                 _kill_tree(record)
                 stopped += 1
+    if on_docker:
+        from agentrun_devcluster.podrunner.docker import remove_recorded
+
+        stopped += remove_recorded(on_docker)
     for path in pods.glob(f"*/*/*/{NETWORK_RECORD}"):
         network = read_network(path.parent)
         if network is not None:

@@ -15,8 +15,12 @@ holds it, the pod's containers join it (`--network container:<pause>`), and the 
 forwarded into it at the address `KUBERNETES_SERVICE_HOST/PORT` name (network.py), so the operator
 installed by Helm, two replicas of it included, works unchanged.
 
-Containers carry labels with the node, namespace, pod and uid; the runtime removes its node's
-leftovers when it starts (pods of an earlier runner process are reported lost, as in process mode).
+Containers carry labels with the node, namespace, pod and uid. They outlive the runner, as
+containers outlive a kubelet restart: the runner writes a launch record for each (adopt.py), and a
+runner started later re-adopts the ones still running (`DockerAdoptedContainer`: it waits on the
+engine and rewrites the log from the engine's copy) and reports the ones that ended meanwhile with
+the exit code the engine kept; a container the engine no longer has is reported lost. A pod's pause
+container is reused the same way. `agentrun dev down` removes what is left (`adopt.stop_leftovers`).
 """
 
 from __future__ import annotations
@@ -24,15 +28,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from agentrun_devcluster import dockerengine as engine
 from agentrun_devcluster.baseimages import BUSYBOX
 from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.adopt import LaunchRecord, process_start
 from agentrun_devcluster.podrunner.network import PodNetwork
 from agentrun_devcluster.podrunner.runtime import (
     ImageNeverPulled,
@@ -211,17 +218,13 @@ class DockerContainer:
 
     def _wait(self) -> None:
         client_code = self.proc.wait()
-        state: dict[str, Any] = {}
-        proc = engine.docker("inspect", "--format", "{{json .State}}", self.name, timeout=30)
-        if proc.returncode == 0:
-            state = json.loads(proc.stdout or "{}")
+        state = container_state(self.name) or {}
         engine.docker("rm", "--force", self.name, timeout=60)
         if state.get("Error"):
             self._failure = str(state["Error"])
         elif not state:  # the container vanished before it could be inspected
             self._failure = _last_log_line(self.log_path) or f"docker start exited {client_code}"
-        code = int(state.get("ExitCode", client_code if client_code >= 0 else 128 - client_code))
-        self._exit_code = 137 if state.get("OOMKilled") and code == 0 else code
+        self._exit_code = exit_code(state, client_code if client_code >= 0 else 128 - client_code)
         self._on_exit(self)
 
     @property
@@ -246,6 +249,187 @@ class DockerContainer:
             self.proc.kill()  # not created yet: stop the client (its waiter removes what is left)
 
 
+_NO_SUCH: Final = ("no such object", "no such container")
+_RUNNING: Final = ("running", "paused", "restarting")
+
+
+def container_name_of(container_id: str) -> str:
+    return container_id.removeprefix("docker://")
+
+
+def container_state(container_id: str) -> dict[str, Any] | None:
+    """The engine's `.State` of a container (`docker://NAME` or NAME); None when the engine has no
+    such container. OSError when the engine does not answer (nothing is known then)."""
+    proc = engine.docker(
+        "inspect", "--format", "{{json .State}}", container_name_of(container_id), timeout=30
+    )
+    if proc.returncode != 0:
+        if any(text in proc.stderr.lower() for text in _NO_SUCH):
+            return None
+        raise OSError(f"docker inspect: {proc.stderr.strip() or proc.returncode}")
+    state: dict[str, Any] = json.loads(proc.stdout or "{}")
+    return state
+
+
+def container_running(container_id: str) -> bool:
+    """True when the engine still runs the container (True too when the engine does not answer:
+    nothing is known, so nothing is taken for ended)."""
+    try:
+        state = container_state(container_id)
+    except OSError:
+        return True
+    return state is not None and str(state.get("Status")) in _RUNNING
+
+
+def remove_container(container_id: str) -> None:
+    engine.docker("rm", "--force", container_name_of(container_id), timeout=60)
+
+
+def remove_recorded(records: Sequence[tuple[Path, LaunchRecord]]) -> int:
+    """Remove the containers these launch records name (each with its pod directory,
+    `pods/<namespace>/<pod>/<uid>`) and their pods' pause containers, in one `docker rm`; the
+    number that still ran. Nothing when no engine answers (nothing of ours can run then)."""
+    try:
+        listing = engine.docker("ps", "--all", "--format", "{{.Names}}\t{{.State}}", timeout=60)
+    except engine.EngineUnavailable:
+        return 0
+    present = dict(line.split("\t", 1) for line in listing.stdout.splitlines() if "\t" in line)
+    names = {container_name_of(record.container_id) for _, record in records}
+    for pod_dir, _ in records:
+        meta = {"namespace": pod_dir.parent.parent.name, "name": pod_dir.parent.name, "uid": pod_dir.name}
+        names.add(pause_name({"metadata": meta}))
+    doomed = sorted(names & present.keys())
+    if doomed:
+        engine.docker("rm", "--force", *doomed, timeout=120)
+    return sum(present.get(container_name_of(r.container_id)) in _RUNNING for _, r in records)
+
+
+def exit_code(state: Mapping[str, Any], fallback: int) -> int:
+    """The exit code of an ended container as the kubelet reports it (an OOM kill is 137)."""
+    code = int(state.get("ExitCode", fallback))
+    return 137 if state.get("OOMKilled") and code == 0 else code
+
+
+class DockerAdoptedContainer:
+    """A container an earlier runner process started (see the module docstring). Running: its log
+    is rewritten from the engine's copy and followed, and its end is waited for on the engine;
+    ended: reported at once with the exit code the engine kept; gone from the engine: `lost`."""
+
+    def __init__(self, record: LaunchRecord, on_exit: OnExit) -> None:
+        self.record = record
+        self.name = container_name_of(record.container_id)
+        self.container_id = record.container_id
+        self.log_path = Path(record.log)
+        self.lost = False
+        self._exit_code: int | None = None
+        self._failure: str | None = None
+        self._on_exit = on_exit
+        self._stop_old_client()
+        state = container_state(self.name)
+        if state is None:
+            self.lost = True
+            self._exit_code = 137
+        elif str(state.get("Status")) in _RUNNING or self._started_now(state):
+            self._follower = self._follow_log()
+            threading.Thread(target=self._wait, daemon=True, name=f"docker-adopted-{self.name}").start()
+        elif str(state.get("Status")) in ("exited", "dead"):
+            self._copy_log()
+            self._ended(state)
+        else:  # being removed, or its start failed: nothing to tell
+            remove_container(self.name)
+            self.lost = True
+            self._exit_code = 137
+
+    def _started_now(self, state: Mapping[str, Any]) -> bool:
+        """Created, and the runner died before its `docker start` did: start it (the runner had
+        decided to), detached this time; its log comes from the engine as for any adopted one."""
+        if str(state.get("Status")) != "created":
+            return False
+        return engine.docker("start", self.name, timeout=120).returncode == 0
+
+    def _stop_old_client(self) -> None:
+        """The earlier runner's `docker start --attach` client, if it outlived that runner, would
+        write to the same log: stop it (SIGKILL is not proxied, so the container is untouched)."""
+        if self.record.pid_start and process_start(self.record.pid) == self.record.pid_start:
+            os.kill(self.record.pid, signal.SIGKILL)
+
+    def _copy_log(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            subprocess.run(
+                [engine.docker_cli(), "logs", self.name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=120,
+                check=False,
+            )
+
+    def _follow_log(self) -> subprocess.Popen[bytes]:
+        """The whole log the engine kept (what the dead client wrote and what it missed), then on."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            return subprocess.Popen(
+                [engine.docker_cli(), "logs", "--follow", self.name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def _wait(self) -> None:
+        state: dict[str, Any] | None = None
+        while True:
+            waited = engine.docker("wait", self.name, timeout=3600)
+            try:
+                state = container_state(self.name)
+            except OSError:  # the engine does not answer: ask again
+                time.sleep(2.0)
+                continue
+            if state is None or str(state.get("Status")) not in _RUNNING:
+                break
+            if waited.returncode not in (0, 124):  # refused while it runs (an engine restarting)
+                time.sleep(2.0)
+        try:
+            self._follower.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._follower.kill()
+        if state is None:
+            self.lost = True
+            self._exit_code = 137
+        else:
+            self._ended(state)
+        self._on_exit(self)
+
+    def _ended(self, state: Mapping[str, Any]) -> None:
+        if state.get("Error"):
+            self._failure = str(state["Error"])
+        remove_container(self.name)
+        self._exit_code = exit_code(state, 137)
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @property
+    def done(self) -> bool:
+        return self._exit_code is not None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    def start_failure(self) -> str | None:
+        return self._failure
+
+    def terminate(self) -> None:
+        if not self.done:
+            engine.docker("kill", "--signal", "SIGTERM", self.name, timeout=30)
+
+    def kill(self) -> None:
+        if not self.done:
+            engine.docker("kill", self.name, timeout=30)
+
+
 def _last_log_line(path: Path) -> str:
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -265,17 +449,54 @@ class DockerRuntime:
             raise RuntimeUnavailable(f"the docker runtime needs a Docker engine: {problem}")
         self.node = node
         self.docker = engine.docker_cli()
-        self.remove_leftovers()
 
     def close(self) -> None:
-        self.remove_leftovers()
+        """Nothing to do: containers outlive the runner and a new runner adopts them (adopt.py);
+        `agentrun dev down` removes what is left (`adopt.stop_leftovers`)."""
 
-    def remove_leftovers(self) -> None:
-        """Containers of this node from an earlier runner process (their pods are reported lost)."""
-        listing = engine.docker("ps", "--all", "--quiet", "--filter", f"label={LABEL_NODE}={self.node}")
-        ids = listing.stdout.split()
-        if ids:
-            engine.docker("rm", "--force", *ids, timeout=120)
+    def unrecorded_launches(
+        self,
+        pod: Mapping[str, Any],
+        pod_dir: Path,
+        names: Iterable[str],
+        recorded: Mapping[str, LaunchRecord],
+        now: str,
+    ) -> dict[str, LaunchRecord]:
+        """Found by the pod's uid label and the container's name, for a restart later than the
+        recorded one (see `container_name`)."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        listing = engine.docker(
+            "ps", "--all", "--format", "{{.Names}}\t{{.State}}", "--filter", f"label={LABEL_UID}={uid}"
+        )
+        rows = [line.split("\t", 1) for line in listing.stdout.splitlines() if "\t" in line]
+        present = [n for n, state in rows if state != "created"]  # never started: it is started anew
+        found: dict[str, LaunchRecord] = {}
+        for name in names:
+            prior = recorded.get(name)
+            floor = prior.restart + 1 if prior is not None else 0
+            prefix = _NAME_UNSAFE.sub(
+                "-", f"agentrun_{meta.get('namespace')}_{meta.get('name')}_{name}_{uid[:8]}_"
+            )
+            restarts = [
+                int(n[len(prefix) :]) for n in present if n.startswith(prefix) and n[len(prefix) :].isdigit()
+            ]
+            restarts = [r for r in restarts if r >= floor]
+            if not restarts:
+                continue
+            restart = max(restarts)
+            found[name] = LaunchRecord(
+                name=name,
+                restart=restart,
+                pid=0,
+                pid_start="",
+                started_at=now,
+                container_id=f"docker://{prefix}{restart}",
+                log=str(pod_dir / "logs" / name / f"{restart}.log"),
+                exit_file=str(pod_dir / "containers" / name / f"{restart}.exit"),
+                runtime="docker",
+            )
+        return found
 
     def base_env(self, pod: Mapping[str, Any], api_server: str | None) -> dict[str, str]:
         env = S.default_env(pod, "", api_server)
@@ -291,6 +512,9 @@ class DockerRuntime:
         name = pause_name(pod)
         spec = pod.get("spec") or {}
         hostname = str(spec.get("hostname") or (pod.get("metadata") or {}).get("name") or "pod")[:63]
+        pid = engine.docker("inspect", "--format", "{{.State.Pid}}", name, timeout=30).stdout.strip()
+        if pid.isdigit() and pid != "0":  # an earlier runner's, still holding the pod's namespace
+            return self._forward(DockerPodNetwork(name), pid, api_host, api_port, log_path)
         engine.docker("rm", "--force", name, timeout=60)
         started = engine.docker(
             "run", "--detach", "--init", "--name", name, "--network", "none", "--hostname", hostname,
@@ -302,6 +526,12 @@ class DockerRuntime:
         if started.returncode != 0 or not pid.isdigit() or pid == "0":
             network.stop()
             raise OSError(f"the pause container did not start: {started.stderr.strip() or 'no pid'}")
+        return self._forward(network, pid, api_host, api_port, log_path)
+
+    def _forward(
+        self, network: DockerPodNetwork, pid: str, api_host: str, api_port: int, log_path: Path
+    ) -> DockerPodNetwork:
+        """The API server forwarded into the pause container's namespace."""
         try:
             network.forwarder = PodNetwork(api_host, api_port, log_path, netns=f"/proc/{pid}/ns/net").start()
         except OSError:

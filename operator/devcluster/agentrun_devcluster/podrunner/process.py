@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,17 @@ class ProcessRuntime:
     def close(self) -> None:
         """Nothing to do: containers outlive the runner and a new runner adopts them (adopt.py);
         `agentrun dev down` stops what is left (`adopt.stop_leftovers`)."""
+
+    def unrecorded_launches(
+        self,
+        pod: Mapping[str, Any],
+        pod_dir: Path,
+        names: Iterable[str],
+        recorded: Mapping[str, adopt.LaunchRecord],
+        now: str,
+    ) -> dict[str, adopt.LaunchRecord]:
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        return adopt.unrecorded_launches(pod_dir, uid, names, recorded, now)
 
     def start_network(
         self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path

@@ -35,6 +35,7 @@ from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path
+from agentrun_devcluster.podrunner.docker import DockerContainer, DockerPodNetwork
 from agentrun_devcluster.podrunner.network import (
     PodNetwork,
     isolation_unavailable,
@@ -364,6 +365,9 @@ class PodWorker:
             self._await_deletion()
             return
         launched = adopt.read_launches(self.dir)
+        launched.update(  # started, then the runner died before it wrote the record
+            self.runner.runtime.unrecorded_launches(self.pod, self.dir, self.records, launched, now_rfc3339())
+        )
         if launched:  # an earlier runner process started this pod: its containers may still run
             if not self._adopt(launched):
                 self._await_deletion()
@@ -409,16 +413,17 @@ class PodWorker:
                 container_id=record.container_id,
                 last_state=last,
             )
-            self.procs[name] = adopt.AdoptedContainer(record, self._notify)
+            self.procs[name] = adopt.adopt_container(record, self._notify)
         log.info(
             "pod %s/%s: adopted %s from an earlier runner process",
             self.namespace,
             self.name,
             ", ".join(f"{n} ({'running' if not p.done else 'ended'})" for n, p in self.procs.items()),
         )
+        self._reap()  # the ended ones are terminated before the first write (never back to running)
         self.publish()
         network = adopt.read_network(self.dir)
-        if network is not None and network.alive():
+        if network is not None and network.alive() and self.runner.runtime.name == "process":
             self.adopted_network = network
             endpoint = urllib.parse.urlsplit(self.api.server)
             adopted = PodNetwork(
@@ -426,8 +431,11 @@ class PodWorker:
             )
             adopted.namespace_pid = network.namespace_pid
             self.network = adopted
-        elif not self._start_network():
-            return False
+        else:
+            if network is not None:  # the docker runtime's forwarder: a new one into the kept pause container
+                adopt.stop_network(network)
+            if not self._start_network():
+                return False
         return self._prepare_volumes(adopting=True)
 
     def _bind(self) -> bool:
@@ -525,7 +533,7 @@ class PodWorker:
         except OSError as exc:
             self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
             return False
-        net = self.network
+        net = self.network.forwarder if isinstance(self.network, DockerPodNetwork) else self.network
         if isinstance(net, PodNetwork) and net.proc is not None and net.namespace_pid is not None:
             adopt.write_network(self.dir, net.proc.pid, net.namespace_pid)
         return True
@@ -700,9 +708,12 @@ class PodWorker:
             return
         self.procs[name] = proc
         self._set(name, State("running", started_at=now), container_id=proc.container_id)
-        if isinstance(proc, ContainerProcess):  # the process runtime's containers can be adopted
+        if isinstance(proc, ContainerProcess | DockerContainer):  # a later runner can adopt it
+            pid, runtime = (
+                (proc.pid, "process") if isinstance(proc, ContainerProcess) else (proc.proc.pid, "docker")
+            )
             record = adopt.launch_record(
-                self.dir, name, restart, proc.pid, now, proc.container_id, proc.log_path
+                self.dir, name, restart, pid, now, proc.container_id, proc.log_path, runtime
             )
             if record is not None:
                 adopt.write_launch(self.dir, record)
@@ -738,7 +749,7 @@ class PodWorker:
         reason = S.exit_reason(code)
         message: str | None
         failure = proc.start_failure()
-        if isinstance(proc, adopt.AdoptedContainer) and proc.lost:  # ended unseen, no exit code left
+        if getattr(proc, "lost", False):  # an adopted container that ended unseen, no exit code left
             reason, message = "ContainerStatusUnknown", _LOST_MESSAGE
         elif failure is not None:  # the sandbox or container could not be set up
             code, reason = 128, "StartError"

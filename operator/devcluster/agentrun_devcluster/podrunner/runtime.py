@@ -11,12 +11,13 @@ and termination-message file are; a `ContainerRuntime` decides *how* it runs:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.adopt import LaunchRecord
 from agentrun_devcluster.podrunner.sandbox import Bind
 
 RUNTIMES = ("process", "docker", "auto")
@@ -119,6 +120,17 @@ class ContainerRuntime(Protocol):
 
     def close(self) -> None:
         """The runner stops: remove what is left of its containers (their pods are reported lost)."""
+
+    def unrecorded_launches(
+        self,
+        pod: Mapping[str, Any],
+        pod_dir: Path,
+        names: Iterable[str],
+        recorded: Mapping[str, LaunchRecord],
+        now: str,
+    ) -> dict[str, LaunchRecord]:
+        """Containers an earlier runner started but did not record (it was killed in between),
+        as launch records a new runner adopts (see adopt.py); `now` stands for their start time."""
 
     def start(self, launch: Launch, on_exit: OnExit) -> RunningContainer:
         """Start the container; `S.StartError` when it cannot start, `S.ContainerConfigError`
