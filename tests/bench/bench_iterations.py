@@ -216,6 +216,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--profile", type=Path, default=None, help="run the operator under cProfile")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for all runs")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="the operator's --workers (its default if unset)"
+    )
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
@@ -242,7 +245,11 @@ def main() -> int:
                 "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
                 "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
             },
-            args=(f"--metrics-port={port}", "--log-format=text"),
+            args=(
+                f"--metrics-port={port}",
+                "--log-format=text",
+                *((f"--workers={args.workers}",) if args.workers else ()),
+            ),
         ).start()
         assert operator.proc is not None
         pid = operator.proc.pid
@@ -313,6 +320,7 @@ def main() -> int:
         report: dict[str, Any] = {
             "runs": args.runs,
             "iterations_per_run": args.iterations,
+            "operator_workers": args.workers,
             "iterations": args.runs * args.iterations,
             "completed_iterations": check["completed_iterations"],
             "wall_seconds": elapsed,
