@@ -12,6 +12,9 @@ LABEL_STEP_INDEX = f"{GROUP}/step-index"
 LABEL_ITERATION = f"{GROUP}/iteration"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_STEP_PATH = f"{GROUP}/step-path"  # only on Jobs of nested steps: the address, e.g. `2i3-1`
+ANNOTATION_STEP = f"{GROUP}/step"
+"""Only on Jobs (and pods) of nested steps: the step's path as Events and logs name it, with the
+iteration of every looping ancestor (`develop/iteration 2/review`)."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
 
@@ -27,6 +30,13 @@ def step_address(ancestors: tuple[str, ...], step_index: int) -> str:
     top-level step's address is its index alone. Label-safe (`[0-9a-z-]`).
     """
     return "-".join((*ancestors, str(step_index)))
+
+
+def tree_path(path: str) -> str:
+    """The path without the ancestors' iterations: `develop/iteration 2/review` -> `develop/review`.
+
+    Step names are DNS labels (no spaces), so an `iteration N` segment is never a step's name."""
+    return "/".join(part for part in path.split("/") if not part.startswith("iteration "))
 
 
 def job_name(

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.processes import free_port
 from tests.support.claims import bound_claim_dir, create_claim
+from tests.support.metrics import Samples, scrape, value
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
 
@@ -40,6 +42,28 @@ class LocalDefault:
     runner: RunnerProcess
     operator: OperatorProcess
     namespace: str = NAMESPACE
+    metrics_port: int = 0  # the operator's --metrics-port
+
+    def metrics(self) -> Samples:
+        """Everything the operator's `/metrics` serves right now."""
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+    def metrics_after(self, before: Samples, name: str, **labels: str) -> Samples:
+        """The metrics once the counter `name{labels}` moved past `before`.
+
+        The operator counts a reconcile's facts right after posting its Events, so a run's final
+        counts may lag its final status by a moment; they are counted together, in one go."""
+
+        def moved() -> Samples | None:
+            now = self.metrics()
+            return now if value(now, name, **labels) > value(before, name, **labels) else None
+
+        result: Samples = eventually(moved, timeout=30, what=f"{name}{labels} to move")
+        return result
+
+    def decision_lines(self, name: str) -> list[dict[str, Any]]:
+        """The operator's JSON decision log lines about the run (docs/operator.md#logs)."""
+        return self.operator.decision_lines(self.run(name)["metadata"]["uid"])
 
     @property
     def state_dir(self) -> Path:
@@ -86,6 +110,16 @@ class LocalDefault:
             ) from None
         return result
 
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The Events posted on the run (aggregated: one may carry several `Reason: message` parts)."""
+        uid = self.run(name)["metadata"]["uid"]
+        selector = f"involvedObject.uid={uid}"
+        out = self.plane.kubectl(
+            "get", "events", "-n", self.namespace, "--field-selector", selector, "-o", "json"
+        )
+        result: list[dict[str, Any]] = json.loads(out)["items"]
+        return result
+
     def patch_run(self, name: str, patch: dict[str, Any]) -> None:
         self.plane.kubectl(
             "patch", "agentrun", name, "-n", self.namespace, "--type", "merge", "-p", json.dumps(patch)
@@ -128,9 +162,11 @@ def start_local_default(
     runner = RunnerProcess(
         plane, tmp_path_factory.mktemp("runner-state"), node=node, namespaces=(namespace,), runtime=runtime
     ).start()
+    metrics_port = free_port()
     operator = OperatorProcess(
         plane,
         tmp_path_factory.mktemp(f"{namespace}-operator"),
+        args=(f"--metrics-port={metrics_port}",),
         env={
             "AGENTS_CONTROLLER_NAMESPACES": namespace,
             "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "600",
@@ -139,7 +175,7 @@ def start_local_default(
     )
     try:
         operator.start()
-        yield LocalDefault(plane, runner, operator, namespace)
+        yield LocalDefault(plane, runner, operator, namespace, metrics_port)
     finally:
         # Runs end here, so no later operator (the integration tier's is cluster-wide) picks them up.
         plane.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false", check=False)

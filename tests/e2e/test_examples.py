@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.metrics import Samples, delta, value
 from tests.support.polling import eventually
 from tests.support.processes import processes_with
 
@@ -14,6 +15,13 @@ def iterations(run: dict[str, object]) -> list[dict[str, object]]:
     loop = step_status(run).get("loop") or {}
     result: list[dict[str, object]] = loop.get("iterations") or []
     return result
+
+
+def succeeded_metrics(local_default: LocalDefault, before: Samples) -> Samples:
+    """The metrics once the run that just succeeded is counted (its last facts, counted together)."""
+    return local_default.metrics_after(
+        before, "agentrun_run_phase_transitions_total", phase="Succeeded", reason="Completed"
+    )
 
 
 def test_fixed_loop(local_default: LocalDefault) -> None:
@@ -147,8 +155,10 @@ def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None
 
 
 def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
     local_default.apply_example("token-budget.yaml")
     run = local_default.wait_for_end("token-budget")
+    after = local_default.metrics_after(before, "agentrun_loop_stops_total", reason="LoopBudgetExhausted")
     assert run["status"]["phase"] == "Succeeded", run["status"]
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopBudgetExhausted"
@@ -156,5 +166,316 @@ def test_token_budget_stops_a_loop(local_default: LocalDefault) -> None:
     assert step["usage"] == {"inputTokens": 900, "outputTokens": 300, "costUSD": 0.03}
     assert run["status"]["workflow"]["usage"] == step["usage"]
     assert [it["usage"]["inputTokens"] for it in iterations(run)] == [300, 300, 300]
+    # the same usage in the metrics (docs/operator.md#metrics): 3 x 400 tokens, 3 x 0.01 USD
+    assert delta(before, after, "agentrun_tokens_total") == 1200
+    assert abs(delta(before, after, "agentrun_cost_usd_total") - 0.03) < 1e-9
     lines = (local_default.claim_dir("token-budget-workspace") / "spend.log").read_text().splitlines()
     assert lines == [f"iteration {k} spent 400 tokens" for k in (1, 2, 3)]
+
+
+def test_until_stops_when_its_condition_is_true(local_default: LocalDefault) -> None:
+    local_default.apply_example("until-loop.yaml")
+    run = local_default.wait_for_end("until-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3 and loop["maxIterations"] == 10
+    assert loop["lastControl"] == {"outputs": {"remaining_tasks": 0, "finished": "docs"}}
+    root = local_default.claim_dir("until-loop-workspace")
+    assert (root / "done.txt").read_text().splitlines() == [
+        "iteration 1 finished parser",
+        "iteration 2 finished lexer",
+        "iteration 3 finished docs",
+    ]
+    assert (root / "todo.txt").read_text() == ""
+
+
+def test_for_each_over_a_run_parameter(local_default: LocalDefault) -> None:
+    local_default.apply_example("for-each-parameters.yaml")
+    run = local_default.wait_for_end("for-each-parameters")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["items"] == ["api", "web", "worker"]
+    assert (loop["itemCount"], loop["maxIterations"], loop["completedIterations"]) == (3, 3, 3)
+    assert loop["stopReason"] == "LoopMaxIterationsReached"
+    root = local_default.claim_dir("for-each-parameters-workspace")
+    assert (root / "checked.log").read_text().splitlines() == ["0 api", "1 web", "2 worker"]
+    for index, repo in enumerate(["api", "web", "worker"]):
+        assert (root / "repos" / f"{repo}.txt").read_text() == (
+            f"checked {repo} (item {index}, iteration {index + 1} of 3)\n"
+        )
+
+
+def test_for_each_over_an_earlier_steps_control_outputs(local_default: LocalDefault) -> None:
+    local_default.apply_example("for-each-step-outputs.yaml")
+    run = local_default.wait_for_end("for-each-step-outputs")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    plan, work = run["status"]["workflow"]["steps"]
+    assert plan["phase"] == "Succeeded" and "loop" not in plan
+    assert plan["control"] == {"outputs": {"tasks": ["lint", "test", "package"]}}
+    assert work["loop"]["items"] == ["lint", "test", "package"]
+    assert work["loop"]["completedIterations"] == 3
+    assert work["loop"]["stopReason"] == "LoopMaxIterationsReached"
+    root = local_default.claim_dir("for-each-step-outputs-workspace")
+    assert (root / "plan.txt").read_text() == "planned: lint test package\n"
+    assert (root / "work.log").read_text().splitlines() == [
+        'task 0: "lint"',
+        'task 1: "test"',
+        'task 2: "package"',
+    ]
+
+
+def test_when_skips_one_step_and_runs_another(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("when.yaml")
+    run = local_default.wait_for_end("when")
+    after = succeeded_metrics(local_default, before)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    check, fix, publish = run["status"]["workflow"]["steps"]
+    assert (check["phase"], fix["phase"], publish["phase"]) == ("Succeeded", "Skipped", "Succeeded")
+    assert fix["reason"] == "WhenFalse"
+    assert fix["message"] == "skipped: when `steps.check.control.outputs.failures > 0` is false"
+    assert "jobRef" not in fix
+    messages = [e["message"] for e in local_default.events("when")]
+    assert any("step fix: skipped: when" in m for m in messages), messages
+    root = local_default.claim_dir("when-workspace")
+    assert (root / "check.log").read_text() == "checked: 0 failures\n"
+    assert (root / "published.txt").read_text() == "published after checked: 0 failures\n"
+    assert not (root / "fixed.txt").exists()
+    steps = {"construct": "workload", "loop": "false"}
+    assert delta(before, after, "agentrun_steps_total", **steps, phase="Skipped") == 1
+    assert delta(before, after, "agentrun_steps_total", **steps, phase="Succeeded") == 2
+
+
+def test_graceful_cancel_lets_the_running_iteration_finish(local_default: LocalDefault) -> None:
+    local_default.apply_example("cancel-graceful.yaml")
+    progress = local_default.claim_dir("cancel-graceful-workspace") / "progress.log"
+    eventually(
+        lambda: progress.exists() and "iteration 1 started" in progress.read_text(),
+        what="iteration 1 to start",
+        timeout=120,
+    )
+    local_default.patch_run("cancel-graceful", {"spec": {"cancel": "Graceful"}})
+    run = local_default.wait_for_end("cancel-graceful")
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    step = step_status(run)
+    assert step["phase"] == "Cancelled"
+    assert step["loop"]["stopReason"] == "LoopCancelled"
+    recorded = iterations(run)
+    # the iteration that was running when the cancel came finished and is recorded; none started after
+    assert recorded and all(it["phase"] == "Succeeded" for it in recorded), recorded
+    assert step["loop"]["completedIterations"] == len(recorded) < 10
+    lines = progress.read_text().splitlines()
+    assert lines == [
+        f"iteration {k} {what}" for k in range(1, len(recorded) + 1) for what in ("started", "finished")
+    ]
+
+
+# ----------------------------------------------------------------------------------- control flow
+
+
+def created_jobs(local_default: LocalDefault, name: str) -> list[str]:
+    return [line["job"] for line in local_default.decision_lines(name) if line["decision"] == "create-job"]
+
+
+def test_review_loop_repeats_its_body_until_the_review_approves(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("review-loop.yaml")
+    run = local_default.wait_for_end("review-loop")
+    after = succeeded_metrics(local_default, before)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    develop = step_status(run)
+    loop = develop["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3
+    assert loop["lastControl"] == {"approved": True, "changes": 3}
+    children = {"implement": "Succeeded", "test": "Succeeded", "review": "Succeeded"}
+    assert [(it["index"], it["phase"], it["steps"]) for it in loop["iterations"]] == [
+        (k, "Succeeded", children) for k in (1, 2, 3)
+    ]
+    assert [(c["name"], c["phase"]) for c in develop["steps"]] == list(children.items())
+    # Job decisions name the child's path, with the body's iteration (docs/operator.md#logs)
+    lines = local_default.decision_lines("review-loop")
+    assert [
+        (line["step"], line["path"], line["iteration"]) for line in lines if line["decision"] == "create-job"
+    ] == [
+        (f"develop/{child}", f"develop/iteration {k}/{child}", 1)
+        for k in (1, 2, 3)
+        for child in ("implement", "test", "review")
+    ]
+    assert len(set(created_jobs(local_default, "review-loop"))) == 9  # 3 children x 3 iterations
+    paths = {f"develop/iteration {k}/{child}" for k in (1, 2, 3) for child in ("implement", "test", "review")}
+
+    def ttl_paths() -> bool:  # the last Job's TTL is set by the reconcile after the run's end
+        lines = local_default.decision_lines("review-loop")
+        return {line["path"] for line in lines if line["decision"] == "set-job-ttl"} == paths
+
+    eventually(ttl_paths, timeout=30, what="every Job's TTL decision, naming its path")
+    # Events (and their log lines) name the path the same way
+    succeeded = [line["msg"] for line in lines if line["decision"] == "IterationSucceeded"]
+    assert any(m.startswith("step develop/iteration 2/test: succeeded (Job ") for m in succeeded), succeeded
+    assert "step develop: iteration 3/5 succeeded: all 3 steps finished" in succeeded
+    # metrics: 9 child steps and 1 loop body ended; 9 attempts and 3 passes
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="workload", loop="false", phase="Succeeded")
+        == 9
+    )
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="group", loop="true", phase="Succeeded") == 1
+    )
+    assert delta(before, after, "agentrun_iterations_total", result="Succeeded") == 12
+    assert delta(before, after, "agentrun_loop_stops_total", reason="LoopConditionFalse") == 1
+    assert value(after, "agentrun_nesting_depth_reached") >= 2
+    root = local_default.claim_dir("review-loop-workspace")
+    assert (root / "feature.txt").read_text().splitlines() == ["change 1", "change 2", "change 3"]
+    assert (root / "tests.log").read_text().splitlines() == [
+        f"iteration {k}: {k} changes pass" for k in (1, 2, 3)
+    ]
+    assert (root / "journal.log").read_text().splitlines() == [
+        f"iteration {k} {child}" for k in (1, 2, 3) for child in ("implement", "test", "review")
+    ]
+
+
+def test_switch_takes_the_case_of_the_triage_result(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("switch-triage.yaml")
+    run = local_default.wait_for_end("switch-triage")
+    after = succeeded_metrics(local_default, before)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    triage, route = run["status"]["workflow"]["steps"]
+    assert triage["control"] == {"outputs": {"kind": "bug"}}
+    assert (route["phase"], route["case"]) == ("Succeeded", "cases[0]")
+    assert [(c["name"], c["phase"]) for c in route["steps"]] == [
+        ("reproduce", "Succeeded"),
+        ("fix", "Succeeded"),
+    ]
+    root = local_default.claim_dir("switch-triage-workspace")
+    assert (root / "triage.txt").read_text() == "bug\n"
+    assert (root / "route.log").read_text().splitlines() == ["reproduce bug", "fix bug"]
+    assert delta(before, after, "agentrun_switch_cases_total", case="cases[0]") == 1
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="switch", loop="false", phase="Succeeded") == 1
+    )
+    lines = local_default.decision_lines("switch-triage")
+    taken = [(line["step"], line["msg"]) for line in lines if line["decision"] == "SwitchCaseTaken"]
+    assert taken == [("route", 'step route: took cases[0] (the expression gave "bug")')]
+    created = [(line["step"], line["path"]) for line in lines if line["decision"] == "create-job"]
+    assert created == [
+        ("triage", "triage"),
+        ("route/reproduce", "route/reproduce"),
+        ("route/fix", "route/fix"),
+    ]
+
+
+def test_switch_takes_its_default_when_no_case_matches(local_default: LocalDefault) -> None:
+    def question(text: str) -> str:
+        return text.replace("switch-triage", "switch-default").replace(
+            "crash when saving", "how do I export?"
+        )
+
+    before = local_default.metrics()
+    local_default.apply_example("switch-triage.yaml", edit=question)
+    run = local_default.wait_for_end("switch-default")
+    after = succeeded_metrics(local_default, before)
+    assert delta(before, after, "agentrun_switch_cases_total", case="default") == 1
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    triage, route = run["status"]["workflow"]["steps"]
+    assert triage["control"] == {"outputs": {"kind": "question"}}
+    assert (route["phase"], route["case"]) == ("Succeeded", "default")
+    assert [(c["name"], c["phase"]) for c in route["steps"]] == [("ask-human", "Succeeded")]
+    root = local_default.claim_dir("switch-default-workspace")
+    assert (root / "route.log").read_text().splitlines() == ["ask-human question"]
+
+
+def test_nested_loop_refines_each_module_until_its_check_passes(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("nested-loop.yaml")
+    run = local_default.wait_for_end("nested-loop")
+    after = succeeded_metrics(local_default, before)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    plan, modules = run["status"]["workflow"]["steps"]
+    assert plan["phase"] == "Succeeded"
+    loop = modules["loop"]
+    assert [item["name"] for item in loop["items"]] == ["lexer", "parser", "printer"]
+    assert (loop["completedIterations"], loop["stopReason"]) == (3, "LoopMaxIterationsReached")
+    assert [it["steps"] for it in loop["iterations"]] == [
+        {"checkout": "Succeeded", "refine": "Succeeded"}
+    ] * 3
+    refine = modules["steps"][1]  # the last pass's: the printer needed 3 refinements
+    assert (refine["loop"]["completedIterations"], refine["loop"]["stopReason"]) == (3, "LoopConditionFalse")
+    root = local_default.claim_dir("nested-loop-workspace")
+    for index, (module, rounds) in enumerate((("lexer", 1), ("parser", 2), ("printer", 3))):
+        # checkout and every refinement got the body's item: the module
+        lines = (root / "modules" / f"{module}.txt").read_text().splitlines()
+        assert lines == [
+            f"checked out {module} (module {index})",
+            *(f"refinement {k}" for k in range(1, rounds + 1)),
+        ]
+    assert (root / "refine.log").read_text().splitlines() == [
+        "lexer refinement 1: passed=true",
+        "parser refinement 1: passed=false",
+        "parser refinement 2: passed=true",
+        "printer refinement 1: passed=false",
+        "printer refinement 2: passed=false",
+        "printer refinement 3: passed=true",
+    ]
+    # 1 plan + per module 1 checkout and 1, 2, 3 refinements: every Job its own (path-based names)
+    assert len(set(created_jobs(local_default, "nested-loop"))) == 1 + 3 + 6
+    created = [
+        (line["path"], line["iteration"])
+        for line in local_default.decision_lines("nested-loop")
+        if line["decision"] == "create-job" and line["step"] == "modules/refine"
+    ]
+    assert created == [(f"modules/iteration {m}/refine", k) for m in (1, 2, 3) for k in range(1, m + 1)]
+    # 3 inner loops stopped by their condition, 1 outer forEach by its count; the inner loops at depth 2
+    assert delta(before, after, "agentrun_loop_stops_total", reason="LoopConditionFalse") == 3
+    assert (
+        delta(before, after, "agentrun_steps_total", construct="workload", loop="true", phase="Succeeded")
+        == 3
+    )
+    assert value(after, "agentrun_nesting_depth_reached") >= 2
+
+
+def test_graceful_cancel_of_a_running_body_keeps_its_partial_outputs(local_default: LocalDefault) -> None:
+    local_default.apply_example("cancel-body.yaml")
+    progress = local_default.claim_dir("cancel-body-workspace") / "progress.log"
+    eventually(
+        lambda: progress.exists() and "iteration 2 implement started" in progress.read_text(),
+        what="iteration 2's implement to start",
+        timeout=180,
+    )
+    local_default.patch_run("cancel-body", {"spec": {"cancel": "Graceful"}})
+    run = local_default.wait_for_end("cancel-body")
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    develop = step_status(run)
+    assert (develop["phase"], develop["loop"]["stopReason"]) == ("Cancelled", "LoopCancelled")
+    completed = develop["loop"]["completedIterations"]
+    assert completed >= 1
+    # what the completed iterations collected stays in status
+    assert run["status"]["workflow"]["outputs"] == {
+        "changes": [f"change-{k}" for k in range(1, completed + 1)]
+    }
+    records = develop["loop"]["iterations"]
+    both = {"implement": "Succeeded", "test": "Succeeded"}
+    assert [(it["phase"], it["steps"]) for it in records[:completed]] == [("Succeeded", both)] * completed
+    lines = progress.read_text().splitlines()
+    full = [
+        f"iteration {k} {c} {w}"
+        for k in range(1, completed + 1)
+        for c in ("implement", "test")
+        for w in ("started", "finished")
+    ]
+    assert lines[: len(full)] == full
+    partial = lines[len(full) :]
+    # the cancel came while the next pass's implement ran: it finished, and test never started
+    nxt = completed + 1
+    assert partial == [f"iteration {nxt} implement started", f"iteration {nxt} implement finished"], lines
+    assert records[-1]["index"] == nxt and records[-1]["phase"] == "Cancelled", records
+    # the interrupted pass's children: implement recorded, test never started
+    assert [(c["name"], c["phase"]) for c in develop["steps"]] == [
+        ("implement", "Succeeded"),
+        ("test", "Pending"),
+    ]
+    work = local_default.claim_dir("cancel-body-workspace") / "work"
+    assert (work / f"implement-{nxt}.txt").read_text() == f"implement of change {nxt}\n"
+    assert not (work / f"test-{nxt}.txt").exists()

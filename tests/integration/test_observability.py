@@ -11,20 +11,19 @@ from __future__ import annotations
 import copy
 import json
 import socket
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun_devcluster.controlplane import ControlPlane, ControlPlaneError
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
+from tests.support.metrics import delta, scrape, value
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
@@ -130,45 +129,13 @@ def _events(plane: ControlPlane, uid: str) -> list[dict[str, Any]]:
     return list(json.loads(out)["items"])
 
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def _value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def _delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return _value(after, name, **labels) - _value(before, name, **labels)
-
-
-def _decision_lines(operator: OperatorProcess, uid: str) -> list[dict[str, Any]]:
-    lines = []
-    for raw in operator.logs().splitlines():
-        if not raw.startswith("{"):
-            continue
-        line = json.loads(raw)
-        if line.get("correlation_id") == uid and "decision" in line:
-            lines.append(line)
-    return lines
-
-
 # ----------------------------------------------------------------------------------- metrics
 
 
 def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     """After a 3-iteration loop that succeeds and a loop whose iteration fails twice, each metric of
     docs/operator.md#observability moved by exactly what happened."""
-    before = _scrape(cluster.metrics_url)
+    before = scrape(cluster.metrics_url)
     _create(cluster.plane, workflow_run("m-fixed", {"loop": {"maxIterations": 3}}))
     cluster.pods.runs["m-failing"] = lambda _i, _a: PodOutcome(exit_code=3)
     _create(
@@ -177,10 +144,10 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     )
     assert _wait_finished(cluster, "m-fixed")["status"]["phase"] == "Succeeded"
     assert _wait_finished(cluster, "m-failing")["status"]["phase"] == "Failed"
-    after = _scrape(cluster.metrics_url)
+    after = scrape(cluster.metrics_url)
 
     def moved(name: str, **labels: str) -> float:
-        return _delta(before, after, name, **labels)
+        return delta(before, after, name, **labels)
 
     assert moved("agentrun_iterations_total", result="Succeeded") == 3
     assert moved("agentrun_iterations_total", result="Retrying") == 1
@@ -203,10 +170,10 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
 
     # The gauge of runs by phase is refreshed by the resync (every 5 s in these tests).
     def counted() -> bool:
-        now = _scrape(cluster.metrics_url)
+        now = scrape(cluster.metrics_url)
         return (
-            _value(now, "agentrun_runs", phase="Succeeded") >= 1
-            and _value(now, "agentrun_runs", phase="Failed") >= 1
+            value(now, "agentrun_runs", phase="Succeeded") >= 1
+            and value(now, "agentrun_runs", phase="Failed") >= 1
         )
 
     eventually(counted, 30, "agentrun_runs{phase} to count the finished runs")
@@ -229,15 +196,17 @@ def test_one_log_line_per_decision_with_its_fields(cluster: Cluster) -> None:
     uid = run["metadata"]["uid"]
     eventually(
         lambda: (
-            sum(1 for line in _decision_lines(cluster.operator, uid) if line["decision"] == "set-job-ttl")
-            == 4
+            sum(1 for line in cluster.operator.decision_lines(uid) if line["decision"] == "set-job-ttl") == 4
         ),
         what="the Job TTL decisions",
     )
-    lines = _decision_lines(cluster.operator, uid)
+    lines = cluster.operator.decision_lines(uid)
     for line in lines:
-        assert {"correlation_id", "run", "step", "iteration", "attempt", "decision"} <= set(line), line
+        assert {"correlation_id", "run", "step", "path", "iteration", "attempt", "decision"} <= set(line), (
+            line
+        )
         assert line["run"] == f"{NAMESPACE}/{name}"
+        assert line["path"] == line["step"]  # a top-level step: its path is its name (or null for the run)
 
     jobs = _jobs(cluster.plane, name)
     created = sorted(

@@ -3,11 +3,13 @@ is stopped as a group (SIGTERM, then SIGKILL), with its output in a log file the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.podrunner.adopt import stop_leftovers
@@ -112,6 +114,20 @@ class OperatorProcess(GroupProcess):
             (self.log_dir / f"operator-{i}.log").read_text(errors="replace")
             for i in range(1, self.starts + 1)
         )
+
+    def decision_lines(self, uid: str) -> list[dict[str, Any]]:
+        """The JSON decision lines about the run with this uid (docs/operator.md#logs), in order."""
+        lines = []
+        for raw in self.logs().splitlines():
+            if not raw.startswith("{"):
+                continue
+            try:
+                line = json.loads(raw)
+            except ValueError:  # the line the operator is writing right now
+                continue
+            if line.get("correlation_id") == uid and "decision" in line:
+                lines.append(line)
+        return lines
 
 
 class RunnerProcess(GroupProcess):

@@ -226,3 +226,13 @@ def test_pending_names_are_let_through_only_when_listed(known: Known) -> None:
         pending_names=frozenset({"Sparkly"}),
     )
     assert lenient == []
+
+
+def test_every_example_has_a_readme_row_and_an_e2e_test() -> None:
+    """examples/README.md states each example's outcome and tests/e2e/test_examples.py checks it."""
+    examples = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+    readme = (REPO / "examples" / "README.md").read_text(encoding="utf-8")
+    tests = (REPO / "tests" / "e2e" / "test_examples.py").read_text(encoding="utf-8")
+    assert len(examples) >= 17
+    assert [e for e in examples if f"| [{e}]({e}) |" not in readme] == []
+    assert [e for e in examples if f'apply_example("{e}"' not in tests] == []

@@ -60,3 +60,11 @@ def test_cut_names_of_different_addresses_differ() -> None:
     assert len(names) == 3 * 29 * 2
     deep = tuple(f"{i}i{900 + i}" for i in range(1, 11))
     assert len({naming.job_name(run, 1, k, 1, deep) for k in range(1, 200)}) == 199
+
+
+def test_the_tree_path_drops_the_iterations_of_the_ancestors() -> None:
+    assert naming.tree_path("develop/iteration 2/review") == "develop/review"
+    assert naming.tree_path("modules/iteration 3/refine") == "modules/refine"
+    assert naming.tree_path("a/iteration 1/b/iteration 10/c") == "a/b/c"
+    assert naming.tree_path("route/fix") == "route/fix"
+    assert naming.tree_path("implement") == "implement"

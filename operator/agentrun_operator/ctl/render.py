@@ -55,21 +55,26 @@ def status_of(run: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _steps(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Every step entry, a group's or switch's children after it, named by their path (`dev/review`)."""
+    """Every step entry of the run, depth first, a nested one named by its path as Events name it
+    (`develop/iteration 2/review`: the children of a loop body are those of its current or last
+    iteration; `route/fix`: the children of a switch are those of the branch it took)."""
     workflow = status_of(run).get("workflow")
     steps = workflow.get("steps") if isinstance(workflow, Mapping) else None
     return _flatten(steps, "")
 
 
 def _flatten(steps: Any, prefix: str) -> list[Mapping[str, Any]]:
-    out: list[Mapping[str, Any]] = []
+    result: list[Mapping[str, Any]] = []
     for step in steps if isinstance(steps, list) else []:
         if not isinstance(step, Mapping):
             continue
         path = f"{prefix}{step.get('name')}"
-        out.append({**step, "name": path} if prefix else step)
-        out.extend(_flatten(step.get("steps"), f"{path}/"))
-    return out
+        result.append({**step, "name": path} if prefix else step)
+        loop = step.get("loop")
+        if isinstance(loop, Mapping) and loop.get("currentIteration"):
+            path += f"/iteration {loop['currentIteration']}"
+        result.extend(_flatten(step.get("steps"), f"{path}/"))
+    return result
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -198,23 +203,29 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
     lines: list[str] = []
     if step.get("message"):
         lines.append(f"  message: {_clip(str(step['message']), 2 * MAX_MESSAGE_CHARS)}")
+    if step.get("case"):
+        lines.append(f"  case: {step['case']}")
     if isinstance(loop, Mapping):
         records = [r for r in loop.get("iterations") or [] if isinstance(r, Mapping)]
         pruned = int(loop.get("prunedIterations") or 0)
         done = loop.get("completedIterations", 0)
         lines.append(f"  iterations: {done} completed, {len(records)} kept, {pruned} pruned")
+        body = any(isinstance(r.get("steps"), Mapping) for r in records)  # a loop body's records
+        order = [str(c.get("name")) for c in step.get("steps") or [] if isinstance(c, Mapping)]
         rows = [
             [
                 str(r.get("index")),
                 str(r.get("phase")),
                 str(r.get("attempts", 0)),
                 _duration(r.get("startedAt"), r.get("finishedAt"), now),
+                *([_children(r.get("steps"), order)] if body else []),
                 _clip(str(r.get("message") or ""), MAX_MESSAGE_CHARS),
             ]
             for r in records
         ]
+        header = ["#", "PHASE", "ATTEMPTS", "DURATION", *(["STEPS"] if body else []), "MESSAGE"]
         if rows:
-            lines.extend(_table(["#", "PHASE", "ATTEMPTS", "DURATION", "MESSAGE"], rows, indent="    "))
+            lines.extend(_table(header, rows, indent="    "))
         if loop.get("lastControl") is not None:
             lines.append(f"  last control: {_clip(_compact_json(loop['lastControl']), MAX_CONTROL_CHARS)}")
     elif step.get("control") is not None:
@@ -222,6 +233,15 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
     if not lines:
         return []
     return ["", f"{name}:", *lines]
+
+
+def _children(phases: Any, order: list[str]) -> str:
+    """A body iteration's children as `implement=Succeeded test=Failed review=Skipped`, in the body's
+    order (the API server returns the map's keys sorted)."""
+    if not isinstance(phases, Mapping):
+        return "-"
+    names = [n for n in order if n in phases] + sorted(n for n in phases if n not in order)
+    return " ".join(f"{name}={phases[name]}" for name in names)
 
 
 def render_object(run: Mapping[str, Any], output: str) -> str:
@@ -307,7 +327,7 @@ def _step_changes(
     old, new = before.steps.get(name), after.steps[name]
     phase, stop, attempt = new
     changed = old is None or old[0] != phase or (old[2] != attempt and loop is None)
-    if changed and not (old is None and phase == "Pending"):
+    if changed and phase != "Pending":  # a step is Pending only before it starts
         line = f"step {name}: {paint(phase, phase, colour)}"
         if loop is None and attempt and phase in ("Running", "Retrying"):
             line += f" (attempt {attempt})"

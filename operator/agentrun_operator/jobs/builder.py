@@ -97,6 +97,9 @@ class PlannedAttempt:
     env_iteration: int | None = None
     """AGENTRUN_ITERATION when it is not `iteration` (a child of a loop body without a loop of its
     own gets the body's iteration; its Job name keeps iteration 1)."""
+    path: str | None = None
+    """For a nested step: its path as Events and logs name it (`develop/iteration 2/review`), kept in
+    the Job's `naming.ANNOTATION_STEP` annotation so every decision about the Job can name it."""
 
     @property
     def top_index(self) -> int:
@@ -452,6 +455,8 @@ def build_iteration_job(
     run_name = str(run.metadata.get("name", ""))
     labels = job_labels(run_name, step, attempt)
     annotations = {ANNOTATION_RUN_NAME: run_name}
+    if attempt.path is not None:
+        annotations[naming.ANNOTATION_STEP] = attempt.path
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,

@@ -12,12 +12,16 @@ from agentrun_operator import naming
 class Where:
     """The step, iteration and attempt an action is about (the operator's log fields).
 
-    `iteration` and `attempt` are 1-based; 0 means "not started yet" (e.g. `LoopStarted`).
+    `step` is the step's path in the tree (`develop/review`; a top-level step's name); `path` the
+    same with the iteration of every looping ancestor (`develop/iteration 2/review`), None when it is
+    `step` (a top-level step). `iteration` and `attempt` are 1-based; 0 means "not started yet"
+    (e.g. `LoopStarted`).
     """
 
     step: str
     iteration: int
     attempt: int
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,12 +36,16 @@ class CreateJob:
 
     @property
     def where(self) -> Where:
-        """Read back from the Job's own labels, which the Job builder set from the planned attempt."""
-        labels = self.manifest["metadata"]["labels"]
+        """Read back from the Job's labels and annotations, which the Job builder set from the planned
+        attempt (a nested step's path is in its `naming.ANNOTATION_STEP` annotation)."""
+        meta = self.manifest["metadata"]
+        labels = meta["labels"]
+        path = (meta.get("annotations") or {}).get(naming.ANNOTATION_STEP)
         return Where(
-            str(labels[naming.LABEL_STEP]),
+            naming.tree_path(path) if path else str(labels[naming.LABEL_STEP]),
             int(labels[naming.LABEL_ITERATION]),
             int(labels[naming.LABEL_ATTEMPT]),
+            path,
         )
 
 

@@ -82,6 +82,7 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         ancestors=step.ancestors,
         step=with_inherited_parameters(step) if nested else None,
         control_path=pod_control_path(step) if nested else None,
+        path=step.label if nested else None,
     )
     looping = _loop_env(step, iteration)
     if looping is None:

@@ -59,7 +59,7 @@ def _droppable(loop: LoopStatus) -> list[IterationRecord]:
     return [r for r in loop.iterations if r.phase in _TERMINAL_RECORD_PHASES and r is not newest_bad]
 
 
-def fit_to_budget(status: AgentRunStatus, budget_bytes: int) -> int:
+def fit_to_budget(status: AgentRunStatus, budget_bytes: int, bound: int | None = None) -> int:
     """Shrink `status` under `budget_bytes` (less a reserve for its conditions) without failing the run.
 
     The per-loop history limit keeps a status small in the common case; this is the bound for the
@@ -67,9 +67,10 @@ def fit_to_budget(status: AgentRunStatus, budget_bytes: int) -> int:
     across all loops, finished iteration records (counted in each loop's `prunedIterations`, the
     newest failure of each loop always kept); then, if still too big, the oldest collected output
     values (counted in `workflow.prunedOutputs`). Returns the bytes it removed (0: nothing to do).
+    `bound` is `size_upper_bound(status)` when the caller has it already.
     """
     target = budget_bytes - min(BUDGET_RESERVE_BYTES, budget_bytes // 10)
-    if size_upper_bound(status) <= target:
+    if (size_upper_bound(status) if bound is None else bound) <= target:
         return 0
     start = size = exact_size(status)
     # Each pass drops by estimated sizes, then measures: a pass drops at least one entry while any

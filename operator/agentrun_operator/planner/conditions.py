@@ -167,11 +167,14 @@ def exact_size(status: AgentRunStatus) -> int:
     return len(status.model_dump_json(by_alias=True, exclude_none=True, exclude={"conditions"}).encode())
 
 
-def status_size(status: AgentRunStatus, budget_bytes: int) -> int | None:
+def status_size(status: AgentRunStatus, budget_bytes: int, bound: int | None = None) -> int | None:
     """The status size when it matters for `StatusSizeWarning` (near the budget, or warned before);
-    None when the bound shows it is far below and no warning is to be lifted."""
+    None when the bound (`size_upper_bound`, computed here unless given) shows it is far below and
+    no warning is to be lifted."""
     warned = any(c.type == STATUS_SIZE_WARNING for c in status.conditions)
-    if not warned and size_upper_bound(status) <= budget_bytes * STATUS_WARNING_FRACTION:
+    if bound is None:
+        bound = size_upper_bound(status)
+    if not warned and bound <= budget_bytes * STATUS_WARNING_FRACTION:
         return None
     return exact_size(status)
 
@@ -239,14 +242,15 @@ def became_true(before: Sequence[Condition], after: Sequence[Condition], type_: 
     return new is not None and new.status == "True" and (old is None or old.status != "True")
 
 
-def conclude(ctx: PlanContext) -> None:
+def conclude(ctx: PlanContext, size_bound: int | None = None) -> None:
     """The last step of every plan: the conditions of the status just decided, and a Warning Event
-    `StatusSizeWarning` when the status has just crossed 80 % of its budget."""
+    `StatusSizeWarning` when the status has just crossed 80 % of its budget. `size_bound` is the
+    status's `size_upper_bound` when the caller has it already (one walk of the status per plan)."""
     status = ctx.status
     before = list(status.conditions)
     budget = ctx.config.status_budget_bytes
     status.conditions = derive(
-        status, status.observed_generation, ctx.now, status_size(status, budget), budget
+        status, status.observed_generation, ctx.now, status_size(status, budget, size_bound), budget
     )
     if became_true(before, status.conditions, STATUS_SIZE_WARNING):
         warning = next(c for c in status.conditions if c.type == STATUS_SIZE_WARNING)

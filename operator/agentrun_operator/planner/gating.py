@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from agentrun_operator import naming
 from agentrun_operator.api import AgentRunStatus, StepStatus
 from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, TERMINAL_STEP_PHASES, PlanContext
@@ -16,9 +17,12 @@ from agentrun_operator.planner.state import StepState, StepView, all_views, case
 def _where(ctx: PlanContext, job: ObservedJob) -> Where | None:
     """The step, iteration and attempt of one of the run's Jobs (None for a step index not in the spec).
 
-    A nested step's Job is named by its top-level step and its address (`build@2i3-1`)."""
+    A nested step's Job names its path in an annotation (`naming.ANNOTATION_STEP`); one without it
+    (created by an older operator) is named by its top-level step and its address (`build@2i3-1`)."""
     if not 1 <= job.step_index <= len(ctx.steps):
         return None
+    if job.label:
+        return Where(naming.tree_path(job.label), job.iteration, job.attempt, job.label)
     name = ctx.steps[job.step_index - 1].name
     return Where(f"{name}@{job.path}" if job.path else name, job.iteration, job.attempt)
 

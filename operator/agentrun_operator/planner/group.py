@@ -49,7 +49,7 @@ def plan_group(ctx: PlanContext, view: StepView, plan_children: PlanChildren) ->
         if outcome is Outcome.ACTIVE:
             return outcome
         if outcome is Outcome.HALTED:
-            end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
+            _end_halted_pass(ctx, view)
             return Outcome.DONE
         end_pass(ctx, view)
     return Outcome.ACTIVE  # pragma: no cover - a guard against a planner bug
@@ -108,6 +108,24 @@ def end_pass(ctx: PlanContext, view: StepView) -> None:
         end_step(ctx, view, "Succeeded", None, done)
         return
     _pass_succeeded(ctx, view, children, control, done)
+
+
+def _end_halted_pass(ctx: PlanContext, view: StepView) -> None:
+    """The run stops (cancel or workflow timeout) before the pass's next child: the record keeps the
+    children's phases and usage, and the message says how far the pass got."""
+    children = view.children()
+    record = view.record()
+    if record is not None:
+        record.steps = {child.name: child.st.phase for child in children}
+    _add_pass_usage(view, children)
+    message = stop_message(ctx, view)
+    if view.loop is not None and view.iteration and ctx.stopping != "timeout":
+        ran = sum(1 for child in children if child.st.phase not in ("Pending", "Skipped"))
+        message = (
+            f"cancelled ({ctx.stopping}) during iteration {view.iteration} after {ran} of "
+            f"{len(children)} steps; no further step, iteration or attempt was started"
+        )
+    end_step(ctx, view, "Cancelled", None, message)
 
 
 def _pass_succeeded(

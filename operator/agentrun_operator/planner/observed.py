@@ -95,6 +95,7 @@ class ObservedJob:
     message: str | None = None  # the Job's Failed condition message, when it failed
     ttl_seconds_after_finished: int | None = None
     path: str = ""  # the step-path label of a nested step's Job (`2i3-1`); "" for a top-level step
+    label: str = ""  # its step annotation, the path as logs name it (`develop/iteration 2/review`)
 
     @property
     def finished(self) -> bool:

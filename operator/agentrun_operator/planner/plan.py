@@ -64,8 +64,10 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
         steps=effective_steps(run),
     )
     _plan_run(ctx)
-    fit_to_budget(ctx.status, ctx.config.status_budget_bytes)
-    conditions.conclude(ctx)
+    bound: int | None = conditions.size_upper_bound(ctx.status)  # one walk serves both below
+    if fit_to_budget(ctx.status, ctx.config.status_budget_bytes, bound):
+        bound = None  # compacted: measured again
+    conditions.conclude(ctx, bound)
     return ctx.result()
 
 

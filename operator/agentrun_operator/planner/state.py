@@ -126,7 +126,9 @@ class StepView:
     @property
     def where(self) -> Where:
         """The step, iteration and attempt as the log fields name them (attempt 0: none started)."""
-        return Where(self.path, self.iteration, self.st.attempt)
+        return Where(
+            self.path, self.iteration, self.st.attempt, self.label if self.parent is not None else None
+        )
 
     @property
     def max_iterations(self) -> int:

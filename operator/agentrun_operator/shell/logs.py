@@ -1,5 +1,5 @@
 """JSON logs: one object per line; decision lines carry `correlation_id` (the run's uid), `run`,
-`step`, `iteration`, `attempt` and `decision` as fields (docs/operator.md#observability)."""
+`step`, `path`, `iteration`, `attempt` and `decision` as fields (docs/operator.md#observability)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
-NULLABLE_FIELDS = frozenset({"step", "iteration", "attempt"})
+NULLABLE_FIELDS = frozenset({"step", "path", "iteration", "attempt"})
 """Fields written even when empty (as null): a decision about the whole run names no step."""
 
 

@@ -13,13 +13,33 @@ from agentrun_operator.planner.facts import (
     LoopStopped,
     NextIterationRequested,
     RunPhaseChanged,
+    StepEnded,
+    SwitchCaseTaken,
     UsageReported,
 )
+from agentrun_operator.planner.switch import REASON_SWITCH_NO_MATCH
 
 ITERATIONS = Counter("agentrun_iterations_total", "Finished iteration attempts by result.", ["result"])
 LOOP_STOPS = Counter("agentrun_loop_stops_total", "Loops stopped, by stop reason.", ["reason"])
-TOKENS = Counter("agentrun_tokens", "Tokens reported in control files (usage), summed.")
-COST_USD = Counter("agentrun_cost_usd", "Cost in USD reported in control files (usage), summed.")
+TOKENS = Counter(
+    "agentrun_tokens_total", "Tokens (input + output) reported in control files (usage), summed."
+)
+COST_USD = Counter("agentrun_cost_usd_total", "Cost in USD reported in control files (usage), summed.")
+STEPS = Counter(
+    "agentrun_steps_total",
+    "Steps (at any depth) that reached a final phase, by construct, whether they loop, and phase.",
+    ["construct", "loop", "phase"],
+)
+SWITCH_CASES = Counter(
+    "agentrun_switch_cases_total",
+    "Switches by the branch taken: cases[<i>], default, or none (SwitchNoMatch).",
+    ["case"],
+)
+NESTING_DEPTH = Gauge(
+    "agentrun_nesting_depth_reached",
+    "The deepest nesting depth at which a step reached a final phase since the operator started "
+    "(1: top-level steps only).",
+)
 RECONCILE_SECONDS = Histogram(
     "agentrun_reconcile_duration_seconds",
     "Wall time of one reconcile (observe, plan, apply).",
@@ -67,6 +87,10 @@ def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None)
     elif isinstance(fact, UsageReported):
         TOKENS.inc(fact.tokens)
         COST_USD.inc(fact.cost_usd)
+    elif isinstance(fact, StepEnded):
+        _observe_step_ended(fact)
+    elif isinstance(fact, SwitchCaseTaken):
+        SWITCH_CASES.labels(case=fact.case).inc()
     elif isinstance(fact, RunPhaseChanged):
         RUN_PHASE_TRANSITIONS.labels(phase=fact.phase, reason=fact.reason or "").inc()
     elif isinstance(fact, NextIterationRequested):
@@ -74,3 +98,18 @@ def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None)
         if created is not None:
             # Clocks of the node and the operator may differ a little: never a negative sample.
             ITERATION_TURNAROUND.observe(max(0.0, (created - fact.previous_finished_at).total_seconds()))
+
+
+_deepest = 0
+
+
+def _observe_step_ended(fact: StepEnded) -> None:
+    global _deepest
+    STEPS.labels(
+        construct=fact.kind, loop="true" if fact.iterations is not None else "false", phase=fact.phase
+    ).inc()
+    if fact.kind == "switch" and fact.reason == REASON_SWITCH_NO_MATCH:
+        SWITCH_CASES.labels(case="none").inc()
+    if fact.depth > _deepest:
+        _deepest = fact.depth
+        NESTING_DEPTH.set(fact.depth)

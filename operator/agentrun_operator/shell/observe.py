@@ -69,6 +69,7 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
         finished_at=finished_at,
         message=message,
         path=str(labels.get(naming.LABEL_STEP_PATH, "")),
+        label=str((meta.get("annotations") or {}).get(naming.ANNOTATION_STEP, "")),
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
     )
 

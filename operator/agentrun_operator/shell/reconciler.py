@@ -101,10 +101,11 @@ def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
 
 
 def _where(where: Where | None) -> dict[str, Any]:
-    """The log fields of a decision: its step, iteration and attempt (null for the whole run)."""
+    """The log fields of a decision: its step, path, iteration and attempt (null for the whole run)."""
     if where is None:
-        return {"step": None, "iteration": None, "attempt": None}
-    return {"step": where.step, "iteration": where.iteration, "attempt": where.attempt}
+        return {"step": None, "path": None, "iteration": None, "attempt": None}
+    path = where.path or where.step
+    return {"step": where.step, "path": path, "iteration": where.iteration, "attempt": where.attempt}
 
 
 class Reconciler:

@@ -188,3 +188,88 @@ def cancelled() -> dict[str, Any]:
             ],
         },
     }
+
+
+def _child(name: str, start: str, end: str, job: str, **extra: Any) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "phase": "Succeeded", "attempt": 1, "startedAt": start}
+    entry.update(finishedAt=end, jobRef={"name": job}, message="succeeded", **extra)
+    return entry
+
+
+def nested() -> dict[str, Any]:
+    """The review-loop example (a loop body of three children) in its 3rd iteration, after a switch."""
+    children = {"implement": "Succeeded", "review": "Succeeded", "test": "Succeeded"}  # sorted, as served
+    body = {
+        "name": "develop",
+        "phase": "Running",
+        "attempt": 0,
+        "startedAt": "2026-11-23T10:00:02Z",
+        "message": "iteration 3/5 running",
+        "loop": {
+            "currentIteration": 3,
+            "completedIterations": 2,
+            "maxIterations": 5,
+            "lastControl": {"approved": False, "changes": 2},
+            "retainedIterations": 3,
+            "prunedIterations": 0,
+            "iterations": [
+                {
+                    "index": 1,
+                    "phase": "Succeeded",
+                    "attempts": 1,
+                    "startedAt": "2026-11-23T10:00:02Z",
+                    "finishedAt": "2026-11-23T10:00:05Z",
+                    "steps": children,
+                },
+                {
+                    "index": 2,
+                    "phase": "Succeeded",
+                    "attempts": 1,
+                    "startedAt": "2026-11-23T10:00:05Z",
+                    "finishedAt": "2026-11-23T10:00:08Z",
+                    "steps": children,
+                },
+                {"index": 3, "phase": "Running", "attempts": 1, "startedAt": "2026-11-23T10:00:08Z"},
+            ],
+        },
+        "steps": [
+            _child(
+                "implement", "2026-11-23T10:00:08Z", "2026-11-23T10:00:10Z", "r-step-2i3-1-iter-1-attempt-1"
+            ),
+            {
+                "name": "test",
+                "phase": "Running",
+                "attempt": 1,
+                "startedAt": "2026-11-23T10:00:10Z",
+                "jobRef": {"name": "r-step-2i3-2-iter-1-attempt-1"},
+            },
+            {"name": "review", "phase": "Pending", "attempt": 0},
+        ],
+    }
+    route = {
+        "name": "route",
+        "phase": "Succeeded",
+        "attempt": 0,
+        "case": "cases[0]",
+        "startedAt": "2026-11-23T10:00:01Z",
+        "finishedAt": "2026-11-23T10:00:02Z",
+        "message": "cases[0]: all 1 steps finished",
+        "control": {"fixed": True},
+        "steps": [
+            _child(
+                "fix",
+                "2026-11-23T10:00:01Z",
+                "2026-11-23T10:00:02Z",
+                "r-step-1c1-1-iter-1-attempt-1",
+                control={"fixed": True},
+            ),
+        ],
+    }
+    return {
+        "metadata": {**META, "name": "review-loop"},
+        "status": {
+            "phase": "Running",
+            "startedAt": "2026-11-23T10:00:01Z",
+            "workflow": {"phase": "Running", "steps": [route, body]},
+        },
+    }

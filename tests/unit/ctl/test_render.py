@@ -33,6 +33,7 @@ def check_golden(name: str, text: str) -> None:
         ("status-invalid.txt", runs.invalid()),
         ("status-cancelled.txt", runs.cancelled()),
         ("status-created.txt", runs.conditional(0)),
+        ("status-nested.txt", runs.nested()),
     ],
 )
 def test_status_table(golden: str, run: dict[str, object]) -> None:
@@ -55,6 +56,10 @@ def test_watch_prints_each_change_once_and_every_iteration() -> None:
 
 def test_watch_of_a_finished_run_prints_its_whole_story() -> None:
     check_golden("watch-cancelled.txt", "\n".join(render.progress_lines(None, runs.cancelled(), NOW)) + "\n")
+
+
+def test_watch_names_nested_steps_by_their_path() -> None:
+    check_golden("watch-nested.txt", "\n".join(render.progress_lines(None, runs.nested(), NOW)) + "\n")
 
 
 def test_an_unchanged_observation_prints_nothing() -> None:
@@ -108,5 +113,9 @@ def test_the_status_table_lists_children_of_groups_by_path() -> None:
         "status": world.status.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
     text = render.render_status(run, NOW)
-    rows = [line.split()[0] for line in text.splitlines() if line.startswith(("dev", "STEP"))]
-    assert rows[:4] == ["STEP", "dev", "dev/implement", "dev/review"]
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("STEP"))
+    width = lines[header].index("PHASE")  # the STEP column: a path may hold spaces
+    rows = [line[:width].rstrip() for line in lines[header + 1 : header + 4]]
+    # the children of the body's last iteration, named as Events name them
+    assert rows == ["dev", "dev/iteration 2/implement", "dev/iteration 2/review"]

@@ -6,13 +6,14 @@ from datetime import datetime, timedelta
 
 from prometheus_client import REGISTRY
 
-from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
+from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.facts import (
     IterationFinished,
     LoopStopped,
     NextIterationRequested,
     RunPhaseChanged,
     StepEnded,
+    UsageReported,
 )
 from agentrun_operator.shell import metrics
 from tests.unit.planner.world import T0, PlannerWorld, loop_step, manifest
@@ -107,6 +108,72 @@ def test_metrics_count_iterations_by_result() -> None:
     assert count("Retrying") == before + 1
 
 
+def test_metrics_sum_the_usage_reported() -> None:
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    tokens, cost = sample("agentrun_tokens_total"), sample("agentrun_cost_usd_total")
+    metrics.observe_fact(UsageReported("a", 400, 0.01))
+    metrics.observe_fact(UsageReported("review/iteration 2/fix", 0, 0.25))
+    assert sample("agentrun_tokens_total") == tokens + 400
+    assert abs(sample("agentrun_cost_usd_total") - (cost + 0.26)) < 1e-9
+
+
+def test_a_loop_reports_the_usage_of_each_succeeded_iteration_once() -> None:
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
+    usage = {"inputTokens": 30, "outputTokens": 12, "costUSD": 0.5}
+    world.drive(lambda w, job: w.succeed(job, control={"usage": usage}))
+    assert [f for f in facts_of(world) if isinstance(f, UsageReported)] == [UsageReported("a", 42, 0.5)] * 3
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_metrics_count_the_steps_of_a_loop_body_by_construct_and_the_depth_reached() -> None:
+    body = {"name": "dev", "loop": {"maxIterations": 2}, "steps": [{"name": "implement"}, {"name": "review"}]}
+    world = PlannerWorld(manifest([body]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    assert world.phase == "Succeeded"
+    children = {"construct": "workload", "loop": "false", "phase": "Succeeded"}
+    bodies = {"construct": "group", "loop": "true", "phase": "Succeeded"}
+    before = _sample("agentrun_steps_total", **children), _sample("agentrun_steps_total", **bodies)
+    for fact in facts_of(world):
+        metrics.observe_fact(fact)
+    after = _sample("agentrun_steps_total", **children), _sample("agentrun_steps_total", **bodies)
+    assert (after[0] - before[0], after[1] - before[1]) == (4, 1)  # 2 children x 2 passes; 1 body
+    assert _sample("agentrun_nesting_depth_reached") >= 2
+
+
+def test_metrics_count_the_branch_each_switch_took() -> None:
+    def switch(value: str) -> dict[str, object]:
+        cases = [{"value": "bug", "steps": [{"name": "fix"}]}]
+        return {"name": "route", "switch": {"expression": f"'{value}'", "cases": cases}}
+
+    def counts() -> tuple[float, float]:
+        return _sample("agentrun_switch_cases_total", case="cases[0]"), _sample(
+            "agentrun_switch_cases_total", case="none"
+        )
+
+    before = counts()
+    for value in ("bug", "question"):  # the second matches no case and has no default
+        world = PlannerWorld(manifest([switch(value)]))
+        world.drive(lambda w, job: w.succeed(job, control={}))
+        for fact in facts_of(world):
+            metrics.observe_fact(fact)
+    assert world.phase == "Failed"
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+def test_the_depth_reached_only_grows() -> None:
+    metrics.observe_fact(
+        StepEnded("a/b/c/d/e/f/g/h/i", "a/b/c/d/e/f/g/h/i", "workload", 9, "Succeeded", None)
+    )
+    metrics.observe_fact(StepEnded("a", "a", "workload", 1, "Succeeded", None))
+    assert _sample("agentrun_nesting_depth_reached") == 9
+
+
 # ----------------------------------------------------------------------------------- turnaround
 
 
@@ -191,6 +258,29 @@ def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
     ]
     creates = [a.where for p in world.plans for a in p.actions if hasattr(a, "manifest")]
     assert creates == [Where("a", 1, 1), Where("a", 1, 2), Where("a", 2, 1)]
+
+
+def test_a_nested_steps_decisions_name_its_path_with_the_iteration_of_its_body() -> None:
+    body = {"name": "dev", "loop": {"maxIterations": 2}, "steps": [{"name": "implement"}, {"name": "review"}]}
+    world = PlannerWorld(manifest([body]))
+    world.drive(lambda w, job: w.succeed(job, control={}))
+    world.plan()  # the finished run gives the last Job its TTL
+    assert world.phase == "Succeeded"
+    review_2 = Where("dev/review", 1, 1, "dev/iteration 2/review")
+    where = {(e.reason, e.where) for e in world.events}
+    assert ("IterationStarted", review_2) in where
+    assert ("IterationSucceeded", review_2) in where
+    assert ("IterationSucceeded", Where("dev", 2, 0)) in where  # the body's pass: a top-level step
+    creates = [a.where for p in world.plans for a in p.actions if isinstance(a, CreateJob)]
+    assert creates == [
+        Where(f"dev/{child}", 1, 1, f"dev/iteration {k}/{child}")
+        for k in (1, 2)
+        for child in ("implement", "review")
+    ]
+    ttls = [a.where for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
+    assert sorted(ttls, key=str) == sorted(creates, key=str)
+    manifest_of = world.manifests["run-step-1i2-2-iter-1-attempt-1"]
+    assert manifest_of["metadata"]["annotations"]["agents.proompteng.ai/step"] == "dev/iteration 2/review"
 
 
 def test_a_deleted_job_names_its_attempt() -> None:

@@ -196,9 +196,20 @@ def test_cancel_mid_body_starts_no_further_child(mode: str) -> None:
     assert world.phase == "Cancelled"
     dev = world.step_status()
     assert dev.phase == "Cancelled" and dev.loop.stop_reason == "LoopCancelled"
-    assert dev.loop.iterations[-1].phase == "Cancelled"
+    record = dev.loop.iterations[-1]
+    assert record.phase == "Cancelled"
     assert dev.steps[2].phase == "Pending"
     assert len(world.created) == 2
+    if mode == "Graceful":  # the pass stopped between children: the record says how far it got
+        assert record.steps == {
+            dev.steps[0].name: "Succeeded",
+            dev.steps[1].name: "Succeeded",
+            dev.steps[2].name: "Pending",
+        }
+        assert dev.message == (
+            "cancelled (Graceful) during iteration 1 after 2 of 3 steps; "
+            "no further step, iteration or attempt was started"
+        )
 
 
 def test_a_nested_loop_restarts_in_every_iteration_of_its_body() -> None:

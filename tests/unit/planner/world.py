@@ -223,6 +223,7 @@ class PlannerWorld:
             iteration=int(labels["agents.proompteng.ai/iteration"]),
             attempt=int(labels["agents.proompteng.ai/attempt"]),
             path=labels.get("agents.proompteng.ai/step-path", ""),
+            label=(action.manifest["metadata"].get("annotations") or {}).get("agents.proompteng.ai/step", ""),
             outcome="Active",
             started_at=self.now,
         )

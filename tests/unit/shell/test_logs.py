@@ -40,9 +40,15 @@ def test_decision_fields_are_fields() -> None:
 
 def test_a_run_level_decision_has_null_step_fields() -> None:
     line = _line(
-        "Completed: all 1 steps finished", decision="RunSucceeded", step=None, iteration=None, attempt=None
+        "Completed: all 1 steps finished",
+        decision="RunSucceeded",
+        step=None,
+        path=None,
+        iteration=None,
+        attempt=None,
     )
-    assert line["step"] is None and line["iteration"] is None and line["attempt"] is None
+    assert line["step"] is None and line["path"] is None
+    assert line["iteration"] is None and line["attempt"] is None
 
 
 def test_other_values_that_are_not_plain_are_left_out() -> None:

@@ -35,6 +35,19 @@ def test_job_outcomes_follow_batch_v1_conditions() -> None:
     assert not_true is not None and not_true.outcome == "Active"
 
 
+def test_a_nested_steps_job_keeps_its_address_and_its_path() -> None:
+    job = _job([])
+    job["metadata"] = {
+        "name": "r-step-1i2-3-iter-1-attempt-1",
+        "labels": {**LABELS, naming.LABEL_STEP_PATH: "1i2-3"},
+        "annotations": {naming.ANNOTATION_STEP: "dev/iteration 2/review"},
+    }
+    observed = job_from_k8s(job)
+    assert observed is not None and (observed.path, observed.label) == ("1i2-3", "dev/iteration 2/review")
+    top = job_from_k8s(_job([]))
+    assert top is not None and (top.path, top.label) == ("", "")
+
+
 def test_foreign_jobs_are_not_guessed_at() -> None:
     assert job_from_k8s({"metadata": {"name": "x", "labels": {}}}) is None
     assert (
