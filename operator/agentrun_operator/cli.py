@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port")
     op.add_argument("--liveness-port", type=int, default=0, help="serve /healthz on this port")
     op.add_argument("--log-format", choices=["json", "text"], default="json")
-    op.add_argument("--workers", type=int, default=8, help="concurrent reconciles (one per run at a time)")
+    op.add_argument("--workers", type=int, default=32, help="concurrent reconciles (one per run at a time)")
     op.add_argument("--peering", action="store_true", help="use kopf peering (hot standby replicas)")
     op.set_defaults(func=_cmd_operator)
 

@@ -9,6 +9,8 @@ operator as its own process and the kubelet driver completing each pod at once. 
 - operator CPU (utime + stime) per completed iteration, and its peak RSS (VmHWM),
 - the operator's API writes per iteration by verb and resource, reconciles per iteration,
 - iterations per second over the whole run,
+- the machine's load average when the runs started and when they ended (the machine may be shared:
+  latency figures move with it; CPU per iteration much less),
 - the lost/repeated check: every run Succeeded with iterations 1..K recorded once each and exactly
   one Job (attempt 1) created per iteration.
 
@@ -214,6 +216,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--profile", type=Path, default=None, help="run the operator under cProfile")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for all runs")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="the operator's --workers (its default if unset)"
+    )
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
@@ -240,13 +245,18 @@ def main() -> int:
                 "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
                 "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
             },
-            args=(f"--metrics-port={port}", "--log-format=text"),
+            args=(
+                f"--metrics-port={port}",
+                "--log-format=text",
+                *((f"--workers={args.workers}",) if args.workers else ()),
+            ),
         ).start()
         assert operator.proc is not None
         pid = operator.proc.pid
         before = scrape(port)
         cpu_before = cpu_seconds(pid)
         names = [f"bench-{r}" for r in range(args.runs)]
+        load_start = os.getloadavg()
         started = time.monotonic()
         for name in names:
             code, body = plane.api_request(
@@ -265,6 +275,7 @@ def main() -> int:
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
         time.sleep(1.0)  # let trailing TTL patches and Events land
         after = scrape(port)
         cpu = cpu_seconds(pid) - cpu_before
@@ -309,9 +320,12 @@ def main() -> int:
         report: dict[str, Any] = {
             "runs": args.runs,
             "iterations_per_run": args.iterations,
+            "operator_workers": args.workers,
             "iterations": args.runs * args.iterations,
             "completed_iterations": check["completed_iterations"],
             "wall_seconds": elapsed,
+            "load_average_start": list(load_start),
+            "load_average_end": list(load_end),
             "iterations_per_second": check["completed_iterations"] / elapsed if elapsed else float("nan"),
             "turnaround_ms": distribution(turnaround),
             "raw_get_ms": distribution(gets),
@@ -331,6 +345,11 @@ def main() -> int:
         print(
             f"runs={args.runs} iterations/run={args.iterations} iterations={iterations} "
             f"wall={elapsed:.1f}s  iterations/s={report['iterations_per_second']:.1f}"
+        )
+        print(
+            "load average (1/5/15 min) at start {:.2f} {:.2f} {:.2f}, at end {:.2f} {:.2f} {:.2f}".format(
+                *load_start, *load_end
+            )
         )
         print(
             f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished "

@@ -70,22 +70,24 @@ def test_watch_and_kubectl_wait_follow_the_conditional_example(local_default: Lo
 
 
 def test_cancel_graceful_ends_the_loop_after_its_current_iteration(local_default: LocalDefault) -> None:
-    local_default.apply_example("cancel-graceful.yaml")
-    root = local_default.claim_dir("cancel-graceful-workspace")
+    name = "cancel-graceful-cli"
+    # its own name: tests/e2e/test_examples.py runs the example as it is in the same namespace
+    local_default.apply_example("cancel-graceful.yaml", edit=lambda t: renamed(t, "cancel-graceful", name))
+    root = local_default.claim_dir(f"{name}-workspace")
 
     def second_iteration_running() -> bool:
         log = root / "progress.log"
         return log.exists() and "iteration 2 started" in log.read_text()
 
     eventually(second_iteration_running, timeout=120, what="iteration 2 to run")
-    cancel = cli(local_default, "cancel", "cancel-graceful", "--graceful")
+    cancel = cli(local_default, "cancel", name, "--graceful")
     said, err = cancel.communicate(timeout=60)
     assert cancel.returncode == 0, err
-    assert said.startswith("AgentRun cancel-graceful cancel requested (Graceful)")
-    watch = cli(local_default, "watch", "cancel-graceful", "--timeout", "120")
+    assert said.startswith(f"AgentRun {name} cancel requested (Graceful)")
+    watch = cli(local_default, "watch", name, "--timeout", "120")
     out, err = watch.communicate(timeout=180)
     assert watch.returncode == 2, out + err
-    run = local_default.run("cancel-graceful")
+    run = local_default.run(name)
     assert run["status"]["phase"] == "Cancelled"
     step = step_status(run)
     assert step["phase"] == "Cancelled" and step["loop"]["stopReason"] == "LoopCancelled"
@@ -97,10 +99,10 @@ def test_cancel_graceful_ends_the_loop_after_its_current_iteration(local_default
     started = [line for line in lines if line.endswith("started")]
     finished = [line for line in lines if line.endswith("finished")]
     assert len(started) == len(finished) == len(records), lines
-    again = cli(local_default, "cancel", "cancel-graceful")
+    again = cli(local_default, "cancel", name)
     said, _ = again.communicate(timeout=60)
-    assert said == "AgentRun cancel-graceful already finished (Cancelled); nothing changed\n"
-    assert local_default.run("cancel-graceful")["spec"]["cancel"] == "Graceful"
+    assert said == f"AgentRun {name} already finished (Cancelled); nothing changed\n"
+    assert local_default.run(name)["spec"]["cancel"] == "Graceful"
 
 
 def test_a_run_whose_claim_does_not_exist_fails_before_any_job(local_default: LocalDefault) -> None:

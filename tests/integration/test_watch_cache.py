@@ -19,7 +19,8 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import EmitEvent
-from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell import informer
+from agentrun_operator.shell.cache import RunCache, Store, relist
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
@@ -309,3 +310,118 @@ def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
         == "IterationSucceeded: iteration 3 succeeded; IterationStarted: iteration 4 started"
     )
     assert writes == 3  # two POSTs and one PATCH for four reconciles' worth of Events
+
+
+def _references(plane: ControlPlane, prefix: str) -> dict[str, Any]:
+    """An AgentProvider, an Agent using it and an ImplementationSpec; the spec fields of a run naming them."""
+    for kind, name, spec in (
+        ("AgentProvider", f"{prefix}-provider", {"image": "busybox:1.36", "command": ["sh", "-c", "true"]}),
+        ("Agent", f"{prefix}-agent", {"providerRef": {"name": f"{prefix}-provider"}}),
+        ("ImplementationSpec", f"{prefix}-impl", {"text": "Do the thing.", "summary": "thing"}),
+    ):
+        manifest = {
+            "apiVersion": "agents.proompteng.ai/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec,
+        }
+        plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+    return {"agentRef": {"name": f"{prefix}-agent"}, "implementationSpecRef": {"name": f"{prefix}-impl"}}
+
+
+def _run_with(name: str, iterations: int, refs: dict[str, Any]) -> dict[str, Any]:
+    manifest = workflow_run(name, {"loop": {"maxIterations": iterations}}, **refs)
+    del manifest["spec"]["workload"]["image"], manifest["spec"]["workload"]["command"]  # the provider's
+    return manifest
+
+
+def _reference_reads(proxy: WatchProxy) -> list[str]:
+    """The GETs of one Agent, AgentProvider or ImplementationSpec by name (not the informers' LISTs)."""
+    return [
+        path
+        for method, path in proxy.requests
+        if method == "GET"
+        and path.rstrip("/").split("/")[-2] in ("agents", "agentproviders", "implementationspecs")
+    ]
+
+
+def test_referenced_objects_are_served_from_the_watch_cache(env: Any) -> None:
+    """Agent, AgentProvider and ImplementationSpec that exist when the operator starts are in its
+    initial lists: a run naming them reads none of them from the API server, iteration after iteration."""
+    plane, _, proxy, _, _ = env
+    refs = _references(plane, "cached")
+    proxy.requests.clear()
+    operator = _operator(env).start()
+    try:
+        _create(plane, _run_with("refs-cached", 3, refs))
+        run = _finished(plane, "refs-cached", operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        _assert_each_iteration_once(plane, run, 3)
+        assert _reference_reads(proxy) == []
+    finally:
+        operator.stop()
+
+
+def test_a_reference_the_watch_has_not_delivered_is_read_from_the_api_server(env: Any) -> None:
+    """Every watch event of the referenced kinds is lost: the cache never sees the objects created after
+    the operator started, so each read misses and is answered by a GET -- the run neither waits for nor
+    fails on an object that exists."""
+    plane, _, proxy, _, _ = env
+    for plural in ("agents", "agentproviders", "implementationspecs"):
+        proxy.policies[plural] = StreamPolicy(drop=lambda _event: True)
+    proxy.requests.clear()
+    operator = _operator(env).start()
+    try:
+        eventually(lambda: proxy.policies["agents"].streams > 0, 30, "the Agent watch (after its list)")
+        refs = _references(plane, "unseen")
+        _create(plane, _run_with("refs-unseen", 2, refs))
+        run = _finished(plane, "refs-unseen", operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        _assert_each_iteration_once(plane, run, 2)
+        assert proxy.policies["agents"].dropped > 0
+        assert _reference_reads(proxy)  # each read missed the cache and asked the API server
+    finally:
+        proxy.policies.clear()
+        operator.stop()
+
+
+def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
+    env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watches that end every second (the API server closes them at `timeoutSeconds`) are resumed
+    from the last resourceVersion they delivered: every object created meanwhile arrives, and the
+    kind is listed once, at start."""
+    plane = env[0]
+    monkeypatch.setattr(informer, "WATCH_SECONDS", 1)
+    names = [f"resumed-{k}" for k in range(4)]
+
+    async def body(kube: Kube) -> tuple[int, int, list[str]]:
+        cache = RunCache(gates=())
+        store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
+        watcher = informer.Informer(
+            kube, cache, store, "/api/v1", "configmaps", "perf-resume=yes", (NAMESPACE,), lambda _key: None
+        )
+        watcher.start()
+        try:
+            await asyncio.wait_for(cache.ready.wait(), 30)
+            listed = kube.counters.reads
+            for name in names:
+                await asyncio.sleep(1.5)  # at least one watch ends between two creates
+                manifest = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"perf-resume": "yes"}},
+                    "data": {"k": name},
+                }
+                await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body=manifest)
+            for _ in range(300):
+                if all(store.one((NAMESPACE, "all"), n) is not None for n in names):
+                    break
+                await asyncio.sleep(0.1)
+            return listed, kube.counters.reads, [n for n in names if store.one((NAMESPACE, "all"), n)]
+        finally:
+            await watcher.stop()
+
+    listed, reads, seen = _in_process(plane, body)
+    assert seen == names  # every object created across the watches' ends arrived
+    assert listed == 1 and reads == 1  # and the kind was listed once, at start

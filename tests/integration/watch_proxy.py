@@ -3,7 +3,8 @@
 The operator is pointed at it with its own kubeconfig; every request is forwarded as the admin user.
 Watch streams (`?watch=...`) are relayed line by line through a policy the test sets per resource
 plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, or drop the events a
-predicate picks. That is how the tests make a watch lag or lose events against real parts.
+predicate picks. That is how the tests make a watch lag or lose events against real parts. Every other
+request is forwarded as it is and noted in `requests`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class WatchProxy:
     plane: ControlPlane
     home: Path
     policies: dict[str, StreamPolicy] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every non-watch call
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -116,6 +118,8 @@ class WatchProxy:
         body = await request.read()
         url = self.plane.server + request.path_qs
         watching = request.query.get("watch") in ("1", "true", "True")
+        if not watching:
+            self.requests.append((request.method, request.path))
         async with self._session.request(request.method, url, headers=headers, data=body or None) as upstream:
             if not watching:
                 payload = await upstream.read()

@@ -176,12 +176,110 @@ def _pod(phase: str, rv: int) -> dict[str, Any]:
     }
 
 
-def test_a_pod_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
-    """Neither can change a plan (ObservedPod/ObservedJob.plan_relevant); a pod's end does."""
+def test_a_pod_appearing_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
+    """None can change a plan (ObservedPod.arrival_can_change_a_plan, ObservedPod/ObservedJob.plan_relevant);
+    a pod's end does, and so does a pod first seen already ended."""
     cache = RunCache()
-    assert cache.pods.upsert(_pod("Pending", 1)) == (NS, "r")
+    assert cache.pods.upsert(_pod("Pending", 1)) is None
+    assert cache.pods.one((NS, "r"), "p") is not None  # kept all the same: the next plan sees it
     assert cache.pods.upsert(_pod("Running", 2)) is None
     assert cache.pods.upsert(_pod("Succeeded", 3)) == (NS, "r")
     started = _job("j", 1)
     cache.jobs.upsert({**started, "status": {}})
     assert cache.jobs.upsert(_job("j", 2)) is None
+    assert RunCache().pods.upsert(_pod("Succeeded", 1)) == (NS, "r")
+
+
+def test_the_same_version_again_is_not_converted_again() -> None:
+    """A relist or the echo of our own write brings an object the cache already holds at that version:
+    its view is kept, not rebuilt (the cost of a resync is one comparison per unchanged object)."""
+    views: list[str] = []
+
+    def view(obj: dict[str, Any]) -> str:
+        views.append(obj["metadata"]["resourceVersion"])
+        return str(obj.get("status"))
+
+    store = Store(run_of_run, view)
+    assert store.upsert(_run(5, {"phase": "Running"})) == (NS, "r")
+    assert store.upsert(_run(5, {"phase": "Running"})) is None
+    assert store.relist([_run(5, {"phase": "Running"})], 6, {NS}) == set()
+    assert views == ["5"]
+    assert store.upsert(_run(6, {"phase": "Succeeded"})) == (NS, "r")
+    assert views == ["5", "6"]
+
+
+def _agent(rv: int, spec: dict[str, Any], name: str = "a", ns: str = NS) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": str(rv)},
+        "spec": spec,
+    }
+
+
+def test_referenced_objects_are_kept_by_namespace_and_name_as_their_spec() -> None:
+    """Agents, AgentProviders and ImplementationSpecs: found or not, and a spec change concerns the
+    whole namespace (every run there may name it)."""
+    cache = RunCache()
+    agents = cache.references["agents"]
+    assert cache.reference("agents", NS, "a") == (False, None)
+    assert agents.upsert(_agent(1, {"providerRef": {"name": "p"}})) == (NS, "*")
+    assert cache.reference("agents", NS, "a") == (True, {"providerRef": {"name": "p"}})
+    assert cache.reference("agents", "elsewhere", "a") == (False, None)
+    assert cache.reference("agentproviders", NS, "a") == (False, None)
+    touched = _agent(2, {"providerRef": {"name": "p"}})
+    touched["metadata"]["labels"] = {"x": "y"}
+    assert agents.upsert(touched) is None  # the spec is what a plan reads
+    assert agents.upsert(_agent(3, {"providerRef": {"name": "q"}})) == (NS, "*")
+    assert agents.delete(_agent(4, {})) == (NS, "*")
+    assert cache.reference("agents", NS, "a") == (False, None)
+    assert agents.relist([_agent(7, {}, name="b")], 8, {NS}) == {(NS, "*")}
+    assert cache.reference("agents", NS, "b") == (True, {})
+
+
+def _meta_only(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "metadata": obj["metadata"]}
+
+
+def test_a_metadata_only_list_names_what_to_read_in_full_and_drops_the_gone() -> None:
+    """The resync compares versions: the same version needs nothing, a newer or an unknown object is
+    read in full, one missing from the list is dropped unless it is newer than the list."""
+    cache = RunCache()
+    cache.jobs.upsert(_job("same", 3, uid="a"))
+    cache.jobs.upsert(_job("changed", 4, uid="b"))
+    cache.jobs.upsert(_job("gone", 5, uid="c"))
+    cache.jobs.upsert(_job("arrived-after-the-list", 12, uid="d"))
+    listed = [_job("same", 3, uid="a"), _job("changed", 9, uid="b"), _job("missed", 8, uid="e")]
+    fetch, changed = cache.jobs.compare([_meta_only(j) for j in listed], 10, {NS})
+    assert fetch == [(NS, "changed"), (NS, "missed")]
+    assert changed == {(NS, "r")}
+    names = sorted(j["metadata"]["name"] for j in cache.jobs_of(NS, "r"))
+    assert names == ["arrived-after-the-list", "changed", "same"]
+    replaced = _job("same", 3, uid="other")  # a namesake at an equal version is still another object
+    assert cache.jobs.compare([_meta_only(replaced)], 13, {NS})[0] == [(NS, "same")]
+
+
+def test_the_echo_of_a_write_in_flight_does_not_replan_but_another_change_does() -> None:
+    """The watch may deliver our own write before the API server's answer reaches the reconcile that
+    made it: that echo (same view, keys in any order) is no news; anything else is."""
+    store = Store(run_of_run, run_view)
+    store.upsert(_run(5, {"phase": "Pending"}))
+    written = _run(5, {"phase": "Running", "message": "m"})
+    with store.writing(NS, "r", written):
+        assert store.upsert(_run(6, {"message": "m", "phase": "Running"})) is None
+        assert store.upsert(_run(7, {"message": "m", "phase": "Succeeded"})) == (NS, "r")
+    assert store.upsert(_run(8, {"message": "m", "phase": "Running"})) == (NS, "r")  # no longer writing
+
+
+def test_the_first_event_of_a_job_being_created_does_not_replan_but_its_end_does() -> None:
+    cache = RunCache()
+    with cache.jobs.writing(NS, "j"):
+        assert cache.jobs.upsert(_job("j", 1)) is None
+        assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
+    assert cache.jobs.upsert(_job("other", 3)) == (NS, "r")  # a Job we did not create: a stray
+
+
+def test_a_job_getting_its_ttl_does_not_replan() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1, complete=True))
+    with_ttl = _job("j", 2, complete=True)
+    with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
+    assert cache.jobs.upsert(with_ttl) is None

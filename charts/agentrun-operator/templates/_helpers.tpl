@@ -57,8 +57,8 @@ app.kubernetes.io/part-of: agentrun
 {{- end -}}
 
 {{/*
-The operator's rules: exactly the requests it makes (operator/agentrun_operator/shell/kube.py) plus
-kopf's watches. docs/operations.md#rbac explains each line. `peeringResource` is kopfpeerings in the
+The operator's rules: exactly the requests it makes (operator/agentrun_operator/shell/kube.py and the
+watches of shell/informer.py) plus kopf's watch of AgentRuns. docs/operations.md#rbac explains each line. `peeringResource` is kopfpeerings in the
 namespaced Roles and clusterkopfpeerings in the ClusterRole.
 */}}
 {{- define "agentrun-operator.rules" -}}
@@ -77,11 +77,11 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: ["agents.proompteng.ai"]
   resources: ["agentruns/finalizers"]
   verbs: ["update"]
-# What a run refers to.
+# What a run refers to: watched into the operator's cache, read with get when not found there.
 - apiGroups: ["agents.proompteng.ai"]
   resources: ["agents", "agentproviders", "implementationspecs"]
-  verbs: ["get"]
-# One Job per iteration attempt: create (get on 409 to adopt), list by label, watch (kopf), delete
+  verbs: ["get", "list", "watch"]
+# One Job per iteration attempt: create (get on 409 to adopt), list by label, watch, delete
 # (cancel, timeout), patch (ttlSecondsAfterFinished once the result is recorded).
 - apiGroups: ["batch"]
   resources: ["jobs"]

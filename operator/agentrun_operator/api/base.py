@@ -90,10 +90,10 @@ def _parse_timestamp(value: Any) -> Any:
 
 def format_timestamp(value: datetime) -> str:
     """RFC 3339 in UTC with a `Z`, seconds precision unless there are microseconds (metav1.Time style)."""
-    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-    if value.microsecond:
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    # isoformat, not strftime: a status holds dozens of timestamps, serialized on every status write.
+    return value.isoformat(timespec="microseconds" if value.microsecond else "seconds") + "Z"
 
 
 Timestamp = Annotated[

@@ -70,6 +70,14 @@ class ObservedPod:
         how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them."""
         return replace(self, phase="Running") if self.phase == "Pending" else self
 
+    def arrival_can_change_a_plan(self, others: tuple[ObservedPod, ...]) -> bool:
+        """Whether a plan made before this pod was seen (beside `others`, the run's other pods) may
+        now be wrong. The first pod of a Job, not yet ended, can only hold the planner back (the
+        one-Job gate, waiting for its report), never make it act, so the shell need not re-plan when
+        it appears: the next plan, for any reason, sees it. A further pod of a Job can: a Job taken
+        for succeeded by its one pod is live again with two."""
+        return self.terminal or any(p.job_name == self.job_name for p in others)
+
 
 @dataclass(frozen=True)
 class ObservedJob:
@@ -95,8 +103,10 @@ class ObservedJob:
 
     def plan_relevant(self) -> ObservedJob:
         """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
-        plan made without it arms earlier (from the attempt's request), never later."""
-        return replace(self, started_at=None)
+        plan made without it arms earlier (from the attempt's request), never later; a TTL, once
+        set, only keeps the planner from setting it (a plan that has not seen it sets it once more,
+        the same value: an idempotent write)."""
+        return replace(self, started_at=None, ttl_seconds_after_finished=None)
 
 
 @dataclass(frozen=True)

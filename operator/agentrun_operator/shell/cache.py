@@ -21,7 +21,8 @@ that only grows. An older object never replaces a newer one, whichever path deli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agentrun_operator import naming
@@ -46,6 +47,13 @@ def is_older(candidate: Obj, stored: Obj) -> bool:
     """True when `candidate` is an older version than `stored` (then it must not replace it)."""
     a, b = resource_version(candidate), resource_version(stored)
     return a is not None and b is not None and a < b
+
+
+def _same_version(candidate: Obj, stored: Obj) -> bool:
+    """The same object at the same resourceVersion: nothing in it can differ (no view to rebuild)."""
+    a, b = candidate.get("metadata") or {}, stored.get("metadata") or {}
+    version = a.get("resourceVersion")
+    return bool(version) and version == b.get("resourceVersion") and a.get("uid") == b.get("uid")
 
 
 def run_of_job(job: Obj) -> str | None:
@@ -78,7 +86,7 @@ def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
     return (job_from_k8s(job), owner_uids(job))
 
 
-def job_change(view: Any) -> Hashable:
+def job_change(view: Any) -> Any:
     """What of a Job's view can change a plan: a change of anything else needs no reconcile."""
     job, owners = view
     return (job.plan_relevant() if job is not None else None, owners)
@@ -88,28 +96,38 @@ def pod_view(pod: Obj) -> ObservedPod | None:
     return pod_from_k8s(pod)
 
 
-def pod_change(view: Any) -> Hashable:
+def pod_change(view: Any) -> Any:
     return view.plan_relevant() if view is not None else None
 
 
-def run_view(run: Obj) -> Hashable:
-    """Spec (via generation), deletion, labels, annotations and status: everything a plan reads."""
+def pod_arrival(view: Any, others: list[Any]) -> bool:
+    """A new pod re-plans its run only when it could change a plan (`arrival_can_change_a_plan`): the
+    pod every iteration starts with, still pending, does not."""
+    known = tuple(other for other in others if other is not None)
+    return view is not None and bool(view.arrival_can_change_a_plan(known))
+
+
+def run_view(run: Obj) -> tuple[Any, ...]:
+    """Spec (via generation), deletion, labels, annotations and status: everything a plan reads.
+    Compared by value (the API server may answer with the keys of our own write in another order)."""
     meta = run.get("metadata") or {}
-    return repr(
-        (
-            meta.get("uid"),
-            meta.get("generation"),
-            meta.get("deletionTimestamp"),
-            meta.get("labels"),
-            meta.get("annotations"),
-            run.get("status"),
-        )
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        meta.get("labels"),
+        meta.get("annotations"),
+        run.get("status"),
     )
 
 
 def _identity(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
+
+
+_CREATING = object()
+_NOT_WRITING = object()
 
 
 class Store:
@@ -120,17 +138,21 @@ class Store:
         self,
         run_of: Callable[[Obj], str | None],
         view: Callable[[Obj], Any],
-        change: Callable[[Any], Hashable] = lambda view: view,
+        change: Callable[[Any], Any] = lambda view: view,
         keep_body: bool = True,
+        arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
+        self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
-        self._by_run: dict[Key, dict[str, tuple[Obj, Hashable]]] = {}
+        self._by_run: dict[Key, dict[str, tuple[Obj, Any]]] = {}
         self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
+        # (namespace, name) -> what of it we are writing right now (`writing`)
+        self._writing: dict[tuple[str, str], Any] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -149,13 +171,34 @@ class Store:
             self._by_run.get(old_key, {}).pop(name, None)
         entries = self._by_run.setdefault(key, {})
         current = entries.get(name)
-        if current is not None and is_older(obj, current[0]):
-            return None
+        if current is not None and (is_older(obj, current[0]) or _same_version(obj, current[0])):
+            return None  # older, or unchanged: the echo of our own write, a relist of the same object
         view = self._view(obj)
         entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[(ns, name)] = key
-        changed = current is None or self._change(current[1]) != self._change(view) or old_key != key
+        moved = old_key is not None and old_key != key
+        echo = self._writing.get((ns, name), _NOT_WRITING)
+        if current is None:
+            others = [v for n, (_, v) in entries.items() if n != name]
+            changed = moved or (echo is not _CREATING and self._arrival(view, others))
+        else:
+            now = self._change(view)
+            changed = moved or (now != self._change(current[1]) and now != echo)
         return key if changed else None
+
+    @contextlib.contextmanager
+    def writing(self, namespace: str, name: str, written: Obj | None = None) -> Iterator[None]:
+        """While we write this object, the watch event echoing our write -- which may come before
+        the API server's answer -- re-plans nothing: the reconcile writing it planned with it, and
+        writes the answer through. `written` is the object as we send it (an event whose view is the
+        same is the echo); None for a create (the object's first event is the echo). Any other
+        change of it re-plans as usual."""
+        where = (namespace, name)
+        self._writing[where] = _CREATING if written is None else self._change(self._view(written))
+        try:
+            yield
+        finally:
+            self._writing.pop(where, None)
 
     def delete(self, obj: Obj) -> Key | None:
         """Forget `obj` (a DELETED event); the run key when something was removed."""
@@ -191,6 +234,11 @@ class Store:
         found = self._by_run.get(key, {}).get(name)
         return found[0] if found else None
 
+    def view_of(self, key: Key, name: str) -> tuple[bool, Any]:
+        """(found, view) of one object."""
+        found = self._by_run.get(key, {}).get(name)
+        return (True, found[1]) if found else (False, None)
+
     def run_keys(self) -> list[Key]:
         return list(self._by_run)
 
@@ -206,6 +254,30 @@ class Store:
             key = self.upsert(obj)
             if key is not None:
                 changed.add(key)
+        return changed | self._drop_unlisted(seen, list_version, namespaces)
+
+    def compare(
+        self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None
+    ) -> tuple[list[tuple[str, str]], set[Key]]:
+        """Merge a metadata-only LIST in: (namespace, name) of each listed object the cache does not
+        hold at that version or newer (to be read in full), and the runs whose view changed because an
+        object missing from the list was dropped (as in `relist`)."""
+        seen: set[tuple[str, str]] = set()
+        fetch: list[tuple[str, str]] = []
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            where = (str(meta.get("namespace")), str(meta.get("name")))
+            seen.add(where)
+            key = self._where.get(where)
+            entry = self._by_run.get(key, {}).get(where[1]) if key is not None else None
+            if entry is None or not (_same_version(obj, entry[0]) or is_older(obj, entry[0])):
+                fetch.append(where)
+        return fetch, self._drop_unlisted(seen, list_version, namespaces)
+
+    def _drop_unlisted(
+        self, seen: set[tuple[str, str]], list_version: int | None, namespaces: set[str] | None
+    ) -> set[Key]:
+        changed: set[Key] = set()
         for (ns, name), key in list(self._where.items()):
             if (ns, name) in seen or (namespaces is not None and ns not in namespaces):
                 continue
@@ -217,6 +289,24 @@ class Store:
         return changed
 
 
+NAMESPACE_WIDE = "*"
+"""The run key's name part for objects that belong to no one run (what runs refer to): a change to one
+concerns every run of its namespace."""
+
+
+def namespace_wide(_obj: Obj) -> str:
+    return NAMESPACE_WIDE
+
+
+def spec_view(obj: Obj) -> dict[str, Any]:
+    """What the planner reads of a referenced object: its spec."""
+    return dict(obj.get("spec") or {})
+
+
+REFERENCE_KINDS = ("agents", "agentproviders", "implementationspecs")
+"""The kinds a run refers to by name, cached by namespace and name (docs/operator.md#cache)."""
+
+
 class RunCache:
     """The three stores and the readiness gate the work queue waits on: `ready` is set once every
     feeder (kopf, each informer) has opened its gate, i.e. delivered its initial list."""
@@ -224,7 +314,10 @@ class RunCache:
     def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
         self.runs = Store(run_of_run, run_view)
         self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
-        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False)
+        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False, arrival=pod_arrival)
+        self.references = {
+            plural: Store(namespace_wide, spec_view, keep_body=False) for plural in REFERENCE_KINDS
+        }
         self.ready = asyncio.Event()
         self._closed_gates = set(gates)
 
@@ -239,6 +332,11 @@ class RunCache:
 
     def run(self, namespace: str, name: str) -> Obj | None:
         return self.runs.one((namespace, name), name)
+
+    def reference(self, plural: str, namespace: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(found, spec) of an Agent, AgentProvider or ImplementationSpec, as last seen."""
+        found, view = self.references[plural].view_of((namespace, NAMESPACE_WIDE), name)
+        return found, view
 
     def jobs_of(self, namespace: str, name: str) -> list[Obj]:
         return self.jobs.get((namespace, name))
@@ -256,7 +354,8 @@ class RunCache:
         return out
 
     def sizes(self) -> dict[str, int]:
-        return {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+        sizes = {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+        return sizes | {plural: len(store) for plural, store in self.references.items()}
 
 
 KINDS = (
@@ -267,15 +366,33 @@ KINDS = (
 )
 
 
-async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
-    """The resync's half of the cache: LIST every kind afresh and merge it in (see `Store.relist`).
+FULL_LIST_AFTER = 50
+"""A resync that finds more objects than this out of date lists them whole instead of one GET each."""
 
-    Returns the runs whose view changed, i.e. those a watch event had been missed for."""
+
+async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
+    """The resync's half of the cache: compare every kind with the API server and merge it in.
+
+    Each kind is listed as metadata only (`Store.compare`), and only the objects the cache does not
+    hold at their current version are read in full: a resync of an up-to-date cache decodes names
+    and versions, not every pod's spec and status. Many out of date at once: one full LIST
+    (`Store.relist`). Returns the runs whose view changed, i.e. those a watch event had been missed for."""
     changed: set[Key] = set()
     scopes: list[str | None] = list(namespaces) or [None]
     for attr, prefix, plural, selector in KINDS:
         store: Store = getattr(cache, attr)
         for ns in scopes:
-            items, version = await kube.list_with_version(prefix, plural, ns, selector)
-            changed |= store.relist(items, version, {ns} if ns else None)
+            within = {ns} if ns else None
+            metas, version = await kube.list_with_version(prefix, plural, ns, selector, metadata_only=True)
+            fetch, dropped = store.compare(metas, version, within)
+            changed |= dropped
+            if len(fetch) > FULL_LIST_AFTER:
+                items, version = await kube.list_with_version(prefix, plural, ns, selector)
+                changed |= store.relist(items, version, within)
+                continue
+            for obj_ns, name in fetch:
+                obj = await kube.get_object(prefix, plural, obj_ns, name)
+                key = store.upsert(obj) if obj is not None else None  # gone since: its DELETED, or next round
+                if key is not None:
+                    changed.add(key)
     return changed

@@ -1,11 +1,11 @@
-"""kopf wiring: AgentRuns and their labelled Jobs through kopf, Pods through our informer; one work queue.
+"""kopf wiring: AgentRuns through kopf, their Jobs and Pods through our informers; one work queue.
 
 Only `index` and `on.event` handlers are used, so kopf itself never writes to our objects (no
 finalizers, no progress annotations): the reconciler is the one writer of status, and API writes per
-iteration stay few. The indexing handlers fill the cache (docs/operator.md#cache) and enqueue a run
-only when what its planner can see changed (level-triggered); a periodic resync relists everything,
-catching whatever a watch may have missed. Settings are chosen for latency and documented in
-docs/operations.md.
+iteration stay few. The indexing handler and the informers fill the cache (docs/operator.md#cache)
+and enqueue a run only when what its planner can see changed (level-triggered); a periodic resync
+relists everything, catching whatever a watch may have missed. Settings are chosen for latency and
+documented in docs/operator.md#reconcile.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import random
+import time
 from typing import Any
 
 import kopf
@@ -65,12 +66,20 @@ class OperatorState:
         self.events: EventRecorder | None = None
         self.resync_task: asyncio.Task[None] | None = None
         self.ready_task: asyncio.Task[None] | None = None
-        self.pod_informer: Informer | None = None
+        self.informers: list[Informer] = []
         self.cache = RunCache()
+        self.reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
 
-    def enqueue(self, key: Key | None) -> None:
+    def enqueue(self, key: Key | None, background: bool = False) -> None:
         if key is not None and self.queue is not None:
-            self.queue.enqueue(key)
+            self.queue.enqueue(key, background=background)
+
+    def enqueue_namespace(self, key: Key) -> None:
+        """Something runs refer to changed: re-plan the unfinished runs of its namespace."""
+        for run_key in self.cache.runs.run_keys():
+            run = self.cache.run(*run_key) if run_key[0] == key[0] else None
+            if run is not None and (run.get("status") or {}).get("phase") not in TERMINAL_RUN_PHASES:
+                self.enqueue(run_key)
 
     def observed(self, store: Store, body: Any, type_: str | None) -> None:
         """A watch event: update the cache; re-plan the run if what its planner sees changed."""
@@ -88,12 +97,21 @@ class OperatorState:
 
     async def reconcile(self, key: Key) -> float | None:
         assert self.reconciler is not None
+        self.reconciled_at[key] = time.monotonic()
         result = await self.reconciler.reconcile(*key)
+        if self.cache.run(*key) is None:
+            self.reconciled_at.pop(key, None)
         return result.requeue_after
 
+    def due_for_resync(self, key: Key) -> bool:
+        """Not re-planned for a whole resync period. A run that was is left alone: its plan saw the
+        cache as it was then, every change since has enqueued it, and its timers are armed."""
+        last = self.reconciled_at.get(key)
+        return last is None or time.monotonic() - last >= self.config.resync_seconds
+
     async def resync(self) -> None:
-        """Periodically relist into the cache, then enqueue every run that changed, is not finished,
-        or may still need its TTL."""
+        """Periodically relist into the cache, then enqueue every run that changed, and every run
+        that is not finished (or may still need its TTL) and was not re-planned since the last round."""
         await self.cache.ready.wait()
         while True:
             await asyncio.sleep(self.config.resync_seconds)
@@ -115,8 +133,8 @@ class OperatorState:
             phase = (run.get("status") or {}).get("phase") or "Pending"
             counts[phase] = counts.get(phase, 0) + 1
             ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
-            if key in changed or phase not in TERMINAL_RUN_PHASES or ttl:
-                self.enqueue(key)
+            if (phase not in TERMINAL_RUN_PHASES or ttl) and self.due_for_resync(key):
+                self.enqueue(key, background=True)  # behind every event-driven reconcile
         for key in changed:
             self.enqueue(key)
         for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
@@ -157,8 +175,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         settings.watching.connect_timeout = 10
         settings.watching.reconnect_backoff = 1.0
         settings.networking.error_backoffs = API_ERROR_BACKOFFS
-        # Server-side filtering: only our Jobs and Pods reach the operator at all.
-        settings.watching.label_selectors["batch", "v1", "jobs"] = naming.LABEL_RUN
         if state.config.watched_namespaces:
             # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
             settings.scanning.disabled = True
@@ -175,17 +191,42 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=state.cache.ready)
-        state.pod_informer = Informer(
-            state.kube,
-            state.cache,
-            state.cache.pods,
-            "/api/v1",
-            "pods",
-            naming.LABEL_RUN,
-            state.config.watched_namespaces,
-            state.enqueue,
-        )
-        state.pod_informer.start()
+        # Jobs and Pods (some ten watch events per iteration) through our own informers, filtered
+        # by label on the server: kopf's per-event machinery cost more than our use of each event.
+        state.informers = [
+            Informer(
+                state.kube,
+                state.cache,
+                store,
+                prefix,
+                plural,
+                naming.LABEL_RUN,
+                state.config.watched_namespaces,
+                state.enqueue,
+            )
+            for store, prefix, plural in (
+                (state.cache.jobs, "/apis/batch/v1", "jobs"),
+                (state.cache.pods, "/api/v1", "pods"),
+            )
+        ]
+        # What runs refer to (Agents, AgentProviders, ImplementationSpecs): few, small, rarely
+        # changed, and read by every reconcile of a run that names them.
+        state.informers += [
+            Informer(
+                state.kube,
+                state.cache,
+                store,
+                f"/apis/{GROUP}/{VERSION}",
+                plural,
+                None,
+                state.config.watched_namespaces,
+                state.enqueue_namespace,
+                optional=True,
+            )
+            for plural, store in state.cache.references.items()
+        ]
+        for informer in state.informers:
+            informer.start()
         state.queue.start()
         state.ready_task = asyncio.create_task(state.announce_ready())
         state.resync_task = asyncio.create_task(state.resync())
@@ -206,8 +247,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if state.pod_informer is not None:
-            await state.pod_informer.stop()
+        for informer in state.informers:
+            await informer.stop()
         if state.queue is not None:
             await state.queue.stop()
         if state.events is not None:
@@ -219,26 +260,16 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     # Handlers are `async` although they never wait: kopf runs a sync handler in a thread pool, and
     # that hand-off was the largest single cost per watch event in the profile (docs/operator.md#performance).
-    # Indexing handlers fill the cache: kopf runs them for every object of the initial lists before
-    # any other handler, which is the cache's "complete after a restart" guarantee. They return
-    # None, so kopf keeps no index of its own. The event handlers see DELETED (which kopf does not
-    # pass to indexing handlers) and open the gate for the work queue.
+    # The indexing handler fills the cache: kopf runs it for every object of the initial list before
+    # any other handler, which is the cache's "complete after a restart" guarantee. It returns
+    # None, so kopf keeps no index of its own. The event handler sees DELETED (which kopf does not
+    # pass to indexing handlers) and opens the gate for the work queue.
     @kopf.index(GROUP, VERSION, "agentruns", registry=registry)
     async def agentrun_cache(body: Any, **_: Any) -> None:
         state.observed(state.cache.runs, body, None)
-
-    @kopf.index("batch", "v1", "jobs", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    async def job_cache(body: Any, **_: Any) -> None:
-        state.observed(state.cache.jobs, body, None)
 
     @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
     async def on_agentrun(body: Any, type: str | None, **_: Any) -> None:
         state.released()
         if type == "DELETED":
             state.observed(state.cache.runs, body, type)
-
-    @kopf.on.event("batch", "v1", "jobs", labels={naming.LABEL_RUN: kopf.PRESENT}, registry=registry)
-    async def on_job(body: Any, type: str | None, **_: Any) -> None:
-        state.released()
-        if type == "DELETED":
-            state.observed(state.cache.jobs, body, type)

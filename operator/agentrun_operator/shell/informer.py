@@ -1,20 +1,23 @@
-"""A small informer for Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
+"""A small informer for Jobs and Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
 
-Pods are the one kind the operator watches without kopf (docs/operator.md#performance): an iteration
-causes some five pod events (created, bound, started, finished, its Job's finalizer removed), and in
-the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its logging —
-cost more than everything the operator does with them. Here an event costs one JSON decode and
-one cache update; the run is enqueued only when what its planner sees changed.
+Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration causes some five
+pod events (created, bound, started, finished, its Job's finalizer removed) and about as many Job
+events (created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery —
+a worker per object, handler bookkeeping, its logging — cost more than everything the operator does
+with them. Here an event costs one JSON decode and one cache update; the run is enqueued only when
+what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
-cache. A watch that ends (timeout, 410 Gone, a broken or silent connection) is followed by a fresh LIST
-merged into the cache, so nothing that happened in between is missed.
+cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
+resourceVersion it delivered (bookmarks included), as client-go's reflector does: the API server
+replays every change since, so nothing in between is missed, and no periodic LIST of every pod is
+decoded. When it no longer has that version (410 Gone) or refuses the watch, a fresh LIST is merged
+into the cache instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,14 +25,15 @@ from typing import Any
 from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import Key, RunCache, Store
-from agentrun_operator.shell.kube import Kube
+from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
+from agentrun_operator.shell.kube import Kube, KubeError, decode_json
 
 log = logging.getLogger("agentrun.informer")
 
 WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
 SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
+FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
 
 
 class Informer:
@@ -42,9 +46,10 @@ class Informer:
         store: Store,
         prefix: str,
         plural: str,
-        selector: str,
+        selector: str | None,
         namespaces: tuple[str, ...],
         on_change: Callable[[Key], None],
+        optional: bool = False,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -54,8 +59,14 @@ class Informer:
         self.selector = selector
         self.scopes: list[str | None] = list(namespaces) or [None]
         self.on_change = on_change
+        # An optional kind (what runs refer to) is also read with a GET on a cache miss: when the
+        # operator may not list it (RBAC from before it was watched), the cache stays empty and
+        # every read falls back to GET, as before; its gate opens anyway.
+        self.optional = optional
         self.gate = f"informer:{plural}"
         self._listed: set[str | None] = set()
+        # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
+        self._resume: dict[str | None, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         cache.add_gate(self.gate)
 
@@ -72,34 +83,47 @@ class Informer:
     async def _run(self, scope: str | None) -> None:
         while True:
             try:
-                version = await self._list(scope)
-                await self._watch(scope, version)
+                resume = self._resume.pop(scope, None)
+                await self._watch(scope, await self._list(scope) if resume is None else resume)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a broken stream: list again after a pause, never die
-                log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
+            except KubeError as exc:
+                if self.optional and exc.status in (403, 404):
+                    log.warning(
+                        "cannot list %s (grant list and watch on them); reading them per reconcile: %s",
+                        self.plural,
+                        exc,
+                    )
+                    self._mark_listed(scope)
+                    await asyncio.sleep(FORBIDDEN_RETRY_SECONDS)
+                else:
+                    log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
+                    await asyncio.sleep(RETRY_SECONDS)
+            except Exception as exc:  # a broken or silent stream: resume after a pause, never die
+                log.warning("%s watch interrupted, resuming: %s", self.plural, exc)
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def _list(self, scope: str | None) -> int | None:
         items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
         for key in self.store.relist(items, version, {scope} if scope else None):
             self.on_change(key)
+        self._mark_listed(scope)
+        return version
+
+    def _mark_listed(self, scope: str | None) -> None:
         if scope not in self._listed:
             self._listed.add(scope)
             if len(self._listed) == len(self.scopes):
                 self.cache.open_gate(self.gate)
-        return version
 
     async def _watch(self, scope: str | None, version: int | None) -> None:
         path = f"{self.prefix}/namespaces/{scope}/{self.plural}" if scope else f"{self.prefix}/{self.plural}"
-        query = {
-            "watch": "1",
-            "labelSelector": self.selector,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
-        }
+        query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
+        if self.selector:
+            query["labelSelector"] = self.selector
         if version is not None:
             query["resourceVersion"] = str(version)
+            self._resume[scope] = version
         metrics.API_REQUESTS.labels(verb="WATCH", resource=self.plural).inc()
         resp = await self.kube.api.call_api(
             path,
@@ -116,13 +140,18 @@ class Informer:
         raw: Any = resp[0] if isinstance(resp, tuple) else resp
         try:
             if int(getattr(raw, "status", 0)) != 200:
+                self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
             while line := await raw.content.readline():
-                event = json.loads(line)
+                event = decode_json(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
+                    self._resume.pop(scope, None)
                     log.info("%s watch ended: %s", self.plural, obj.get("message"))
                     return
+                version = resource_version(obj)
+                if version is not None:
+                    self._resume[scope] = version
                 if kind == "BOOKMARK":
                     continue
                 key = self.store.delete(obj) if kind == "DELETED" else self.store.upsert(obj)

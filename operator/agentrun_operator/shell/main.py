@@ -21,7 +21,7 @@ def run_operator(
     metrics_port: int = 0,
     liveness_port: int = 0,
     log_format: str = "json",
-    workers: int = 8,
+    workers: int = 32,
     standalone: bool = True,
 ) -> int:
     logs.configure(log_format)

@@ -20,7 +20,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api import API_VERSION, AgentRun, parse_agentrun
+from agentrun_operator.api import API_VERSION, AgentRun, AgentRunStatus, parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
@@ -72,10 +72,15 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid for r in refs)
 
 
-def status_dict(run: AgentRun) -> dict[str, Any]:
-    if run.status is None:
+def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
+    """A status as the API server stores it (JSON-ready, camelCase, no nulls)."""
+    if status is None:
         return {}
-    return run.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def status_dict(run: AgentRun) -> dict[str, Any]:
+    return status_dict_of(run.status)
 
 
 def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
@@ -155,22 +160,38 @@ class Reconciler:
             return observed
         return await self._observe_references(ns, uid, run, observed)
 
+    async def _reference(self, ns: str, plural: str, name: str) -> dict[str, Any] | None:
+        """The spec of a referenced Agent, AgentProvider or ImplementationSpec from the watch cache.
+
+        A name the cache does not hold is read from the API server (None: it does not exist), so a
+        lagging watch can never make a run wait for, or fail on, an object that exists; and when the
+        operator may not watch the kind (older RBAC) every read is a GET, as before the cache."""
+        found, spec = self.cache.reference(plural, ns, name)
+        if found:
+            return spec
+        obj = await self.kube.get_custom(ns, plural, name)
+        return dict(obj.get("spec") or {}) if obj is not None else None
+
+    async def _holder(self, ns: str, name: str) -> dict[str, Any] | None:
+        """The AgentRun holding an idempotency claim: from the cache, else (not seen yet, or gone)
+        from the API server, so a claim is never taken for free because of a lagging watch."""
+        return self.cache.run(ns, name) or await self.kube.get_custom(ns, "agentruns", name)
+
     async def _observe_references(self, ns: str, uid: str, run: AgentRun, observed: Observed) -> Observed:
         spec = run.spec
         agents: dict[str, dict[str, Any] | None] = {}
         providers: dict[str, dict[str, Any] | None] = {}
         impls: dict[str, dict[str, Any] | None] = {}
         if spec.agent_ref is not None:
-            agent = await self.kube.get_custom(ns, "agents", spec.agent_ref.name)
-            agents[spec.agent_ref.name] = agent.get("spec", {}) if agent else None
-            provider_ref = ((agent or {}).get("spec") or {}).get("providerRef") or {}
+            agent = await self._reference(ns, "agents", spec.agent_ref.name)
+            agents[spec.agent_ref.name] = agent
+            provider_ref = (agent or {}).get("providerRef") or {}
             if provider_ref.get("name"):
-                provider = await self.kube.get_custom(ns, "agentproviders", provider_ref["name"])
-                providers[provider_ref["name"]] = provider.get("spec", {}) if provider else None
+                provider = await self._reference(ns, "agentproviders", provider_ref["name"])
+                providers[provider_ref["name"]] = provider
         impl_names = {name for _, name in implementation_spec_refs(run)}  # nested steps' too
         for impl_name in sorted(impl_names):
-            impl = await self.kube.get_custom(ns, "implementationspecs", impl_name)
-            impls[impl_name] = impl.get("spec", {}) if impl else None
+            impls[impl_name] = await self._reference(ns, "implementationspecs", impl_name)
         claim: IdempotencyClaim | None = None
         claim_checked = False
         if spec.idempotency_key:
@@ -186,7 +207,7 @@ class Reconciler:
                 holder_phase: str | None = None
                 holder_gone = False
                 if holder_uid != uid:
-                    holder = await self.kube.get_custom(ns, "agentruns", holder_name) if holder_name else None
+                    holder = await self._holder(ns, holder_name) if holder_name else None
                     holder_gone = holder is None or holder["metadata"].get("uid") != holder_uid
                     holder_phase = ((holder or {}).get("status") or {}).get("phase")
                 claim = IdempotencyClaim(
@@ -285,7 +306,8 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 try:
-                    created, job = await self.kube.create_job(action.manifest)
+                    with self.cache.jobs.writing(namespace, action.name):
+                        created, job = await self.kube.create_job(action.manifest)
                 except KubeError as exc:
                     if permanent_refusal(exc.status):
                         raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
@@ -339,14 +361,19 @@ class Reconciler:
             else:
                 after_status.append(action)
 
-        new_status = decision.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+        # Most reconciles change nothing: comparing the models is far cheaper than serializing the
+        # whole status (its history grows with every iteration) to compare the dicts.
+        unchanged = not job_uids and decision.status == run.status
+        new_status = {} if unchanged else status_dict_of(decision.status)
         if job_uids:
             fill_job_uids(new_status, job_uids)
-        if new_status != self._parse(raw)[1]:  # the persisted status, parsed once per version
+        if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
             body = dict(raw)
             body["status"] = new_status
             try:
-                self.cache.runs.upsert(await self.kube.replace_run_status(body))
+                with self.cache.runs.writing(namespace, name, body):
+                    answer = await self.kube.replace_run_status(body)
+                self.cache.runs.upsert(answer)
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(json.dumps(new_status, separators=(",", ":"))))
             except KubeError as exc:

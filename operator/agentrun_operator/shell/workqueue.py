@@ -4,6 +4,10 @@ Watch events for a run, its Jobs and its Pods all collapse into one key; a key e
 being reconciled is reconciled once more afterwards (never concurrently), so there is exactly one
 writer of each run's status in this process. Delayed requeues keep only the earliest deadline.
 
+Keys the periodic resync enqueues wait in a background lane: a worker takes one only when no key
+enqueued by a watch event or a timer is waiting, so a resync of many idle runs never delays an
+iteration's turnaround (a background key enqueued again by an event moves to the front lane).
+
 A reconcile that raises (the API server is down, slow or answered 5xx; a watch is reconnecting) is
 retried per key with exponential backoff and jitter (`retry_delay`): no hot loop against a failing
 API server, no thundering herd of every run at once when it comes back. A success resets the count.
@@ -21,6 +25,9 @@ Key = tuple[str, str]  # (namespace, name)
 Reconcile = Callable[[Key], Awaitable[float | None]]
 
 log = logging.getLogger("agentrun.queue")
+
+FRONT: Final = 0
+BACKGROUND: Final = 1
 
 RETRY_BASE_SECONDS: Final = 1.0
 RETRY_MAX_SECONDS: Final = 60.0
@@ -41,8 +48,11 @@ class WorkQueue:
         self._reconcile = reconcile
         self._ready = ready  # workers wait for it: keys may be queued before the cache is complete
         self._workers = workers
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
+        # (lane, sequence, key): lane 0 first, then in order; an entry whose key has been taken or
+        # moved to the front lane since is skipped.
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
+        self._queued: dict[Key, int] = {}  # key -> its lane
+        self._sequence = 0
         self._active: set[Key] = set()
         self._dirty: set[Key] = set()
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
@@ -62,14 +72,17 @@ class WorkQueue:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def enqueue(self, key: Key) -> None:
+    def enqueue(self, key: Key, background: bool = False) -> None:
+        """Reconcile `key` soon; `background` (the resync's) only when nothing else is waiting."""
         if key in self._active:
             self._dirty.add(key)
             return
-        if key in self._queued:
+        lane = BACKGROUND if background else FRONT
+        if key in self._queued and self._queued[key] <= lane:
             return
-        self._queued.add(key)
-        self._queue.put_nowait(key)
+        self._queued[key] = lane
+        self._sequence += 1
+        self._queue.put_nowait((lane, self._sequence, key))
 
     def enqueue_after(self, key: Key, seconds: float) -> None:
         """Reconcile `key` after `seconds` (an earlier pending deadline wins)."""
@@ -97,8 +110,11 @@ class WorkQueue:
         if self._ready is not None:
             await self._ready.wait()
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
+            lane, _, key = await self._queue.get()
+            if self._queued.get(key) != lane:  # taken already, or moved to the front lane
+                self._queue.task_done()
+                continue
+            del self._queued[key]
             self._active.add(key)
             delay: float | None = None
             failed = False

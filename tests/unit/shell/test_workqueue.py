@@ -124,3 +124,36 @@ def test_failing_key_backs_off_and_events_do_not_bypass_it() -> None:
     assert calls == 1
     assert wait >= RETRY_BASE_SECONDS / 2
     assert failures == 1
+
+
+def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward() -> None:
+    """The resync's keys (background) are reconciled only when no event-driven key waits."""
+
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        gate = asyncio.Event()
+
+        async def reconcile(key: Key) -> float | None:
+            if key[1] == "first":
+                await gate.wait()
+            order.append(key[1])
+            return None
+
+        queue = WorkQueue(reconcile, workers=1)
+        queue.start()
+        queue.enqueue(("ns", "first"))
+        await asyncio.sleep(0.01)  # the one worker is busy with "first"
+        for name in ("idle-1", "idle-2", "moved"):
+            queue.enqueue(("ns", name), background=True)
+        queue.enqueue(("ns", "event"))
+        queue.enqueue(("ns", "moved"))  # an event for a run the resync had queued
+        queue.enqueue(("ns", "event"), background=True)  # already waiting in front: stays there
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if queue.idle():
+                break
+        await queue.stop()
+        return order
+
+    assert asyncio.run(scenario()) == ["first", "event", "moved", "idle-1", "idle-2"]

@@ -1,0 +1,80 @@
+"""What the shell may skip re-planning for (ObservedPod.arrival_can_change_a_plan, ObservedJob and
+ObservedPod.plan_relevant): at every point of a looped run, seeing such a change makes the planner
+act no more than not seeing it -- the same status, and no write it would not make anyway."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agentrun_operator.planner.actions import ClaimIdempotencyKey, CreateJob, DeleteJob, DeleteRun, SetJobTTL
+from agentrun_operator.planner.observed import Observed, ObservedPod
+from agentrun_operator.planner.plan import Plan, plan
+from tests.unit.planner.world import LOOPS_ON, PlannerWorld, loop_step, manifest
+
+WRITES = (CreateJob, DeleteJob, SetJobTTL, DeleteRun, ClaimIdempotencyKey)
+
+
+def _writes(result: Plan) -> set[tuple[str, str]]:
+    return {(type(a).__name__, str(getattr(a, "name", ""))) for a in result.actions if isinstance(a, WRITES)}
+
+
+def _situations() -> list[tuple[PlannerWorld, Observed]]:
+    """The observed world before each plan of a 3-iteration loop, including the moments between a
+    pod's end and its Job's, and between a result being recorded and the Job getting its TTL."""
+    world = PlannerWorld(manifest([loop_step("a", 3)]), config=LOOPS_ON)
+    seen: list[tuple[PlannerWorld, Observed]] = []
+
+    def snapshot() -> None:
+        seen.append((world, world.observed()))
+
+    for _ in range(40):
+        snapshot()
+        world.plan()
+        if world.phase in ("Succeeded", "Failed"):
+            break
+        live = world.live_jobs()
+        if live:
+            job = live[0]
+            pod = f"{job}-pod"
+            world.pods[pod] = replace(world.pods[pod], phase="Succeeded", finished_at=world.now)
+            snapshot()
+            world.plan()
+            world.succeed(job)
+        world.advance(1)
+    assert world.phase == "Succeeded"
+    return seen
+
+
+def _same_or_less(world: PlannerWorld, base: Observed, changed: Observed) -> None:
+    without = plan(world.agentrun(), base, world.now, world.config)
+    with_it = plan(world.agentrun(), changed, world.now, world.config)
+    assert with_it.status == without.status
+    assert _writes(with_it) <= _writes(without)
+
+
+def test_the_first_pod_of_a_job_appearing_not_yet_ended_changes_no_plan_for_the_worse() -> None:
+    for world, observed in _situations():
+        for job in observed.jobs:
+            others = tuple(p for p in observed.pods if p.job_name != job.name)
+            before = replace(observed, pods=others)  # the Job's pod not seen yet
+            for phase in ("Pending", "Running"):
+                newcomer = ObservedPod(name=f"{job.name}-pod", job_name=job.name, phase=phase)
+                assert not newcomer.arrival_can_change_a_plan(others)
+                _same_or_less(world, before, replace(before, pods=(*others, newcomer)))
+
+
+def test_a_second_pod_of_a_job_or_an_ended_pod_may_change_a_plan() -> None:
+    """A Job taken for succeeded by its one pod is live again with two (e.g. a replaced pod): the
+    planner deletes it if it is not the active attempt. So such an arrival re-plans."""
+    first = ObservedPod(name="j-1", job_name="j", phase="Succeeded")
+    assert ObservedPod(name="j-2", job_name="j", phase="Pending").arrival_can_change_a_plan((first,))
+    assert ObservedPod(name="k-1", job_name="k", phase="Failed").arrival_can_change_a_plan(())
+    assert not ObservedPod(name="k-1", job_name="k", phase="Pending").arrival_can_change_a_plan((first,))
+
+
+def test_a_job_getting_its_ttl_or_start_time_changes_no_plan_for_the_worse() -> None:
+    for world, observed in _situations():
+        for index, job in enumerate(observed.jobs):
+            jobs = list(observed.jobs)
+            jobs[index] = replace(job, ttl_seconds_after_finished=300, started_at=world.now)
+            _same_or_less(world, observed, replace(observed, jobs=tuple(jobs)))
