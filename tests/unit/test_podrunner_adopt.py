@@ -3,6 +3,7 @@ finds the container by its shim (or the exit file the shim left) instead of star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,32 +13,43 @@ from pathlib import Path
 import pytest
 
 from agentrun_devcluster.podrunner import adopt
+from tests.support.polling import eventually
 
 UID = "0123456789abcdef"
+POD = f"pods/ns/pod/{UID}"
 
 
 @pytest.fixture
 def shim(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A container's shim as the process runtime starts it (its own session), with no record."""
-    exit_file = adopt.exit_file(tmp_path, "main", 1)
+    exit_file = adopt.exit_file(tmp_path / POD, "main", 1)
     exit_file.parent.mkdir(parents=True)
     proc = subprocess.Popen(adopt.shim_argv(["sleep", "60"], exit_file), start_new_session=True)
+    eventually(lambda: adopt.running_shims(tmp_path / POD), timeout=10, what="the shim to exec")
     yield proc
-    os.killpg(proc.pid, signal.SIGKILL)  # the shim and its command
+    with contextlib.suppress(ProcessLookupError):  # already stopped by the test
+        os.killpg(proc.pid, signal.SIGKILL)  # the shim and its command
     proc.wait()
 
 
 def test_a_running_unrecorded_container_is_found_by_its_shim(
     tmp_path: Path, shim: subprocess.Popen[bytes]
 ) -> None:
-    recorded = {"main": _record(tmp_path, restart=0)}  # the restart before it was recorded
-    found = adopt.unrecorded_launches(tmp_path, UID, ["main", "sidecar"], recorded, "t1")
+    pod_dir = tmp_path / POD
+    recorded = {"main": _record(pod_dir, restart=0)}  # the restart before it was recorded
+    found = adopt.unrecorded_launches(pod_dir, UID, ["main", "sidecar"], recorded, "t1")
     assert set(found) == {"main"}
     record = found["main"]
     assert (record.restart, record.pid) == (1, shim.pid)
     assert record.alive()
     assert record.container_id == f"agentrun://{UID[:8]}-main-1"
-    assert adopt.any_alive(tmp_path)
+    assert adopt.any_alive(pod_dir)
+
+
+def test_dev_down_stops_an_unrecorded_container_too(tmp_path: Path, shim: subprocess.Popen[bytes]) -> None:
+    assert adopt.stop_leftovers(tmp_path) == 1
+    shim.wait(timeout=10)
+    assert not adopt.running_shims(tmp_path / POD)
 
 
 def test_an_unrecorded_container_that_ended_is_found_by_its_exit_file(tmp_path: Path) -> None:

@@ -123,20 +123,28 @@ def any_alive(pod_dir: Path) -> bool:
 def running_shims(pod_dir: Path) -> dict[Path, int]:
     """The shims running for this pod's containers, found by the exit file their argv names:
     {exit file: shim pid}."""
-    prefix = (str(pod_dir / "containers") + "/").encode()
+    return _shims_under(pod_dir / "containers")
+
+
+def _shims_under(root: Path) -> dict[Path, int]:
+    """{exit file: shim pid} for the shims whose exit file is under `root`. A shim forks before it
+    execs the command, so its child may briefly show the same command line: the shim is the one
+    whose parent is not a match."""
+    prefix = (str(root) + "/").encode()
     head = [b"/bin/sh", b"-c", _SHIM.encode()]
-    found: dict[Path, int] = {}
+    matches: dict[int, tuple[Path, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
         except OSError:
             continue
         ours = argv[:3] == head and len(argv) > 3 and argv[3].startswith(prefix)
-        if ours and process_start(int(entry.name)) is not None:
-            found[Path(argv[3].decode(errors="replace"))] = int(entry.name)
-    return found
+        if ours and stat[0] != "Z":
+            matches[int(entry.name)] = (Path(argv[3].decode(errors="replace")), int(stat[1]))
+    return {path: pid for pid, (path, parent) in matches.items() if parent not in matches}
 
 
 def unrecorded_launches(
@@ -333,6 +341,10 @@ def stop_leftovers(state_dir: Path) -> int:
             elif record.alive():
                 _kill_tree(record)
                 stopped += 1
+    for pid in _shims_under(pods).values():  # started but never recorded (the runner died)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # the shim is its session's leader
+            stopped += 1
     if on_docker:
         from agentrun_devcluster.podrunner.docker import remove_recorded
 
