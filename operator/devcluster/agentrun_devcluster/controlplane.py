@@ -24,7 +24,7 @@ import yaml
 
 from agentrun_devcluster import processes
 from agentrun_devcluster.pki import PKIPaths, ensure_pki
-from agentrun_devcluster.podrunner.api import open_json_request
+from agentrun_devcluster.podrunner.api import JSON, open_json_request
 
 Progress = Callable[[str], None]
 
@@ -173,12 +173,7 @@ class ControlPlane:
         return self.api_request("GET", path, timeout=timeout)
 
     def api_request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float = 5.0,
+        self, method: str, path: str, body: Any = None, content_type: str = JSON, timeout: float = 5.0
     ) -> tuple[int, bytes]:
         """One request as the admin user (tests and tools); (status, body), 0 when unreachable."""
         if self._ssl is None:

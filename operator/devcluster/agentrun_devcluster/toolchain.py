@@ -10,6 +10,7 @@ See docs/development.md#local-control-plane for why these versions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -187,6 +188,11 @@ def helm_kube_version_ldflags(client_go_version: str) -> str:
     )
 
 
+def _go_mod(tool: str, go: str, require: str) -> str:
+    """The go.mod of a tool built from one upstream module (Kubernetes has its own: many replaces)."""
+    return f"module agentrun.local/controlplane/{tool}\n\ngo {go}\n\nrequire {require}\n"
+
+
 TOOLS: tuple[Tool, ...] = (
     Tool(
         name="kubernetes",
@@ -205,10 +211,7 @@ TOOLS: tuple[Tool, ...] = (
         binaries=("etcd",),
         packages=(".",),
         version=ETCD_VERSION,
-        go_mod=lambda: (
-            "module agentrun.local/controlplane/etcd\n\ngo 1.24.0\n\n"
-            f"require go.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n"
-        ),
+        go_mod=functools.partial(_go_mod, "etcd", "1.24.0", f"go.etcd.io/etcd/server/v3 v{ETCD_VERSION}"),
         extra_files={"main.go": _ETCD_MAIN},
     ),
     Tool(
@@ -216,10 +219,7 @@ TOOLS: tuple[Tool, ...] = (
         binaries=("helm",),
         packages=("helm.sh/helm/v3/cmd/helm",),
         version=HELM_VERSION,
-        go_mod=lambda: (
-            "module agentrun.local/controlplane/helm\n\ngo 1.26.0\n\n"
-            f"require helm.sh/helm/v3 v{HELM_VERSION}\n"
-        ),
+        go_mod=functools.partial(_go_mod, "helm", "1.26.0", f"helm.sh/helm/v3 v{HELM_VERSION}"),
         ldflags=(
             f"-s -w -X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}"
             " -X helm.sh/helm/v3/internal/version.metadata="

@@ -147,6 +147,22 @@ def _shims_under(root: Path) -> dict[Path, int]:
     return {path: pid for pid, (path, parent) in matches.items() if parent not in matches}
 
 
+def sigterm_or_kill(command_pid: int | None, kill: Callable[[], None]) -> None:
+    """SIGTERM to a sandbox's command, as a kubelet stops a container; `kill` (the whole sandbox)
+    when the command cannot be found."""
+    if command_pid is None:
+        kill()
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(command_pid, signal.SIGTERM)
+
+
+Launches = dict[str, LaunchRecord]
+"""Launch records by container name."""
+PodObject = Mapping[str, Any]
+"""A pod as the API server returns it."""
+
+
 def unrecorded_launches(
     pod_dir: Path, uid: str, names: Iterable[str], recorded: Mapping[str, LaunchRecord], now: str
 ) -> dict[str, LaunchRecord]:
@@ -280,14 +296,8 @@ class AdoptedContainer:
 
     def terminate(self) -> None:
         """SIGTERM to the container's command (the whole sandbox when it cannot be found)."""
-        if self.done:
-            return
-        _init, command = _sandbox_pids(self.record.pid)
-        if command is None:
-            self.kill()
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(command, signal.SIGTERM)
+        if not self.done:
+            sigterm_or_kill(_sandbox_pids(self.record.pid)[1], self.kill)
 
     def kill(self) -> None:
         if not self.done:

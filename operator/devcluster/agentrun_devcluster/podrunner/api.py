@@ -17,9 +17,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
+
+JSON: Final = "application/json"
 
 
 class ApiError(Exception):
@@ -91,12 +93,7 @@ class Api:
         )
 
     def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float = 15.0,
+        self, method: str, path: str, body: Any = None, content_type: str = JSON, timeout: float = 15.0
     ) -> dict[str, Any]:
         """One request; the decoded JSON answer, or ApiError."""
         try:

@@ -39,7 +39,7 @@ from typing import Any, Final
 from agentrun_devcluster import dockerengine as engine
 from agentrun_devcluster.baseimages import BUSYBOX
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_devcluster.podrunner.adopt import LaunchRecord, process_start
+from agentrun_devcluster.podrunner.adopt import Launches, LaunchRecord, PodObject, process_start
 from agentrun_devcluster.podrunner.network import PodNetwork
 from agentrun_devcluster.podrunner.runtime import (
     ImageNeverPulled,
@@ -188,7 +188,31 @@ def create_argv(
     return argv
 
 
-class DockerContainer:
+class _DockerControls:
+    """What a started and an adopted container share: the exit code read back from the engine, and
+    SIGTERM through it (`kill` differs: a started one may still be only a `docker start` client)."""
+
+    name: str
+    _exit_code: int | None
+    _failure: str | None
+
+    @property
+    def done(self) -> bool:
+        return self._exit_code is not None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    def start_failure(self) -> str | None:
+        return self._failure
+
+    def terminate(self) -> None:
+        if not self.done:
+            engine.docker("kill", "--signal", "SIGTERM", self.name, timeout=30)
+
+
+class DockerContainer(_DockerControls):
     """One container: created (so it exists once this returns), started attached, its exit read back
     with `docker inspect`. A create that fails is a `StartError` (the runner reports exit 128)."""
 
@@ -226,21 +250,6 @@ class DockerContainer:
             self._failure = _last_log_line(self.log_path) or f"docker start exited {client_code}"
         self._exit_code = exit_code(state, client_code if client_code >= 0 else 128 - client_code)
         self._on_exit(self)
-
-    @property
-    def done(self) -> bool:
-        return self._exit_code is not None
-
-    @property
-    def exit_code(self) -> int | None:
-        return self._exit_code
-
-    def start_failure(self) -> str | None:
-        return self._failure
-
-    def terminate(self) -> None:
-        if not self.done:
-            engine.docker("kill", "--signal", "SIGTERM", self.name, timeout=30)
 
     def kill(self) -> None:
         if self.done:
@@ -310,7 +319,7 @@ def exit_code(state: Mapping[str, Any], fallback: int) -> int:
     return 137 if state.get("OOMKilled") and code == 0 else code
 
 
-class DockerAdoptedContainer:
+class DockerAdoptedContainer(_DockerControls):
     """A container an earlier runner process started (see the module docstring). Running: its log
     is rewritten from the engine's copy and followed, and its end is waited for on the engine;
     ended: reported at once with the exit code the engine kept; gone from the engine: `lost`."""
@@ -410,21 +419,6 @@ class DockerAdoptedContainer:
     def pid(self) -> int:
         return self.record.pid
 
-    @property
-    def done(self) -> bool:
-        return self._exit_code is not None
-
-    @property
-    def exit_code(self) -> int | None:
-        return self._exit_code
-
-    def start_failure(self) -> str | None:
-        return self._failure
-
-    def terminate(self) -> None:
-        if not self.done:
-            engine.docker("kill", "--signal", "SIGTERM", self.name, timeout=30)
-
     def kill(self) -> None:
         if not self.done:
             engine.docker("kill", self.name, timeout=30)
@@ -455,13 +449,8 @@ class DockerRuntime:
         `agentrun dev down` removes what is left (`adopt.stop_leftovers`)."""
 
     def unrecorded_launches(
-        self,
-        pod: Mapping[str, Any],
-        pod_dir: Path,
-        names: Iterable[str],
-        recorded: Mapping[str, LaunchRecord],
-        now: str,
-    ) -> dict[str, LaunchRecord]:
+        self, pod: PodObject, pod_dir: Path, names: Iterable[str], recorded: Launches, now: str
+    ) -> Launches:
         """Found by the pod's uid label and the container's name, for a restart later than the
         recorded one (see `container_name`)."""
         meta = pod.get("metadata") or {}

@@ -142,14 +142,8 @@ class ContainerProcess:
 
     def terminate(self) -> None:
         """SIGTERM to the command; when it cannot be found, the sandbox is killed outright."""
-        if self.done:
-            return
-        pid = self.command_pid()
-        if pid is None:
-            self.kill()
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+        if not self.done:
+            adopt.sigterm_or_kill(self.command_pid(), self.kill)
 
     def kill(self) -> None:
         """SIGKILL the namespace's init (everything in the sandbox dies) and the bwrap monitor."""
@@ -180,13 +174,8 @@ class ProcessRuntime:
         `agentrun dev down` stops what is left (`adopt.stop_leftovers`)."""
 
     def unrecorded_launches(
-        self,
-        pod: Mapping[str, Any],
-        pod_dir: Path,
-        names: Iterable[str],
-        recorded: Mapping[str, adopt.LaunchRecord],
-        now: str,
-    ) -> dict[str, adopt.LaunchRecord]:
+        self, pod: adopt.PodObject, pod_dir: Path, names: Iterable[str], recorded: adopt.Launches, now: str
+    ) -> adopt.Launches:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         return adopt.unrecorded_launches(pod_dir, uid, names, recorded, now)
 

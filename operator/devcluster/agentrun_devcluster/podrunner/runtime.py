@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_devcluster.podrunner.adopt import LaunchRecord
+from agentrun_devcluster.podrunner.adopt import Launches, PodObject
 from agentrun_devcluster.podrunner.sandbox import Bind
 
 RUNTIMES = ("process", "docker", "auto")
@@ -122,13 +122,8 @@ class ContainerRuntime(Protocol):
         """The runner stops: remove what is left of its containers (their pods are reported lost)."""
 
     def unrecorded_launches(
-        self,
-        pod: Mapping[str, Any],
-        pod_dir: Path,
-        names: Iterable[str],
-        recorded: Mapping[str, LaunchRecord],
-        now: str,
-    ) -> dict[str, LaunchRecord]:
+        self, pod: PodObject, pod_dir: Path, names: Iterable[str], recorded: Launches, now: str
+    ) -> Launches:
         """Containers an earlier runner started but did not record (it was killed in between),
         as launch records a new runner adopts (see adopt.py); `now` stands for their start time."""
 
