@@ -18,6 +18,20 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALIDITY = dt.timedelta(days=365)
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+"""Every flag of the X.509 key usage extension, each of which `x509.KeyUsage` takes."""
+_CA_KEY_USAGES = frozenset({"digital_signature", "key_cert_sign", "crl_sign"})
+"""What the local CA's key may do: sign certificates and CRLs (and verify signatures)."""
 
 
 @dataclass(frozen=True)
@@ -115,17 +129,7 @@ def ensure_pki(root: Path) -> PKIPaths:
         .not_valid_after(_now() + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            x509.KeyUsage(**{usage: usage in _CA_KEY_USAGES for usage in _KEY_USAGES}),
             critical=True,
         )
         .sign(ca_key, hashes.SHA256())
