@@ -273,6 +273,17 @@ class ControlPlane:
             raise ControlPlaneError("the control plane was never started here; run `agentrun dev up`")
         processes.stop_process(self.run_dir, name)
         self._start_component(name, ports, fresh=set(), timeout=timeout)
+        # The others depend on it (the API server on etcd): done when the whole plane answers again,
+        # so a command right after this one (e.g. restarting the pod runner) finds it up.
+        deadline = time.monotonic() + timeout
+        while not all(self._healthy(other, ports) for other in COMPONENTS):
+            if time.monotonic() > deadline:
+                down = [c for c in COMPONENTS if not self._healthy(c, ports)]
+                raise ControlPlaneError(
+                    f"{name} restarted, but {', '.join(down)} did not answer again within {timeout:g}s; "
+                    f"see the logs under {self.run_dir} or run `agentrun dev up`"
+                )
+            time.sleep(0.2)
 
     def _alive(self, name: str) -> bool:
         record = processes.read_record(self.run_dir, name)
