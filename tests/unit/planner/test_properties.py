@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,6 +88,14 @@ OPS = st.tuples(st.sampled_from(_WEIGHTED_OPS), st.integers(0, 1000))
 """Weighted towards planning, completing pods, lost writes and TTL sweeps (the interleavings that
 could repeat or lose work); cancellation is one op in many. The integer parameterises the op."""
 ADVANCES = [1, 5, 11, 31, 61]
+
+
+class WorldChecker(Protocol):
+    """What the random walks need of a checker (this module's `Checker`, the nested one)."""
+
+    def check(self, world: PlannerWorld) -> None: ...
+
+    def mark_succeeded(self, world: PlannerWorld, name: str) -> None: ...
 
 
 @dataclass
@@ -183,7 +191,7 @@ class Checker:
         self.succeeded_jobs.add(name)
 
 
-def apply_op(world: PlannerWorld, checker: Checker, op: tuple[Any, ...]) -> None:
+def apply_op(world: PlannerWorld, checker: WorldChecker, op: tuple[Any, ...]) -> None:
     kind = op[0]
     live = world.live_jobs()
     if kind == "plan":
@@ -215,9 +223,9 @@ def apply_op(world: PlannerWorld, checker: Checker, op: tuple[Any, ...]) -> None
         world.spec_manifest["spec"].setdefault("cancel", ["Graceful", "Immediate"][op[1] % 2])
 
 
-def finish(world: PlannerWorld, checker: Checker) -> None:
+def finish(world: PlannerWorld, checker: WorldChecker, max_plans: int = 400) -> None:
     """A world that keeps completing pods: the run must reach a terminal phase (no wedge)."""
-    for _ in range(400):
+    for _ in range(max_plans):
         world.plan()
         checker.check(world)
         if world.phase in TERMINAL:

@@ -20,7 +20,7 @@ from agentrun_operator.celeval import compile_expression
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.conditions import exact_size
 from agentrun_operator.planner.plan import plan, result_recorded
-from tests.unit.planner.test_properties import OPS, TERMINAL, apply_op
+from tests.unit.planner.test_properties import OPS, TERMINAL, apply_op, finish
 from tests.unit.planner.world import PlannerWorld, manifest
 
 compile_expression("true")
@@ -110,32 +110,15 @@ class NestedChecker:
         self.succeeded_jobs.add(name)
 
 
-def _finish(world: PlannerWorld, checker: NestedChecker) -> None:
-    for _ in range(600):
-        world.plan()
-        checker.check(world)
-        if world.phase in TERMINAL:
-            return
-        live = world.live_jobs()
-        if live:
-            world.succeed(live[0], control={"continue": True})
-            checker.mark_succeeded(world, live[0])
-        else:
-            world.settle()
-            world.advance(world.last_requeue or 1.0)
-        checker.check(world)
-    raise AssertionError(f"the run wedged: {world.status}")
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=nested_specs(), ops=st.lists(OPS, min_size=40, max_size=200))
 def test_nested_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any], ops: list[Any]) -> None:
     world = PlannerWorld(spec, config=CONFIG)
     checker = NestedChecker()
     for op in ops:
-        apply_op(world, checker, op)  # type: ignore[arg-type]
+        apply_op(world, checker, op)
         checker.check(world)
-    _finish(world, checker)
+    finish(world, checker, max_plans=600)  # nested runs take more plans
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -144,7 +127,7 @@ def test_replanning_a_nested_world_without_change_is_quiet(spec: dict[str, Any],
     world = PlannerWorld(spec, config=CONFIG)
     checker = NestedChecker()
     for op in ops:
-        apply_op(world, checker, op)  # type: ignore[arg-type]
+        apply_op(world, checker, op)
     world.plan()
     world.plan()
     before = world.status
@@ -205,7 +188,7 @@ def test_planning_a_nested_run_never_mutates_the_run_it_is_given(
     world = PlannerWorld(spec, config=CONFIG)
     checker = NestedChecker()
     for op in ops:
-        apply_op(world, checker, op)  # type: ignore[arg-type]
+        apply_op(world, checker, op)
     run = world.agentrun()
     before = run.model_dump(by_alias=True, mode="json")
     plan(run, world.observed(), world.now, CONFIG)
