@@ -105,9 +105,9 @@ class OperatorProcess(GroupProcess):
         return self
 
     def _profile_args(self) -> list[str]:
-        """`AGENTRUN_OPERATOR_PROFILE=FILE` runs the operator under cProfile (for benchmarks)."""
+        """`AGENTRUN_OPERATOR_PROFILE=FILE` runs the operator under cProfile, timed by CPU (benchmarks)."""
         target = os.environ.get("AGENTRUN_OPERATOR_PROFILE")
-        return ["-m", "cProfile", "-o", f"{target}.{self.starts}"] if target else []
+        return ["-m", "tests.bench.cpu_profile", f"{target}.{self.starts}"] if target else []
 
     def logs(self) -> str:
         return "\n".join(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.parse
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -125,16 +124,13 @@ async def _watch_events(
         "allowWatchBookmarks": "true",
         "timeoutSeconds": str(WATCH_CHUNK_SECONDS),
     }
-    resp = await kube.api.call_api(
-        _runs_path(target.namespace) + "?" + urllib.parse.urlencode(query),
+    raw = await kube.send(
         "GET",
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=False,
-        _request_timeout=aiohttp.ClientTimeout(total=None, sock_read=WATCH_CHUNK_SECONDS + 30),
+        _runs_path(target.namespace),
+        query,
+        {"Accept": "application/json"},
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=WATCH_CHUNK_SECONDS + 30),
     )
-    raw = resp[0] if isinstance(resp, tuple) else resp
     try:
         if raw.status != 200:
             text = await raw.read()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import ClientTimeout
 
@@ -124,22 +123,16 @@ class Informer:
         if version is not None:
             query["resourceVersion"] = str(version)
             self._resume[scope] = version
-        metrics.API_REQUESTS.labels(verb="WATCH", resource=self.plural).inc()
-        resp = await self.kube.api.call_api(
-            path,
+        metrics.api_request("WATCH", self.plural)
+        raw = await self.kube.send(
             "GET",
-            query_params=list(query.items()),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=False,
-            _request_timeout=ClientTimeout(
-                total=WATCH_SECONDS + 30, sock_connect=10, sock_read=SILENT_SECONDS
-            ),
+            path,
+            query,
+            {"Accept": "application/json"},
+            timeout=ClientTimeout(total=WATCH_SECONDS + 30, sock_connect=10, sock_read=SILENT_SECONDS),
         )
-        raw: Any = resp[0] if isinstance(resp, tuple) else resp
         try:
-            if int(getattr(raw, "status", 0)) != 200:
+            if raw.status != 200:
                 self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
             while line := await raw.content.readline():

@@ -1,9 +1,13 @@
-"""A thin async Kubernetes adapter over `kubernetes_asyncio`, speaking plain JSON dicts.
+"""A thin async Kubernetes adapter over `kubernetes_asyncio`'s connection, speaking plain JSON dicts.
 
-Why raw JSON: the generated models cost milliseconds per object to deserialize, and the planner wants
-dicts anyway. Answers are decoded with pydantic-core's JSON parser (`decode_json`), about twice as
-fast as the standard library's on Kubernetes objects; decoding was the largest single cost in the
-profile (docs/operator.md#performance). Every call is one HTTP request; nothing here decides anything.
+`kubernetes_asyncio` provides the login (kubeconfig or in-cluster, token refresh included) and its
+aiohttp session; requests go through that session directly (`Kube.send`). Why not its `call_api`:
+the generated models cost milliseconds per object to deserialize (the planner wants dicts anyway),
+and even without models it walks every request body value by value (`sanitize_for_serialization`)
+before the standard library's `json.dumps`, which was a tenth of the operator's CPU in the profile
+(docs/operator.md#performance). Bodies are encoded and answers decoded with pydantic-core's JSON
+functions (`encode_json`, `decode_json`), several times faster than the standard library's on
+Kubernetes objects. Every call is one HTTP request; nothing here decides anything.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlencode
 
+import aiohttp
 from kubernetes_asyncio import client, config
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.shell import metrics
@@ -24,11 +30,17 @@ METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
 """Whole-request timeout: a frozen API server fails the call (retried with backoff) instead of holding
 a worker forever."""
+_REQUEST_TIMEOUT: Final = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
 
 
 def decode_json(data: bytes | str) -> Any:
     """JSON text to plain dicts and lists (ValueError when it is not JSON)."""
     return from_json(data)
+
+
+def encode_json(value: Any) -> bytes:
+    """Plain dicts and lists to compact JSON."""
+    return to_json(value)
 
 
 def _resource_of(path: str) -> str:
@@ -100,6 +112,32 @@ class Kube:
     async def close(self) -> None:
         await self.api.close()
 
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
+        timeout: aiohttp.ClientTimeout = _REQUEST_TIMEOUT,
+    ) -> aiohttp.ClientResponse:
+        """One HTTP request on the API client's session, authenticated as `call_api` would (the
+        bearer token refreshed by its hook, if any). The caller reads and releases the response."""
+        rest = self.api.rest_client
+        all_headers = {**self.api.default_headers, **(headers or {})}
+        await self.api.update_params_for_auth(all_headers, [], ["BearerToken"])
+        url = f"{self.api.configuration.host}{path}"
+        if query:
+            url += "?" + urlencode(query)
+        extra: dict[str, Any] = {}
+        if rest.server_hostname:
+            extra["server_hostname"] = rest.server_hostname
+        if rest.proxy:
+            extra["proxy"] = rest.proxy
+            extra["proxy_headers"] = rest.proxy_headers
+        session: aiohttp.ClientSession = rest.pool_manager
+        return await session.request(method, url, data=data, headers=all_headers, timeout=timeout, **extra)
+
     async def request(
         self,
         method: str,
@@ -113,25 +151,19 @@ class Kube:
             self.counters.reads += 1
         else:
             self.counters.writes += 1
-        metrics.API_REQUESTS.labels(verb=method, resource=_resource_of(path)).inc()
-        resp = await self.api.call_api(
-            path,
-            method,
-            query_params=list((query or {}).items()),
-            header_params={"Accept": accept, "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=False,
-            _request_timeout=REQUEST_TIMEOUT_SECONDS,
-        )
-        raw = resp[0] if isinstance(resp, tuple) else resp
-        status = int(getattr(raw, "status", 0))
-        data = await raw.read()
+        metrics.api_request(method, _resource_of(path))
+        headers = {"Accept": accept, "Content-Type": content_type}
+        data = None if body is None else encode_json(body)
+        resp = await self.send(method, path, query, headers, data)
         try:
-            parsed = decode_json(data) if data else {}
+            status = resp.status
+            raw = await resp.read()
+        finally:
+            resp.release()
+        try:
+            parsed = decode_json(raw) if raw else {}
         except ValueError:
-            parsed = {"message": data.decode(errors="replace")}
+            parsed = {"message": raw.decode(errors="replace")}
         return status, parsed
 
     async def _ok(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -59,6 +60,17 @@ ITERATION_TURNAROUND = Histogram(
 API_REQUESTS = Counter(
     "agentrun_api_requests_total", "Requests the operator made to the API server.", ["verb", "resource"]
 )
+_API_REQUEST_CHILDREN: dict[tuple[str, str], Any] = {}
+
+
+def api_request(verb: str, resource: str) -> None:
+    """Count one request (`labels()` takes a lock and builds a key: done once per pair, not per call)."""
+    child = _API_REQUEST_CHILDREN.get((verb, resource))
+    if child is None:
+        child = _API_REQUEST_CHILDREN[(verb, resource)] = API_REQUESTS.labels(verb=verb, resource=resource)
+    child.inc()
+
+
 RUNS = Gauge(
     "agentrun_runs", "AgentRuns in the watched namespaces by phase, counted at every resync.", ["phase"]
 )
