@@ -105,7 +105,7 @@ class OperatorProcess(GroupProcess):
         return self
 
     def _profile_args(self) -> list[str]:
-        """`AGENTRUN_OPERATOR_PROFILE=FILE` runs the operator under cProfile, timed by CPU (benchmarks)."""
+        """`AGENTRUN_OPERATOR_PROFILE=FILE` samples the operator's CPU into FILE.N (benchmarks)."""
         target = os.environ.get("AGENTRUN_OPERATOR_PROFILE")
         return ["-m", "tests.bench.cpu_profile", f"{target}.{self.starts}"] if target else []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from agentrun_operator.planner.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.kube import Kube, KubeError
+from agentrun_operator.shell.kube import Kube, KubeError, encode_json
 from agentrun_operator.shell.observe import claim_names, claim_phase
 
 log = logging.getLogger("agentrun.reconciler")
@@ -93,10 +92,13 @@ def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
         ref = node.get("jobRef")
         if isinstance(ref, dict) and ref.get("name") in uids and not ref.get("uid") and uids[ref["name"]]:
             ref["uid"] = uids[ref["name"]]
-        for value in node.values():
-            fill_job_uids(value, uids)
+        children: Any = node.values()
     elif isinstance(node, list):
-        for value in node:
+        children = node
+    else:
+        return
+    for value in children:
+        if isinstance(value, dict | list):  # the status's history is mostly scalars: skip the calls
             fill_job_uids(value, uids)
 
 
@@ -141,6 +143,26 @@ class Reconciler:
         persisted = status_dict(run)
         self._parsed[key] = (stamp, run, persisted)
         return run, persisted
+
+    def _remember(
+        self,
+        before: dict[str, Any],
+        run: AgentRun,
+        answer: dict[str, Any],
+        status: AgentRunStatus,
+        persisted: dict[str, Any],
+    ) -> None:
+        """Our status write's answer as the next reconcile will parse it, without validating the whole
+        run again: its spec is the one we planned with (a status write cannot change it, and a spec
+        changed since our read would have failed the write with 409) and its status is the one we
+        wrote, when the API server stored it unchanged (otherwise the next reconcile parses it)."""
+        meta = answer.get("metadata") or {}
+        same_spec = meta.get("generation") == before["metadata"].get("generation")
+        if not same_spec or answer.get("status") != persisted:
+            return
+        stamp = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        copy = run.model_copy(update={"metadata": meta, "status": status})
+        self._parsed[(str(meta.get("namespace")), str(meta.get("name")))] = (stamp, copy, persisted)
 
     async def _observe(self, raw: dict[str, Any], run: AgentRun) -> Observed:
         """The run's Jobs and Pods from the watch cache (docs/operator.md#cache), already converted."""
@@ -374,8 +396,10 @@ class Reconciler:
                 with self.cache.runs.writing(namespace, name, body):
                     answer = await self.kube.replace_run_status(body)
                 self.cache.runs.upsert(answer)
+                status_model = decision.status if not job_uids else AgentRunStatus.model_validate(new_status)
+                self._remember(raw, run, answer, status_model, new_status)
                 result.wrote_status = True
-                metrics.STATUS_BYTES.observe(len(json.dumps(new_status, separators=(",", ":"))))
+                metrics.STATUS_BYTES.observe(len(encode_json(new_status)))
             except KubeError as exc:
                 if exc.status == 409:  # the cached run is stale: fetch it, re-plan from the fresh one
                     fresh = await self.kube.get_custom(namespace, "agentruns", name)

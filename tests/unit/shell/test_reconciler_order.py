@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentrun_operator import naming
+from agentrun_operator.api import parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import (
     Action,
@@ -141,6 +142,23 @@ def test_a_new_run_creates_its_job_before_the_status_that_names_it_and_posts_eve
     assert result.wrote_status
     step = kube.written_status["workflow"]["steps"][0]  # type: ignore[index]
     assert step["jobRef"] == {"name": "run-step-1-iter-1-attempt-1", "uid": f"uid-{job[5:]}"}
+
+
+def test_the_run_after_our_status_write_is_what_parsing_the_answer_gives() -> None:
+    """The reconciler does not validate its own write's answer again (docs/operator.md#performance):
+    what it remembers must be exactly what parsing the stored object would give, job uid included."""
+    kube = RecordingKube(stored_run())
+    cache = RunCache(gates=())
+    cache.runs.upsert(copy.deepcopy(kube.run))
+    rec = Reconciler(kube, CONFIG, cache)  # type: ignore[arg-type]
+    asyncio.run(rec.reconcile("ns", "run"))
+    stored = cache.run("ns", "run")
+    assert stored is not None and kube.written_status is not None
+    remembered, persisted = rec._parse(stored)
+    fresh = parse_agentrun(copy.deepcopy(stored))
+    assert remembered == fresh
+    assert persisted == reconciler_module.status_dict(fresh) == kube.written_status
+    assert persisted["workflow"]["steps"][0]["jobRef"]["uid"] == "uid-run-step-1-iter-1-attempt-1"
 
 
 def fixed_plan(monkeypatch: pytest.MonkeyPatch, actions: tuple[Action, ...], change_status: bool) -> None:
