@@ -54,10 +54,16 @@ def delete_strays(ctx: PlanContext, expected: str | None) -> None:
 
 
 def set_job_ttls(ctx: PlanContext) -> None:
-    """Once the *persisted* status records an attempt, its Job may go (after the configured TTL)."""
+    """Once a status records an attempt's result and its Job has ended, the Job may go (after the
+    configured TTL). The status may be the persisted one or the one this plan writes: the shell sets
+    TTLs only after that write is committed (docs/operator.md#reconcile), so the iteration that
+    records a result also sets its Job's TTL -- no second reconcile and write per iteration for it.
+    An attempt that succeeded by its pod counts as ended (`succeeded_by_pod`): the TTL only starts
+    once the Job controller finishes the Job."""
     for job in ctx.observed.jobs:
-        fresh = job.finished and not job.deleting and job.ttl_seconds_after_finished is None
-        if fresh and result_recorded(ctx.prior, job):
+        ended = job.finished or succeeded_by_pod(ctx, job) is not None
+        fresh = ended and not job.deleting and job.ttl_seconds_after_finished is None
+        if fresh and (result_recorded(ctx.prior, job) or result_recorded(ctx.status, job)):
             ctx.writes.append(
                 SetJobTTL(job.name, ctx.config.job_ttl_seconds_after_recorded, _where(ctx, job))
             )

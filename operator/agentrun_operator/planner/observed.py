@@ -105,8 +105,14 @@ class ObservedJob:
         """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
         plan made without it arms earlier (from the attempt's request), never later; a TTL, once
         set, only keeps the planner from setting it (a plan that has not seen it sets it once more,
-        the same value: an idempotent write)."""
-        return replace(self, started_at=None, ttl_seconds_after_finished=None)
+        the same value: an idempotent write). And a Job with its TTL set is done with: the planner
+        sets it only once the Job has ended and a committed status records its result, after which
+        its outcome is never read again (`gating.result_recorded`) -- so the Job controller marking
+        it complete re-plans nothing; only its deletion does."""
+        relevant = replace(self, started_at=None, ttl_seconds_after_finished=None)
+        if self.ttl_seconds_after_finished is not None:
+            return replace(relevant, outcome="Succeeded", finished_at=None, message=None)
+        return relevant
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
-from agentrun_operator.shell.kube import Kube, KubeError, decode_json
+from agentrun_operator.shell.kube import Kube, KubeError, decode_object_json
 
 log = logging.getLogger("agentrun.informer")
 
@@ -136,7 +136,7 @@ class Informer:
                 self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
             while line := await raw.content.readline():
-                event = decode_json(line)
+                event = decode_object_json(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
                     self._resume.pop(scope, None)

@@ -7,6 +7,7 @@ to plain ObservedJob/ObservedPod values, and the test finishes pods and moves th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -707,15 +708,31 @@ def test_next_iteration_waits_until_every_pod_of_other_jobs_is_terminal() -> Non
     assert creates(world.plan()) == ["run-step-1-iter-2-attempt-1"]
 
 
-def test_set_job_ttl_only_once_the_result_is_persisted() -> None:
+def test_set_job_ttl_with_the_status_that_records_the_result_and_never_before() -> None:
+    """The plan that records an attempt's result also sets its Job's TTL (the shell applies it only
+    once that status is committed); nothing sets it before the Job has ended, or twice."""
+    world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
+    world.plan()
+    job = "run-step-1-iter-1-attempt-1"
+    world.pods[f"{job}-pod"] = replace(world.pods[f"{job}-pod"], phase="Running")
+    assert not any(isinstance(a, SetJobTTL) for a in world.plan().actions)  # still running
+    world.succeed()
+    recording = world.plan()
+    ttls = [a for a in recording.actions if isinstance(a, SetJobTTL)]
+    assert [(t.name, t.seconds) for t in ttls] == [(job, 300)]
+    assert world.step_status().loop.completed_iterations == 1
+    assert not any(isinstance(a, SetJobTTL) for a in world.plan().actions)  # set once
+
+
+def test_a_lost_status_write_sets_no_ttl() -> None:
     world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     world.plan()
     world.succeed()
-    recording = world.plan()
-    assert not any(isinstance(a, SetJobTTL) for a in recording.actions)
-    following = world.plan()
-    ttls = [a for a in following.actions if isinstance(a, SetJobTTL)]
-    assert [(t.name, t.seconds) for t in ttls] == [("run-step-1-iter-1-attempt-1", 300)]
+    world.plan(persist=False)  # the status recording the result is lost: the shell sets no TTL
+    job = "run-step-1-iter-1-attempt-1"
+    assert world.jobs[job].ttl_seconds_after_finished is None
+    again = world.plan()  # recorded once more, from the persisted status
+    assert [a.name for a in again.actions if isinstance(a, SetJobTTL)] == [job]
 
 
 # ----------------------------------------------------------------------------------- control payloads

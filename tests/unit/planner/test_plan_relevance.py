@@ -78,3 +78,38 @@ def test_a_job_getting_its_ttl_or_start_time_changes_no_plan_for_the_worse() -> 
             jobs = list(observed.jobs)
             jobs[index] = replace(job, ttl_seconds_after_finished=300, started_at=world.now)
             _same_or_less(world, observed, replace(observed, jobs=tuple(jobs)))
+
+
+def test_a_job_with_its_ttl_set_ending_changes_no_plan_for_the_worse() -> None:
+    """The planner sets a TTL once the Job has ended by its pod and a committed status records its
+    result; the Job controller then marking it complete (or failed, past a deadline) re-plans
+    nothing (ObservedJob.plan_relevant). Walked at each point of a 3-iteration loop where a Job has
+    its TTL and has not ended yet (between the plan that recorded it and the Job controller)."""
+    world = PlannerWorld(manifest([loop_step("a", 3)]), config=LOOPS_ON)
+    checked = 0
+    for _ in range(40):
+        world.plan()
+        if world.phase in ("Succeeded", "Failed"):
+            break
+        live = world.live_jobs()
+        if not live:
+            world.advance(1)
+            continue
+        job_name = live[0]
+        pod = f"{job_name}-pod"
+        world.pods[pod] = replace(world.pods[pod], phase="Succeeded", finished_at=world.now)
+        world.plan()  # records the result, sets the TTL
+        observed = world.observed()
+        for index, job in enumerate(observed.jobs):
+            if job.ttl_seconds_after_finished is None or job.finished:
+                continue
+            for outcome in ("Succeeded", "Failed", "DeadlineExceeded"):
+                jobs = list(observed.jobs)
+                jobs[index] = replace(job, outcome=outcome, finished_at=world.now, message="ended")
+                assert jobs[index].plan_relevant() == job.plan_relevant()
+                _same_or_less(world, observed, replace(observed, jobs=tuple(jobs)))
+                checked += 1
+        world.succeed(job_name)
+        world.advance(1)
+    assert world.phase == "Succeeded"
+    assert checked >= 3, "no Job had its TTL before it ended: the test would be vacuous"

@@ -170,7 +170,7 @@ class PlannerWorld:
             result = plan(self.agentrun(), observed, self.now, self.config)
         self.plans.append(result)
         if apply:
-            self.apply(result)
+            self.apply(result, persisted=persist)
         if persist:
             self.status = result.status
         return result
@@ -187,9 +187,12 @@ class PlannerWorld:
                 return Refusal("Status", name, *self.refuse_status)
         return None
 
-    def apply(self, result: Plan) -> None:
+    def apply(self, result: Plan, persisted: bool = True) -> None:
+        """Apply the plan's actions; as the shell does, a TTL only once the status is committed."""
         self.last_requeue = None
         for action in result.actions:
+            if isinstance(action, SetJobTTL) and not persisted:
+                continue
             if isinstance(action, CreateJob):
                 self._create(action)
             elif isinstance(action, DeleteJob):
