@@ -214,9 +214,15 @@ class Reconciler:
         impl_names = {name for _, name in implementation_spec_refs(run)}  # nested steps' too
         for impl_name in sorted(impl_names):
             impls[impl_name] = await self._reference(ns, "implementationspecs", impl_name)
+        # The idempotency claim and the PersistentVolumeClaims matter only before the first Job (the
+        # planner reads them in admission alone): a started run reads neither. Before it, they are
+        # read with a GET, not from a watch (docs/operator.md#cache): a run does that once or twice,
+        # and the claim's create-or-conflict must be confirmed by the API server, never by a cache
+        # that may not have seen the create yet.
+        starting = run.status is None or run.status.started_at is None
         claim: IdempotencyClaim | None = None
         claim_checked = False
-        if spec.idempotency_key:
+        if spec.idempotency_key and starting:
             agent_name = spec.agent_ref.name if spec.agent_ref else ""
             lease_name = naming.idempotency_claim_name(ns, agent_name, spec.idempotency_key)
             lease = await self.kube.get_lease(ns, lease_name)
@@ -241,9 +247,8 @@ class Reconciler:
                 )
         pvc_names: frozenset[str] | None = None
         pvc_unbound: dict[str, str] = {}
-        if run.status is None or run.status.started_at is None:
-            # Claims matter before the first Job (missing: InvalidSpec; unbound: wait); afterwards
-            # every iteration mounts the same claims, so a running run does not read them again.
+        if starting:
+            # Missing: InvalidSpec; unbound: wait. Afterwards every iteration mounts the same claims.
             names = claim_names(run)
             try:
                 claims = await asyncio.gather(*(self.kube.get_pvc(ns, n) for n in names))

@@ -238,3 +238,17 @@ def test_an_unchanged_status_is_not_written_and_the_effects_still_apply(
     assert ("replace", "agentruns/run/status") not in done
     assert done[:3] == BEFORE_STATUS
     assert sorted(done[3:]) == sorted(AFTER_STATUS)
+
+
+def test_the_idempotency_claim_and_volume_claims_are_read_only_before_the_first_job() -> None:
+    """The planner reads them in admission alone: a started run makes no GET for them."""
+    before = RecordingKube(stored_run(idempotencyKey="nightly"))
+    reconcile(before)
+    reads = [c for c in before.calls if c[0] == "get"]
+    assert any(c[1].startswith("persistentvolumeclaims/") for c in reads)
+    assert any(c[1].startswith("leases/") for c in reads)
+    started = stored_run(idempotencyKey="nightly")
+    started["status"] = {"phase": "Running", "startedAt": "2026-03-01T12:00:00Z"}
+    after = RecordingKube(started)
+    reconcile(after)
+    assert [c for c in after.calls if c[0] == "get"] == []
