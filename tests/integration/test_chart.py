@@ -340,7 +340,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("agents.proompteng.ai", "implementationspecs"): {"get", "list", "watch"},
         ("batch", "jobs"): {"create", "get", "list", "watch", "delete", "patch"},
         ("", "pods"): {"list", "watch"},
-        ("", "events"): {"create"},
+        ("", "events"): {"create", "patch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
     }
@@ -392,7 +392,7 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("update", "jobs.batch"),
         ("update", "leases.coordination.k8s.io"),
         ("delete", "leases.coordination.k8s.io"),
-        ("patch", "events"),
+        ("update", "events"),
         ("create", "roles.rbac.authorization.k8s.io"),
         ("create", "rolebindings.rbac.authorization.k8s.io"),
         ("list", "namespaces"),
@@ -612,6 +612,94 @@ def test_operator_logs_show_no_forbidden_request_of_its_own(running: Running) ->
 
 def test_operator_serves_promptly_with_least_privilege(running: Running) -> None:
     assert running.first_served_after < 15, f"first run served after {running.first_served_after:.0f}s"
+
+
+# -- RBAC that refuses the reference watches --------------------------------------------------------
+REFERENCE_PLURALS = ("agents", "agentproviders", "implementationspecs")
+PROVIDER_IMAGE = "example.com/refused-provider:1"
+
+
+@pytest.fixture(scope="module")
+def refused_watches(
+    plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    """The chart's identity with an older grant: Agents, AgentProviders and ImplementationSpecs may
+    be read with get, not listed or watched (docs/operator.md#cache)."""
+    tmp = tmp_path_factory.mktemp("rbac-refused")
+    release_ns, run_ns = "rbac-refused-system", "rbac-refused-runs"
+    for ns in (release_ns, run_ns):
+        _ensure_namespace(plane, ns, restricted=False)
+    values: dict[str, Any] = {"watchNamespaces": [run_ns], "loops": {"enabled": True}}
+    docs = [d for d in helm.render(values, "rbac-refused", release_ns) if d["kind"] in IDENTITY_KINDS]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    for rule in role["rules"]:
+        if set(rule["resources"]) & set(REFERENCE_PLURALS):
+            assert set(rule["resources"]) <= set(REFERENCE_PLURALS), rule
+            rule["verbs"] = ["get"]
+    plane.kubectl("apply", "-f", "-", input_text="\n---\n".join(yaml.safe_dump(d) for d in docs))
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    installed = Installed(plane, kubeconfig, run_ns, False, docs)
+    eventually(
+        lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
+        60,
+        f"the default ServiceAccount in {run_ns}",
+    )
+    assert not installed.can_i("list", "agents.agents.proompteng.ai", "-n", run_ns)
+    assert installed.can_i("get", "agents.agents.proompteng.ai", "-n", run_ns)
+    outcomes = ScriptedOutcomes()
+    bound_claim(plane, run_ns, "ws")
+    driver = KubeletDriver(plane, run_ns, outcomes.outcome).start()
+    operator = OperatorProcess(
+        plane,
+        tmp / "operator",
+        env={"AGENTS_CONTROLLER_NAMESPACES": run_ns, "AGENTS_CONTROLLER_RESYNC_SECONDS": "3600"},
+        args=(f"--kubeconfig={kubeconfig}",),
+    ).start()
+    try:
+        yield Running(installed, operator, outcomes)
+    finally:
+        operator.stop()
+        driver.stop()
+        _delete(plane, docs)
+        assert not driver.errors, driver.errors[:5]
+
+
+def test_without_list_and_watch_on_references_runs_still_succeed_reading_them_with_get(
+    refused_watches: Running,
+) -> None:
+    running = refused_watches
+    for kind, obj, spec in (
+        ("AgentProvider", "refused-provider", {"image": PROVIDER_IMAGE, "command": ["sh", "-c", "true"]}),
+        ("Agent", "refused-agent", {"providerRef": {"name": "refused-provider"}}),
+        ("ImplementationSpec", "refused-impl", {"text": "Do the thing.", "summary": "thing"}),
+    ):
+        running.create(
+            {
+                "apiVersion": "agents.proompteng.ai/v1alpha1",
+                "kind": kind,
+                "metadata": {"name": obj},
+                "spec": spec,
+            }
+        )
+    run = workflow_run(
+        "refused-refs",
+        {"loop": {"maxIterations": 2}},
+        agentRef={"name": "refused-agent"},
+        implementationSpecRef={"name": "refused-impl"},
+    )
+    del run["spec"]["workload"]["image"], run["spec"]["workload"]["command"]
+    running.create(run)
+    done = running.wait_finished("refused-refs")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert done["status"]["workflow"]["steps"][0]["loop"]["completedIterations"] == 2
+    # The image came from the AgentProvider, read with GET although it could not be watched.
+    (job, _) = sorted(running.jobs("refused-refs"), key=lambda j: j["metadata"]["name"])
+    containers = job["spec"]["template"]["spec"]["containers"]
+    assert [c["image"] for c in containers if c["name"] == "main"] == [PROVIDER_IMAGE], containers
+    logs = running.operator.logs()
+    for plural in REFERENCE_PLURALS:
+        assert f"cannot list {plural} (grant list and watch on them); reading them per reconcile" in logs
 
 
 # -- HA: replicas > 1 with kopf peering ------------------------------------------------------------

@@ -90,10 +90,11 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
-# Events on AgentRuns (ours and kopf's warnings); both only ever POST.
+# Events on AgentRuns (ours and kopf's warnings); patch: a repeated Event is one series whose count
+# and last timestamp the operator updates (docs/operator.md#events).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 # Idempotency claims: a Lease with a deterministic name, created atomically.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
