@@ -28,6 +28,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -215,6 +216,7 @@ def main() -> int:
         "--profile", type=Path, default=None, help="profile the operator's CPU (stacks to FILE.1)"
     )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for all runs")
+    ap.add_argument("--keep", action="store_true", help="keep the control plane's directory (logs)")
     ap.add_argument(
         "--workers", type=int, default=None, help="the operator's --workers (its default if unset)"
     )
@@ -382,6 +384,8 @@ def main() -> int:
         if driver is not None:
             driver.stop()
         plane.stop()
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)  # a control plane's data: hundreds of MB at 500 runs
     if args.profile is not None and operator is not None:
         dump = Path(f"{args.profile}.{operator.starts}")
         if dump.exists():
