@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -74,12 +75,20 @@ def line(name: str, d: dict[str, float], unit: str = "ms") -> str:
 
 
 class JobWatch:
-    """Streams Job events and records when each Job was first added (monotonic) and how often."""
+    """Streams Job events and records when each Job was first added (monotonic) and how often.
+
+    A stream that ends (the API server closes a watch whose reader falls behind, as this one may at
+    500 runs on a loaded machine) is resumed from the last resourceVersion seen, so no ADDED event is
+    missed; `gaps` counts the times the server no longer had that version (410), after which
+    the lost/repeated check cannot vouch for the Jobs created meanwhile."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
         self.added: dict[str, float] = {}
         self.adds: collections.Counter[str] = collections.Counter()
+        self.resumes = 0
+        self.gaps = 0
+        self._version = ""
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> JobWatch:
@@ -87,13 +96,28 @@ class JobWatch:
         return self
 
     def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a broken stream: resume below
+                self._stream()
+            self.resumes += 1
+            time.sleep(0.1)
+
+    def _stream(self) -> None:
         url = f"{self.plane.server}/apis/batch/v1/namespaces/{NS}/jobs?watch=1&timeoutSeconds=3600"
+        if self._version:
+            url += f"&resourceVersion={self._version}"
         ctx = self.plane._client_ssl()
         with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
             for raw in resp:
                 event = json.loads(raw)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":  # 410 Gone: list-free resume impossible
+                    self.gaps += 1
+                    self._version = ""
+                    return
+                self._version = str((obj.get("metadata") or {}).get("resourceVersion") or self._version)
                 if event.get("type") == "ADDED":
-                    name = event["object"]["metadata"]["name"]
+                    name = obj["metadata"]["name"]
                     self.added.setdefault(name, time.monotonic())
                     self.adds[name] += 1
 
@@ -196,6 +220,8 @@ def lost_and_repeated(
         if extra in watch.added:
             repeated.append(f"{name}: a Job for iteration {iterations + 1}")
     return {
+        "job_watch_resumes": watch.resumes,
+        "job_watch_gaps": watch.gaps,
         "runs": len(names),
         "succeeded": len(names) - len(not_succeeded) - len(unfinished),
         "unfinished": len(unfinished),
@@ -358,7 +384,8 @@ def main() -> int:
         )
         print(
             f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished "
-            f"after {args.timeout:.0f}s, lost={check['lost']} repeated={check['repeated']}"
+            f"after {args.timeout:.0f}s, lost={check['lost']} repeated={check['repeated']} "
+            f"(the Job watch resumed {check['job_watch_resumes']} times, gaps {check['job_watch_gaps']})"
         )
         for example in check["examples"]:
             print("   ", example)
