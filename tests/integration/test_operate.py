@@ -25,6 +25,7 @@ from tests.support.processes import OperatorProcess
 
 NAMESPACE = "operate"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+REFERENCE_GRACE_SECONDS = 6
 
 
 @dataclass
@@ -95,7 +96,14 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
 
     driver = KubeletDriver(plane, NAMESPACE, outcome).start()
     operator = OperatorProcess(
-        plane, tmp_path_factory.mktemp("operate-operator"), env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE}
+        plane,
+        tmp_path_factory.mktemp("operate-operator"),
+        env={
+            "AGENTS_CONTROLLER_NAMESPACES": NAMESPACE,
+            # A short reference grace: the missing claim fails sooner (the 30 s default is the planner's
+            # unit test); long enough that the run is seen waiting first.
+            "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": str(REFERENCE_GRACE_SECONDS),
+        },
     ).start()
     try:
         yield Env(plane, operator, hang)
@@ -145,8 +153,17 @@ def test_a_missing_claim_fails_invalid_spec_naming_it_before_any_job(env: Env) -
     manifest["spec"]["workload"]["volumes"][0]["claimName"] = "never-created"
     env.create(manifest)
     # First it waits (people apply a directory in any order), then it fails.
-    eventually(lambda: (env.get("no-claim").get("status") or {}).get("reason") == "WaitingForReferences", 30)
-    assert condition(env.get("no-claim"), "Ready")["reason"] == "WaitingForReferences"
+
+    def waiting_run() -> dict[str, Any] | None:
+        run = env.get("no-claim")
+        return run if (run.get("status") or {}).get("reason") == "WaitingForReferences" else None
+
+    waiting: dict[str, Any] = eventually(waiting_run, 30, "the run to wait for its claim")
+    assert condition(waiting, "Ready")["reason"] == "WaitingForReferences"
+    assert (
+        f"InvalidSpec if still missing {REFERENCE_GRACE_SECONDS}s after creation"
+        in waiting["status"]["message"]
+    )
     run = env.wait_finished("no-claim", timeout=120)
     status = run["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
