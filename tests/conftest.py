@@ -31,8 +31,21 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 
 
+# Tiers that need neither the control plane nor a Docker engine run first: on a machine without the
+# control plane tools, `make test` builds them in the background meanwhile
+# (docs/development.md#make-test).
+SELF_CONTAINED_TIERS = ("unit", "packaging")
+
+
+def _runs_first(item: pytest.Item) -> bool:
+    parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
+    return bool(parts) and parts[0] in SELF_CONTAINED_TIERS
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by directory, so `-m "not integration"` selects the fast tiers."""
+    """Mark tests by directory, so `-m "not integration"` selects the fast tiers; self-contained
+    tiers first (a stable sort: the order inside each part is pytest's)."""
+    items.sort(key=lambda item: not _runs_first(item))
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts:

@@ -3,14 +3,14 @@
 Nothing prebuilt is downloaded: `kube-apiserver`, `kube-controller-manager` and `kubectl` come from
 `k8s.io/kubernetes` (each staging module mapped to its published `v0.X.Y`), `etcd` from
 `go.etcd.io/etcd/server/v3` at the version that Kubernetes release pins, and `helm` from
-`helm.sh/helm/v3`. The cache lives outside the repository and is reused when present.
-See docs/development.md#local-control-plane for why these versions.
+`helm.sh/helm/v3`. All five are one `go build` in one module whose dependency versions are pinned to
+Kubernetes' own, so a package they share is compiled once. The cache lives outside the repository and
+is reused when present. See docs/development.md#local-control-plane for why these versions.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -47,6 +47,8 @@ class Tool:
     go_mod: Callable[[], str]
     extra_files: dict[str, str] = field(default_factory=dict)
     ldflags: str = "-s -w"
+    # The compiler's own flags; DWARF is stripped at link time (`-s -w`), so it is not generated.
+    gcflags: str = "all=-dwarf=false"
     # Flags that depend on the resolved module graph (read with `go list -m`), as upstream Makefiles do.
     module_ldflags: Callable[[Callable[[str], str]], str] | None = None
     # Bumped when the build recipe changes, so a cache built the old way is rebuilt.
@@ -120,7 +122,7 @@ def _kubernetes_go_mod() -> str:
     staging = staging_modules(upstream)
     staging_version = "v0." + KUBERNETES_VERSION.split(".", 1)[1]
     lines = [
-        "module agentrun.local/controlplane/kubernetes",
+        "module agentrun.local/controlplane/tools",
         "",
         "go 1.26.0",
         "",
@@ -132,6 +134,50 @@ def _kubernetes_go_mod() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _controlplane_go_mod() -> str:
+    """Kubernetes' go.mod, plus helm and etcd, with every module Kubernetes uses pinned to its version.
+
+    The pins (`replace` to the version Kubernetes' own module graph selects) keep kube-apiserver,
+    kube-controller-manager and kubectl byte-for-byte the dependency set of a Kubernetes-only build,
+    and make helm and etcd link those same packages instead of compiling their own versions of them.
+    """
+    kubernetes = _kubernetes_go_mod()
+    graph_dir = toolchain_dir() / "src" / "kubernetes-graph"
+    graph_dir.mkdir(parents=True, exist_ok=True)
+    (graph_dir / "go.mod").write_text(kubernetes)
+    go = find_go()
+    done = subprocess.run(
+        [go, "list", "-m", "all"], cwd=graph_dir, env=_go_env(), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise ToolchainError(
+            f"`go list -m all` for Kubernetes v{KUBERNETES_VERSION} failed:\n{done.stderr.strip()}"
+        )
+    return combined_go_mod(kubernetes, done.stdout)
+
+
+def combined_go_mod(kubernetes_go_mod: str, kubernetes_graph: str) -> str:
+    """Add helm and etcd to Kubernetes' go.mod and pin the graph `go list -m all` printed for it."""
+    replaced = {line.split()[0] for line in kubernetes_go_mod.splitlines() if " => " in line}
+    pins = [
+        f"\t{parts[0]} => {parts[0]} {parts[1]}"
+        for parts in (line.split() for line in kubernetes_graph.splitlines()[1:])  # [0] is the main module
+        if len(parts) == 2 and parts[0] not in replaced
+    ]
+    require = f"require k8s.io/kubernetes v{KUBERNETES_VERSION}"
+    if require not in kubernetes_go_mod or not kubernetes_go_mod.rstrip().endswith(")"):
+        raise ToolchainError("unexpected shape of the generated Kubernetes go.mod")
+    combined = kubernetes_go_mod.replace(
+        require,
+        "require (\n"
+        f"\tk8s.io/kubernetes v{KUBERNETES_VERSION}\n"
+        f"\tgo.etcd.io/etcd/server/v3 v{ETCD_VERSION}\n"
+        f"\thelm.sh/helm/v3 v{HELM_VERSION}\n"
+        ")",
+    )
+    return combined.rstrip()[:-1] + "\n".join(pins) + "\n)\n"
 
 
 def staging_modules(upstream_go_mod: str) -> list[str]:
@@ -188,45 +234,30 @@ def helm_kube_version_ldflags(client_go_version: str) -> str:
     )
 
 
-def _go_mod(tool: str, go: str, require: str) -> str:
-    """The go.mod of a tool built from one upstream module (Kubernetes has its own: many replaces)."""
-    return f"module agentrun.local/controlplane/{tool}\n\ngo {go}\n\nrequire {require}\n"
+_HELM_LDFLAGS = (
+    f"-X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}"
+    " -X helm.sh/helm/v3/internal/version.metadata="
+    " -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+)
 
-
+# One build of all five binaries: `-X` of a package a binary does not link is ignored, so the
+# Kubernetes and helm version flags can share one `-ldflags`.
 TOOLS: tuple[Tool, ...] = (
     Tool(
-        name="kubernetes",
-        binaries=("kube-apiserver", "kube-controller-manager", "kubectl"),
+        name="controlplane",
+        binaries=("kube-apiserver", "kube-controller-manager", "kubectl", "etcd", "helm"),
         packages=(
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kubectl",
+            "./cmd/etcd",
+            "helm.sh/helm/v3/cmd/helm",
         ),
-        version=KUBERNETES_VERSION,
-        go_mod=_kubernetes_go_mod,
-        ldflags=_K8S_LDFLAGS,
-    ),
-    Tool(
-        name="etcd",
-        binaries=("etcd",),
-        packages=(".",),
-        version=ETCD_VERSION,
-        go_mod=functools.partial(_go_mod, "etcd", "1.24.0", f"go.etcd.io/etcd/server/v3 v{ETCD_VERSION}"),
-        extra_files={"main.go": _ETCD_MAIN},
-    ),
-    Tool(
-        name="helm",
-        binaries=("helm",),
-        packages=("helm.sh/helm/v3/cmd/helm",),
-        version=HELM_VERSION,
-        go_mod=functools.partial(_go_mod, "helm", "1.26.0", f"helm.sh/helm/v3 v{HELM_VERSION}"),
-        ldflags=(
-            f"-s -w -X helm.sh/helm/v3/internal/version.version=v{HELM_VERSION}"
-            " -X helm.sh/helm/v3/internal/version.metadata="
-            " -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-        ),
+        version=f"kubernetes {KUBERNETES_VERSION} etcd {ETCD_VERSION} helm {HELM_VERSION}",
+        go_mod=_controlplane_go_mod,
+        extra_files={"cmd/etcd/main.go": _ETCD_MAIN},
+        ldflags=f"{_K8S_LDFLAGS} {_HELM_LDFLAGS}",
         module_ldflags=lambda module_version: helm_kube_version_ldflags(module_version("k8s.io/client-go")),
-        recipe=2,
     ),
 )
 
@@ -295,9 +326,9 @@ def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label:
 
 
 def _module_version(go: str, work: Path, module: str) -> str:
-    """The version of `module` in the build's resolved module graph (`go list -m`)."""
+    """The version of `module` in the build's resolved module graph (`go list -m`), after `replace`."""
     done = subprocess.run(
-        [go, "list", "-f", "{{.Version}}", "-m", module],
+        [go, "list", "-f", "{{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}", "-m", module],
         cwd=work,
         env=_go_env(),
         capture_output=True,
@@ -318,6 +349,7 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     bin_dir().mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(tool.go_mod())
     for name, text in tool.extra_files.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(text)
     log = logs / f"{tool.name}.log"
     log.write_text("")
@@ -326,19 +358,20 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     ldflags = tool.ldflags
     if tool.module_ldflags is not None:
         ldflags = f"{ldflags} {tool.module_ldflags(lambda module: _module_version(go, work, module))}"
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", f"{out_dir}/", *tool.packages]
+    flags = ["-v", "-trimpath", "-gcflags", tool.gcflags, "-ldflags", ldflags]
+    cmd = [go, "build", *flags, "-o", f"{out_dir}/", *tool.packages]
     if tool.packages == (".",):
-        cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out_dir / tool.binaries[0])]
+        cmd = [go, "build", *flags, "-o", str(out_dir / tool.binaries[0])]
         _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)")
     started = time.monotonic()
-    _run_logged(cmd, work, log, progress, f"{tool.name} v{tool.version}")
+    _run_logged(cmd, work, log, progress, f"{tool.name} ({tool.version})")
     for binary in tool.binaries:
         built = out_dir / binary
         if not built.exists():
             raise ToolchainError(f"building {tool.name} produced no {binary}; see {log}")
         os.replace(built, bin_dir() / binary)
     _stamp(tool).write_text(_stamp_text(tool))
-    progress(f"built {tool.name} v{tool.version} in {time.monotonic() - started:.0f}s -> {bin_dir()}")
+    progress(f"built {tool.name} ({tool.version}) in {time.monotonic() - started:.0f}s -> {bin_dir()}")
 
 
 def ensure_tools(progress: Progress | None = None) -> Path:
@@ -350,10 +383,10 @@ def ensure_tools(progress: Progress | None = None) -> Path:
     with _build_lock():
         for tool in TOOLS:
             if is_built(tool):
-                say(f"control plane tools: {tool.name} v{tool.version} cached")
+                say(f"control plane tools: {tool.name} ({tool.version}) cached")
                 continue
             say(
-                f"control plane tools: building {tool.name} v{tool.version} from upstream Go modules "
+                f"control plane tools: building {tool.name} ({tool.version}) from upstream Go modules "
                 f"(first run only; log: {toolchain_dir() / 'logs' / (tool.name + '.log')})"
             )
             build_tool(tool, say)

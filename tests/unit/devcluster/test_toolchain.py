@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -92,7 +93,52 @@ def test_helm_kube_version_refuses_an_unreadable_module_version() -> None:
 
 
 def test_a_changed_build_recipe_makes_the_cached_tool_stale() -> None:
-    helm = next(t for t in toolchain.TOOLS if t.name == "helm")
-    assert "recipe 2" in toolchain._stamp_text(helm)
-    kubernetes = next(t for t in toolchain.TOOLS if t.name == "kubernetes")
-    assert "recipe" not in toolchain._stamp_text(kubernetes)
+    (plane,) = toolchain.TOOLS
+    assert "recipe" not in toolchain._stamp_text(plane)
+    assert "recipe 3" in toolchain._stamp_text(dataclasses.replace(plane, recipe=3))
+
+
+def test_one_build_makes_all_five_binaries_with_each_tools_version_flags() -> None:
+    (plane,) = toolchain.TOOLS
+    assert set(plane.binaries) == {"kube-apiserver", "kube-controller-manager", "kubectl", "etcd", "helm"}
+    assert f"component-base/version.gitVersion=v{toolchain.KUBERNETES_VERSION}" in plane.ldflags
+    assert f"helm/v3/internal/version.version=v{toolchain.HELM_VERSION}" in plane.ldflags
+    assert "-s -w" in plane.ldflags and plane.gcflags == "all=-dwarf=false"
+    assert "cmd/etcd/main.go" in plane.extra_files
+
+
+KUBERNETES_GO_MOD = """module agentrun.local/controlplane/tools
+
+go 1.26.0
+
+require k8s.io/kubernetes v1.36.3
+
+replace (
+\tk8s.io/api => k8s.io/api v0.36.3
+\tk8s.io/client-go => k8s.io/client-go v0.36.3
+)
+"""
+
+KUBERNETES_GRAPH = """agentrun.local/controlplane/tools
+google.golang.org/grpc v1.79.3
+k8s.io/api v0.0.0 => k8s.io/api v0.36.3
+k8s.io/kubernetes v1.36.3
+"""
+
+
+def test_the_combined_module_adds_helm_and_etcd_and_pins_every_kubernetes_dependency() -> None:
+    combined = toolchain.combined_go_mod(KUBERNETES_GO_MOD, KUBERNETES_GRAPH)
+    assert f"\thelm.sh/helm/v3 v{toolchain.HELM_VERSION}\n" in combined
+    assert f"\tgo.etcd.io/etcd/server/v3 v{toolchain.ETCD_VERSION}\n" in combined
+    # helm asks for a newer grpc than Kubernetes; the pin keeps Kubernetes' own.
+    assert "\tgoogle.golang.org/grpc => google.golang.org/grpc v1.79.3\n" in combined
+    assert "\tk8s.io/kubernetes => k8s.io/kubernetes v1.36.3\n" in combined
+    # a staging module keeps its one mapping; the main module is not pinned
+    assert combined.count("k8s.io/api =>") == 1
+    assert "agentrun.local/controlplane/tools =>" not in combined
+    assert combined.endswith(")\n")
+
+
+def test_an_unexpected_kubernetes_go_mod_is_refused() -> None:
+    with pytest.raises(ToolchainError, match="unexpected shape"):
+        toolchain.combined_go_mod("module x\n", KUBERNETES_GRAPH)
