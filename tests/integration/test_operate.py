@@ -18,6 +18,7 @@ import yaml
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.support import api
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -39,13 +40,10 @@ class Env:
         self.plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
 
     def get(self, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json")))
+        return api.agentrun(self.plane, NAMESPACE, name)
 
     def jobs(self, run: str) -> list[dict[str, Any]]:
-        out = self.plane.kubectl(
-            "get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json"
-        )
-        return list(json.loads(out)["items"])
+        return api.jobs_of_run(self.plane, NAMESPACE, run)
 
     def wait_finished(self, name: str, timeout: float = 90) -> dict[str, Any]:
         seen: dict[str, Any] = {}

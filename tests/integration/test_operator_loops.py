@@ -21,6 +21,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.support import api
 from tests.support.claims import bound_claims
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -59,12 +60,12 @@ def cluster(
 
 
 def _get(plane: ControlPlane, kind: str, name: str) -> dict[str, Any]:
-    return dict(json.loads(plane.kubectl("get", kind, name, "-n", NAMESPACE, "-o", "json")))
+    assert kind == "agentrun", kind
+    return api.agentrun(plane, NAMESPACE, name)
 
 
 def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
-    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
-    return list(json.loads(out)["items"])
+    return api.jobs_of_run(plane, NAMESPACE, run)
 
 
 def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
