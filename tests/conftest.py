@@ -4,9 +4,11 @@ started per session."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,10 +104,14 @@ def docker_image() -> str:
 
     if os.environ.get("AGENTRUN_DOCKER") == "0":
         pytest.skip("AGENTRUN_DOCKER=0: the Docker tiers are switched off")
-    try:
-        dockerengine.ensure_engine(print)
-    except dockerengine.EngineUnavailable as exc:
-        pytest.skip(f"no Docker engine: {exc}")
-    built = imagebuild.build_image(imagebuild.DEFAULT_TAG, "auto", print)
-    baseimages.ensure_busybox(print)
+    # One build at a time on this machine: parallel test processes (pytest-xdist workers, another
+    # checkout's session) share the engine and the image's tag.
+    with open(Path(tempfile.gettempdir()) / "agentrun-test-docker-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            dockerengine.ensure_engine(print)
+        except dockerengine.EngineUnavailable as exc:
+            pytest.skip(f"no Docker engine: {exc}")
+        built = imagebuild.build_image(imagebuild.DEFAULT_TAG, "auto", print)
+        baseimages.ensure_busybox(print)
     return built.tag

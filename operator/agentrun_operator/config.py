@@ -16,6 +16,10 @@ PREFIXES = ("AGENTS_", "JANGAR_AGENTS_")
 DEFAULT_RUNNER_IMAGE = "ghcr.io/proompteng/agentrun-runner:latest"
 DEFAULT_REPORTER_IMAGE = "ghcr.io/proompteng/agentrun-operator:0.1.0"
 
+DEFAULT_REFERENCE_GRACE_SECONDS = 30
+"""How long a run waits for a missing Agent/AgentProvider/ImplementationSpec/PVC after its creation
+(people apply a directory of manifests in any order) before it fails `InvalidSpec`."""
+
 
 class ConfigError(ValueError):
     """A configuration variable has a value the operator cannot use."""
@@ -34,6 +38,7 @@ class OperatorConfig:
     job_ttl_seconds_after_recorded: int = 300
     resync_seconds: float = 30.0
     status_budget_bytes: int = 256 * 1024
+    reference_grace_seconds: float = float(DEFAULT_REFERENCE_GRACE_SECONDS)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -85,4 +90,7 @@ class OperatorConfig:
             job_ttl_seconds_after_recorded=integer("CONTROLLER_JOB_TTL_SECONDS", 300, 0, 7 * 24 * 3600),
             resync_seconds=float(integer("CONTROLLER_RESYNC_SECONDS", 30, 1, 3600)),
             status_budget_bytes=integer("CONTROLLER_STATUS_BUDGET_BYTES", 256 * 1024, 1024, 1024 * 1024),
+            reference_grace_seconds=float(
+                integer("CONTROLLER_REFERENCE_GRACE_SECONDS", DEFAULT_REFERENCE_GRACE_SECONDS, 0, 3600)
+            ),
         )

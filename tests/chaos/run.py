@@ -43,6 +43,8 @@ KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart
 NAMESPACE = "default"
 AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+POLL_SECONDS = 0.5
+"""How often the suite looks at the runs and their claims (one or two GETs each time)."""
 
 RUN_TEMPLATE = """\
 apiVersion: v1
@@ -284,7 +286,7 @@ class LocalDefault:
         while not check():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out waiting for {what}")
-            time.sleep(1.0)
+            time.sleep(POLL_SECONDS)
 
     def claim_dir(self, name: str) -> Path | None:
         """The directory of the volume bound to the run's claim (None until it is bound)."""
@@ -360,7 +362,7 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
                 phases = seen
                 if len(phases) == len(names) and all(p in TERMINAL for p in phases.values()):
                     break
-            time.sleep(2.0)
+            time.sleep(POLL_SECONDS)
         report.phases = {n: phases.get(n, "missing") for n in names}
         for name in names:
             env.wait_for(

@@ -23,7 +23,18 @@ def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
         pytest.skip(str(exc))
     # Held in iteration 1 until every fault is in: each fault meets running containers (the
     # restarted runner adopts them), however fast or slow this machine is.
-    config = Config(runs=2, iterations=2, faults=1, iteration_seconds=1.0, gap=1.0, timeout=600, hold=True)
+    # Every kind still goes in once, each after the one before has healed (its recovery command
+    # returned); the freeze is short but real: requests hang while the API server is stopped.
+    config = Config(
+        runs=2,
+        iterations=2,
+        faults=1,
+        iteration_seconds=1.0,
+        freeze_seconds=2.0,
+        gap=0.5,
+        timeout=600,
+        hold=True,
+    )
     report = run(config, tmp_path / "dev")
     print(report.summary())
     assert sum(report.injected.values()) == len(KINDS), report.summary()

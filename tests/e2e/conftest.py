@@ -170,6 +170,9 @@ def start_local_default(
         env={
             "AGENTS_CONTROLLER_NAMESPACES": namespace,
             "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "600",
+            # A run whose claim does not exist fails after 6 s, not the default 30 s (which the
+            # planner's unit test proves); the examples create their claims before their runs.
+            "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "6",
             **(operator_env or {}),
         },
     )

@@ -1,17 +1,27 @@
-"""`agentrun dev up | status | run | logs | down` as a user runs them, with its own state directory:
-up starts the control plane, the pod runner and the operator (idempotently); down leaves no process
-and no mount behind, even with a pod running."""
+"""`agentrun dev up | status | env | run | logs | restart | down` as a user runs them, with its own
+state directory: up starts the control plane, the pod runner and the operator (idempotently) and
+restarts only what is down, on the same addresses; down leaves no process, port or mount behind,
+even with a pod running.
+
+One local default for the whole module (each `dev up` from nothing costs a control plane start): the
+tests run in file order on it, and the last one takes it down."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from agentrun_devcluster import processes
-from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane
 from agentrun_devcluster.dev import SERVICES, component_rows
 from agentrun_devcluster.toolchain import bin_dir
 from tests.e2e.conftest import EXAMPLES
@@ -62,57 +72,155 @@ def mounts_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_dev_up_runs_examples_and_down_leaves_nothing(tmp_path: Path) -> None:
-    home = tmp_path / "dev"
+@dataclass
+class Dev:
+    """The module's local default: its state directory and the first `dev up`'s answer."""
+
+    home: Path
+    first: subprocess.CompletedProcess[str]
+    plane: ControlPlane
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
+    home = tmp_path_factory.mktemp("dev-cli") / "dev"
+    first = agentrun(home, "dev", "up")
     try:
-        first = agentrun(home, "dev", "up")
         assert first.returncode == 0, first.stderr
-        plane = ControlPlane(home, bin_dir())
-        rows = {r.name: r for r in component_rows(plane)}
-        assert set(SERVICES) <= set(rows)
-        assert all(r.healthy for r in rows.values()), rows
-        pids = {name: r.pid for name, r in rows.items()}
-
-        second = agentrun(home, "dev", "up")
-        assert second.returncode == 0, second.stderr
-        assert "pod-runner already running" in second.stderr
-        assert "operator already running" in second.stderr
-        assert {r.name: r.pid for r in component_rows(plane)} == pids  # nothing restarted
-
-        status = agentrun(home, "dev", "status")
-        assert status.returncode == 0, status.stdout
-        for name, pid in pids.items():
-            line = next(ln for ln in status.stdout.splitlines() if ln.startswith(name))
-            assert str(pid) in line and "healthy" in line
-
-        ran = agentrun(home, "dev", "run", str(EXAMPLES / "fixed-loop.yaml"), "--timeout", "240")
-        assert ran.returncode == 0, ran.stdout + ran.stderr
-        assert "Succeeded" in ran.stdout and "LoopMaxIterationsReached" in ran.stdout
-        assert "iteration 3 of 3" in ran.stdout
-        pod = next(p for p in (home / "pods" / "default").iterdir() if "iter-3" in p.name).name
-        logs = agentrun(home, "dev", "logs", pod)
-        assert logs.returncode == 0 and "iteration 3 of 3" in logs.stdout, logs.stderr
-        reporter = agentrun(home, "dev", "logs", pod, "-c", "reporter")
-        assert '"status":"missing"' in reporter.stdout, reporter.stdout + reporter.stderr
-
-        # A pod still running when `down` comes.
-        plane.kubectl(
-            "run", "sleeper", "--image=busybox", "--restart=Never", "--command", "--", "sleep", "7781"
-        )
-        eventually(lambda: processes_with("sleep", "7781"), timeout=120, what="the sleeper to run")
-        assert processes_mentioning(str(home))
-        ports = plane.ports()
+        yield Dev(home, first, ControlPlane(home, bin_dir()))
     finally:
-        down = agentrun(home, "dev", "down")
+        agentrun(home, "dev", "down")  # the last test took it down already (`down` is idempotent)
+
+
+def _pids(home: Path) -> dict[str, int | None]:
+    run_dir = home / "run"
+    names = (*COMPONENTS, "pod-runner", "operator")
+    return {n: (r.pid if (r := processes.read_record(run_dir, n)) else None) for n in names}
+
+
+def test_dev_up_is_idempotent_and_status_and_env_describe_it(dev: Dev) -> None:
+    home, plane = dev.home, dev.plane
+    assert "control plane ready" in dev.first.stderr
+    rows = {r.name: r for r in component_rows(plane)}
+    assert set(COMPONENTS) | set(SERVICES) <= set(rows)
+    assert all(r.healthy for r in rows.values()), rows
+    pids = {name: r.pid for name, r in rows.items()}
+
+    second = agentrun(home, "dev", "up")
+    assert second.returncode == 0, second.stderr
+    assert "control plane already running" in second.stderr
+    assert "pod-runner already running" in second.stderr
+    assert "operator already running" in second.stderr
+    assert {r.name: r.pid for r in component_rows(plane)} == pids  # nothing restarted
+
+    status = agentrun(home, "dev", "status")
+    assert status.returncode == 0, status.stdout
+    for name, pid in pids.items():
+        line = next(ln for ln in status.stdout.splitlines() if ln.startswith(name))
+        assert str(pid) in line and "healthy" in line
+
+    env = agentrun(home, "dev", "env")
+    assert f"export KUBECONFIG={home / 'kubeconfig'}" in env.stdout
+    assert f"export PATH={bin_dir()}:" in env.stdout
+    shell = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'eval "$({sys.executable} -m agentrun_operator.cli dev env)" && kubectl get crd -o name',
+        ],
+        env=dict(os.environ, AGENTRUN_DEV_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "customresourcedefinition.apiextensions.k8s.io/agentruns.agents.proompteng.ai" in shell.stdout, (
+        shell.stderr
+    )
+
+
+def test_dev_run_follows_an_example_and_logs_show_its_containers(dev: Dev) -> None:
+    home = dev.home
+    ran = agentrun(home, "dev", "run", str(EXAMPLES / "fixed-loop.yaml"), "--timeout", "240")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "Succeeded" in ran.stdout and "LoopMaxIterationsReached" in ran.stdout
+    assert "iteration 3 of 3" in ran.stdout
+    pod = next(p for p in (home / "pods" / "default").iterdir() if "iter-3" in p.name).name
+    logs = agentrun(home, "dev", "logs", pod)
+    assert logs.returncode == 0 and "iteration 3 of 3" in logs.stdout, logs.stderr
+    reporter = agentrun(home, "dev", "logs", pod, "-c", "reporter")
+    assert '"status":"missing"' in reporter.stdout, reporter.stdout + reporter.stderr
+
+
+def test_up_restarts_only_what_is_down_on_the_same_ports(dev: Dev) -> None:
+    home, plane = dev.home, dev.plane
+    ports = plane.ports()
+    pids = _pids(home)
+
+    # The API server dies: `up` restarts it alone, on its port; everything else keeps running.
+    os.kill(pids["kube-apiserver"] or 0, signal.SIGKILL)
+    again = agentrun(home, "dev", "up")
+    assert again.returncode == 0, again.stderr
+    after = _pids(home)
+    assert after["kube-apiserver"] != pids["kube-apiserver"]
+    assert {k: v for k, v in after.items() if k != "kube-apiserver"} == {
+        k: v for k, v in pids.items() if k != "kube-apiserver"
+    }
+    assert plane.ports() == ports
+    assert "etcd already running" in again.stderr
+
+    # `dev restart` of etcd and of the pod runner: new processes, same addresses.
+    for component in ("etcd", "pod-runner"):
+        restarted = agentrun(home, "dev", "restart", component)
+        assert restarted.returncode == 0, restarted.stderr
+        assert _pids(home)[component] != after[component]
+    assert plane.ports() == ports
+    status = agentrun(home, "dev", "status")
+    assert status.returncode == 0, status.stdout
+
+    # A port taken by someone else while the rest runs: `up` names it and says what to do.
+    kcm = _pids(home)["kube-controller-manager"]
+    os.kill(kcm or 0, signal.SIGKILL)
+    while processes.port_open(ports.controller_manager):
+        time.sleep(0.1)
+    with socket.create_server(("127.0.0.1", ports.controller_manager)):
+        taken = agentrun(home, "dev", "up")
+    assert taken.returncode == 1
+    assert f"kube-controller-manager cannot start on its port {ports.controller_manager}" in taken.stderr
+    assert "agentrun dev down" in taken.stderr
+
+    # A state directory of another version: refused, nothing touched.
+    (home / "state-format").write_text("0\n")
+    old = agentrun(home, "dev", "up")
+    assert old.returncode == 1 and "state format '0'" in old.stderr, old.stderr
+    assert (home / "etcd-data").is_dir()
+    (home / "state-format").write_text("2\n")
+    back = agentrun(home, "dev", "up")
+    assert back.returncode == 0, back.stderr
+    assert plane.ports() == ports
+
+
+def test_down_with_a_pod_running_leaves_nothing(dev: Dev) -> None:
+    home, plane = dev.home, dev.plane
+    pids = {r.name: r.pid for r in component_rows(plane)}
+    # A pod still running when `down` comes.
+    plane.kubectl("run", "sleeper", "--image=busybox", "--restart=Never", "--command", "--", "sleep", "7781")
+    eventually(lambda: processes_with("sleep", "7781"), timeout=120, what="the sleeper to run")
+    assert processes_mentioning(str(home))
+    ports = plane.ports()
+
+    down = agentrun(home, "dev", "down")
     assert down.returncode == 0, down.stderr
     time.sleep(0.5)
     assert not processes_with("sleep", "7781")
     assert processes_mentioning(str(home)) == []
     assert mounts_mentioning(str(home)) == []
-    for port in (ports.etcd_client, ports.apiserver, ports.controller_manager):
+    for pid in pids.values():
+        assert pid is not None
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    for port in (ports.etcd_client, ports.etcd_peer, ports.apiserver, ports.controller_manager):
         assert not processes.port_open(port)
     stopped = agentrun(home, "dev", "status")
-    assert stopped.returncode == 1
+    assert stopped.returncode == 1 and "stopped" in stopped.stdout
     for name in pids:
         assert name in stopped.stdout
     assert not list((home / "run").glob("*.pid"))

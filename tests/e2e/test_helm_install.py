@@ -26,6 +26,7 @@ from agentrun_devcluster import processes
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.e2e.conftest import EXAMPLES, TERMINAL, step_status
 from tests.integration.helm import CHART, Helm
+from tests.support import api
 from tests.support.claims import bound_claim_dir, create_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -56,9 +57,7 @@ class Release:
 
     # -- the operator's pods -----------------------------------------------------------------------
     def pods(self) -> list[dict[str, Any]]:
-        out = self.plane.kubectl("get", "pods", "-n", self.release_ns, "-l", SELECTOR, "-o", "json")
-        items: list[dict[str, Any]] = json.loads(out)["items"]
-        return items
+        return api.items(self.plane, "/api/v1", self.release_ns, "pods", SELECTOR)
 
     def running_pods(self, loops_enabled: str, count: int = 1) -> list[dict[str, Any]]:
         """The operator pods, `count` of them and no others, each Running, Ready, started, with the flag."""
@@ -114,9 +113,7 @@ class Release:
         self.plane.kubectl("apply", "-n", self.runs_ns, "-f", "-", input_text=text)
 
     def run(self, name: str) -> dict[str, Any]:
-        out = self.plane.kubectl("get", "agentrun", name, "-n", self.runs_ns, "-o", "json")
-        result: dict[str, Any] = json.loads(out)
-        return result
+        return api.agentrun(self.plane, self.runs_ns, name)
 
     def wait_for_end(self, name: str, timeout: float = 180.0) -> dict[str, Any]:
         def ended() -> dict[str, Any] | None:

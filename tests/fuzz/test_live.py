@@ -26,7 +26,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.fuzz.mutate import Mutant, example_claims, mutant, support_objects
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.support.claims import bound_claim
+from tests.support.claims import bound_claims
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
@@ -60,14 +60,19 @@ def fuzz_cluster(
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
-    for obj in support_objects():
+    support = support_objects()
+    for obj in support:
         obj["metadata"]["namespace"] = NAMESPACE
-        plane.kubectl("apply", "-f", "-", input_text=json.dumps(obj))
-    for claim in example_claims():  # bound, as the operator requires before a run starts
-        bound_claim(plane, NAMESPACE, claim)
+    plane.kubectl(
+        "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": support})
+    )
+    bound_claims(plane, NAMESPACE, example_claims())  # bound, as the operator requires before a run starts
     driver = KubeletDriver(plane, NAMESPACE, outcome_of).start()
     operator = OperatorProcess(
-        plane, tmp_path_factory.mktemp("fuzz-operator"), env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE}
+        plane,
+        tmp_path_factory.mktemp("fuzz-operator"),
+        # A mutant naming a missing object fails after 6 s instead of the default 30 s.
+        env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE, "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "6"},
     ).start()
     try:
         yield plane, operator

@@ -155,6 +155,7 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
             "watchNamespaces": WATCHED,
             "loops": {"enabled": True, "maxIterations": 100, "statusHistoryLimit": 7},
             "jobTTLSecondsAfterRecorded": 42,
+            "referenceGraceSeconds": 7,
             "runner": {"image": "busybox:1.36"},
             "image": {"repository": "example.com/op", "tag": "1.2.3"},
             "replicas": 2,
@@ -170,6 +171,7 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     assert env["AGENTS_CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT"] == "7"
     assert env["AGENTS_CONTROLLER_NAMESPACES"] == ",".join(WATCHED)
     assert env["AGENTS_CONTROLLER_JOB_TTL_SECONDS"] == "42"
+    assert env["AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS"] == "7"
     assert env["AGENTS_AGENT_RUNNER_IMAGE"] == "busybox:1.36"
     assert env["AGENTS_REPORTER_IMAGE"] == "example.com/op:1.2.3" == container["image"]
     assert container["args"][0] == "operator"

@@ -21,6 +21,7 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane, ControlPlaneError
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.support import api
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.metrics import delta, scrape, value
@@ -97,7 +98,7 @@ def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
 
 
 def _get(plane: ControlPlane, name: str) -> dict[str, Any]:
-    return dict(json.loads(plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json")))
+    return api.agentrun(plane, NAMESPACE, name)
 
 
 def _wait_finished(cluster: Cluster, name: str, timeout: float = 90) -> dict[str, Any]:
@@ -118,8 +119,7 @@ def _wait_finished(cluster: Cluster, name: str, timeout: float = 90) -> dict[str
 
 
 def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
-    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
-    return list(json.loads(out)["items"])
+    return api.jobs_of_run(plane, NAMESPACE, run)
 
 
 def _events(plane: ControlPlane, uid: str) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ import yaml
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.support import api
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -25,6 +26,7 @@ from tests.support.processes import OperatorProcess
 
 NAMESPACE = "operate"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
+REFERENCE_GRACE_SECONDS = 6
 
 
 @dataclass
@@ -38,13 +40,10 @@ class Env:
         self.plane.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
 
     def get(self, name: str) -> dict[str, Any]:
-        return dict(json.loads(self.plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json")))
+        return api.agentrun(self.plane, NAMESPACE, name)
 
     def jobs(self, run: str) -> list[dict[str, Any]]:
-        out = self.plane.kubectl(
-            "get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json"
-        )
-        return list(json.loads(out)["items"])
+        return api.jobs_of_run(self.plane, NAMESPACE, run)
 
     def wait_finished(self, name: str, timeout: float = 90) -> dict[str, Any]:
         seen: dict[str, Any] = {}
@@ -95,7 +94,14 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
 
     driver = KubeletDriver(plane, NAMESPACE, outcome).start()
     operator = OperatorProcess(
-        plane, tmp_path_factory.mktemp("operate-operator"), env={"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE}
+        plane,
+        tmp_path_factory.mktemp("operate-operator"),
+        env={
+            "AGENTS_CONTROLLER_NAMESPACES": NAMESPACE,
+            # A short reference grace: the missing claim fails sooner (the 30 s default is the planner's
+            # unit test); long enough that the run is seen waiting first.
+            "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": str(REFERENCE_GRACE_SECONDS),
+        },
     ).start()
     try:
         yield Env(plane, operator, hang)
@@ -145,8 +151,17 @@ def test_a_missing_claim_fails_invalid_spec_naming_it_before_any_job(env: Env) -
     manifest["spec"]["workload"]["volumes"][0]["claimName"] = "never-created"
     env.create(manifest)
     # First it waits (people apply a directory in any order), then it fails.
-    eventually(lambda: (env.get("no-claim").get("status") or {}).get("reason") == "WaitingForReferences", 30)
-    assert condition(env.get("no-claim"), "Ready")["reason"] == "WaitingForReferences"
+
+    def waiting_run() -> dict[str, Any] | None:
+        run = env.get("no-claim")
+        return run if (run.get("status") or {}).get("reason") == "WaitingForReferences" else None
+
+    waiting: dict[str, Any] = eventually(waiting_run, 30, "the run to wait for its claim")
+    assert condition(waiting, "Ready")["reason"] == "WaitingForReferences"
+    assert (
+        f"InvalidSpec if still missing {REFERENCE_GRACE_SECONDS}s after creation"
+        in waiting["status"]["message"]
+    )
     run = env.wait_finished("no-claim", timeout=120)
     status = run["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")

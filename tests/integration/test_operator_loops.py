@@ -21,7 +21,8 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
-from tests.support.claims import bound_claim
+from tests.support import api
+from tests.support.claims import bound_claims
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
@@ -44,8 +45,7 @@ def cluster(
     if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", NAMESPACE)
     eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
-    for claim in ("ws", "codex-workspace"):  # workflow_run's, and the reference manifests'
-        bound_claim(plane, NAMESPACE, claim)
+    bound_claims(plane, NAMESPACE, ["ws", "codex-workspace"])  # workflow_run's, the reference manifests'
     driver = KubeletDriver(plane, NAMESPACE, outcomes.outcome).start()
     operator = OperatorProcess(
         plane,
@@ -60,12 +60,12 @@ def cluster(
 
 
 def _get(plane: ControlPlane, kind: str, name: str) -> dict[str, Any]:
-    return dict(json.loads(plane.kubectl("get", kind, name, "-n", NAMESPACE, "-o", "json")))
+    assert kind == "agentrun", kind
+    return api.agentrun(plane, NAMESPACE, name)
 
 
 def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
-    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
-    return list(json.loads(out)["items"])
+    return api.jobs_of_run(plane, NAMESPACE, run)
 
 
 def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:

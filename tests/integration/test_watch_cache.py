@@ -26,6 +26,7 @@ from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
+from tests.support import api
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -88,12 +89,11 @@ def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
 
 
 def _run(plane: ControlPlane, name: str) -> dict[str, Any]:
-    return dict(json.loads(plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json")))
+    return api.agentrun(plane, NAMESPACE, name)
 
 
 def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
-    out = plane.kubectl("get", "jobs", "-n", NAMESPACE, "-l", f"{naming.LABEL_RUN}={run}", "-o", "json")
-    return list(json.loads(out)["items"])
+    return api.jobs_of_run(plane, NAMESPACE, run)
 
 
 def _finished(

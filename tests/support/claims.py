@@ -16,42 +16,54 @@ def bound_claim(plane: ControlPlane, namespace: str, name: str = "ws") -> None:
     The integration tier has no pod runner (so no local provisioner); the operator only needs the
     claim to exist and be Bound before it starts a run (the fake kubelet never mounts anything).
     """
-    volume = f"static-{namespace}-{name}"
-    docs = [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": volume},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "claimRef": {"namespace": namespace, "name": name},
-                "hostPath": {"path": f"/nonexistent/agentrun-tests/{volume}"},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": volume,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    ]
-    for doc in docs:
-        plane.kubectl("apply", "-f", "-", input_text=json.dumps(doc))
-    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}"
+    bound_claims(plane, namespace, [name])
 
-    def bound() -> bool:
+
+def bound_claims(plane: ControlPlane, namespace: str, names: list[str]) -> None:
+    """`bound_claim` for several claims at once: one `kubectl apply` of every volume and claim, then
+    one wait until all are Bound (the binder binds them together)."""
+    docs: list[dict[str, Any]] = []
+    for name in names:
+        volume = f"static-{namespace}-{name}"
+        docs += [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": namespace, "name": name},
+                    "hostPath": {"path": f"/nonexistent/agentrun-tests/{volume}"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    plane.kubectl(
+        "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    )
+    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+
+    def all_bound() -> bool:
         code, body = plane.api_get(path)
-        return code == 200 and json.loads(body).get("status", {}).get("phase") == "Bound"
+        if code != 200:
+            return False
+        phases = {c["metadata"]["name"]: c.get("status", {}).get("phase") for c in json.loads(body)["items"]}
+        return all(phases.get(name) == "Bound" for name in names)
 
-    eventually(bound, what=f"claim {namespace}/{name} to be bound")
+    eventually(all_bound, what=f"claims {namespace}/{','.join(names)} to be bound")
 
 
 def bound_claim_dir(plane: ControlPlane, state_dir: Path, namespace: str, claim: str) -> Path:

@@ -27,6 +27,7 @@ def test_defaults_without_any_variable() -> None:
     assert config.reporter_image == DEFAULT_REPORTER_IMAGE
     assert config.job_ttl_seconds_after_recorded == 300
     assert config.resync_seconds == 30.0
+    assert config.reference_grace_seconds == 30.0
 
 
 def test_every_documented_variable_is_read() -> None:
@@ -40,6 +41,7 @@ def test_every_documented_variable_is_read() -> None:
             "AGENTS_REPORTER_IMAGE": "reporter:3",
             "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "0",
             "AGENTS_CONTROLLER_RESYNC_SECONDS": "5",
+            "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "0",
         }
     )
     assert config == OperatorConfig(
@@ -51,6 +53,7 @@ def test_every_documented_variable_is_read() -> None:
         reporter_image="reporter:3",
         job_ttl_seconds_after_recorded=0,
         resync_seconds=5.0,
+        reference_grace_seconds=0.0,
     )
 
 
@@ -65,6 +68,7 @@ def test_every_documented_variable_is_read() -> None:
         ("REPORTER_IMAGE", "rep:1", "reporter_image", "rep:1"),
         ("CONTROLLER_JOB_TTL_SECONDS", "60", "job_ttl_seconds_after_recorded", 60),
         ("CONTROLLER_RESYNC_SECONDS", "11", "resync_seconds", 11.0),
+        ("CONTROLLER_REFERENCE_GRACE_SECONDS", "5", "reference_grace_seconds", 5.0),
     ],
 )
 def test_jangar_alias_of_every_variable(name: str, value: str, attribute: str, expected: object) -> None:
@@ -132,6 +136,8 @@ def test_false_spellings(value: str) -> None:
         ("AGENTS_CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT", "0", "expected an integer in 1..1000"),
         ("AGENTS_CONTROLLER_JOB_TTL_SECONDS", "-1", "expected an integer in 0..604800"),
         ("AGENTS_CONTROLLER_RESYNC_SECONDS", "3601", "expected an integer in 1..3600"),
+        ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "-1", "expected an integer in 0..3600"),
+        ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "2.5", "expected an integer in 0..3600"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(key: str, value: str, expected: str) -> None:

@@ -34,9 +34,6 @@ from agentrun_operator.planner.validate import (
     validate_run,
 )
 
-REFERENCE_GRACE_SECONDS: Final = 30.0
-"""A missing Agent/AgentProvider/ImplementationSpec/PVC is waited for this long after creation."""
-
 MAX_PROBLEMS_IN_MESSAGE: Final = 5
 
 REASON_WAITING_FOR_REFERENCES: Final = "WaitingForReferences"
@@ -92,8 +89,9 @@ def _reference_wait_seconds(ctx: PlanContext, problems: list[Problem]) -> float 
     """Seconds left to wait when every problem is a missing reference young enough; else None."""
     if not all(p.missing for p in problems):
         return None
+    grace = ctx.config.reference_grace_seconds
     age = ctx.seconds_since(_creation_time(ctx.run))
-    return REFERENCE_GRACE_SECONDS - age if age < REFERENCE_GRACE_SECONDS else None
+    return grace - age if age < grace else None
 
 
 def _wait_for_references(ctx: PlanContext, problems: list[Problem], seconds: float) -> None:
@@ -102,7 +100,7 @@ def _wait_for_references(ctx: PlanContext, problems: list[Problem], seconds: flo
         ctx,
         REASON_WAITING_FOR_REFERENCES,
         f"waiting for {missing} to exist; the run fails with InvalidSpec if still missing "
-        f"{REFERENCE_GRACE_SECONDS:g}s after creation",
+        f"{ctx.config.reference_grace_seconds:g}s after creation",
     )
     ctx.requeue(seconds + 0.5)
 

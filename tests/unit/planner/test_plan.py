@@ -21,6 +21,7 @@ from agentrun_operator.planner.actions import (
     DeleteJob,
     DeleteRun,
     EmitEvent,
+    Requeue,
     SetJobTTL,
 )
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, ObservedJob, ObservedPod
@@ -431,16 +432,44 @@ def test_max_iterations_above_the_operator_cap_is_invalid() -> None:
 
 
 def test_missing_reference_waits_within_grace_then_is_invalid() -> None:
+    """The default grace: 30 s after the run's creation."""
     world = PlannerWorld(manifest(agentRef={"name": "codex"}), agents={"codex": None})
+    assert world.config.reference_grace_seconds == 30.0
     world.now = T0 + timedelta(seconds=5)
     result = world.plan()
     assert result.status.phase == "Pending" and result.status.reason == "WaitingForReferences"
     assert "Agent/codex" in (result.status.message or "")
+    assert "InvalidSpec if still missing 30s after creation" in (result.status.message or "")
+    assert [a.after_seconds for a in result.actions if isinstance(a, Requeue)] == [25.5]
     assert creates(result) == [] and events_of(result) == []
+    world.now = T0 + timedelta(seconds=29)
+    assert world.plan().status.reason == "WaitingForReferences"
     world.now = T0 + timedelta(seconds=31)
     result = world.plan()
     assert result.status.phase == "Failed" and result.status.reason == "InvalidSpec"
     assert "Agent 'codex' does not exist" in (result.status.message or "")
+
+
+def test_the_reference_grace_is_the_installation_s() -> None:
+    """AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS: a shorter grace fails the run sooner; 0 at once."""
+    config = replace(LOOPS_ON, reference_grace_seconds=5.0)
+    world = PlannerWorld(manifest(agentRef={"name": "codex"}), agents={"codex": None}, config=config)
+    world.now = T0 + timedelta(seconds=2)
+    result = world.plan()
+    assert result.status.reason == "WaitingForReferences"
+    assert "InvalidSpec if still missing 5s after creation" in (result.status.message or "")
+    assert [a.after_seconds for a in result.actions if isinstance(a, Requeue)] == [3.5]
+    world.now = T0 + timedelta(seconds=6)
+    result = world.plan()
+    assert (result.status.phase, result.status.reason) == ("Failed", "InvalidSpec")
+    assert "Agent 'codex' does not exist" in (result.status.message or "")
+    at_once = PlannerWorld(
+        manifest(agentRef={"name": "codex"}),
+        agents={"codex": None},
+        config=replace(LOOPS_ON, reference_grace_seconds=0.0),
+    )
+    failed = at_once.plan().status
+    assert (failed.phase, failed.reason) == ("Failed", "InvalidSpec")
 
 
 def test_reference_appearing_within_grace_lets_the_run_start() -> None:

@@ -1,0 +1,39 @@
+"""Reads from the API server for tests that poll: one HTTPS GET each (a `kubectl get` costs a process
+start and ~80 ms of CPU, which a loop polling every 0.1 s takes from the system under test)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_operator import naming
+
+RUNS = f"/apis/{naming.GROUP}/v1alpha1"
+
+
+def get_json(plane: ControlPlane, path: str) -> dict[str, Any]:
+    """The object or list at `path`; fails naming the path and the answer unless it is 200."""
+    code, body = plane.api_get(path, timeout=30.0)
+    assert code == 200, f"GET {path}: {code} {body[:300]!r}"
+    result: dict[str, Any] = json.loads(body)
+    return result
+
+
+def agentrun(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    return get_json(plane, f"{RUNS}/namespaces/{namespace}/agentruns/{name}")
+
+
+def items(
+    plane: ControlPlane, group_version: str, namespace: str, plural: str, selector: str
+) -> list[dict[str, Any]]:
+    """The objects of `plural` in `namespace` matching the label `selector` (`/api/v1` or `/apis/G/V`)."""
+    path = f"{group_version}/namespaces/{namespace}/{plural}?labelSelector={quote(selector)}"
+    found: list[dict[str, Any]] = get_json(plane, path)["items"]
+    return found
+
+
+def jobs_of_run(plane: ControlPlane, namespace: str, run: str) -> list[dict[str, Any]]:
+    """The Jobs the operator made for the run `run`."""
+    return items(plane, "/apis/batch/v1", namespace, "jobs", f"{naming.LABEL_RUN}={run}")
