@@ -1,13 +1,14 @@
-"""Watch caches: the AgentRuns, Jobs and Pods kopf's watches deliver, indexed by run.
+"""Watch caches: the AgentRuns (kopf's watch), Jobs and Pods (our informers), indexed by run.
 
 A reconcile reads its run, the run's Jobs and their Pods from here instead of listing them from the
 API server (docs/operator.md#cache). Why it is correct:
 
-- **Restart.** Runs and Jobs are fed by kopf *indexing* handlers, and kopf runs no other handler
-  before every indexed resource's initial listing has been indexed; Pods by our informer
-  (shell/informer.py), after its first LIST. The work queue starts reconciling only once every feeder
-  has opened its gate (`ready`), so no reconcile ever sees a half-filled cache.
-- **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer).
+- **Restart.** Runs are fed by a kopf *indexing* handler, and kopf runs no other handler before the
+  initial listing has been indexed; Jobs, Pods and what runs refer to by our informers
+  (shell/informer.py), after their first LIST. The work queue starts reconciling only once every
+  feeder has opened its gate (`ready`), so no reconcile ever sees a half-filled cache.
+- **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer, the
+  Job with its TTL).
   Anything else that is stale makes a write fail safely: the status PUT carries the cached
   resourceVersion (409 -> the run is fetched fresh and re-planned), and Job names are deterministic
   (AlreadyExists -> the existing Job is adopted).
