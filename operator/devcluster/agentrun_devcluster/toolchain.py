@@ -72,11 +72,19 @@ def bin_dir() -> Path:
     return toolchain_dir() / "bin"
 
 
-def _go_env() -> dict[str, str]:
+# `go` fetches at most GOMAXPROCS modules at once: 2 on a 2-core machine, where the ~210 modules of a
+# first build took 95 s to resolve and download, against 20 s at 32. The commands that only resolve
+# and download run with this; compiles keep the default (one per core).
+DOWNLOAD_PARALLELISM = 32
+
+
+def _go_env(downloads: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env["GOFLAGS"] = "-mod=mod -buildvcs=false"
     env.setdefault("CGO_ENABLED", "0")
     env["GOTOOLCHAIN"] = "local"
+    if downloads:
+        env["GOMAXPROCS"] = str(DOWNLOAD_PARALLELISM)
     return env
 
 
@@ -110,7 +118,7 @@ def _kubernetes_go_mod() -> str:
         [go, "mod", "download", "-json", f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"],
         capture_output=True,
         text=True,
-        env=_go_env(),
+        env=_go_env(downloads=True),
         cwd=cache_root(),
         check=False,
     )
@@ -149,7 +157,12 @@ def _controlplane_go_mod() -> str:
     (graph_dir / "go.mod").write_text(kubernetes)
     go = find_go()
     done = subprocess.run(
-        [go, "list", "-m", "all"], cwd=graph_dir, env=_go_env(), capture_output=True, text=True, check=False
+        [go, "list", "-m", "all"],
+        cwd=graph_dir,
+        env=_go_env(downloads=True),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise ToolchainError(
@@ -283,7 +296,9 @@ def _build_lock() -> contextlib.AbstractContextManager[None]:
     return exclusive(toolchain_dir() / ".lock")
 
 
-def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label: str) -> None:
+def _run_logged(
+    cmd: list[str], cwd: Path, log: Path, progress: Progress, label: str, downloads: bool = False
+) -> None:
     """Run a long build, streaming to a log file and printing a heartbeat with what it is doing."""
     started = time.monotonic()
     counts = {"packages": 0, "downloads": 0}
@@ -292,7 +307,7 @@ def _run_logged(cmd: list[str], cwd: Path, log: Path, progress: Progress, label:
         out.write(f"$ (cd {cwd} && {' '.join(cmd)})\n")
         out.flush()
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, cwd=cwd, env=_go_env(downloads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         stop = threading.Event()
 
@@ -330,7 +345,7 @@ def _module_version(go: str, work: Path, module: str) -> str:
     done = subprocess.run(
         [go, "list", "-f", "{{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}", "-m", module],
         cwd=work,
-        env=_go_env(),
+        env=_go_env(downloads=True),
         capture_output=True,
         text=True,
         check=False,
@@ -362,7 +377,11 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     cmd = [go, "build", *flags, "-o", f"{out_dir}/", *tool.packages]
     if tool.packages == (".",):
         cmd = [go, "build", *flags, "-o", str(out_dir / tool.binaries[0])]
-        _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)")
+        _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)", downloads=True)
+    # Load every package first, which downloads the modules they are in, many at a time; `-e` leaves
+    # a package's own errors to the build, which reports them.
+    fetch = [go, "list", "-e", "-deps", "-f", "{{if false}}{{end}}", *tool.packages]
+    _run_logged(fetch, work, log, progress, f"{tool.name} (downloading modules)", downloads=True)
     started = time.monotonic()
     _run_logged(cmd, work, log, progress, f"{tool.name} ({tool.version})")
     for binary in tool.binaries:

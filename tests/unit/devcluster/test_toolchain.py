@@ -142,3 +142,9 @@ def test_the_combined_module_adds_helm_and_etcd_and_pins_every_kubernetes_depend
 def test_an_unexpected_kubernetes_go_mod_is_refused() -> None:
     with pytest.raises(ToolchainError, match="unexpected shape"):
         toolchain.combined_go_mod("module x\n", KUBERNETES_GRAPH)
+
+
+def test_downloads_run_many_at_once_and_compiles_one_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    assert toolchain._go_env(downloads=True)["GOMAXPROCS"] == str(toolchain.DOWNLOAD_PARALLELISM)
+    assert "GOMAXPROCS" not in toolchain._go_env()
