@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.source import parse_file
+
 
 @dataclass(frozen=True)
 class Import:
@@ -82,7 +84,7 @@ def import_graph(root: Path, package: str) -> dict[str, list[Import]]:
     graph: dict[str, list[Import]] = {}
     for name, path in modules.items():
         collector = _Collector(name, path.name == "__init__.py", known)
-        collector.visit(ast.parse(path.read_text(), str(path)))
+        collector.visit(parse_file(path))
         graph[name] = collector.found
     return graph
 

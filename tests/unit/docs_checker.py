@@ -38,6 +38,7 @@ from agentrun_operator import cli
 from agentrun_operator.api import GROUP
 from agentrun_operator.control import reporter
 from agentrun_operator.shell import metrics as operator_metrics
+from tests.support.source import parse_file
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "agentrun_operator"
@@ -329,7 +330,7 @@ def settable_names(*roots: Path, exclude: Iterable[Path] = ()) -> frozenset[str]
         for source in root.rglob("*.py"):
             if any(source.resolve().is_relative_to(e) for e in excluded):
                 continue
-            for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            for node in ast.walk(parse_file(source)):
                 if (
                     isinstance(node, ast.Constant)
                     and isinstance(node.value, str)
