@@ -31,21 +31,24 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 
 
-# Tiers that need neither the control plane nor a Docker engine run first: on a machine without the
-# control plane tools, `make test` builds them in the background meanwhile
-# (docs/development.md#make-test).
-SELF_CONTAINED_TIERS = ("unit", "packaging")
+# Tiers that need no control plane run first: on a machine without the control plane tools, `make
+# test` builds them in the background meanwhile, and the Docker tier's engine start and image builds
+# (network and disk as much as CPU) overlap that build too (docs/development.md#make-test).
+TIERS_WITHOUT_CONTROL_PLANE = ("unit", "packaging", "docker")
 
 
-def _runs_first(item: pytest.Item) -> bool:
+def _tier_rank(item: pytest.Item) -> int:
+    """The place of an item's tier: those without a control plane first, in the order listed."""
     parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-    return bool(parts) and parts[0] in SELF_CONTAINED_TIERS
+    if parts and parts[0] in TIERS_WITHOUT_CONTROL_PLANE:
+        return TIERS_WITHOUT_CONTROL_PLANE.index(parts[0])
+    return len(TIERS_WITHOUT_CONTROL_PLANE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by directory, so `-m "not integration"` selects the fast tiers; self-contained
-    tiers first (a stable sort: the order inside each part is pytest's)."""
-    items.sort(key=lambda item: not _runs_first(item))
+    """Mark tests by directory, so `-m "not integration"` selects the fast tiers; the tiers
+    without a control plane first (a stable sort: the order inside each part is pytest's)."""
+    items.sort(key=_tier_rank)
     for item in items:
         parts = Path(str(item.fspath)).parts
         if "integration" in parts:
