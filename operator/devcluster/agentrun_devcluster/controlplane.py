@@ -509,19 +509,37 @@ class ControlPlane:
     def install_crds(self, crds_dir: Path, timeout: float = 60.0) -> None:
         """Apply the CRDs and wait until each is Established."""
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds_dir))
-        names = []
+        crds = []
         for path in sorted(crds_dir.glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
-                    names.append(doc["metadata"]["name"])
-        for name in names:
+                    crds.append(doc)
+        for crd in crds:
+            name = crd["metadata"]["name"]
             self._wait(
                 f"CRD {name} to be Established",
                 functools.partial(self._crd_established, name),
                 timeout,
                 "kube-apiserver",
             )
-        self.say(f"  installed {len(names)} CRDs from {crds_dir}")
+            # The API server publishes a CRD's OpenAPI schema a moment after Established; until then
+            # `kubectl explain` and client-side schema lookups do not know the kind.
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served", True)):
+                self._wait(
+                    f"the OpenAPI schema of {kind} {group}/{version} to be published",
+                    functools.partial(self._crd_schema_published, group, version, kind),
+                    timeout,
+                    "kube-apiserver",
+                )
+        self.say(f"  installed {len(crds)} CRDs from {crds_dir}")
+
+    def _crd_schema_published(self, group: str, version: str, kind: str) -> bool:
+        code, body = self.api_get(f"/openapi/v3/apis/{group}/{version}")
+        if code != 200:
+            return False
+        schemas = json.loads(body).get("components", {}).get("schemas", {})
+        return any(key.endswith(f".{version}.{kind}") for key in schemas)
 
     def _crd_established(self, name: str) -> bool:
         code, body = self.api_get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
