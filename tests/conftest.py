@@ -31,9 +31,8 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 
 
-# Tiers that need no control plane run first: on a machine without the control plane tools, `make
-# test` builds them in the background meanwhile, and the Docker tier's engine start and image builds
-# (network and disk as much as CPU) overlap that build too (docs/development.md#make-test).
+# Tiers that need no control plane are sorted first: on a machine without the control plane tools,
+# `make test` builds them in the background meanwhile (docs/development.md#make-test).
 TIERS_WITHOUT_CONTROL_PLANE = ("unit", "packaging", "docker")
 
 
