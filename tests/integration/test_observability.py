@@ -24,7 +24,7 @@ from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support import api
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
-from tests.support.metrics import delta, scrape, value
+from tests.support.metrics import Samples, delta, scrape, value
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
@@ -144,7 +144,18 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     )
     assert _wait_finished(cluster, "m-fixed")["status"]["phase"] == "Succeeded"
     assert _wait_finished(cluster, "m-failing")["status"]["phase"] == "Failed"
-    after = scrape(cluster.metrics_url)
+
+    # The operator counts a reconcile's facts once its status write has landed, so a client can see
+    # the phase a moment before the counters: wait until the last outcomes are counted, then check
+    # that every metric moved by exactly what happened.
+    def counted_outcomes() -> Samples | None:
+        now = scrape(cluster.metrics_url)
+        transitions = "agentrun_run_phase_transitions_total"
+        done = delta(before, now, transitions, phase="Succeeded", reason="Completed")
+        failed = delta(before, now, transitions, phase="Failed", reason="LoopIterationFailed")
+        return now if done >= 1 and failed >= 1 else None
+
+    after = eventually(counted_outcomes, 30, "the counters to count both runs' ends")
 
     def moved(name: str, **labels: str) -> float:
         return delta(before, after, name, **labels)
