@@ -4,11 +4,9 @@ started per session."""
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,18 +100,15 @@ def docker_image() -> str:
     no apt-get), or with AGENTRUN_DOCKER=0. Where one answers, a failed base or image build fails
     the test: that is ours.
     """
-    from agentrun_devcluster import baseimages, dockerengine, imagebuild
+    from agentrun_devcluster import dockerengine, imagebuild
 
     if os.environ.get("AGENTRUN_DOCKER") == "0":
         pytest.skip("AGENTRUN_DOCKER=0: the Docker tiers are switched off")
-    # One build at a time on this machine: parallel test processes (pytest-xdist workers, another
-    # checkout's session) share the engine and the image's tag.
-    with open(Path(tempfile.gettempdir()) / "agentrun-test-docker-image.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            dockerengine.ensure_engine(print)
-        except dockerengine.EngineUnavailable as exc:
-            pytest.skip(f"no Docker engine: {exc}")
-        built = imagebuild.build_image(imagebuild.DEFAULT_TAG, "auto", print)
-        baseimages.ensure_busybox(print)
+    # One preparer at a time on this machine: parallel test processes (pytest-xdist workers, another
+    # checkout's session, `make test`'s background build) share the engine and the image's tag.
+    try:
+        dockerengine.ensure_engine(print)
+    except dockerengine.EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine: {exc}")
+    built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
     return built.tag

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
 from tests.support.claims import bound_claim_dir, create_claim
-from tests.support.metrics import Samples, scrape, value
+from tests.support.metrics import Samples, scrape, total, value
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
 
@@ -43,6 +43,7 @@ class LocalDefault:
     operator: OperatorProcess
     namespace: str = NAMESPACE
     metrics_port: int = 0  # the operator's --metrics-port
+    ended: dict[str, str] = field(default_factory=dict)  # uid -> terminal phase, of runs waited for
 
     def metrics(self) -> Samples:
         """Everything the operator's `/metrics` serves right now."""
@@ -108,7 +109,24 @@ class LocalDefault:
                 f"--- runner log ---\n{self.runner.logs()[-3000:]}\n"
                 f"--- operator log ---\n{self.operator.logs()[-3000:]}"
             ) from None
+        self.ended[result["metadata"]["uid"]] = result["status"]["phase"]
+        self._wait_until_ends_are_counted()
         return result
+
+    def _wait_until_ends_are_counted(self) -> None:
+        """Until the operator has counted the end of every run waited for so far.
+
+        It counts a reconcile's facts after that reconcile's status write lands, so a run is seen
+        ended a moment before its last iteration is counted; a later test's metrics baseline taken
+        in that moment would see the count move under it (the operator lives for the whole tier)."""
+        phases = list(self.ended.values())
+
+        def counted() -> bool:
+            now = self.metrics()
+            name = "agentrun_run_phase_transitions_total"
+            return all(total(now, name, phase=p) >= phases.count(p) for p in set(phases))
+
+        eventually(counted, timeout=30, what="the operator to count the end of every run waited for")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The Events posted on the run (aggregated: one may carry several `Reason: message` parts)."""

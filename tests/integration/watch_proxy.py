@@ -93,6 +93,12 @@ class WatchProxy:
         loop.run_until_complete(self._startup())
         started.set()
         loop.run_forever()
+        # Handlers still relaying a watch are cancelled and run to their end here: closing the loop
+        # under them would leave coroutines that fail when collected ("Event loop is closed").
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
 
     async def _startup(self) -> None:

@@ -27,3 +27,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of every sample of `name` whose labels include `labels` (e.g. one phase, any reason)."""
+    wanted = set(labels.items())
+    return sum(v for (n, sample_labels), v in samples.items() if n == name and wanted <= set(sample_labels))

@@ -342,11 +342,12 @@ def base_images() -> int:
 
 def image(tag: str, base: str, with_busybox: bool = False) -> int:
     """`agentrun dev image` (`make image`): build the operator image (see `imagebuild`)."""
-    from agentrun_devcluster import baseimages, imagebuild
+    from agentrun_devcluster import imagebuild
 
-    built = imagebuild.build_image(tag, base, _say)
     if with_busybox:
-        baseimages.ensure_busybox(_say)
+        built = imagebuild.build_image_with_busybox(tag, base, _say)
+    else:
+        built = imagebuild.build_image(tag, base, _say)
     _say(f"image {built.tag} ({'cached' if built.cached else 'built'}, from {built.base})")
     print(built.tag)
     return 0

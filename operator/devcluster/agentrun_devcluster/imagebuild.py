@@ -27,6 +27,7 @@ from pathlib import Path
 from agentrun_devcluster import baseimages
 from agentrun_devcluster import dockerengine as engine
 from agentrun_devcluster.dockerengine import EngineUnavailable, Progress
+from agentrun_devcluster.processes import exclusive
 from agentrun_operator import __version__
 from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
 
@@ -160,3 +161,17 @@ def build_image(tag: str = DEFAULT_TAG, base: str = "auto", progress: Progress |
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         raise ImageBuildError(f"docker build failed: {lines[-1] if lines else 'no output'} (log {log})")
     return Built(tag, chosen, source, cached=False)
+
+
+def build_image_with_busybox(
+    tag: str = DEFAULT_TAG, base: str = "auto", progress: Progress | None = None
+) -> Built:
+    """The image and busybox:1.36, one preparer at a time on this host.
+
+    `make test` starts this in the background while the tests wait on it through the same lock (the
+    `docker_image` fixture), and `make image` may run beside them: all share the engine and the tag,
+    so a second caller waits and then finds both cached instead of building them again."""
+    with exclusive(engine.state_dir() / "image.lock"):
+        built = build_image(tag, base, progress)
+        baseimages.ensure_busybox(progress)
+    return built
