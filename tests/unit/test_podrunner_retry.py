@@ -6,9 +6,8 @@ import itertools
 
 import pytest
 
-from agentrun_devcluster.podrunner.api import ApiError
+from agentrun_devcluster.podrunner.api import ApiError, transient
 from agentrun_devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
-from agentrun_devcluster.podrunner.runner import transient
 
 
 def test_delays_grow_to_the_cap_with_full_jitter() -> None:

@@ -162,3 +162,9 @@ def pod_path(namespace: str, name: str = "") -> str:
 def env_kubeconfig() -> Path | None:
     value = os.environ.get("KUBECONFIG")
     return Path(value.split(os.pathsep)[0]) if value else None
+
+
+def transient(exc: Exception) -> bool:
+    """An API failure worth retrying: no answer, a timeout, throttling, a server error, or the
+    authorizer not ready yet (401/403 right after an API server restart)."""
+    return isinstance(exc, ApiError) and (exc.status in (0, 401, 403, 408, 429) or exc.status >= 500)
