@@ -11,6 +11,8 @@ containers of the operator image run this module, and the Job builder must decla
    main container can never end before the reporter can receive its SIGTERM, then records what the
    control file looked like *before* the main container ran. A file with the same fingerprint
    afterwards was left by an earlier iteration: it is reported ``stale`` (and counts as missing).
+   First, with ``--claim-dir``, it claims the Job for its pod (``claim``): a duplicate pod of the
+   same Job waits here, before ``main``, until it is deleted.
 
 Neither ever fails the pod: problems are recorded (exit 0), and the report is always a well-formed
 envelope. Startup is kept light: only the standard library is imported before the signal is blocked;
@@ -158,10 +160,42 @@ def _wait_for_file(path: str, timeout: float) -> bool:
     return True
 
 
-def cmd_fingerprint(path: str, out: str, reporter_ready: str | None, ready_timeout: float) -> int:
-    """Record the control file's fingerprint into ``out``; exit 0 whatever happens."""
+def claim_or_wait(claim_dir: str, job_uid: str, pod_uid: str) -> None:
+    """Claim the Job for this pod; a pod that finds it claimed by another never returns (see `claim`)."""
+    from agentrun_operator.control import claim
+
+    taken = claim.claim_job(claim_dir, job_uid, pod_uid)
+    if taken.outcome == "claimed":
+        claim.prune_claims(claim_dir, time.time())
+        _log(f"claimed Job {job_uid} for this pod")
+    elif taken.outcome == "ours":
+        _log(f"Job {job_uid} was already claimed for this pod")
+    elif taken.outcome == "unavailable":
+        _log(f"no claim of Job {job_uid}: {taken.detail}; going on (a duplicate pod would run main too)")
+    else:
+        _log(
+            f"Job {job_uid} already runs in pod {taken.detail}: this pod is a duplicate the Job controller "
+            "created; waiting, without running main, until it deletes this pod"
+        )
+        while True:  # SIGTERM (the pod's deletion) ends the process
+            time.sleep(3600)
+
+
+def cmd_fingerprint(
+    path: str,
+    out: str,
+    reporter_ready: str | None,
+    ready_timeout: float,
+    claim_dir: str | None = None,
+    job_uid: str = "",
+    pod_uid: str = "",
+) -> int:
+    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
+    exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead)."""
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
+    if claim_dir:
+        claim_or_wait(claim_dir, job_uid, pod_uid)
     try:
         doc = fingerprint_of(path, observe(path))
     except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
@@ -333,6 +367,13 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"give up waiting for --reporter-ready after this long (default {DEFAULT_READY_TIMEOUT:g})",
     )
+    fp.add_argument(
+        "--claim-dir",
+        metavar="DIR",
+        help="claim the Job for this pod in DIR first; a duplicate pod of the Job waits there forever",
+    )
+    fp.add_argument("--job-uid", default="", help="the Job's uid (the pod's controller-uid label)")
+    fp.add_argument("--pod-uid", default="", help="this pod's uid")
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
     rep.add_argument("--path", required=True, help="the control file (absolute path)")
@@ -354,7 +395,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_wait_signals()  # before argparse or anything else that takes time
     args = build_parser().parse_args(args_list)
     if args.reporter_command == "fingerprint":
-        return cmd_fingerprint(args.path, args.out, args.reporter_ready, args.ready_timeout)
+        return cmd_fingerprint(
+            args.path,
+            args.out,
+            args.reporter_ready,
+            args.ready_timeout,
+            args.claim_dir,
+            args.job_uid,
+            args.pod_uid,
+        )
     return cmd_report(
         args.path, args.fingerprint, args.termination_log, args.wait_for_signal, args.ready_file
     )

@@ -12,13 +12,17 @@ Pod layout (why it looks like this):
   It is declared *first* so it is running (and has blocked SIGTERM, see `control/reporter.py`) before
   anything else; it reads the control file once the main container has ended and writes the control
   envelope to its termination message, where the operator reads it.
-- `fingerprint` — a regular init container that waits for the reporter to be ready and records what
-  the control file looked like before `main` ran, so a file left by an earlier iteration is reported
-  `stale` instead of being mistaken for this iteration's answer.
+- `fingerprint` — a regular init container that waits for the reporter to be ready, claims the Job
+  for its pod on the control file's volume (a duplicate pod of the Job waits there instead of
+  running `main`, docs/concepts.md#exactly-once), and records what the control file looked like
+  before `main` ran, so a file left by an earlier iteration is reported `stale` instead of being
+  mistaken for this iteration's answer.
 - `main` — the agent (or user) container.
 
 Both helper containers mount the volume that holds the control path read-only at the same mount path
-(the operator never mounts the PVC itself); when the path lies on no volume an `emptyDir` is added.
+(the operator never mounts the PVC itself); `fingerprint` also mounts that volume's `.agentrun/claims`
+directory writable (a subPath, at `/agentrun-claims`) for the Job's claim, unless `main` mounts the
+volume read-only. When the path lies on no volume an `emptyDir` is added.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from agentrun_operator.api import (
     WorkloadVolume,
 )
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.planner.resolution import (
     References,
     control_path,
@@ -60,6 +65,10 @@ CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"
 TERMINATION_LOG: Final = "/dev/termination-log"
 ANNOTATION_RUN_NAME: Final = f"{naming.GROUP}/agent-run-name"
+CLAIMS_MOUNT: Final = "/agentrun-claims"
+"""Where `fingerprint` mounts the control volume's claims directory (its only writable part)."""
+JOB_UID_FIELD: Final = "metadata.labels['batch.kubernetes.io/controller-uid']"
+"""The Job controller labels each pod with its Job's uid (Kubernetes >= 1.27)."""
 
 HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
@@ -287,25 +296,39 @@ def volume_holding(path: str, volumes: Iterable[WorkloadVolume]) -> WorkloadVolu
 class _PodVolumes:
     volumes: list[dict[str, Any]]
     main_mounts: list[dict[str, Any]]
-    helper_mounts: list[dict[str, Any]]
+    reporter_mounts: list[dict[str, Any]]
+    fingerprint_mounts: list[dict[str, Any]]
+    claim_dir: str | None
+    """Where `fingerprint` claims the Job: the volume holding the control file, its `.agentrun/claims`
+    directory alone mounted writable (a subPath). None when that volume is not shared between pods
+    (the fallback emptyDir) or `main` mounts it read-only."""
 
 
 def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
-    """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path."""
+    """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path.
+
+    Both helpers see the control file's volume read-only; `fingerprint` also sees the volume's
+    `.agentrun/claims` directory writable, for the Job's claim (control/claim.py)."""
     user = list(workload.volumes or [])
     volumes = [_pod_volume(v) for v in user]
     main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
-    helper_mounts = [_mount(META_VOLUME, META_MOUNT, False)]
+    meta = _mount(META_VOLUME, META_MOUNT, False)
     holder = volume_holding(path, user)
+    claim_dir: str | None = None
     if holder is not None:
-        helper_mounts.append(_mount(holder.name, holder.mount_path, True))
+        reporter_mounts = [meta, _mount(holder.name, holder.mount_path, True)]
+        fingerprint_mounts = list(reporter_mounts)
+        if not holder.read_only:
+            fingerprint_mounts.append({"name": holder.name, "mountPath": CLAIMS_MOUNT, "subPath": CLAIMS_DIR})
+            claim_dir = CLAIMS_MOUNT
     else:
         directory = posixpath.dirname(path) or "/"
         volumes.append({"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}})
         main_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, False))
-        helper_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, True))
+        reporter_mounts = [meta, _mount(CONTROL_FALLBACK_VOLUME, directory, True)]
+        fingerprint_mounts = list(reporter_mounts)
     volumes.append({"name": META_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
-    return _PodVolumes(volumes, main_mounts, helper_mounts)
+    return _PodVolumes(volumes, main_mounts, reporter_mounts, fingerprint_mounts, claim_dir)
 
 
 # ----------------------------------------------------------------------------------- containers
@@ -337,10 +360,22 @@ def reporter_container(path: str, mounts: list[dict[str, Any]], config: Operator
     }
 
 
-def fingerprint_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
-    """The init container that records the control file before `main` starts (stale detection)."""
+def fingerprint_container(
+    path: str, mounts: list[dict[str, Any]], config: OperatorConfig, claim_dir: str | None = None
+) -> dict[str, Any]:
+    """The init container that claims the Job for its pod (with `claim_dir`, docs/concepts.md#exactly-once)
+    and records the control file before `main` starts (stale detection)."""
     args = ["--path", path, "--out", FINGERPRINT_FILE, "--reporter-ready", REPORTER_READY_FILE]
-    return _helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config)
+    if claim_dir is None:
+        return _helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config)
+    args += ["--claim-dir", claim_dir, "--job-uid", "$(AGENTRUN_JOB_UID)", "--pod-uid", "$(AGENTRUN_POD_UID)"]
+    return {
+        **_helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config),
+        "env": [
+            {"name": "AGENTRUN_JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID_FIELD}}},
+            {"name": "AGENTRUN_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        ],
+    }
 
 
 def main_container(
@@ -420,8 +455,8 @@ def _pod_spec(
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "initContainers": [
-            reporter_container(path, volumes.helper_mounts, config),
-            fingerprint_container(path, volumes.helper_mounts, config),
+            reporter_container(path, volumes.reporter_mounts, config),
+            fingerprint_container(path, volumes.fingerprint_mounts, config, volumes.claim_dir),
         ],
         "containers": [
             main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)

@@ -338,7 +338,17 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
         return None
     reported = [p for p in pods if p.reporter_message is not None]
     if reported:
-        newest = max(reported, key=lambda p: (p.finished_at is not None, p.finished_at or ctx.now, p.name))
+        # The pod whose main container ran and succeeded: a duplicate pod of the Job (which waited
+        # without running main, docs/concepts.md#exactly-once) may report too, and may end later.
+        newest = max(
+            reported,
+            key=lambda p: (
+                p.main_exit_code == 0,
+                p.finished_at is not None,
+                p.finished_at or ctx.now,
+                p.name,
+            ),
+        )
         return decode_envelope(newest.reporter_message, path)
     if not pods and since_finished < RESULT_GRACE_SECONDS:
         return None

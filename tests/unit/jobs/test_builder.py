@@ -413,7 +413,7 @@ def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
         "--ready-file",
         "/agentrun-meta/reporter-ready",
     ]
-    assert fingerprint["args"] == [
+    assert fingerprint["args"][:6] == [
         "--path",
         "/workspace/.agentrun/loop-control.json",
         "--out",
@@ -460,8 +460,41 @@ def test_control_path_on_no_volume_gets_an_empty_dir_in_main_and_helpers() -> No
 
 
 def test_the_controller_never_mounts_the_pvc_writable_outside_main() -> None:
+    """Except the Job claims' own directory, as a subPath (docs/concepts.md#exactly-once)."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
     for helper in pod(job)["initContainers"]:
         for mount in helper["volumeMounts"]:
             if mount["name"] == "workspace":
-                assert mount["readOnly"] is True
+                assert mount.get("readOnly") is True or mount.get("subPath") == ".agentrun/claims", mount
+
+
+def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory_alone() -> None:
+    """docs/concepts.md#exactly-once: the only writable part of the PVC outside main is the claims dir."""
+    fingerprint = init(build({"workload": {"image": "img", "volumes": [PVC]}}), "fingerprint")
+    assert fingerprint["args"][-6:] == [
+        "--claim-dir",
+        "/agentrun-claims",
+        "--job-uid",
+        "$(AGENTRUN_JOB_UID)",
+        "--pod-uid",
+        "$(AGENTRUN_POD_UID)",
+    ]
+    assert {
+        "name": "workspace",
+        "mountPath": "/agentrun-claims",
+        "subPath": ".agentrun/claims",
+    } in fingerprint["volumeMounts"]
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in fingerprint["env"]}
+    assert fields == {
+        "AGENTRUN_JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
+        "AGENTRUN_POD_UID": "metadata.uid",
+    }
+
+
+def test_no_claim_where_the_control_volume_is_not_shared_or_main_cannot_write_it() -> None:
+    read_only = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}})
+    on_no_volume = build({"workload": {"image": "img", "volumes": [{**PVC, "mountPath": "/data"}]}})
+    for job in (read_only, on_no_volume):
+        fingerprint = init(job, "fingerprint")
+        assert "--claim-dir" not in fingerprint["args"] and "env" not in fingerprint
+        assert all(m.get("readOnly") for m in fingerprint["volumeMounts"] if m["name"] != META_VOLUME)
