@@ -421,11 +421,21 @@ def _progress_line(run: dict[str, Any]) -> str:
     )
 
 
+JOB_CLAIMS = Path(".agentrun/claims")
+"""Each iteration pod's claim of its Job (docs/concepts.md#exactly-once): counted, not shown."""
+
+
 def _show_files(root: Path, limit: int = 2048) -> None:
     if not root.exists():
         print(f"  (nothing: {root} does not exist)")
         return
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    claims = [p for p in files if p.relative_to(root).parent == JOB_CLAIMS]
+    if claims:
+        print(f"--- {JOB_CLAIMS}/: {len(claims)} Job claim(s), one per iteration pod that ran (not shown)")
+    for path in files:
+        if path in claims:
+            continue
         rel = path.relative_to(root)
         data = path.read_bytes()
         print(f"--- {rel} ({len(data)} bytes)")
