@@ -123,11 +123,13 @@ class Report:
     seconds: float = 0.0
     home: str = ""
     adopted: int = 0
+    """Pods a restarted pod runner adopted (their containers had outlived the old runner)."""
+    duplicates_held: int = 0
+    """Duplicate pods of a Job (the Job controller's) that waited at the Job claim, never running main."""
     failed_recoveries: int = 0
     """Recovery commands (`dev up`, `dev restart`) that failed and were run again."""
     error: str = ""
     """Why the suite stopped early (the local default did not come back), empty when it did not."""
-    """Pods a restarted pod runner adopted (their containers had outlived the old runner)."""
 
     @property
     def wrong_terminal(self) -> dict[str, str]:
@@ -153,6 +155,7 @@ class Report:
             f"repeated iterations: {sum(len(v) for v in self.repeated.values())}  "
             f"lost iterations: {sum(len(v) for v in self.lost.values())}  "
             f"pods adopted by a restarted runner: {self.adopted}  "
+            f"duplicate pods held at the Job claim: {self.duplicates_held}  "
             f"recoveries run again: {self.failed_recoveries}",
         ]
         if self.error:
@@ -164,6 +167,19 @@ class Report:
                 if its:
                     lines.append(f"  {name}: {what} iterations {its}")
         return "\n".join(lines)
+
+
+DUPLICATE_SAID = "this pod is a duplicate the Job controller created"
+"""What the fingerprint container of a Job's duplicate pod logs (docs/concepts.md#exactly-once)."""
+
+
+def duplicates_held(pods_dir: Path) -> int:
+    """Pods whose fingerprint container found their Job claimed by another pod (the runner keeps
+    each container's log at `<pods>/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`)."""
+    return sum(
+        DUPLICATE_SAID in log.read_text(errors="replace")
+        for log in pods_dir.glob("*/*/*/logs/fingerprint/*.log")
+    )
 
 
 def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
@@ -374,6 +390,7 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
         runner_log = home / "logs" / "pod-runner.log"
         if runner_log.exists():
             report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
+        report.duplicates_held = duplicates_held(home / "pods")
     except RuntimeError as exc:  # the local default did not come back: the report says so
         report.error = str(exc)
     finally:

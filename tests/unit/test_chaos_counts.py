@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.chaos.run import KINDS, Config, iteration_counts, schedule
 
 
@@ -19,3 +21,16 @@ def test_the_schedule_has_each_kind_the_asked_number_of_times() -> None:
     order = schedule(Config(faults=4, seed=7))
     assert sorted(order) == sorted(list(KINDS) * 4)
     assert all(set(order[i : i + len(KINDS)]) == set(KINDS) for i in range(0, len(order), len(KINDS)))
+
+
+def test_duplicate_pods_are_counted_from_their_fingerprint_logs(tmp_path: Path) -> None:
+    from tests.chaos.run import DUPLICATE_SAID, duplicates_held
+
+    for pod, said in (
+        ("a", "claimed Job j for this pod"),
+        ("b", f"Job j already runs in pod x: {DUPLICATE_SAID}"),
+    ):
+        log = tmp_path / "default" / f"job-{pod}" / f"uid-{pod}" / "logs" / "fingerprint" / "0.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"agentrun reporter: {said}\n")
+    assert duplicates_held(tmp_path) == 1
