@@ -4,34 +4,16 @@ Pure: importing this package needs pydantic and PyYAML only (no kopf, no Kuberne
 """
 
 from .agentrun import (
-    DEFAULT_CONTROL_PATH,
-    LOOP_STOP_REASONS,
     AgentRun,
     AgentRunSpec,
-    AgentRunStatus,
     CancelMode,
     Implementation,
     InlineImplementation,
-    IterationPhase,
-    IterationRecord,
-    LoopBudget,
-    LoopCondition,
-    LoopConditionSource,
-    LoopOutput,
-    LoopState,
-    LoopStatus,
-    LoopStopReason,
-    RunPhase,
     Runtime,
-    StepLoop,
-    StepPhase,
-    StepStatus,
     StepSwitch,
     SwitchCase,
     SwitchDefault,
-    Usage,
     Workflow,
-    WorkflowStatus,
     WorkflowStep,
     agentrun_errors,
     parse_agentrun,
@@ -40,6 +22,17 @@ from .base import API_VERSION, GROUP, VERSION, Timestamp, format_timestamp
 from .common import Condition, JobRef, ObjectRef
 from .errors import error_path, format_validation_error
 from .immutability import immutability_violations
+from .loop import (
+    DEFAULT_CONTROL_PATH,
+    LOOP_STOP_REASONS,
+    LoopBudget,
+    LoopCondition,
+    LoopConditionSource,
+    LoopOutput,
+    LoopState,
+    LoopStopReason,
+    StepLoop,
+)
 from .resources import (
     Agent,
     AgentDefaults,
@@ -49,6 +42,17 @@ from .resources import (
     ImplementationSpec,
     ImplementationSpecSpec,
     SimpleStatus,
+)
+from .status import (
+    AgentRunStatus,
+    IterationPhase,
+    IterationRecord,
+    LoopStatus,
+    RunPhase,
+    StepPhase,
+    StepStatus,
+    Usage,
+    WorkflowStatus,
 )
 from .workload import EnvVar, EnvVarSource, ResourceRequirements, Toleration, Workload, WorkloadVolume
 

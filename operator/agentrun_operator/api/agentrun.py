@@ -1,5 +1,6 @@
 """The AgentRun kind: a workflow of steps, each run as Jobs, optionally looping over a shared PVC.
 
+Here: the spec, its steps, groups and switches. A step's `loop` is in `loop`, the status in `status`.
 Field names, defaults and limits follow docs/design.md#api; the static rules live in `rules` and are checked
 here and in the generated CRD alike.
 """
@@ -7,9 +8,9 @@ here and in the generated CRD alike.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final, Literal, get_args
+from typing import Any, Final, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import rules
 from .base import (
@@ -18,52 +19,27 @@ from .base import (
     DNS_LABEL_PATTERN,
     MAX_CEL_LENGTH,
     MAX_IMPLEMENTATION_TEXT,
-    MAX_ITERATIONS_SCHEMA,
     MAX_PARAMETERS,
-    MAX_PATH_LENGTH,
     MAX_STEPS,
-    MAX_VOLUME_NAMES,
     NAME_MAX,
     ApiModel,
     ApiVersion,
-    StatusModel,
-    Timestamp,
 )
-from .common import Condition, JobRef, ObjectRef
+from .common import ObjectRef
 from .errors import format_validation_error
+from .loop import StepLoop
+from .status import AgentRunStatus
 from .workload import Workload
 
-DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 _DNS_LABEL_RE: Final = re.compile(DNS_LABEL_PATTERN)
 
 RuntimeType = Literal["workflow", "job"]
 CancelMode = Literal["Graceful", "Immediate"]
-ConditionType = Literal["cel"]
-SourceType = Literal["file"]
-OnMissing = Literal["stop", "fail"]
-OnInvalid = Literal["stop", "fail"]
-OnMaxIterations = Literal["Succeed", "Fail"]
-OnBudgetExhausted = Literal["Succeed", "Fail"]
-RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
 DEFAULT_NESTING_DEPTH: Final = 5
 MAX_NESTING_DEPTH: Final = 10
 MAX_CASES: Final = 50
-DEFAULT_OUTPUT_EXPRESSION: Final = "iteration.last.control.outputs"
-_OUTPUT_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JsonScalar = str | int | float | bool | None
 
-StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
-IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
-LoopStopReason = Literal[
-    "LoopMaxIterationsReached",
-    "LoopConditionFalse",
-    "LoopConditionError",
-    "LoopIterationFailed",
-    "LoopCancelled",
-    "LoopItemsExceedMaxIterations",
-    "LoopBudgetExhausted",
-]
-LOOP_STOP_REASONS: Final[tuple[str, ...]] = get_args(LoopStopReason)
 
 Parameters = dict[str, str]
 
@@ -105,193 +81,6 @@ class Runtime(ApiModel):
     config: dict[str, Any] | None = Field(
         default=None, description="Free-form runtime settings, passed through unchanged."
     )
-
-
-class LoopConditionSource(ApiModel):
-    """Where a conditional loop reads the control payload an iteration leaves behind."""
-
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.SOURCE_PATH_ABSOLUTE))
-
-    type: SourceType = Field(default="file", description="Only file in v1alpha1.")
-    path: str = Field(
-        default=DEFAULT_CONTROL_PATH,
-        min_length=1,
-        max_length=MAX_PATH_LENGTH,
-        description="Absolute path of the JSON control file inside the iteration's container.",
-    )
-    on_missing: OnMissing = Field(
-        default="stop",
-        description="When the iteration wrote no (new) control file: stop the loop or fail it.",
-    )
-    on_invalid: OnInvalid = Field(
-        default="fail",
-        description="When the payload is not a JSON object, too large, or the CEL fails: stop or fail.",
-    )
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        """Mirror of the CRD rule: relative paths have no meaning in a container."""
-        if not value.startswith("/"):
-            raise ValueError(rules.SOURCE_PATH_ABSOLUTE.message)
-        return value
-
-
-class LoopCondition(ApiModel):
-    """When to run another iteration, decided by CEL over the last iteration's control payload."""
-
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.CONDITION_ONE_OF))
-
-    type: ConditionType = Field(default="cel", description="Only cel in v1alpha1.")
-    expression: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_CEL_LENGTH,
-        description="CEL; another iteration runs while it is true. Exclusive with until.",
-    )
-    until: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_CEL_LENGTH,
-        description="CEL; the loop stops once it is true. Exclusive with expression.",
-    )
-    source: LoopConditionSource = Field(
-        default_factory=LoopConditionSource,
-        description="Where the control payload is read from.",
-        json_schema_extra={"default": {}},
-    )
-
-    @model_validator(mode="after")
-    def _one_of(self) -> LoopCondition:
-        """Mirror of the CRD rule: a condition needs exactly one direction."""
-        if (self.expression is None) == (self.until is None):
-            raise ValueError(rules.CONDITION_ONE_OF.message)
-        return self
-
-
-class LoopState(ApiModel):
-    """Volumes that carry mutable state from one iteration to the next."""
-
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.STATE_REQUIRED_NEEDS_VOLUMES))
-
-    required: bool = Field(
-        default=False,
-        description="When true, the listed volumes must resolve to pvc volumes before any Job runs.",
-    )
-    volume_names: list[Annotated[str, StringConstraints(min_length=1, max_length=63)]] | None = Field(
-        default=None,
-        max_length=MAX_VOLUME_NAMES,
-        description="Names of effective workload volumes (step's, else run's) that hold the state.",
-        json_schema_extra={
-            **rules.validations(rules.STATE_VOLUME_NAMES_UNIQUE),
-            "x-kubernetes-list-type": "set",
-        },
-    )
-
-    @field_validator("volume_names")
-    @classmethod
-    def _unique(cls, value: list[str] | None) -> list[str] | None:
-        """Mirror of the CRD rule (also a list-type set)."""
-        if value is not None and len(set(value)) != len(value):
-            raise ValueError(rules.STATE_VOLUME_NAMES_UNIQUE.message)
-        return value
-
-    @model_validator(mode="after")
-    def _required_needs_volumes(self) -> LoopState:
-        """Mirror of the CRD rule: required state with no volume is a contradiction."""
-        if self.required and not self.volume_names:
-            raise ValueError(rules.STATE_REQUIRED_NEEDS_VOLUMES.message)
-        return self
-
-
-class LoopOutput(ApiModel):
-    """Collect one value per successful iteration into a list later steps read as `outputs.<name>`."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=DNS_LABEL_MAX,
-        description="Name of the collected list: outputs.<name> in CEL, a key of AGENTRUN_OUTPUTS in pods.",
-        json_schema_extra=rules.validations(rules.OUTPUT_NAME),
-    )
-    expression: str = Field(
-        default=DEFAULT_OUTPUT_EXPRESSION,
-        min_length=1,
-        max_length=MAX_CEL_LENGTH,
-        description="CEL evaluated after each successful iteration; its value is appended to the list.",
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _identifier(cls, value: str) -> str:
-        """Mirror of the CRD rule: CEL reads it as outputs.<name>."""
-        if not _OUTPUT_NAME_RE.match(value):
-            raise ValueError(rules.OUTPUT_NAME.message)
-        return value
-
-
-class LoopBudget(ApiModel):
-    """Upper bounds of the usage a loop's iterations report (`usage` in the control file)."""
-
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.BUDGET_POSITIVE))
-
-    max_tokens: int | None = Field(
-        default=None, description="Stop once input + output tokens reach this many (> 0)."
-    )
-    max_cost_usd: float | None = Field(
-        default=None, alias="maxCostUSD", description="Stop once the cost in USD reaches this much (> 0)."
-    )
-
-    @model_validator(mode="after")
-    def _positive(self) -> LoopBudget:
-        """Mirror of the CRD rule: an empty or non-positive budget could never let an iteration run."""
-        if (self.max_tokens is None and self.max_cost_usd is None) or any(
-            v is not None and v <= 0 for v in (self.max_tokens, self.max_cost_usd)
-        ):
-            raise ValueError(rules.BUDGET_POSITIVE.message)
-        return self
-
-
-class StepLoop(ApiModel):
-    """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
-
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.LOOP_MAX_ITERATIONS))
-
-    max_iterations: int = Field(
-        description="Upper bound of iterations, 1..1000 (and at most the operator's cap, default 20).",
-        json_schema_extra={"minimum": 1, "maximum": MAX_ITERATIONS_SCHEMA},
-    )
-    condition: LoopCondition | None = Field(
-        default=None, description="Conditional loop; without it the loop runs exactly maxIterations times."
-    )
-    items: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_CEL_LENGTH,
-        description="CEL giving a list: one iteration per item (forEach), evaluated once at loop start.",
-    )
-    on_max_iterations: OnMaxIterations = Field(
-        default="Succeed",
-        description="Outcome when a conditional loop reaches maxIterations: Succeed or Fail.",
-    )
-    state: LoopState | None = Field(default=None, description="Volumes that carry state between iterations.")
-    output: LoopOutput | None = Field(
-        default=None, description="Collect a value per successful iteration as outputs.<name>."
-    )
-    budget: LoopBudget | None = Field(
-        default=None, description="Token and cost bounds over the usage the iterations report."
-    )
-    on_budget_exhausted: OnBudgetExhausted | None = Field(
-        default=None,
-        description="When the budget stops the loop (LoopBudgetExhausted): Fail (default) or Succeed.",
-    )
-
-    @field_validator("max_iterations")
-    @classmethod
-    def _range(cls, value: int) -> int:
-        """Mirror of the CRD's minimum/maximum, with the human message."""
-        if not 1 <= value <= MAX_ITERATIONS_SCHEMA:
-            raise ValueError(rules.LOOP_MAX_ITERATIONS.message)
-        return value
 
 
 def _check_child_names(value: list[WorkflowStep] | None) -> list[WorkflowStep] | None:
@@ -627,166 +416,6 @@ SwitchCase.model_rebuild()
 SwitchDefault.model_rebuild()
 StepSwitch.model_rebuild()
 WorkflowStep.model_rebuild()
-
-
-class Usage(StatusModel):
-    """Usage reported in control files (`usage`), summed; fields appear once something was reported."""
-
-    input_tokens: int = Field(default=0, ge=0, description="Input tokens.")
-    output_tokens: int = Field(default=0, ge=0, description="Output tokens.")
-    cost_usd: float = Field(default=0.0, ge=0, alias="costUSD", description="Cost in USD.")
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def plus(self, other: Usage) -> Usage:
-        return Usage(
-            input_tokens=self.input_tokens + other.input_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cost_usd=round(self.cost_usd + other.cost_usd, 6),
-        )
-
-
-class IterationRecord(StatusModel):
-    """One iteration of a looped step, kept in the bounded history."""
-
-    index: int = Field(ge=1, description="1-based iteration number.")
-    phase: IterationPhase = Field(description="Pending, Running, Retrying, Succeeded, Failed or Cancelled.")
-    attempts: int = Field(default=0, ge=0, description="Attempts started for this iteration so far.")
-    started_at: Timestamp | None = Field(default=None, description="When the first attempt started.")
-    finished_at: Timestamp | None = Field(default=None, description="When the iteration finished.")
-    message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
-    job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")
-    usage: Usage | None = Field(default=None, description="Usage the iteration reported, if any.")
-    steps: dict[str, str] | None = Field(
-        default=None,
-        description="For a loop body (a looped group): the phase each child ended this iteration with.",
-    )
-
-
-class LoopStatus(StatusModel):
-    """Progress of a looped step; counters stay exact while the iteration history is compacted."""
-
-    current_iteration: int = Field(default=0, ge=0, description="Iteration running or last run (1-based).")
-    completed_iterations: int = Field(default=0, ge=0, description="Iterations that finished successfully.")
-    max_iterations: int = Field(
-        default=0, ge=0, description="Effective bound (spec value after the operator's cap)."
-    )
-    # A str, not LoopStopReason: a status written by a newer operator (with a new reason) must parse.
-    stop_reason: str | None = Field(
-        default=None,
-        description=(
-            "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
-            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations or LoopBudgetExhausted."
-        ),
-    )
-    retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
-    pruned_iterations: int = Field(default=0, ge=0, description="Old entries dropped from iterations.")
-    last_control: dict[str, Any] | None = Field(
-        default=None, description="The last control payload read (JSON object)."
-    )
-    item_count: int | None = Field(
-        default=None, ge=0, description="Number of forEach items (frozen at start)."
-    )
-    items: list[Any] | None = Field(
-        default=None, description="The forEach items, evaluated once when the loop started (frozen)."
-    )
-    iterations: list[IterationRecord] = Field(
-        default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
-    )
-
-
-class StepStatus(StatusModel):
-    """Progress of one workflow step."""
-
-    name: str = Field(description="The step's name.")
-    phase: StepPhase = Field(
-        default="Pending", description="Pending, Running, Retrying, Succeeded, Failed, Skipped or Cancelled."
-    )
-    attempt: int = Field(
-        default=0, ge=0, description="Current attempt within the current iteration (1-based)."
-    )
-    started_at: Timestamp | None = Field(default=None, description="When the step started.")
-    finished_at: Timestamp | None = Field(default=None, description="When the step finished.")
-    reason: str | None = Field(default=None, description="Machine-readable reason of the phase.")
-    message: str | None = Field(default=None, description="Human-readable detail.")
-    next_retry_at: Timestamp | None = Field(
-        default=None, description="When the next retry attempt may start."
-    )
-    job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
-    loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
-    usage: Usage | None = Field(default=None, description="Usage summed over the step's iterations.")
-    control: dict[str, Any] | None = Field(
-        default=None,
-        description=(
-            "The control payload (JSON object) the step's last attempt left, for steps without a loop "
-            "(looped steps keep it in loop.lastControl); read by later steps' CEL as steps.<name>.control."
-        ),
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    case: str | None = Field(
-        default=None,
-        description="For a switch: the branch taken, `cases[<i>]` (0-based) or `default`.",
-    )
-    steps: list[StepStatus] | None = Field(
-        default=None,
-        description=(
-            "For a group or a switch: its children's progress (for a loop body, in the current or last "
-            "iteration; earlier iterations keep their children's phases in loop.iterations[].steps)."
-        ),
-    )
-
-
-StepStatus.model_rebuild()
-
-
-class WorkflowStatus(StatusModel):
-    """Progress of the workflow as a whole."""
-
-    phase: RunPhase | None = Field(
-        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
-    )
-    steps: list[StepStatus] = Field(default_factory=list, description="One entry per spec step, in order.")
-    outputs: dict[str, list[Any]] | None = Field(
-        default=None,
-        description="Collected outputs (loop.output): one value per successful iteration, by name.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    pruned_outputs: dict[str, int] | None = Field(
-        default=None,
-        description=(
-            "Collected values dropped (oldest first) to keep the status within its budget, by output "
-            "name; outputs.<name> holds the values kept."
-        ),
-    )
-    usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
-
-
-class AgentRunStatus(StatusModel):
-    """Observed state of an AgentRun, written by the operator only."""
-
-    phase: RunPhase | None = Field(
-        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
-    )
-    reason: str | None = Field(default=None, description="Machine-readable reason, e.g. InvalidSpec.")
-    message: str | None = Field(default=None, description="Human-readable detail, e.g. how to fix the spec.")
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        description="Standard conditions, e.g. InvalidSpec, Duplicate.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    observed_generation: int | None = Field(default=None, description="metadata.generation last acted on.")
-    started_at: Timestamp | None = Field(default=None, description="When the first Job was created.")
-    finished_at: Timestamp | None = Field(default=None, description="When the run reached a final phase.")
-    workflow: WorkflowStatus | None = Field(default=None, description="Per-step progress.")
-    current_step: str | None = Field(
-        default=None, description="Name of the active step, or of the last one run (printer column Step)."
-    )
-    iteration: str | None = Field(
-        default=None,
-        description="Iteration of the current looped step, current/max, e.g. 3/8 (printer column Iteration).",
-    )
 
 
 class AgentRun(ApiModel):

@@ -21,9 +21,10 @@ import yaml
 from pydantic import BaseModel
 
 from . import rules
-from .agentrun import AgentRunSpec, AgentRunStatus
+from .agentrun import AgentRunSpec
 from .base import GROUP, VERSION
 from .resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec, SimpleStatus
+from .status import AgentRunStatus
 
 HEADER: Final = (
     "# Generated from the pydantic models in agentrun_operator.api; do not edit by hand.\n"

@@ -1,0 +1,177 @@
+"""The AgentRun's status: the run's phase and conditions, each step's progress, each loop's counters
+and bounded iteration history, collected outputs and usage. Written by the operator only; every model
+ignores unknown fields, so an older operator reads a newer status (docs/concepts.md#status-history).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .base import StatusModel, Timestamp
+from .common import Condition, JobRef
+
+RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
+StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
+IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
+
+
+class Usage(StatusModel):
+    """Usage reported in control files (`usage`), summed; fields appear once something was reported."""
+
+    input_tokens: int = Field(default=0, ge=0, description="Input tokens.")
+    output_tokens: int = Field(default=0, ge=0, description="Output tokens.")
+    cost_usd: float = Field(default=0.0, ge=0, alias="costUSD", description="Cost in USD.")
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 6),
+        )
+
+
+class IterationRecord(StatusModel):
+    """One iteration of a looped step, kept in the bounded history."""
+
+    index: int = Field(ge=1, description="1-based iteration number.")
+    phase: IterationPhase = Field(description="Pending, Running, Retrying, Succeeded, Failed or Cancelled.")
+    attempts: int = Field(default=0, ge=0, description="Attempts started for this iteration so far.")
+    started_at: Timestamp | None = Field(default=None, description="When the first attempt started.")
+    finished_at: Timestamp | None = Field(default=None, description="When the iteration finished.")
+    message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
+    job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")
+    usage: Usage | None = Field(default=None, description="Usage the iteration reported, if any.")
+    steps: dict[str, str] | None = Field(
+        default=None,
+        description="For a loop body (a looped group): the phase each child ended this iteration with.",
+    )
+
+
+class LoopStatus(StatusModel):
+    """Progress of a looped step; counters stay exact while the iteration history is compacted."""
+
+    current_iteration: int = Field(default=0, ge=0, description="Iteration running or last run (1-based).")
+    completed_iterations: int = Field(default=0, ge=0, description="Iterations that finished successfully.")
+    max_iterations: int = Field(
+        default=0, ge=0, description="Effective bound (spec value after the operator's cap)."
+    )
+    # A str, not LoopStopReason: a status written by a newer operator (with a new reason) must parse.
+    stop_reason: str | None = Field(
+        default=None,
+        description=(
+            "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
+            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations or LoopBudgetExhausted."
+        ),
+    )
+    retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
+    pruned_iterations: int = Field(default=0, ge=0, description="Old entries dropped from iterations.")
+    last_control: dict[str, Any] | None = Field(
+        default=None, description="The last control payload read (JSON object)."
+    )
+    item_count: int | None = Field(
+        default=None, ge=0, description="Number of forEach items (frozen at start)."
+    )
+    items: list[Any] | None = Field(
+        default=None, description="The forEach items, evaluated once when the loop started (frozen)."
+    )
+    iterations: list[IterationRecord] = Field(
+        default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
+    )
+
+
+class StepStatus(StatusModel):
+    """Progress of one workflow step."""
+
+    name: str = Field(description="The step's name.")
+    phase: StepPhase = Field(
+        default="Pending", description="Pending, Running, Retrying, Succeeded, Failed, Skipped or Cancelled."
+    )
+    attempt: int = Field(
+        default=0, ge=0, description="Current attempt within the current iteration (1-based)."
+    )
+    started_at: Timestamp | None = Field(default=None, description="When the step started.")
+    finished_at: Timestamp | None = Field(default=None, description="When the step finished.")
+    reason: str | None = Field(default=None, description="Machine-readable reason of the phase.")
+    message: str | None = Field(default=None, description="Human-readable detail.")
+    next_retry_at: Timestamp | None = Field(
+        default=None, description="When the next retry attempt may start."
+    )
+    job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
+    loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
+    usage: Usage | None = Field(default=None, description="Usage summed over the step's iterations.")
+    control: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The control payload (JSON object) the step's last attempt left, for steps without a loop "
+            "(looped steps keep it in loop.lastControl); read by later steps' CEL as steps.<name>.control."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    case: str | None = Field(
+        default=None,
+        description="For a switch: the branch taken, `cases[<i>]` (0-based) or `default`.",
+    )
+    steps: list[StepStatus] | None = Field(
+        default=None,
+        description=(
+            "For a group or a switch: its children's progress (for a loop body, in the current or last "
+            "iteration; earlier iterations keep their children's phases in loop.iterations[].steps)."
+        ),
+    )
+
+
+StepStatus.model_rebuild()
+
+
+class WorkflowStatus(StatusModel):
+    """Progress of the workflow as a whole."""
+
+    phase: RunPhase | None = Field(
+        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
+    )
+    steps: list[StepStatus] = Field(default_factory=list, description="One entry per spec step, in order.")
+    outputs: dict[str, list[Any]] | None = Field(
+        default=None,
+        description="Collected outputs (loop.output): one value per successful iteration, by name.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    pruned_outputs: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "Collected values dropped (oldest first) to keep the status within its budget, by output "
+            "name; outputs.<name> holds the values kept."
+        ),
+    )
+    usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
+
+
+class AgentRunStatus(StatusModel):
+    """Observed state of an AgentRun, written by the operator only."""
+
+    phase: RunPhase | None = Field(
+        default=None, description="Pending, Running, Succeeded, Failed or Cancelled."
+    )
+    reason: str | None = Field(default=None, description="Machine-readable reason, e.g. InvalidSpec.")
+    message: str | None = Field(default=None, description="Human-readable detail, e.g. how to fix the spec.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Standard conditions, e.g. InvalidSpec, Duplicate.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(default=None, description="metadata.generation last acted on.")
+    started_at: Timestamp | None = Field(default=None, description="When the first Job was created.")
+    finished_at: Timestamp | None = Field(default=None, description="When the run reached a final phase.")
+    workflow: WorkflowStatus | None = Field(default=None, description="Per-step progress.")
+    current_step: str | None = Field(
+        default=None, description="Name of the active step, or of the last one run (printer column Step)."
+    )
+    iteration: str | None = Field(
+        default=None,
+        description="Iteration of the current looped step, current/max, e.g. 3/8 (printer column Iteration).",
+    )
