@@ -46,6 +46,9 @@ def test_conditional_loop(local_default: LocalDefault) -> None:
     root = local_default.claim_dir("conditional-loop-workspace")
     assert len((root / "notes" / "progress.log").read_text().splitlines()) == 3
     assert json.loads((root / ".agentrun" / "loop-control.json").read_text())["continue"] is False
+    # one Job claim per iteration, each naming the pod that ran it (docs/concepts.md#exactly-once)
+    claims = sorted((root / ".agentrun-claims").iterdir())
+    assert len(claims) == 3 and all(len(c.read_text()) == 36 for c in claims), claims
     # each iteration saw the notes of the ones before it, and got the previous control object
     assert (root / "notes" / "iteration-1.txt").read_text().startswith("iteration 1: found 0 earlier notes")
     third = (root / "notes" / "iteration-3.txt").read_text()

@@ -4,11 +4,13 @@ The Job controller may start a Job's pod twice: when its pod create reaches etcd
 lost (an API server restart), it creates another, and deletes the excess one only once it sees both
 (Kubernetes documents this: with `parallelism: 1` "the same program may sometimes be started
 twice"). Both would run the iteration on the same volume. So the `fingerprint` init container of
-every iteration pod claims the Job first: it creates `<volume>/.agentrun/claims/<job uid>` with
-`O_EXCL`, holding its pod's uid. The pod that finds the claim taken by another pod waits before `main`
-(pending, never running it) until the Job controller deletes it as the excess pod, or deletes it
-when the Job ends. The Job has `backoffLimit: 0`, so a Job never legitimately has a second pod to
-run: a claim held by another pod always means a duplicate (docs/concepts.md#exactly-once).
+every iteration pod claims the Job first: it creates `<volume>/.agentrun-claims/<job uid>` with
+`O_EXCL`, holding its pod's uid (not under `.agentrun/`, where the control file usually is: a
+directory the helper made there could keep a `main` of another uid from writing its control file).
+The pod that finds the claim taken by another pod waits before `main` (pending, never running it)
+until the Job controller deletes it as the excess pod, or deletes it when the Job ends. The Job has
+`backoffLimit: 0`, so a Job never legitimately has a second pod to run: a claim held by another pod
+always means a duplicate (docs/concepts.md#exactly-once).
 
 Standard library only: this runs in the pod's init container, before `main`, on every iteration.
 """
@@ -21,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Final, Literal
 
-CLAIMS_DIR: Final = ".agentrun/claims"
+CLAIMS_DIR: Final = ".agentrun-claims"
 """Under the mount path of the volume that holds the control file."""
 PRUNE_AFTER_SECONDS: Final = 7 * 24 * 3600
 """Claims of Jobs older than this are removed when a new claim is taken (a Job's pods are long gone)."""

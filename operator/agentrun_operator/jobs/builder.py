@@ -19,10 +19,11 @@ Pod layout (why it looks like this):
   mistaken for this iteration's answer.
 - `main` — the agent (or user) container.
 
-Both helper containers mount the volume that holds the control path read-only at the same mount path
-(the operator never mounts the PVC itself); `fingerprint` also mounts that volume's `.agentrun/claims`
-directory writable (a subPath, at `/agentrun-claims`) for the Job's claim, unless `main` mounts the
-volume read-only. When the path lies on no volume an `emptyDir` is added.
+Both helper containers mount the volume that holds the control path at the same mount path (the
+operator never mounts the PVC itself): the reporter read-only; `fingerprint` writable, as `main`
+mounts it, for the Job's claim in `.agentrun-claims/`, the only thing it writes there (read-only
+and no claim when `main` mounts it read-only). When the path lies on no volume an `emptyDir` is
+added.
 """
 
 from __future__ import annotations
@@ -65,8 +66,6 @@ CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"
 TERMINATION_LOG: Final = "/dev/termination-log"
 ANNOTATION_RUN_NAME: Final = f"{naming.GROUP}/agent-run-name"
-CLAIMS_MOUNT: Final = "/agentrun-claims"
-"""Where `fingerprint` mounts the control volume's claims directory (its only writable part)."""
 JOB_UID_FIELD: Final = "metadata.labels['batch.kubernetes.io/controller-uid']"
 """The Job controller labels each pod with its Job's uid (Kubernetes >= 1.27)."""
 
@@ -299,16 +298,16 @@ class _PodVolumes:
     reporter_mounts: list[dict[str, Any]]
     fingerprint_mounts: list[dict[str, Any]]
     claim_dir: str | None
-    """Where `fingerprint` claims the Job: the volume holding the control file, its `.agentrun/claims`
-    directory alone mounted writable (a subPath). None when that volume is not shared between pods
-    (the fallback emptyDir) or `main` mounts it read-only."""
+    """Where `fingerprint` claims the Job: `.agentrun-claims/` on the volume holding the control file.
+    None when that volume is not shared between pods (the fallback emptyDir) or `main` mounts it
+    read-only."""
 
 
 def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
     """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path.
 
-    Both helpers see the control file's volume read-only; `fingerprint` also sees the volume's
-    `.agentrun/claims` directory writable, for the Job's claim (control/claim.py)."""
+    The reporter sees the control file's volume read-only; `fingerprint` sees it writable (as `main`
+    does) for the Job's claim, and writes nothing else (control/claim.py)."""
     user = list(workload.volumes or [])
     volumes = [_pod_volume(v) for v in user]
     main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
@@ -317,10 +316,9 @@ def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
     claim_dir: str | None = None
     if holder is not None:
         reporter_mounts = [meta, _mount(holder.name, holder.mount_path, True)]
-        fingerprint_mounts = list(reporter_mounts)
+        fingerprint_mounts = [meta, _mount(holder.name, holder.mount_path, bool(holder.read_only))]
         if not holder.read_only:
-            fingerprint_mounts.append({"name": holder.name, "mountPath": CLAIMS_MOUNT, "subPath": CLAIMS_DIR})
-            claim_dir = CLAIMS_MOUNT
+            claim_dir = posixpath.join(holder.mount_path, CLAIMS_DIR)
     else:
         directory = posixpath.dirname(path) or "/"
         volumes.append({"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}})

@@ -421,7 +421,7 @@ def _progress_line(run: dict[str, Any]) -> str:
     )
 
 
-JOB_CLAIMS = Path(".agentrun/claims")
+JOB_CLAIMS = Path(".agentrun-claims")
 """Each iteration pod's claim of its Job (docs/concepts.md#exactly-once): counted, not shown."""
 
 

@@ -187,6 +187,7 @@ class LocalProvisioner:
             manifest = volume_for(claim, self.root)
             directory = Path(manifest["spec"]["hostPath"]["path"])
             directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)  # as kind's local-path provisioner makes them: any container user writes
             try:
                 self.api.request("POST", "/api/v1/persistentvolumes", manifest)
             except ApiError as exc:

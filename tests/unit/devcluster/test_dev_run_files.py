@@ -12,15 +12,16 @@ from agentrun_devcluster.dev import _show_files
 def test_claims_are_counted_and_the_iterations_files_shown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / ".agentrun" / "claims").mkdir(parents=True)
+    (tmp_path / ".agentrun-claims").mkdir(parents=True)
+    (tmp_path / ".agentrun").mkdir()
     for job in ("job-1", "job-2"):
-        (tmp_path / ".agentrun" / "claims" / job).write_text("pod-uid")
+        (tmp_path / ".agentrun-claims" / job).write_text("pod-uid")
     (tmp_path / ".agentrun" / "loop-control.json").write_text('{"continue": false}')
     (tmp_path / "notes.txt").write_text("iteration 1\n")
     _show_files(tmp_path)
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        "--- .agentrun/claims/: 2 Job claim(s), one per iteration pod that ran (not shown)",
+        "--- .agentrun-claims/: 2 Job claim(s), one per iteration pod that ran (not shown)",
         "--- .agentrun/loop-control.json (19 bytes)",
         '{"continue": false}',
         "--- notes.txt (12 bytes)",

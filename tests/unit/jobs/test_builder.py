@@ -423,8 +423,8 @@ def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
     ]
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
+    assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in reporter["volumeMounts"]
     for helper in (reporter, fingerprint):
-        assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in helper["volumeMounts"]
         assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in helper["volumeMounts"]
     assert all(m["name"] != META_VOLUME for m in main(job)["volumeMounts"])
 
@@ -459,31 +459,30 @@ def test_control_path_on_no_volume_gets_an_empty_dir_in_main_and_helpers() -> No
     assert all(m["name"] != "workspace" for m in init(job, "reporter")["volumeMounts"])
 
 
-def test_the_controller_never_mounts_the_pvc_writable_outside_main() -> None:
-    """Except the Job claims' own directory, as a subPath (docs/concepts.md#exactly-once)."""
+def test_the_reporter_never_mounts_the_pvc_writable() -> None:
+    """Only main, and fingerprint for the Job claim (docs/concepts.md#exactly-once), may write it."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
-    for helper in pod(job)["initContainers"]:
-        for mount in helper["volumeMounts"]:
-            if mount["name"] == "workspace":
-                assert mount.get("readOnly") is True or mount.get("subPath") == ".agentrun/claims", mount
+    writable = {
+        c["name"]
+        for c in [*pod(job)["initContainers"], *pod(job)["containers"]]
+        for m in c["volumeMounts"]
+        if m["name"] == "workspace" and not m.get("readOnly")
+    }
+    assert writable == {"main", "fingerprint"}
 
 
-def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory_alone() -> None:
-    """docs/concepts.md#exactly-once: the only writable part of the PVC outside main is the claims dir."""
+def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
+    """docs/concepts.md#exactly-once: fingerprint mounts the control volume as main does, to claim the Job."""
     fingerprint = init(build({"workload": {"image": "img", "volumes": [PVC]}}), "fingerprint")
     assert fingerprint["args"][-6:] == [
         "--claim-dir",
-        "/agentrun-claims",
+        "/workspace/.agentrun-claims",
         "--job-uid",
         "$(AGENTRUN_JOB_UID)",
         "--pod-uid",
         "$(AGENTRUN_POD_UID)",
     ]
-    assert {
-        "name": "workspace",
-        "mountPath": "/agentrun-claims",
-        "subPath": ".agentrun/claims",
-    } in fingerprint["volumeMounts"]
+    assert {"name": "workspace", "mountPath": "/workspace"} in fingerprint["volumeMounts"]
     fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in fingerprint["env"]}
     assert fields == {
         "AGENTRUN_JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
