@@ -137,6 +137,17 @@ def test_merge_keeps_every_message_and_the_most_telling_reason() -> None:
     )
 
 
+def test_a_failed_validation_keeps_its_own_reason_over_the_runs_end() -> None:
+    """docs/concepts.md#validation: a refused run gets a Warning Event `InvalidSpec`."""
+    merged = merge(
+        [
+            EmitEvent("Warning", "InvalidSpec", "spec.x: bad"),
+            EmitEvent("Warning", "RunFailed", "InvalidSpec: spec.x: bad"),
+        ]
+    )
+    assert merged == EmitEvent("Warning", "InvalidSpec", "InvalidSpec: spec.x: bad; RunFailed: InvalidSpec: spec.x: bad")
+
+
 def test_merge_is_a_warning_when_any_part_is() -> None:
     merged = merge(
         [

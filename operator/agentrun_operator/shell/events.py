@@ -27,12 +27,13 @@ from agentrun_operator.shell.kube import Kube, KubeError
 
 log = logging.getLogger("agentrun.events")
 
-# Higher wins the merged Event's reason: a run's end, then a loop's, then warnings, then iterations.
+# Higher wins the merged Event's reason: a failed validation (the run's end names only its reason,
+# and the docs promise a Warning Event `InvalidSpec`), a run's end, a loop's, warnings, iterations.
 _RANK = {
+    "InvalidSpec": 55,
     "RunSucceeded": 50,
     "RunFailed": 50,
     "RunCancelled": 50,
-    "InvalidSpec": 45,
     "LoopCompleted": 40,
     "LoopStarted": 40,
     "IterationFailed": 35,
