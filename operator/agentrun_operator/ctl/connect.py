@@ -88,7 +88,19 @@ async def connect(kubeconfig: str | None, context: str | None, namespace: str | 
     )
 
 
+def _is_empty(path: str) -> bool:
+    try:
+        return not Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return False  # unreadable: the loader names the error
+
+
 async def _from_kubeconfig(paths: list[str], context: str | None, namespace: str | None) -> Target:
+    joined = os.pathsep.join(paths)
+    # kubectl skips empty files in the list; the loader would fail on one with a Python TypeError.
+    paths = [p for p in paths if not _is_empty(p)]
+    if not paths:
+        raise CtlError(f"kubeconfig {joined} is empty: pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig")
     joined = os.pathsep.join(paths)
     try:
         merged = KubeConfigMerger(joined).config

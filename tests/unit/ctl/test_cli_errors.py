@@ -56,6 +56,23 @@ def test_unknown_context(no_credentials: Path, capsys: pytest.CaptureFixture[str
     assert "context 'prod' is not in kubeconfig" in one_line_error(capsys)
 
 
+def test_empty_kubeconfig_is_named_not_a_python_error(
+    no_credentials: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = no_credentials / "empty"
+    empty.write_text("\n")
+    assert main(["status", "r", "--kubeconfig", str(empty)]) == 4
+    assert one_line_error(capsys) == (
+        f"agentrun status: kubeconfig {empty} is empty: pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig"
+    )
+    # In a $KUBECONFIG list an empty file is skipped, as kubectl skips it.
+    path = no_credentials / "config"
+    path.write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", f"{empty}:{path}")
+    assert main(["status", "r"]) == 4
+    assert "cannot reach the API server at https://127.0.0.1:1" in one_line_error(capsys)
+
+
 def test_unreachable_api_server(no_credentials: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = no_credentials / "config"
     path.write_text(KUBECONFIG)
