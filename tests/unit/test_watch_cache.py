@@ -145,7 +145,9 @@ def test_a_failed_validation_keeps_its_own_reason_over_the_runs_end() -> None:
             EmitEvent("Warning", "RunFailed", "InvalidSpec: spec.x: bad"),
         ]
     )
-    assert merged == EmitEvent("Warning", "InvalidSpec", "InvalidSpec: spec.x: bad; RunFailed: InvalidSpec: spec.x: bad")
+    assert merged == EmitEvent(
+        "Warning", "InvalidSpec", "InvalidSpec: spec.x: bad; RunFailed: InvalidSpec: spec.x: bad"
+    )
 
 
 def test_merge_is_a_warning_when_any_part_is() -> None:

@@ -100,7 +100,9 @@ async def _from_kubeconfig(paths: list[str], context: str | None, namespace: str
     # kubectl skips empty files in the list; the loader would fail on one with a Python TypeError.
     paths = [p for p in paths if not _is_empty(p)]
     if not paths:
-        raise CtlError(f"kubeconfig {joined} is empty: pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig")
+        raise CtlError(
+            f"kubeconfig {joined} is empty: pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig"
+        )
     joined = os.pathsep.join(paths)
     try:
         merged = KubeConfigMerger(joined).config

@@ -63,7 +63,8 @@ def test_empty_kubeconfig_is_named_not_a_python_error(
     empty.write_text("\n")
     assert main(["status", "r", "--kubeconfig", str(empty)]) == 4
     assert one_line_error(capsys) == (
-        f"agentrun status: kubeconfig {empty} is empty: pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig"
+        f"agentrun status: kubeconfig {empty} is empty: "
+        "pass --kubeconfig FILE or set KUBECONFIG to a kubeconfig"
     )
     # In a $KUBECONFIG list an empty file is skipped, as kubectl skips it.
     path = no_credentials / "config"
