@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from agentrun_devcluster import processes, toolchain
-from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError
+from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError, check_state_format
 from agentrun_devcluster.podrunner.adopt import stop_leftovers
 from agentrun_operator import naming
 
@@ -185,6 +185,7 @@ def up(operator: bool = True, runtime: str = "process") -> int:
     runtime = check_runtime(runtime)
     toolchain.ensure_tools(_say)
     plane = control_plane()
+    check_state_format(plane.home, _say)  # a directory of another version: refused before any write
     server = plane.server if plane.ports().apiserver else None
     plane.start(crds_dir=write_generated_crds(plane.home / "crds"))
     if server is not None and plane.server != server:  # new ports: services of the old address go
