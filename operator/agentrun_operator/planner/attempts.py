@@ -399,6 +399,12 @@ def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResul
     ctx.facts.append(IterationFinished(step.path, step.iteration, step.st.attempt, result))
 
 
+def _not_before_start(finished: datetime, record: IterationRecord) -> datetime:
+    """A Job's completionTime has whole seconds, the record's start (the operator's clock) has
+    microseconds: an iteration that ended within the second it started would end before it began."""
+    return max(finished, record.started_at) if record.started_at is not None else finished
+
+
 def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
     """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails."""
     st = step.st
@@ -420,7 +426,7 @@ def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, c
         return True
     if record is not None:
         record.phase = "Failed"
-        record.finished_at = finished
+        record.finished_at = _not_before_start(finished, record)
         record.message = message
     _iteration_finished(ctx, step, "Failed")
     ctx.emit("Warning", "IterationFailed", f"step {step.label}: {message}", step.where)
@@ -454,7 +460,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     record = step.record()
     if record is not None:
         record.phase = "Succeeded"
-        record.finished_at = job.finished_at or ctx.now
+        record.finished_at = _not_before_start(job.finished_at or ctx.now, record)
         record.message = f"succeeded{tries}" if tries else None
     loop.completed_iterations = min(max(loop.completed_iterations, step.iteration), loop.max_iterations)
     loop.last_control = control

@@ -1274,3 +1274,23 @@ def test_pod_failure_waits_for_the_jobs_verdict() -> None:
     result = world.plan()
     assert not any(isinstance(a, CreateJob) for a in result.actions)
     assert world.step_status().phase == "Running"
+
+
+def test_an_iteration_never_finishes_before_it_started() -> None:
+    """The record's start has the operator's microseconds, a Job's completionTime whole seconds: an
+    iteration that ends within the second it started is recorded as ending at its start, not before
+    (`agentrun status` showed 0ms for it, from a negative duration)."""
+    world = PlannerWorld(manifest([loop_step("a", 2)]), config=LOOPS_ON)
+    world.now = world.now.replace(microsecond=600000)
+    world.plan()
+    world.plan()
+    job = world.active()
+    world.advance(0.3)
+    world.succeed(job)
+    whole_second = world.now.replace(microsecond=0)
+    world.jobs[job] = replace(world.jobs[job], finished_at=whole_second)
+    world.plan()
+    first = world.step_status(0).loop.iterations[0]
+    assert first.phase == "Succeeded"
+    assert first.started_at is not None and first.finished_at is not None
+    assert first.finished_at >= first.started_at
