@@ -205,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the control plane and the pod runner only (install the operator with Helm)",
     )
     runtimes = ["process", "docker", "auto"]
-    up.add_argument("--runtime", choices=runtimes, default="process", help=runtime_help)
+    up.add_argument(
+        "--runtime",
+        choices=runtimes,
+        default=None,
+        help=f"{runtime_help}; a pod runner that runs keeps its own",
+    )
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
     restart = dev_sub.add_parser(

@@ -178,11 +178,36 @@ def _no_operator_marker(home: Path) -> Path:
     return home / "run" / "no-operator"
 
 
-def up(operator: bool = True, runtime: str = "process") -> int:
+def running_runtime(home: Path) -> str | None:
+    """The runtime of the pod runner since the last `up` (its heartbeat says which; `down` removes
+    it): a runner restarted after a crash must adopt its containers with the same runtime."""
+    try:
+        value = json.loads((home / "run" / "pod-runner.health.json").read_text()).get("runtime")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value in ("process", "docker") else None
+
+
+def choose_runtime(requested: str | None, running: str | None) -> str:
+    """The runtime `up` asks for: the runner keeps its own until `down` (its containers may outlive
+    it); asking for another one meanwhile is refused rather than silently ignored."""
+    if running is None:
+        return requested or "process"
+    if requested in (None, "auto", running):
+        return running
+    raise ControlPlaneError(
+        f"the pod runner was started with --runtime {running} (its containers may still run); to "
+        f"switch to --runtime {requested}, stop it all first: `agentrun dev down`, then "
+        f"`agentrun dev up --runtime {requested}` (the cluster's objects and the claims' volumes are kept)"
+    )
+
+
+def up(operator: bool = True, runtime: str | None = None) -> int:
     """Start what is not running. `operator=False` (`--no-operator`) leaves the operator to a
     `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs.
-    `runtime` is how the pod runner runs containers (see `check_runtime`)."""
-    runtime = check_runtime(runtime)
+    `runtime` is how the pod runner runs containers (see `check_runtime`); None: the running
+    runner's, else process."""
+    runtime = check_runtime(choose_runtime(runtime, running_runtime(dev_home())))
     toolchain.ensure_tools(_say)
     plane = control_plane()
     check_state_format(plane.home, _say)  # a directory of another version: refused before any write
@@ -237,9 +262,10 @@ def restart(component: str) -> int:
         raise ControlPlaneError(
             f"the control plane is not up; run `agentrun dev up` before restarting {component}"
         )
+    runtime = running_runtime(plane.home) or "process"  # restarted the same way
     processes.stop_process(plane.run_dir, component, grace=20)  # the runner leaves its containers running
     if component == RUNNER:
-        start_runner(plane)
+        start_runner(plane, runtime=runtime)
     else:
         start_operator(plane)
     record = processes.read_record(plane.run_dir, component)
