@@ -187,7 +187,7 @@ def test_missed_watch_events_are_recovered_by_the_resync(env: Any) -> None:
         operator.stop()
 
 
-@pytest.mark.parametrize("plural", ["pods", "jobs"])
+@pytest.mark.parametrize("plural", ["pods", "jobs", "agentruns"])
 def test_a_lagging_watch_stream_neither_loses_nor_repeats(env: Any, plural: str) -> None:
     """One kind's events arrive 1.5 s late: the conditional loop still reads each iteration's control
     file once and stops where the file says."""

@@ -3,7 +3,10 @@ object wins, when a run must be re-planned, how a relist is merged in, what one 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import pytest
 
 from agentrun_operator import naming
 from agentrun_operator.planner.actions import EmitEvent
@@ -296,3 +299,132 @@ def test_a_job_getting_its_ttl_does_not_replan() -> None:
     with_ttl = _job("j", 2, complete=True)
     with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
     assert cache.jobs.upsert(with_ttl) is None
+
+
+def _failed(job: dict[str, Any]) -> dict[str, Any]:
+    job["status"]["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    return job
+
+
+def test_a_job_ending_while_its_result_is_settled_does_not_replan_but_is_stored() -> None:
+    """The reconcile recording an iteration's result (status, then the Job's TTL) planned with the
+    pod's end: the Job controller marking the Job Complete or Failed meanwhile is no news."""
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    cache.jobs.upsert(_job("k", 1, uid="k-uid"))
+    with cache.jobs.settling(NS, ["j", "k"]):
+        assert cache.jobs.upsert(_job("j", 2, complete=True)) is None
+        assert cache.jobs.upsert(_failed(_job("k", 2, uid="k-uid"))) is None
+        assert cache.jobs.view_of((NS, "r"), "j")[1][0].outcome == "Succeeded"  # stored all the same
+        assert cache.jobs.view_of((NS, "r"), "k")[1][0].outcome == "Failed"
+        with_ttl = _job("j", 3, complete=True)
+        with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
+        assert cache.jobs.upsert(with_ttl) is None  # the TTL patch's answer, written through
+    assert cache.jobs.view_of((NS, "r"), "j")[1][0].ttl_seconds_after_finished == 300
+    assert [j["metadata"]["resourceVersion"] for j in cache.jobs_of(NS, "r")] == ["3", "2"]
+    assert cache.jobs.delete(_job("j", 4)) == (NS, "r")  # its deletion is still news
+
+
+def test_settling_still_replans_a_deletion_or_a_change_that_is_not_an_end() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    with cache.jobs.settling(NS, ["j"]):
+        orphaned_owner = _job("j", 2)
+        orphaned_owner["metadata"]["ownerReferences"][0]["uid"] = "another-run-uid"
+        assert cache.jobs.upsert(orphaned_owner) == (NS, "r")  # not ended: as before
+        deleting = _job("j", 3, complete=True)
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+        assert cache.jobs.upsert(deleting) == (NS, "r")
+        assert cache.jobs.delete(_job("j", 4, complete=True)) == (NS, "r")
+
+
+def test_settling_leaves_other_jobs_and_namespaces_alone_and_ends_with_its_context() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    cache.jobs.upsert(_job("other", 1, uid="other-uid"))
+    elsewhere = _job("j", 1, uid="elsewhere-uid")
+    elsewhere["metadata"]["namespace"] = "elsewhere"
+    cache.jobs.upsert(elsewhere)
+    with cache.jobs.settling(NS, ["j"]):
+        assert cache.jobs.upsert(_job("other", 2, uid="other-uid", complete=True)) == (NS, "r")
+        ended_elsewhere = _job("j", 2, uid="elsewhere-uid", complete=True)
+        ended_elsewhere["metadata"]["namespace"] = "elsewhere"
+        assert cache.jobs.upsert(ended_elsewhere) == ("elsewhere", "r")
+    assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")  # no longer settling
+
+
+def test_a_job_first_seen_while_settling_replans_as_usual() -> None:
+    """The plan being settled never saw it: only an update of a Job the cache held is no news."""
+    cache = RunCache()
+    with cache.jobs.settling(NS, ["j"]):
+        assert cache.jobs.upsert(_job("j", 1, complete=True)) == (NS, "r")
+
+
+def test_overlapping_settling_of_two_runs_each_ends_with_its_own_context() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("a", 1, run="r1", uid="a-uid"))
+    cache.jobs.upsert(_job("b", 1, run="r2", uid="b-uid"))
+    cache.jobs.upsert(_job("shared", 1, run="r1", uid="s-uid"))  # settled by both, e.g. a retried reconcile
+    first, second = contextlib.ExitStack(), contextlib.ExitStack()
+    first.enter_context(cache.jobs.settling(NS, ["a", "shared"]))
+    second.enter_context(cache.jobs.settling(NS, ["b", "shared"]))
+    first.close()  # the first reconcile ends while the second is still settling
+    assert cache.jobs.upsert(_job("a", 2, run="r1", uid="a-uid", complete=True)) == (NS, "r1")
+    assert cache.jobs.upsert(_job("b", 2, run="r2", uid="b-uid", complete=True)) is None
+    assert cache.jobs.upsert(_job("shared", 2, run="r1", uid="s-uid", complete=True)) is None
+    second.close()
+    assert cache.jobs.upsert(_failed(_job("b", 3, run="r2", uid="b-uid"))) == (NS, "r2")
+
+
+def test_settling_ends_even_when_the_reconcile_fails() -> None:
+    cache = RunCache()
+    cache.jobs.upsert(_job("j", 1))
+    with pytest.raises(RuntimeError), cache.jobs.settling(NS, ["j"]):
+        raise RuntimeError("the status write failed")
+    assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
+
+
+def test_a_store_without_a_settled_rule_ignores_settling() -> None:
+    store = Store(run_of_run, run_view)
+    store.upsert(_run(1, {"phase": "Running"}))
+    with store.settling(NS, ["r"]):
+        assert store.upsert(_run(2, {"phase": "Succeeded"})) == (NS, "r")
+
+
+def test_holds_is_the_same_object_at_that_version_or_newer() -> None:
+    """The informer skips decoding the echo of what we wrote through (the created Job, the status)."""
+    cache = RunCache()
+    assert not cache.jobs.holds(NS, "j", "job-uid", 5)  # absent
+    cache.jobs.upsert(_job("j", 5))
+    assert cache.jobs.holds(NS, "j", "job-uid", 5)
+    assert cache.jobs.holds(NS, "j", "job-uid", "5")
+    assert cache.jobs.holds(NS, "j", "job-uid", "4")  # older: the cache has newer
+    assert not cache.jobs.holds(NS, "j", "job-uid", 6)  # newer: news
+    assert not cache.jobs.holds(NS, "j", "job-uid", "6")
+    assert not cache.jobs.holds(NS, "j", "other-uid", 5)  # a namesake
+    assert not cache.jobs.holds("elsewhere", "j", "job-uid", 5)
+    assert not cache.jobs.holds(NS, "j", "job-uid", "")
+    assert not cache.jobs.holds(NS, "j", "job-uid", "abc")
+    cache.jobs.delete(_job("j", 6))
+    assert not cache.jobs.holds(NS, "j", "job-uid", 5)  # forgotten
+    runs = Store(run_of_run, run_view)  # a store keeping whole objects
+    runs.upsert(_run(7))
+    assert runs.holds(NS, "r", "run-uid", 7) and not runs.holds(NS, "r", "run-uid", 8)
+
+
+def test_the_change_of_a_stored_object_is_computed_once() -> None:
+    """Each update picks the plan-relevant part of the new view only: the stored one's was kept."""
+    changes: list[Any] = []
+
+    def change(view: Any) -> Any:
+        changes.append(view)
+        return view
+
+    store = Store(run_of_run, run_view, change)
+    store.upsert(_run(1, {"phase": "Pending"}))
+    store.upsert(_run(2, {"phase": "Running"}))
+    assert store.upsert(_run(3, {"phase": "Succeeded"})) == (NS, "r")
+    assert len(changes) == 3
+    store.delete(_run(4))
+    assert store.upsert(_run(5, {"phase": "Succeeded"})) == (NS, "r")  # forgotten: a new arrival
+    assert store.upsert(_run(6, {"phase": "Succeeded"})) is None

@@ -6,6 +6,7 @@ generator can import it without kopf or a Kubernetes client.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
@@ -88,8 +89,12 @@ def _parse_timestamp(value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
 def format_timestamp(value: datetime) -> str:
-    """RFC 3339 in UTC with a `Z`, seconds precision unless there are microseconds (metav1.Time style)."""
+    """RFC 3339 in UTC with a `Z`, seconds precision unless there are microseconds (metav1.Time style).
+
+    Cached: a status's iteration history holds the same timestamps write after write, and formatting
+    them was a visible share of every status write in the profile (docs/operator.md#performance)."""
     if value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
     # isoformat, not strftime: a status holds dozens of timestamps, serialized on every status write.

@@ -1,12 +1,11 @@
-"""Watch caches: the AgentRuns (kopf's watch), Jobs and Pods (our informers), indexed by run.
+"""Watch caches: the AgentRuns, Jobs and Pods (our informers), indexed by run.
 
 A reconcile reads its run, the run's Jobs and their Pods from here instead of listing them from the
 API server (docs/operator.md#cache). Why it is correct:
 
-- **Restart.** Runs are fed by a kopf *indexing* handler, and kopf runs no other handler before the
-  initial listing has been indexed; Jobs, Pods and what runs refer to by our informers
-  (shell/informer.py), after their first LIST. The work queue starts reconciling only once every
-  feeder has opened its gate (`ready`), so no reconcile ever sees a half-filled cache.
+- **Restart.** Every kind is fed by its informer (shell/informer.py), starting with its first LIST.
+  The work queue starts reconciling only once every informer has opened its gate (`ready`), so no
+  reconcile ever sees a half-filled cache.
 - **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer, the
   Job with its TTL).
   Anything else that is stale makes a write fail safely: the status PUT carries the cached
@@ -93,6 +92,18 @@ def job_change(view: Any) -> Any:
     return (job.plan_relevant() if job is not None else None, owners)
 
 
+def job_settled(view: Any) -> bool:
+    """A Job the Job controller has marked ended (Complete or Failed), or one with its TTL set, not
+    being deleted: while the reconcile recording its iteration's result is settling it
+    (`Store.settling`), neither is news -- the plan already used the pod's result, and once its TTL
+    is set the Job's outcome is never read again (`ObservedJob.plan_relevant`); the echo of that TTL
+    patch may arrive before its answer. Its deletion still is news."""
+    job, _owners = view
+    if job is None or job.deleting:
+        return False
+    return bool(job.finished or job.ttl_seconds_after_finished is not None)
+
+
 def pod_view(pod: Obj) -> ObservedPod | None:
     return pod_from_k8s(pod)
 
@@ -133,7 +144,8 @@ _NOT_WRITING = object()
 
 class Store:
     """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
-    it); `change` picks from a view what decides whether the run must be re-planned."""
+    it); `change` picks from a view what decides whether the run must be re-planned; `settled` says
+    of a view that it is no news while a reconcile is settling that object (`settling`)."""
 
     def __init__(
         self,
@@ -142,18 +154,25 @@ class Store:
         change: Callable[[Any], Any] = lambda view: view,
         keep_body: bool = True,
         arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
+        settled: Callable[[Any], bool] | None = None,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
         self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
+        self._settled = settled
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
         self._by_run: dict[Key, dict[str, tuple[Obj, Any]]] = {}
         self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
+        # (namespace, object name) -> `change` of its stored view, computed when it is stored: each
+        # update then picks its plan-relevant part from the new view only, not from both again.
+        self._changes: dict[tuple[str, str], Any] = {}
         # (namespace, name) -> what of it we are writing right now (`writing`)
         self._writing: dict[tuple[str, str], Any] = {}
+        # (namespace, name) -> how many reconciles are settling it right now (`settling`)
+        self._settling: dict[tuple[str, str], int] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -174,17 +193,22 @@ class Store:
         current = entries.get(name)
         if current is not None and (is_older(obj, current[0]) or _same_version(obj, current[0])):
             return None  # older, or unchanged: the echo of our own write, a relist of the same object
+        where = (ns, name)
         view = self._view(obj)
+        now = self._change(view)
         entries[name] = (obj if self._keep_body else _identity(obj), view)
-        self._where[(ns, name)] = key
+        self._where[where] = key
         moved = old_key is not None and old_key != key
-        echo = self._writing.get((ns, name), _NOT_WRITING)
+        echo = self._writing.get(where, _NOT_WRITING)
         if current is None:
             others = [v for n, (_, v) in entries.items() if n != name]
             changed = moved or (echo is not _CREATING and self._arrival(view, others))
         else:
-            now = self._change(view)
-            changed = moved or (now != self._change(current[1]) and now != echo)
+            before = self._changes[where] if where in self._changes else self._change(current[1])
+            changed = moved or (now != before and now != echo)
+            if changed and not moved and where in self._settling and self._settled is not None:
+                changed = not self._settled(view)
+        self._changes[where] = now
         return key if changed else None
 
     @contextlib.contextmanager
@@ -200,6 +224,46 @@ class Store:
             yield
         finally:
             self._writing.pop(where, None)
+
+    @contextlib.contextmanager
+    def settling(self, namespace: str, names: Iterable[str]) -> Iterator[None]:
+        """While a reconcile settles these objects, an update of one of them to a view `settled`
+        accepts re-plans nothing (it is stored all the same).
+
+        The reconcile that records an iteration's result writes the status, then sets the ended Job's
+        TTL; meanwhile the Job controller marks that Job Complete or Failed, which would re-plan the
+        run a second time for nothing (the plan used the pod's result already). Safe because that
+        reconcile re-plans the run itself whenever its writes fail (a 409 requeues it at once, an
+        exception retries it), and anything else -- a view not settled, e.g. a deletion, an object
+        first seen or moved to another run, any other name -- re-plans as usual. Counted, not a set:
+        several reconciles may settle at once, and each one's exit must leave the others' names."""
+        wheres = [(namespace, name) for name in names]
+        for where in wheres:
+            self._settling[where] = self._settling.get(where, 0) + 1
+        try:
+            yield
+        finally:
+            for where in wheres:
+                left = self._settling.get(where, 0) - 1
+                if left > 0:
+                    self._settling[where] = left
+                else:
+                    self._settling.pop(where, None)
+
+    def holds(self, namespace: str, name: str, uid: str, version: int | str) -> bool:
+        """Whether the store holds this object (same uid) at `version` or newer: then its watch event
+        is the echo of what we wrote through (the status PUT's answer, the created Job), and the
+        informer need not even decode it. False for a `version` that is not a number."""
+        key = self._where.get((namespace, name))
+        entry = self._by_run.get(key, {}).get(name) if key is not None else None
+        if entry is None or not uid or (entry[0].get("metadata") or {}).get("uid") != uid:
+            return False
+        try:
+            wanted = int(version)
+        except ValueError:
+            return False
+        stored = resource_version(entry[0])
+        return stored is not None and stored >= wanted
 
     def delete(self, obj: Obj) -> Key | None:
         """Forget `obj` (a DELETED event); the run key when something was removed."""
@@ -223,6 +287,7 @@ class Store:
         if not entries:
             self._by_run.pop(key, None)
         self._where.pop((key[0], name), None)
+        self._changes.pop((key[0], name), None)
 
     def get(self, key: Key) -> list[Obj]:
         return [obj for obj, _ in self._by_run.get(key, {}).values()]
@@ -310,11 +375,11 @@ REFERENCE_KINDS = ("agents", "agentproviders", "implementationspecs")
 
 class RunCache:
     """The three stores and the readiness gate the work queue waits on: `ready` is set once every
-    feeder (kopf, each informer) has opened its gate, i.e. delivered its initial list."""
+    informer has opened its gate, i.e. delivered its initial list."""
 
-    def __init__(self, gates: Iterable[str] = ("kopf",)) -> None:
+    def __init__(self, gates: Iterable[str] = ()) -> None:
         self.runs = Store(run_of_run, run_view)
-        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
+        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False, settled=job_settled)
         self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False, arrival=pod_arrival)
         self.references = {
             plural: Store(namespace_wide, spec_view, keep_body=False) for plural in REFERENCE_KINDS

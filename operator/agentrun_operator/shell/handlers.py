@@ -1,11 +1,12 @@
-"""kopf wiring: AgentRuns through kopf, their Jobs and Pods through our informers; one work queue.
+"""kopf wiring: kopf runs the operator; AgentRuns, Jobs, Pods and the rest come through our informers.
 
-Only `index` and `on.event` handlers are used, so kopf itself never writes to our objects (no
-finalizers, no progress annotations): the reconciler is the one writer of status, and API writes per
-iteration stay few. The indexing handler and the informers fill the cache (docs/operator.md#cache)
-and enqueue a run only when what its planner can see changed (level-triggered); a periodic resync
-relists everything, catching whatever a watch may have missed. Settings are chosen for latency and
-documented in docs/operator.md#reconcile.
+kopf is the framework: login, startup and cleanup, peering keep-alives, liveness. It has no resource
+handlers, so it never writes to our objects (no finalizers, no progress annotations) and never
+processes a watch event of ours: the reconciler is the one writer of status, and the informers
+(shell/informer.py) fill the cache (docs/operator.md#cache) and enqueue a run only when what its
+planner can see changed (level-triggered); a periodic resync relists everything, catching whatever a
+watch may have missed. With `--peering`, the peering gate (shell/peering.py) holds the work queue
+while a peer serves. Settings are documented in docs/operator.md#reconcile.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import random
 import time
 from typing import Any
 
@@ -26,38 +26,36 @@ from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.cache import RunCache, relist
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.informer import Informer
-from agentrun_operator.shell.kube import Kube, in_cluster_server
+from agentrun_operator.shell.informer import Informer, builtin_head, custom_head
+from agentrun_operator.shell.kube import (
+    Kube,
+    decode_job_event,
+    decode_object_json,
+    decode_pod_event,
+    in_cluster_server,
+)
+from agentrun_operator.shell.peering import PeeringGate, PeeringIdentity, peering_kind, peering_store
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
 
 
-class EventOnlyDiffBase(kopf.DiffBaseStorage):
-    """No diff base: with only `on.event` handlers kopf never needs one.
-
-    kopf builds and deep-copies an "essence" of every watched object for change detection; for pods
-    that was most of the operator's CPU per iteration. A constant empty essence skips that work.
-    """
-
-    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
-        return {}
-
-    def fetch(self, *, body: Any) -> Any:
-        return None
-
-    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
-        return None
-
-
 class OperatorState:
     """What the handlers share: set up at startup, torn down at cleanup."""
 
-    def __init__(self, config: OperatorConfig, kubeconfig: str | None, workers: int) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        kubeconfig: str | None,
+        workers: int,
+        peering: PeeringIdentity | None = None,
+    ) -> None:
         self.config = config
+        self.peering = peering  # None: standalone (serves at once)
+        self.gate: PeeringGate | None = None
         self.kubeconfig = kubeconfig
         self.workers = workers
         self.kube: Kube | None = None
@@ -81,19 +79,11 @@ class OperatorState:
             if run is not None and (run.get("status") or {}).get("phase") not in TERMINAL_RUN_PHASES:
                 self.enqueue(run_key)
 
-    def observed(self, store: Store, body: Any, type_: str | None) -> None:
-        """A watch event: update the cache; re-plan the run if what its planner sees changed."""
-        raw = dict(body)
-        self.enqueue(store.delete(raw) if type_ == "DELETED" else store.upsert(raw))
-
-    def released(self) -> None:
-        """kopf runs event handlers only once every indexed kind's initial list is in the cache."""
-        if not self.cache.ready.is_set():
-            self.cache.open_gate("kopf")
-
     async def announce_ready(self) -> None:
         await self.cache.ready.wait()
         log.info("watch cache filled", extra=self.cache.sizes())
+        if self.gate is not None:
+            self.gate.decide()  # the peering objects are listed: serve, or stand by
 
     async def reconcile(self, key: Key) -> float | None:
         assert self.reconciler is not None
@@ -167,46 +157,70 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # Low batching: our own queue de-duplicates, and turnaround is measured in milliseconds.
-        settings.batching.batch_window = 0.01
-        settings.batching.idle_timeout = 5.0
         settings.watching.server_timeout = 270
         settings.watching.client_timeout = 300
         settings.watching.connect_timeout = 10
         settings.watching.reconnect_backoff = 1.0
         settings.networking.error_backoffs = API_ERROR_BACKOFFS
-        if state.config.watched_namespaces:
-            # Namespaced RBAC cannot list namespaces or CRDs; without this kopf retries that for a minute.
-            settings.scanning.disabled = True
-        # Hot standby: kopf pauses every operator that sees a peer of equal priority, so each
-        # replica takes a distinct one (the highest serves, the others wait).
-        settings.peering.priority = random.randint(1, 2**30)
+        # kopf would list namespaces and CRDs (and watch CRDs) to find resources for handlers it does
+        # not have; namespaced RBAC refuses that, and nothing of ours needs it.
+        settings.scanning.disabled = True
         settings.posting.level = logging.WARNING  # kopf's own Events only for its problems
-        # kopf logs "Handler ... succeeded" at INFO for every watch event: ~10 lines per iteration,
-        # a visible share of CPU in the profile, and nothing an operator reads. Warnings still show.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-        settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
-        settings.persistence.diffbase_storage = EventOnlyDiffBase()
         state.kube = await Kube.connect(state.kubeconfig)
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
-        state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=state.cache.ready)
-        # Jobs and Pods (some ten watch events per iteration) through our own informers, filtered
-        # by label on the server: kopf's per-event machinery cost more than our use of each event.
-        state.informers = [
+        namespaces = state.config.watched_namespaces
+        serving = None
+        if state.peering is not None:
+            store = peering_store()
+            state.gate = PeeringGate(state.peering, store)
+            serving = state.gate.serving
+            prefix, plural = peering_kind(namespaces)
+            state.informers.append(
+                Informer(
+                    state.kube,
+                    state.cache,
+                    store,
+                    prefix,
+                    plural,
+                    None,
+                    namespaces,
+                    state.gate.changed,
+                    optional=True,
+                    unlisted="serving without a peer's word",
+                )
+            )
+        state.queue = WorkQueue(
+            state.reconcile, workers=state.workers, ready=state.cache.ready, serving=serving
+        )
+        # AgentRuns, Jobs and Pods through our own informers, Jobs and Pods filtered by label on the
+        # server: kopf's per-event machinery cost more than our use of each event. Of Jobs and Pods
+        # only what the planner reads is decoded; the echo of our own write is not decoded at all.
+        runs = f"/apis/{GROUP}/{VERSION}"
+        state.informers += [
             Informer(
                 state.kube,
                 state.cache,
                 store,
                 prefix,
                 plural,
-                naming.LABEL_RUN,
-                state.config.watched_namespaces,
+                selector,
+                namespaces,
                 state.enqueue,
+                decode=decode,
+                head=head,
             )
-            for store, prefix, plural in (
-                (state.cache.jobs, "/apis/batch/v1", "jobs"),
-                (state.cache.pods, "/api/v1", "pods"),
+            for store, prefix, plural, selector, decode, head in (
+                (state.cache.runs, runs, "agentruns", None, decode_object_json, custom_head),
+                (
+                    state.cache.jobs,
+                    "/apis/batch/v1",
+                    "jobs",
+                    naming.LABEL_RUN,
+                    decode_job_event,
+                    builtin_head,
+                ),
+                (state.cache.pods, "/api/v1", "pods", naming.LABEL_RUN, decode_pod_event, builtin_head),
             )
         ]
         # What runs refer to (Agents, AgentProviders, ImplementationSpecs): few, small, rarely
@@ -219,7 +233,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 f"/apis/{GROUP}/{VERSION}",
                 plural,
                 None,
-                state.config.watched_namespaces,
+                namespaces,
                 state.enqueue_namespace,
                 optional=True,
             )
@@ -236,7 +250,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 "loops_enabled": state.config.loops_enabled,
                 "max_iterations_cap": state.config.loop_max_iterations,
                 "history_limit": state.config.loop_status_history_limit,
-                "namespaces": ",".join(state.config.watched_namespaces) or "*",
+                "namespaces": ",".join(namespaces) or "*",
+                "peering": state.peering.identity if state.peering is not None else None,
             },
         )
 
@@ -251,25 +266,11 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             await informer.stop()
         if state.queue is not None:
             await state.queue.stop()
+        if state.gate is not None:
+            state.gate.stop()
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out
                 await state.events.flush_all(uids)
         if state.kube is not None:
             await state.kube.close()
-
-    # Handlers are `async` although they never wait: kopf runs a sync handler in a thread pool, and
-    # that hand-off was the largest single cost per watch event in the profile (docs/operator.md#performance).
-    # The indexing handler fills the cache: kopf runs it for every object of the initial list before
-    # any other handler, which is the cache's "complete after a restart" guarantee. It returns
-    # None, so kopf keeps no index of its own. The event handler sees DELETED (which kopf does not
-    # pass to indexing handlers) and opens the gate for the work queue.
-    @kopf.index(GROUP, VERSION, "agentruns", registry=registry)
-    async def agentrun_cache(body: Any, **_: Any) -> None:
-        state.observed(state.cache.runs, body, None)
-
-    @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
-    async def on_agentrun(body: Any, type: str | None, **_: Any) -> None:
-        state.released()
-        if type == "DELETED":
-            state.observed(state.cache.runs, body, type)

@@ -1,11 +1,13 @@
-"""A small informer for Jobs and Pods: LIST, then WATCH from the list's resourceVersion, into the watch cache.
+"""A small informer: LIST, then WATCH from the list's resourceVersion, into the watch cache.
 
-Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration causes some five
-pod events (created, bound, started, finished, its Job's finalizer removed) and about as many Job
-events (created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery —
-a worker per object, handler bookkeeping, its logging — cost more than everything the operator does
-with them. Here an event costs one JSON decode and one cache update; the run is enqueued only when
-what its planner sees changed.
+AgentRuns, Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration
+causes some five pod events (created, bound, started, finished, its Job's finalizer removed), about
+as many Job events (created, started, ready, completed, TTL set) and the echo of its status write,
+and in the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its
+logging — cost more than everything the operator does with them. Here an event costs at most one
+JSON decode of what is read (`decode`) and one cache update, and the echo of an object the cache
+already holds at that version (our own write, written through) is not decoded at all (`head`); the
+run is enqueued only when what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
@@ -19,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
-from agentrun_operator.shell.kube import Kube, KubeError, decode_object_json
+from agentrun_operator.shell.kube import Kube, KubeError, decode_json, decode_object_json
 
 log = logging.getLogger("agentrun.informer")
 
@@ -33,6 +37,55 @@ WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
 SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
+
+Identity = tuple[str, str, str, int]  # namespace, name, uid, resourceVersion
+Head = Callable[[bytes], Identity | None]
+
+_BUILTIN_HEAD = re.compile(
+    rb'\{"type":"(?:ADDED|MODIFIED)","object":\{"kind":"[^"\\]*","apiVersion":"[^"\\]*",'
+    rb'"metadata":\{"name":"([^"\\]*)",(?:"generateName":"[^"\\]*",)?"namespace":"([^"\\]*)",'
+    rb'"uid":"([^"\\]*)","resourceVersion":"(\d+)"'
+)
+
+
+def builtin_head(line: bytes) -> Identity | None:
+    """The identity of a built-in object's ADDED/MODIFIED event, read from the start of its text.
+
+    kube-apiserver writes built-in kinds (Jobs, Pods) from Go structs, so their fields come in a
+    fixed order: kind, apiVersion, then metadata's name, generateName, namespace, uid,
+    resourceVersion. Text of any other shape gives None (the event is decoded as usual)."""
+    match = _BUILTIN_HEAD.match(line)
+    if match is None:
+        return None
+    name, namespace, uid, version = match.groups()
+    return namespace.decode(), name.decode(), uid.decode(), int(version)
+
+
+_SPEC_AFTER_METADATA = b'},"spec":{'
+
+
+def custom_head(line: bytes) -> Identity | None:
+    """The identity of a custom object's ADDED/MODIFIED event, from its metadata alone.
+
+    A custom resource is written from a map, keys in sorted order: apiVersion, kind, metadata,
+    spec, status. Only the text up to the end of metadata is decoded: `},"spec":{` first closes it
+    (a `"` inside a string is always escaped, so the sequence is markup; metadata holds no key
+    `spec` whose value is an object)."""
+    end = line.find(_SPEC_AFTER_METADATA)
+    if end < 0 or not line.startswith(b'{"type":"'):
+        return None
+    try:
+        event = decode_json(line[: end + 1] + b"}}")
+    except ValueError:
+        return None
+    meta = ((event.get("object") or {}).get("metadata") or {}) if isinstance(event, dict) else {}
+    if event.get("type") not in ("ADDED", "MODIFIED") or not isinstance(meta, dict):
+        return None
+    try:
+        version = int(meta.get("resourceVersion", ""))
+    except ValueError:
+        return None
+    return str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""), version
 
 
 class Informer:
@@ -49,6 +102,9 @@ class Informer:
         namespaces: tuple[str, ...],
         on_change: Callable[[Key], None],
         optional: bool = False,
+        decode: Callable[[bytes], Any] = decode_object_json,
+        head: Head | None = None,
+        unlisted: str = "reading them per reconcile",
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -62,6 +118,9 @@ class Informer:
         # operator may not list it (RBAC from before it was watched), the cache stays empty and
         # every read falls back to GET, as before; its gate opens anyway.
         self.optional = optional
+        self.unlisted = unlisted  # what the operator does instead, for the warning
+        self.decode = decode  # an event's text to the object, as much of it as the store reads
+        self.head = head  # an event's identity without decoding it (None: always decode)
         self.gate = f"informer:{plural}"
         self._listed: set[str | None] = set()
         # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
@@ -89,8 +148,9 @@ class Informer:
             except KubeError as exc:
                 if self.optional and exc.status in (403, 404):
                     log.warning(
-                        "cannot list %s (grant list and watch on them); reading them per reconcile: %s",
+                        "cannot list %s (grant list and watch on them); %s: %s",
                         self.plural,
+                        self.unlisted,
                         exc,
                     )
                     self._mark_listed(scope)
@@ -151,7 +211,11 @@ class Informer:
 
     def _event(self, scope: str | None, line: bytes) -> bool:
         """Apply one watch event to the cache; False when the watch must end (an ERROR event)."""
-        event = decode_object_json(line)
+        identity = self.head(line) if self.head is not None else None
+        if identity is not None and self.store.holds(*identity):
+            self._resume[scope] = identity[3]  # the echo of what we wrote through: nothing to decode
+            return True
+        event = self.decode(line)
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
             self._resume.pop(scope, None)

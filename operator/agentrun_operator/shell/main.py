@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
+from typing import Any, cast
 
 import kopf
 import uvloop
@@ -13,8 +15,27 @@ from prometheus_client import start_http_server
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.shell import logs
 from agentrun_operator.shell.handlers import OperatorState, register
+from agentrun_operator.shell.peering import PeeringIdentity
 
 log = logging.getLogger("agentrun.main")
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation (CPython's default: 700)."""
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper cycle collections (docs/operator.md#reconcile).
+
+    Every watch event and reconcile allocates thousands of short-lived dicts; with CPython's default
+    threshold the cycle collector ran every few hundred of them and walked the long-lived objects
+    (modules, pydantic schemas, kopf's registries) each time it promoted: 9 % of the operator's CPU
+    samples. Everything alive at start-up is frozen out of collection (it lives as long as the
+    process), and the youngest generation is collected every 20,000 allocations instead of 700.
+    Memory is still reclaimed by reference counting at once; only cycles wait a little longer.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_operator(
@@ -32,9 +53,13 @@ def run_operator(
     if metrics_port:
         start_http_server(metrics_port, addr="0.0.0.0")
     registry = kopf.OperatorRegistry()
-    register(registry, OperatorState(config, kubeconfig, workers))
+    # With peering: our identity and priority go to kopf (it writes the keep-alives) and to the
+    # peering gate (it decides whether this replica serves), so both agree.
+    peering = None if standalone else PeeringIdentity.choose(os.environ)
+    register(registry, OperatorState(config, kubeconfig, workers, peering))
     namespaces = list(config.watched_namespaces)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
+    tune_gc()
     # uvloop (kopf's `uvloop` extra; kopf's own CLI uses it the same way): the event loop and its TLS
     # in compiled code. In asyncio's own loop, TLS record handling and the loop's bookkeeping were a
     # fifth of the operator's CPU per iteration (docs/operator.md#performance).
@@ -46,6 +71,8 @@ def run_operator(
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=liveness,
+                identity=cast(Any, peering.identity) if peering is not None else None,
+                priority=peering.priority if peering is not None else None,
             )
         )
     return 0

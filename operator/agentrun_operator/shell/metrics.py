@@ -74,6 +74,10 @@ def api_request(verb: str, resource: str) -> None:
 RUNS = Gauge(
     "agentrun_runs", "AgentRuns in the watched namespaces by phase, counted at every resync.", ["phase"]
 )
+SERVING = Gauge(
+    "agentrun_serving",
+    "1 while this replica serves, 0 while it stands by for a peer of higher priority (with --peering).",
+)
 RUN_PHASE_TRANSITIONS = Counter(
     "agentrun_run_phase_transitions_total",
     "AgentRuns that entered a phase, with the run's reason then (empty when none).",

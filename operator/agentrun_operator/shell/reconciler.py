@@ -19,7 +19,15 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from agentrun_operator import naming
-from agentrun_operator.api import API_VERSION, AgentRun, AgentRunStatus, parse_agentrun
+from agentrun_operator.api import (
+    API_VERSION,
+    AgentRun,
+    AgentRunStatus,
+    IterationRecord,
+    JobRef,
+    StepStatus,
+    parse_agentrun,
+)
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
@@ -82,24 +90,48 @@ def status_dict(run: AgentRun) -> dict[str, Any]:
     return status_dict_of(run.status)
 
 
-def fill_job_uids(node: Any, uids: dict[str, str]) -> None:
-    """Record the uid the API server gave a Job we just created in the status that names it.
+def _filled_ref(ref: JobRef | None, uids: dict[str, str]) -> JobRef | None:
+    if ref is not None and not ref.uid and uids.get(ref.name):
+        return ref.model_copy(update={"uid": uids[ref.name]})
+    return ref
 
-    The planner cannot know it; writing it now saves a second status write per iteration (the
-    planner would otherwise record it on its next look at the Job).
+
+def _filled_iteration(record: IterationRecord, uids: dict[str, str]) -> IterationRecord:
+    ref = _filled_ref(record.job_ref, uids)
+    return record if ref is record.job_ref else record.model_copy(update={"job_ref": ref})
+
+
+def _filled_step(step: StepStatus, uids: dict[str, str]) -> StepStatus:
+    update: dict[str, Any] = {}
+    ref = _filled_ref(step.job_ref, uids)
+    if ref is not step.job_ref:
+        update["job_ref"] = ref
+    if step.loop is not None:
+        records = [_filled_iteration(r, uids) for r in step.loop.iterations]
+        if any(a is not b for a, b in zip(records, step.loop.iterations, strict=True)):
+            update["loop"] = step.loop.model_copy(update={"iterations": records})
+    if step.steps:
+        children = [_filled_step(child, uids) for child in step.steps]
+        if any(a is not b for a, b in zip(children, step.steps, strict=True)):
+            update["steps"] = children
+    return step.model_copy(update=update) if update else step
+
+
+def fill_job_uids(status: AgentRunStatus, uids: dict[str, str]) -> AgentRunStatus:
+    """The status with the uid the API server gave each Job we just created filled into the
+    references that name it (and have none yet): a copy; the planner's status is never mutated.
+
+    The planner cannot know the uid; writing it now saves a second status write per iteration (the
+    planner would otherwise record it on its next look at the Job). Done on the model, not on the
+    dumped dict, so the written status needs no validation to be remembered (`_remember`).
     """
-    if isinstance(node, dict):
-        ref = node.get("jobRef")
-        if isinstance(ref, dict) and ref.get("name") in uids and not ref.get("uid") and uids[ref["name"]]:
-            ref["uid"] = uids[ref["name"]]
-        children: Any = node.values()
-    elif isinstance(node, list):
-        children = node
-    else:
-        return
-    for value in children:
-        if isinstance(value, dict | list):  # the status's history is mostly scalars: skip the calls
-            fill_job_uids(value, uids)
+    workflow = status.workflow
+    if workflow is None or not uids:
+        return status
+    steps = [_filled_step(step, uids) for step in workflow.steps]
+    if all(a is b for a, b in zip(steps, workflow.steps, strict=True)):
+        return status
+    return status.model_copy(update={"workflow": workflow.model_copy(update={"steps": steps})})
 
 
 def _where(where: Where | None) -> dict[str, Any]:
@@ -323,6 +355,21 @@ class Reconciler:
     async def _apply(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
     ) -> ReconcileResult:
+        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Store.settling`).
+
+        The Job controller marks an ended Job complete while this reconcile records its result: that
+        event would re-plan the run once more for nothing (this plan already used the pod's end, and
+        a Job with its TTL set is never read again). Should a write here fail, this reconcile is
+        retried or re-planned anyway."""
+        settle = [a.name for a in decision.actions if isinstance(a, SetJobTTL)]
+        if not settle:
+            return await self._apply_in_order(raw, run, decision, corr)
+        with self.cache.jobs.settling(raw["metadata"]["namespace"], settle):
+            return await self._apply_in_order(raw, run, decision, corr)
+
+    async def _apply_in_order(
+        self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
+    ) -> ReconcileResult:
         """Apply one plan in restart-safe order; a write refused for good raises `_Refused`."""
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -390,10 +437,9 @@ class Reconciler:
 
         # Most reconciles change nothing: comparing the models is far cheaper than serializing the
         # whole status (its history grows with every iteration) to compare the dicts.
-        unchanged = not job_uids and decision.status == run.status
-        new_status = {} if unchanged else status_dict_of(decision.status)
-        if job_uids:
-            fill_job_uids(new_status, job_uids)
+        status_model = fill_job_uids(decision.status, job_uids)
+        unchanged = status_model == run.status
+        new_status = {} if unchanged else status_dict_of(status_model)
         if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
             body = dict(raw)
             body["status"] = new_status
@@ -401,7 +447,6 @@ class Reconciler:
                 with self.cache.runs.writing(namespace, name, body):
                     answer = await self.kube.replace_run_status(body)
                 self.cache.runs.upsert(answer)
-                status_model = decision.status if not job_uids else AgentRunStatus.model_validate(new_status)
                 self._remember(raw, run, answer, status_model, new_status)
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(encode_json(new_status)))

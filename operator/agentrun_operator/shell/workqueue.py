@@ -44,9 +44,18 @@ def retry_delay(failures: int, rng: random.Random | None = None) -> float:
 
 
 class WorkQueue:
-    def __init__(self, reconcile: Reconcile, workers: int = 8, ready: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        reconcile: Reconcile,
+        workers: int = 8,
+        ready: asyncio.Event | None = None,
+        serving: asyncio.Event | None = None,
+    ) -> None:
         self._reconcile = reconcile
         self._ready = ready  # workers wait for it: keys may be queued before the cache is complete
+        # Workers also wait for it before each key (a standby replica, shell/peering.py): the key
+        # stays queued meanwhile, so events for it still collapse into it.
+        self._serving = serving
         self._workers = workers
         # (lane, sequence, key): lane 0 first, then in order; an entry whose key has been taken or
         # moved to the front lane since is skipped.
@@ -111,6 +120,8 @@ class WorkQueue:
             await self._ready.wait()
         while True:
             lane, _, key = await self._queue.get()
+            if self._serving is not None and not self._serving.is_set():
+                await self._serving.wait()
             if self._queued.get(key) != lane:  # taken already, or moved to the front lane
                 self._queue.task_done()
                 continue

@@ -157,3 +157,34 @@ def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward(
         return order
 
     assert asyncio.run(scenario()) == ["first", "event", "moved", "idle-1", "idle-2"]
+
+
+def test_a_standby_reconciles_nothing_and_its_queued_keys_run_once_it_serves() -> None:
+    async def scenario() -> tuple[list[Key], list[Key]]:
+        done: list[Key] = []
+
+        async def reconcile(key: Key) -> float | None:
+            done.append(key)
+            return None
+
+        serving = asyncio.Event()
+        queue = WorkQueue(reconcile, workers=2, serving=serving)
+        queue.start()
+        keys = [("ns", f"r{i}") for i in range(5)]
+        for key in keys:
+            queue.enqueue(key)
+            queue.enqueue(key)  # still queued while standing by: collapses into the first
+        await asyncio.sleep(0.05)
+        while_standing_by = list(done)
+        serving.set()
+        for _ in range(100):
+            if len(done) >= len(keys):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)
+        await queue.stop()
+        return while_standing_by, done
+
+    while_standing_by, done = asyncio.run(scenario())
+    assert while_standing_by == []
+    assert sorted(done) == [("ns", f"r{i}") for i in range(5)]  # each once
