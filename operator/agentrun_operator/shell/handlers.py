@@ -26,7 +26,7 @@ from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell.cache import RunCache, Store, relist
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Informer, builtin_head, custom_head
 from agentrun_operator.shell.kube import (
@@ -170,75 +170,61 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
         namespaces = state.config.watched_namespaces
+        kube, cache = state.kube, state.cache
+
+        def watch(store: Store, prefix: str, plural: str, selector: str | None, **how: Any) -> None:
+            state.informers.append(Informer(kube, cache, store, prefix, plural, selector, namespaces, **how))
+
         serving = None
         if state.peering is not None:
-            store = peering_store()
-            state.gate = PeeringGate(state.peering, store)
+            state.gate = PeeringGate(state.peering, peering_store())
             serving = state.gate.serving
             prefix, plural = peering_kind(namespaces)
-            state.informers.append(
-                Informer(
-                    state.kube,
-                    state.cache,
-                    store,
-                    prefix,
-                    plural,
-                    None,
-                    namespaces,
-                    state.gate.changed,
-                    optional=True,
-                    unlisted="serving without a peer's word",
-                )
+            watch(
+                state.gate.store,
+                prefix,
+                plural,
+                None,
+                on_change=state.gate.changed,
+                optional=True,
+                unlisted="serving without a peer's word",
             )
-        state.queue = WorkQueue(
-            state.reconcile, workers=state.workers, ready=state.cache.ready, serving=serving
-        )
+        state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=cache.ready, serving=serving)
         # AgentRuns, Jobs and Pods through our own informers, Jobs and Pods filtered by label on the
         # server: kopf's per-event machinery cost more than our use of each event. Of Jobs and Pods
         # only what the planner reads is decoded; the echo of our own write is not decoded at all.
-        runs = f"/apis/{GROUP}/{VERSION}"
-        state.informers += [
-            Informer(
-                state.kube,
-                state.cache,
-                store,
-                prefix,
-                plural,
-                selector,
-                namespaces,
-                state.enqueue,
-                decode=decode,
-                head=head,
-            )
-            for store, prefix, plural, selector, decode, head in (
-                (state.cache.runs, runs, "agentruns", None, decode_object_json, custom_head),
-                (
-                    state.cache.jobs,
-                    "/apis/batch/v1",
-                    "jobs",
-                    naming.LABEL_RUN,
-                    decode_job_event,
-                    builtin_head,
-                ),
-                (state.cache.pods, "/api/v1", "pods", naming.LABEL_RUN, decode_pod_event, builtin_head),
-            )
-        ]
+        ours = f"/apis/{GROUP}/{VERSION}"
+        watch(
+            cache.runs,
+            ours,
+            "agentruns",
+            None,
+            on_change=state.enqueue,
+            decode=decode_object_json,
+            head=custom_head,
+        )
+        watch(
+            cache.jobs,
+            "/apis/batch/v1",
+            "jobs",
+            naming.LABEL_RUN,
+            on_change=state.enqueue,
+            decode=decode_job_event,
+            head=builtin_head,
+        )
+        watch(
+            cache.pods,
+            "/api/v1",
+            "pods",
+            naming.LABEL_RUN,
+            on_change=state.enqueue,
+            decode=decode_pod_event,
+            head=builtin_head,
+        )
         # What runs refer to (Agents, AgentProviders, ImplementationSpecs): few, small, rarely
         # changed, and read by every reconcile of a run that names them.
-        state.informers += [
-            Informer(
-                state.kube,
-                state.cache,
-                store,
-                f"/apis/{GROUP}/{VERSION}",
-                plural,
-                None,
-                namespaces,
-                state.enqueue_namespace,
-                optional=True,
-            )
-            for plural, store in state.cache.references.items()
-        ]
+        for plural, store in cache.references.items():
+            watch(store, ours, plural, None, on_change=state.enqueue_namespace, optional=True)
         for informer in state.informers:
             informer.start()
         state.queue.start()
