@@ -76,7 +76,7 @@ RUNS = Gauge(
 )
 SERVING = Gauge(
     "agentrun_serving",
-    "1 while this replica serves, 0 while it stands by for a peer of higher priority (with --peering).",
+    "1 while this replica serves (always without --peering), 0 while it stands by for a peer.",
 )
 RUN_PHASE_TRANSITIONS = Counter(
     "agentrun_run_phase_transitions_total",

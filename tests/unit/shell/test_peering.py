@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from agentrun_operator.shell.peering import (
     PEERING_NAME,
@@ -103,11 +104,13 @@ def test_gate_serves_stands_by_and_takes_over_when_the_server_stops() -> None:
         states: list[bool] = []
         gate.decide()  # nothing listed: no one outranks us
         states.append(gate.serving.is_set())
+        assert REGISTRY.get_sample_value("agentrun_serving") == 1
         now = datetime.datetime.now(datetime.UTC).isoformat()
         gate.changed(
             store.upsert(_peering("ns", {"other": {"priority": 500, "lastseen": now}}, 1)) or ("", "")
         )
         states.append(gate.serving.is_set())
+        assert REGISTRY.get_sample_value("agentrun_serving") == 0
         # Another object's peers, or another name, change nothing.
         store.upsert(_peering("ns", {"x": {"priority": 900, "lastseen": now}}, 2, name="someone-else"))
         gate.decide()
