@@ -176,9 +176,9 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             state.informers.append(Informer(kube, cache, store, prefix, plural, selector, namespaces, **how))
 
         serving = None
-        metrics.SERVING.set(1)  # standalone serves; with peering the gate decides (0 until it does)
+        # Standalone serves; with peering the gate decides (0 until it does).
+        metrics.SERVING.set(1 if state.peering is None else 0)
         if state.peering is not None:
-            metrics.SERVING.set(0)
             state.gate = PeeringGate(state.peering, peering_store())
             serving = state.gate.serving
             prefix, plural = peering_kind(namespaces)

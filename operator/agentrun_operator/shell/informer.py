@@ -78,12 +78,12 @@ def custom_head(line: bytes) -> Identity | None:
         event = decode_json(line[: end + 1] + b"}}")
     except ValueError:
         return None
-    meta = ((event.get("object") or {}).get("metadata") or {}) if isinstance(event, dict) else {}
+    obj = (event.get("object") or {}) if isinstance(event, dict) else {}
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
     if event.get("type") not in ("ADDED", "MODIFIED") or not isinstance(meta, dict):
         return None
-    try:
-        version = int(meta.get("resourceVersion", ""))
-    except ValueError:
+    version = resource_version(obj)
+    if version is None:
         return None
     return str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""), version
 

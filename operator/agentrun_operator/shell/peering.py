@@ -24,6 +24,7 @@ from typing import Any
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, Store
+from agentrun_operator.shell.observe import parse_time
 
 log = logging.getLogger("agentrun.peering")
 
@@ -60,13 +61,12 @@ class Peer:
     deadline: datetime.datetime  # its last keep-alive plus its lifetime
 
 
-def _parse_time(value: Any, default: datetime.datetime) -> datetime.datetime:
-    if not isinstance(value, str):
-        return default
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return default
+def _lastseen(value: Any, now: datetime.datetime) -> datetime.datetime:
+    """A peer's keep-alive time (`parse_time`), as kopf reads it: missing or unreadable is now, one
+    without a zone is UTC."""
+    parsed = parse_time(value) if isinstance(value, str) else None
+    if parsed is None:
+        return now
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
@@ -84,7 +84,7 @@ def parse_peers(status: Mapping[str, Any], now: datetime.datetime) -> list[Peer]
             lifetime = int(info.get("lifetime", DEFAULT_LIFETIME_SECONDS))
         except (TypeError, ValueError):
             continue
-        lastseen = _parse_time(info.get("lastseen"), now)
+        lastseen = _lastseen(info.get("lastseen"), now)
         peers.append(Peer(str(identity), priority, lastseen + datetime.timedelta(seconds=lifetime)))
     return peers
 
