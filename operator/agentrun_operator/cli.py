@@ -67,6 +67,10 @@ def _cmd_dev(args: argparse.Namespace) -> int:
                 tuple(args.namespace or ()),
                 runtime=args.runtime,
             )
+        if args.dev_command == "provisioner":
+            from agentrun_devcluster.node.provisioner_service import run_provisioner
+
+            return run_provisioner(Path(args.kubeconfig), Path(args.state_dir), args.node)
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0
@@ -195,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="the local control plane for development and tests")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
     runtime_help = (
-        "how the local pod runner runs containers: process (host tools in a sandbox, the default), "
-        "docker (real containers from local images), auto (docker when a Docker engine answers)"
+        "how pods run: process (the local pod runner: host tools in a sandbox, the default), "
+        "docker (the pod runner with real containers from local images), kubelet (a real node: the "
+        "upstream kubelet on containerd; root), auto (docker when a Docker engine answers)"
     )
     up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
     up.add_argument(
@@ -204,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the control plane and the pod runner only (install the operator with Helm)",
     )
-    runtimes = ["process", "docker", "auto"]
+    runtimes = ["process", "docker", "kubelet", "auto"]
     up.add_argument(
         "--runtime",
         choices=runtimes,
@@ -218,7 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restart.add_argument(
         "component",
-        choices=("etcd", "kube-apiserver", "kube-controller-manager", "pod-runner", "operator"),
+        choices=(
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "pod-runner",
+            "operator",
+            "containerd",
+            "kubelet",
+            "kube-scheduler",
+            "provisioner",
+        ),
     )
     dev_sub.add_parser("status", help="show each component, its pid and health")
     dev_sub.add_parser("env", help='print shell exports: eval "$(agentrun dev env)"')
@@ -241,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument(
         "--runtime", choices=["process", "docker", "auto"], default="process", help=runtime_help
     )
+    prov = dev_sub.add_parser("provisioner", help="run the local provisioner in the foreground (real node)")
+    prov.add_argument("--kubeconfig", required=True)
+    prov.add_argument("--state-dir", required=True, help="volumes go under <state-dir>/pv")
+    prov.add_argument("--node", required=True, help="the Node whose disk holds the volumes")
     engine = dev_sub.add_parser(
         "engine", help="make sure a Docker engine answers (root: install and start one)"
     )

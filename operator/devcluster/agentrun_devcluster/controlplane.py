@@ -51,6 +51,12 @@ CONTROLLERS = (
     "persistentvolume-protection-controller",
     "persistentvolumeclaim-protection-controller",
 )
+# With a real node (`--runtime kubelet`): what keeps a cluster's nodes schedulable — it lifts the
+# `not-ready` taint the kubelet registers with once the node is Ready, and watches its Lease. Not with
+# the pod runner, whose Node has no Lease (the controller would taint and evict it).
+REAL_NODE_CONTROLLERS = ("node-lifecycle-controller",)
+RUNTIME_FILE = "runtime"
+"""`<home>/runtime`: the runtime `agentrun dev up` started (`kubelet`, `process`, `docker`)."""
 _PORT_ATTEMPTS = 5
 _PORT_FIELDS = {
     "etcd": ("etcd_client", "etcd_peer"),
@@ -419,7 +425,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={k.sa_key}",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=Node,RBAC",  # Node: the real node's kubelet, as on a cluster
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",  # loopback is not a valid Service endpoint
             "--enable-priority-and-fairness=false",
@@ -434,6 +440,21 @@ class ControlPlane:
             "--v=1",
         ]
 
+    @property
+    def runtime(self) -> str | None:
+        """The runtime recorded by the last `up` (None: none recorded, the pod runner's)."""
+        try:
+            return (self.home / RUNTIME_FILE).read_text().strip() or None
+        except OSError:
+            return None
+
+    def set_runtime(self, runtime: str) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / RUNTIME_FILE).write_text(f"{runtime}\n")
+
+    def controllers(self) -> tuple[str, ...]:
+        return CONTROLLERS + (REAL_NODE_CONTROLLERS if self.runtime == "kubelet" else ())
+
     def _kcm_argv(self, p: Ports) -> list[str]:
         kubeconfig = self.home / "controller-manager.kubeconfig"
         self._write_kubeconfig_for("controller-manager", kubeconfig)
@@ -442,7 +463,7 @@ class ControlPlane:
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(self.controllers())}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={p.controller_manager}",

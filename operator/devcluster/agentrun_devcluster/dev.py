@@ -157,6 +157,13 @@ def check_runtime(runtime: str) -> str:
 
     if runtime == "auto":
         runtime = "docker" if dockerengine.engine_problem() is None else "process"
+    if runtime == "kubelet":
+        from agentrun_devcluster.node.host import host_problem
+
+        problem = host_problem()
+        if problem is not None:
+            raise RuntimeUnavailable(problem)
+        return runtime
     if runtime == "process":
         find_bwrap()
         return runtime
@@ -179,8 +186,15 @@ def _no_operator_marker(home: Path) -> Path:
 
 
 def running_runtime(home: Path) -> str | None:
-    """The runtime of the pod runner since the last `up` (its heartbeat says which; `down` removes
-    it): a runner restarted after a crash must adopt its containers with the same runtime."""
+    """The runtime since the last `up`: `kubelet` while the real node runs, else the pod runner's
+    (its heartbeat says which; `down` removes it): a runner restarted after a crash must adopt its
+    containers with the same runtime."""
+    from agentrun_devcluster.node.node import CONTAINERD, KUBELET
+
+    if any(
+        (r := processes.read_record(home / "run", n)) is not None and r.alive() for n in (CONTAINERD, KUBELET)
+    ):
+        return "kubelet"
     try:
         value = json.loads((home / "run" / "pod-runner.health.json").read_text()).get("runtime")
     except (OSError, ValueError, AttributeError):
@@ -196,7 +210,7 @@ def choose_runtime(requested: str | None, running: str | None) -> str:
     if requested in (None, "auto", running):
         return running
     raise ControlPlaneError(
-        f"the pod runner was started with --runtime {running} (its containers may still run); to "
+        f"the local default was started with --runtime {running} (its containers may still run); to "
         f"switch to --runtime {requested}, stop it all first: `agentrun dev down`, then "
         f"`agentrun dev up --runtime {requested}` (the cluster's objects and the claims' volumes are kept)"
     )
@@ -211,8 +225,15 @@ def up(operator: bool = True, runtime: str | None = None) -> int:
     toolchain.ensure_tools(_say)
     plane = control_plane()
     check_state_format(plane.home, _say)  # a directory of another version: refused before any write
+    images = node_images() if runtime == "kubelet" else []
     server = plane.server if plane.ports().apiserver else None
+    recorded = plane.runtime
+    plane.set_runtime(runtime)
     plane.start(crds_dir=write_generated_crds(plane.home / "crds"))
+    if recorded != runtime and (recorded == "kubelet" or runtime == "kubelet") and server == plane.server:
+        plane.restart("kube-controller-manager")  # its controllers depend on the kind of node
+    if runtime == "kubelet":
+        return _up_real_node(plane, images, operator, server)
     if server is not None and plane.server != server:  # new ports: services of the old address go
         _say(f"  the API server moved from {server} to {plane.server}: restarting the services")
         for name in reversed(SERVICES):
@@ -246,6 +267,54 @@ def up(operator: bool = True, runtime: str | None = None) -> int:
     return 0
 
 
+def node_images() -> list[str]:
+    """The images a real node needs (no registry): busybox for the examples and the operator image
+    for the reporter, built with the local Docker engine (cached), then imported into containerd."""
+    from agentrun_devcluster import imagebuild
+    from agentrun_devcluster.baseimages import BUSYBOX
+    from agentrun_devcluster.dockerengine import EngineUnavailable
+    from agentrun_devcluster.node.host import NodeUnavailable
+
+    try:
+        built = imagebuild.build_image_with_busybox(progress=_say)
+    except EngineUnavailable as exc:
+        raise NodeUnavailable(
+            f"--runtime kubelet needs the operator image and busybox:1.36, made with a Docker engine: {exc}"
+        ) from None
+    return [BUSYBOX, built.tag]
+
+
+def _up_real_node(plane: ControlPlane, images: list[str], operator: bool, server: str | None) -> int:
+    """`up --runtime kubelet`: the real node instead of the pod runner, then the operator."""
+    from agentrun_devcluster.node.node import RealNode
+
+    if server is not None and plane.server != server:
+        processes.stop_process(plane.run_dir, OPERATOR)
+    if processes.stop_process(plane.run_dir, RUNNER, grace=20):
+        _say(f"  {RUNNER} stopped (the real node runs the pods)")
+    RealNode(plane, progress=_say).start(images)
+    marker = _no_operator_marker(plane.home)
+    if not operator:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("the operator is installed with Helm, not started by `agentrun dev up`\n")
+        if processes.stop_process(plane.run_dir, OPERATOR, grace=20):
+            _say(f"  {OPERATOR} stopped (--no-operator)")
+    else:
+        marker.unlink(missing_ok=True)
+        current = processes.read_record(plane.run_dir, OPERATOR)
+        if current is not None and current.alive():
+            _say(f"  {OPERATOR} already running (pid {current.pid})")
+        else:
+            processes.stop_process(plane.run_dir, OPERATOR)
+            start_operator(plane)
+            _say(f"  {OPERATOR} ready")
+    _say(
+        'ready (kubelet runtime: a real node). Use it with:  eval "$(agentrun dev env)"   '
+        f"(state: {plane.home})"
+    )
+    return 0
+
+
 RESTARTABLE = (*COMPONENTS, RUNNER, OPERATOR)
 
 
@@ -256,8 +325,15 @@ def restart(component: str) -> int:
     if component in COMPONENTS:
         plane.restart(component)
         return 0
+    from agentrun_devcluster.node.node import NODE_COMPONENTS, RealNode
+
+    if component in NODE_COMPONENTS:
+        RealNode(plane, progress=_say).restart(component)
+        return 0
     if component not in SERVICES:
-        raise ControlPlaneError(f"no component {component!r}; one of: {', '.join(RESTARTABLE)}")
+        raise ControlPlaneError(
+            f"no component {component!r}; one of: {', '.join(RESTARTABLE + NODE_COMPONENTS)}"
+        )
     if not plane.is_up():
         raise ControlPlaneError(
             f"the control plane is not up; run `agentrun dev up` before restarting {component}"
@@ -278,6 +354,9 @@ def down(purge: bool = False) -> int:
     stopped = [name for name in reversed(SERVICES) if processes.stop_process(plane.run_dir, name, grace=20)]
     if stop_leftovers(plane.home):  # containers outlive the runner, as on a node: stop them too
         stopped.append("pods")
+    from agentrun_devcluster.node.node import RealNode
+
+    stopped += RealNode(plane, progress=_say).stop()
     stopped += plane.stop()
     _operator_port_file(plane.home).unlink(missing_ok=True)
     (plane.home / "run" / "pod-runner.health.json").unlink(missing_ok=True)
@@ -300,7 +379,25 @@ class Row:
 def component_rows(plane: ControlPlane) -> list[Row]:
     rows = [Row(c.name, c.pid, c.running, c.healthy, c.log) for c in plane.component_status()]
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
-    for name in SERVICES:
+    services: tuple[str, ...] = SERVICES
+    if plane.runtime == "kubelet":
+        from agentrun_devcluster.node.node import NODE_COMPONENTS, RealNode
+
+        node = RealNode(plane)
+        for name in NODE_COMPONENTS:
+            record = processes.read_record(plane.run_dir, name)
+            running = record is not None and record.alive()
+            rows.append(
+                Row(
+                    name,
+                    record.pid if record else None,
+                    running,
+                    running and node.healthy(name),
+                    record.log if record else None,
+                )
+            )
+        services = (OPERATOR,)
+    for name in services:
         record = processes.read_record(plane.run_dir, name)
         running = record is not None and record.alive()
         if name == OPERATOR and not running and _no_operator_marker(plane.home).exists():
@@ -394,6 +491,18 @@ def find_pod_dir(home: Path, namespace: str, pod: str) -> Path | None:
 
 def logs(pod: str, container: str | None = None, namespace: str = "default", previous: bool = False) -> int:
     home = dev_home()
+    if running_runtime(home) == "kubelet":  # a real node serves its logs: kubectl's way
+        argv = [
+            str(toolchain.bin_dir() / "kubectl"),
+            f"--kubeconfig={control_plane().kubeconfig}",
+            "logs",
+            "-n",
+            namespace,
+            pod,
+        ]
+        argv += [f"--container={container}"] if container else []
+        argv += ["--previous"] if previous else []
+        return subprocess.run(argv, check=False).returncode
     pod_dir = find_pod_dir(home, namespace, pod)
     if pod_dir is None:
         print(f"agentrun dev logs: no pod {namespace}/{pod} has run here ({home / 'pods'})", file=sys.stderr)

@@ -76,6 +76,9 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "admin": ("agentrun-admin", "system:masters"),
     "controller-manager": ("system:kube-controller-manager", None),
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
+    # The real node (`agentrun dev up --runtime kubelet`): each with its bootstrap RBAC identity.
+    "scheduler": ("system:kube-scheduler", None),
+    "kubelet": ("system:node:localhost", "system:nodes"),
 }
 
 
@@ -115,6 +118,9 @@ def ensure_pki(root: Path) -> PKIPaths:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)
     if paths.ca_cert.exists() and all(paths.client_cert(n).exists() for n in CLIENTS):
+        return paths
+    if paths.ca_cert.exists() and paths.ca_key.exists() and paths.serving_cert.exists():
+        _issue_missing_clients(paths)  # a state directory of an earlier version: keep its CA
         return paths
 
     ca_key = _key()
@@ -182,3 +188,29 @@ def ensure_pki(root: Path) -> PKIPaths:
         )
     )
     return paths
+
+
+def _issue_missing_clients(paths: PKIPaths) -> None:
+    """Client certificates added in a later version, signed by the existing CA (clients and the
+    API server of a running plane keep trusting each other)."""
+    ca_cert = x509.load_pem_x509_certificate(paths.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(paths.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    for client, (cn, org) in CLIENTS.items():
+        if paths.client_cert(client).exists():
+            continue
+        key = _key()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, org))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now())
+            .not_valid_after(_now() + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_key(paths.client_key(client), key)
+        _write_cert(paths.client_cert(client), cert)

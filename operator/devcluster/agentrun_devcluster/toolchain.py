@@ -229,6 +229,34 @@ func main() { etcdmain.Main(os.Args) }
 """
 
 
+_PAUSE_MAIN = """// Command pause is the real node's sandbox process: it holds a pod's namespaces, reaps the
+// processes it inherits as PID 1 of a pod that shares its process namespace, and exits on SIGTERM.
+package main
+
+import (
+\t"os"
+\t"os/signal"
+\t"syscall"
+)
+
+func main() {
+\tsignals := make(chan os.Signal, 8)
+\tsignal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+\tfor sig := range signals {
+\t\tif sig != syscall.SIGCHLD {
+\t\t\tos.Exit(0)
+\t\t}
+\t\tfor {
+\t\t\tvar status syscall.WaitStatus
+\t\t\tif pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+\t\t\t\tbreak
+\t\t\t}
+\t\t}
+\t}
+}
+"""
+
+
 def helm_kube_version_ldflags(client_go_version: str) -> str:
     """The Kubernetes version Helm assumes without a cluster, as helm's own Makefile sets it.
 
@@ -253,15 +281,25 @@ _HELM_LDFLAGS = (
     " -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 )
 
-# One build of all five binaries: `-X` of a package a binary does not link is ignored, so the
+# One build of all seven binaries: `-X` of a package a binary does not link is ignored, so the
 # Kubernetes and helm version flags can share one `-ldflags`.
 TOOLS: tuple[Tool, ...] = (
     Tool(
         name="controlplane",
-        binaries=("kube-apiserver", "kube-controller-manager", "kubectl", "etcd", "helm"),
+        binaries=(
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubelet",
+            "kubectl",
+            "etcd",
+            "helm",
+        ),
         packages=(
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+            "k8s.io/kubernetes/cmd/kubelet",
             "k8s.io/kubernetes/cmd/kubectl",
             "./cmd/etcd",
             "helm.sh/helm/v3/cmd/helm",
@@ -271,6 +309,15 @@ TOOLS: tuple[Tool, ...] = (
         extra_files={"cmd/etcd/main.go": _ETCD_MAIN},
         ldflags=f"{_K8S_LDFLAGS} {_HELM_LDFLAGS}",
         module_ldflags=lambda module_version: helm_kube_version_ldflags(module_version("k8s.io/client-go")),
+        recipe=2,  # 2: kube-scheduler and the kubelet for the real-node runtime
+    ),
+    Tool(
+        name="pause",
+        binaries=("pause",),
+        packages=(".",),
+        version="1",
+        go_mod=lambda: "module agentrun.local/pause\n\ngo 1.26.0\n",
+        extra_files={"main.go": _PAUSE_MAIN},
     ),
 )
 

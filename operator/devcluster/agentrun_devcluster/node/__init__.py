@@ -1,0 +1,1 @@
+"""The real node (`agentrun dev up --runtime kubelet`): containerd, the kubelet and kube-scheduler."""
