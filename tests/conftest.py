@@ -34,12 +34,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "agentrun"))
 TIERS_WITHOUT_CONTROL_PLANE = ("unit", "packaging", "docker")
 
 
+# Then the real-node tier: one file on one worker, the longest (a real pod start per iteration), so
+# it starts as early as the control plane allows while the other worker runs the rest.
+TIERS_FIRST_WITH_CONTROL_PLANE = ("node",)
+
+
 def _tier_rank(item: pytest.Item) -> int:
     """The place of an item's tier: those without a control plane first, in the order listed."""
     parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
     if parts and parts[0] in TIERS_WITHOUT_CONTROL_PLANE:
         return TIERS_WITHOUT_CONTROL_PLANE.index(parts[0])
-    return len(TIERS_WITHOUT_CONTROL_PLANE)
+    if parts and parts[0] in TIERS_FIRST_WITH_CONTROL_PLANE:
+        return len(TIERS_WITHOUT_CONTROL_PLANE) + TIERS_FIRST_WITH_CONTROL_PLANE.index(parts[0])
+    return len(TIERS_WITHOUT_CONTROL_PLANE) + len(TIERS_FIRST_WITH_CONTROL_PLANE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,6 +61,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if "docker" in parts:
             item.add_marker(pytest.mark.docker)
+        if "node" in parts:
+            item.add_marker(pytest.mark.node)
 
 
 @pytest.fixture(scope="session")

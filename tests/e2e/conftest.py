@@ -20,6 +20,7 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
 from tests.support.claims import bound_claim_dir, create_claim
+from tests.support.node import NodeHost
 from tests.support.metrics import Samples, scrape, total, value
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
@@ -39,7 +40,7 @@ class LocalDefault:
     """What an e2e test works with."""
 
     plane: ControlPlane
-    runner: RunnerProcess
+    runner: RunnerProcess | NodeHost  # what runs the pods: the local pod runner, or the real node
     operator: OperatorProcess
     namespace: str = NAMESPACE
     metrics_port: int = 0  # the operator's --metrics-port
@@ -168,6 +169,7 @@ def start_local_default(
     node: str = NODE,
     runtime: str = "process",
     operator_env: dict[str, str] | None = None,
+    host: NodeHost | None = None,
 ) -> Iterator[LocalDefault]:
     """A namespace, a pod runner (`runtime`) and an operator watching only it; torn down at the end."""
     if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
@@ -177,7 +179,7 @@ def start_local_default(
         timeout=120,
         what=f"the {namespace} namespace's default ServiceAccount",
     )
-    runner = RunnerProcess(
+    runner: RunnerProcess | NodeHost = host or RunnerProcess(
         plane, tmp_path_factory.mktemp("runner-state"), node=node, namespaces=(namespace,), runtime=runtime
     ).start()
     metrics_port = free_port()

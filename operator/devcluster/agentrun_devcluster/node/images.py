@@ -17,7 +17,7 @@ from pathlib import Path
 from agentrun_devcluster import toolchain
 from agentrun_devcluster.node.config import PAUSE_IMAGE
 from agentrun_devcluster.node.host import NodeUnavailable
-from agentrun_devcluster.node.ociimage import Entry, oci_archive, write_archive
+from agentrun_devcluster.node.ociimage import Entry, full_reference, oci_archive, write_archive
 
 Ctr = Callable[..., subprocess.CompletedProcess[bytes]]
 Progress = Callable[[str], None]
@@ -34,8 +34,7 @@ def _stamp(images_dir: Path, ref: str) -> Path:
 def _present(ctr: Ctr, ref: str) -> bool:
     listed = ctr("images", "ls", "-q")
     names = listed.stdout.decode().split() if listed.returncode == 0 else []
-    full = ref if "/" in ref else f"docker.io/library/{ref}"
-    return ref in names or full in names
+    return ref in names or full_reference(ref) in names
 
 
 def _import(ctr: Ctr, archive: bytes, ref: str) -> None:

@@ -58,6 +58,16 @@ def _json(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+def full_reference(ref: str) -> str:
+    """The name containerd and the kubelet use for `ref` (Docker's short names normalised)."""
+    if "/" not in ref:
+        return f"docker.io/library/{ref}"
+    first = ref.split("/", 1)[0]
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
+
+
 def oci_archive(
     ref: str, entries: Mapping[str, Entry], entrypoint: list[str], env: list[str] | None = None
 ) -> bytes:
@@ -91,7 +101,7 @@ def oci_archive(
             ],
         }
     )
-    name = ref if "/" in ref.split(":")[0] or "." in ref.split("/")[0] else f"docker.io/library/{ref}"
+    name = full_reference(ref)
     index = _json(
         {
             "schemaVersion": 2,

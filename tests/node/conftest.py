@@ -1,0 +1,106 @@
+"""The real-node tier: the e2e tests again, on the upstream kubelet and containerd.
+
+Its fixtures stand in for the e2e tier's of the same names (`local_default`, `release`), so the
+test functions the modules of this directory take over from tests/e2e run unchanged on a real node
+(docs/development.md#tiers). Skipped, with the reason, where the node cannot run: not root, no
+cgroups, no Docker engine to make the images (`make test` installs what it can as root).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster.controlplane import ControlPlane
+from tests.e2e.conftest import LocalDefault, start_local_default
+from tests.e2e.test_helm_install import IMAGE, RELEASE, Release
+from tests.integration.helm import CHART, Helm
+from tests.support.node import NodeHost
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of its own with the real node (kubelet, containerd, kube-scheduler) on it."""
+    from agentrun_devcluster.baseimages import BUSYBOX
+    from agentrun_devcluster.node.host import NodeUnavailable, host_problem
+    from agentrun_devcluster.node.node import RealNode
+
+    problem = host_problem()
+    if problem is not None:
+        pytest.skip(f"no real node here: {problem}")
+    from agentrun_devcluster import dockerengine, imagebuild
+
+    try:
+        dockerengine.ensure_engine(print)
+    except dockerengine.EngineUnavailable as exc:
+        pytest.skip(f"no real node here: its images are made with a Docker engine, and none can run: {exc}")
+    built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
+    plane = ControlPlane(tmp_path_factory.mktemp("real-node"), toolchain.ensure_tools(print), progress=print)
+    plane.set_runtime("kubelet")
+    node = RealNode(plane, progress=print)
+    try:
+        plane.start(crds_dir=REPO / "crds")
+        try:
+            node.start([BUSYBOX, built.tag])
+        except NodeUnavailable as exc:
+            raise AssertionError(f"the real node did not start on a host that can run it: {exc}") from None
+        yield plane
+    finally:
+        node.stop()
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def local_default(
+    real_node: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalDefault]:
+    """The e2e tier's `local_default`, with the real node running the pods."""
+    yield from start_local_default(real_node, tmp_path_factory, host=NodeHost(real_node))
+
+
+@pytest.fixture(scope="module")
+def release(real_node: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The chart installed with loops on, its operator a real container on the real node: in the
+    node's network (the API server listens on loopback), its image imported into containerd."""
+    plane = real_node
+    release_ns, runs_ns = "agentrun-helm-kubelet", "helm-runs-kubelet"
+    for ns in (release_ns, runs_ns):
+        if not plane.kubectl("get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
+            plane.kubectl("create", "namespace", ns)
+    helm = Helm(Path(plane.bin_dir) / "helm", tmp_path_factory.mktemp("helm-home"), plane.kubeconfig)
+    values = {
+        "loops": {"enabled": True},
+        "watchNamespaces": [runs_ns],
+        "image": {"repository": IMAGE, "pullPolicy": "Never"},
+        "hostNetwork": True,
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(plane.ports().apiserver)},
+        ],
+        "probes": {"port": processes.free_port()},
+        "metrics": {"port": processes.free_port()},
+        "resyncSeconds": 3600,
+    }
+    values_file = helm.values_file(values)
+    from agentrun_devcluster.node.config import NODE_NAME
+
+    try:
+        helm.run(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            release_ns,
+            "--values",
+            str(values_file),
+            "--wait=false",
+        )
+        yield Release(plane, helm, NodeHost(plane), release_ns, runs_ns, NODE_NAME)  # type: ignore[arg-type]
+    finally:
+        plane.kubectl("delete", "agentruns", "--all", "-n", runs_ns, "--wait=false", check=False)
+        helm.run("uninstall", RELEASE, "--namespace", release_ns, "--wait", "--timeout", "60s", check=False)
