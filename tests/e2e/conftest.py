@@ -20,8 +20,8 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
 from tests.support.claims import bound_claim_dir, create_claim
-from tests.support.node import NodeHost
 from tests.support.metrics import Samples, scrape, total, value
+from tests.support.node import NodeHost
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess, RunnerProcess
 
@@ -179,9 +179,16 @@ def start_local_default(
         timeout=120,
         what=f"the {namespace} namespace's default ServiceAccount",
     )
-    runner: RunnerProcess | NodeHost = host or RunnerProcess(
-        plane, tmp_path_factory.mktemp("runner-state"), node=node, namespaces=(namespace,), runtime=runtime
-    ).start()
+    runner: RunnerProcess | NodeHost = (
+        host
+        or RunnerProcess(
+            plane,
+            tmp_path_factory.mktemp("runner-state"),
+            node=node,
+            namespaces=(namespace,),
+            runtime=runtime,
+        ).start()
+    )
     metrics_port = free_port()
     operator = OperatorProcess(
         plane,
