@@ -14,6 +14,8 @@ a longer `--iteration-seconds` keeps runs in flight longer):
 - apiserver-restart: SIGKILL the API server, then `agentrun dev up` (same port, same data)
 - etcd-restart:      `agentrun dev restart etcd`
 - runner-restart:    SIGKILL the pod runner, then `agentrun dev up` (its containers keep running)
+- kubelet-restart:   on the real node (`--runtime kubelet`, instead of runner-restart): SIGKILL the
+                     kubelet, then `agentrun dev up` (its containers keep running)
 
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
 and done exactly once. The report gives the faults injected per kind and the counts of wrong
@@ -38,8 +40,12 @@ from pathlib import Path
 
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.provisioner import local_path
 
-KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
+PROCESS_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
+NODE_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "kubelet-restart")
+"""On the real node (`--runtime kubelet`) the kubelet is killed instead of the pod runner."""
+KINDS = (*PROCESS_KINDS, "kubelet-restart")
 NAMESPACE = "default"
 AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
@@ -97,7 +103,9 @@ class Config:
     runs: int = 3
     iterations: int = 3
     faults: int = 1
-    kinds: tuple[str, ...] = KINDS
+    kinds: tuple[str, ...] = PROCESS_KINDS
+    runtime: str = "process"
+    """`process` (the local pod runner) or `kubelet` (the real node)."""
     iteration_seconds: float = 2.0
     freeze_seconds: float = 5.0
     gap: float = 2.0
@@ -173,13 +181,12 @@ DUPLICATE_SAID = "this pod is a duplicate the Job controller created"
 """What the fingerprint container of a Job's duplicate pod logs (docs/concepts.md#exactly-once)."""
 
 
-def duplicates_held(pods_dir: Path) -> int:
+def duplicates_held(home: Path) -> int:
     """Pods whose fingerprint container found their Job claimed by another pod (the runner keeps
-    each container's log at `<pods>/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`)."""
-    return sum(
-        DUPLICATE_SAID in log.read_text(errors="replace")
-        for log in pods_dir.glob("*/*/*/logs/fingerprint/*.log")
-    )
+    each container's log at `<home>/pods/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`, the
+    real node's kubelet at `<home>/node/pod-logs/<namespace>_<pod>_<uid>/<container>/<n>.log`)."""
+    logs = [*home.glob("pods/*/*/*/logs/fingerprint/*.log"), *home.glob("node/pod-logs/*/fingerprint/*.log")]
+    return sum(DUPLICATE_SAID in log.read_text(errors="replace") for log in logs)
 
 
 def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
@@ -194,16 +201,19 @@ def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
 class LocalDefault:
     """A local default of the suite's own, driven through the `agentrun dev` CLI as a user would."""
 
-    def __init__(self, home: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, home: Path, say: Callable[[str], None], namespace_only: bool = False) -> None:
         self.home = home
         self.say = say
+        # A local default shared with other tests (the real-node tier's): the suite's operator
+        # watches only the suite's namespace, so it never meets their runs.
+        self.extra_env = {"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE} if namespace_only else {}
         self.plane = ControlPlane(home, toolchain.bin_dir())
         self.failed_recoveries = 0
 
     def agentrun(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "agentrun_operator.cli", *args],
-            env=dict(os.environ, AGENTRUN_DEV_HOME=str(self.home)),
+            env=dict(os.environ, AGENTRUN_DEV_HOME=str(self.home), **self.extra_env),
             capture_output=True,
             text=True,
             timeout=600,
@@ -266,6 +276,8 @@ class LocalDefault:
             self.recover("dev", "restart", "etcd")
         elif kind == "runner-restart":
             self.kill_and_up("pod-runner")
+        elif kind == "kubelet-restart":
+            self.kill_and_up("kubelet")  # its containers keep running, as on a node
         else:
             raise ValueError(kind)
 
@@ -313,9 +325,8 @@ class LocalDefault:
         if not volume:
             return None
         code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
-        if code != 200:
-            return None
-        return Path(json.loads(body)["spec"]["hostPath"]["path"])
+        path = local_path(json.loads(body)) if code == 200 else None
+        return Path(path) if path else None
 
     def claim_log(self, name: str) -> str:
         claim = self.claim_dir(name)
@@ -338,13 +349,17 @@ def _say(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
-def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: bool = False) -> Report:
+def run(
+    config: Config, home: Path, say: Callable[[str], None] = _say, keep: bool = False, shared: bool = False
+) -> Report:
+    """`shared`: `home` is a local default other tests use too (left running, its other operators
+    undisturbed: this suite's operator watches only its namespace, and is stopped at the end)."""
     report = Report(config, home=str(home))
-    env = LocalDefault(home, say)
+    env = LocalDefault(home, say, namespace_only=shared)
     started = time.monotonic()
     try:
-        say(f"chaos: starting a local default in {home}")
-        env.agentrun("dev", "up")
+        say(f"chaos: starting a local default in {home} ({config.runtime} runtime)")
+        env.agentrun("dev", "up", f"--runtime={config.runtime}")
         names = [f"chaos-{i:03d}" for i in range(config.runs)]
         manifest = "---\n".join(
             RUN_TEMPLATE.format(
@@ -390,13 +405,15 @@ def run(config: Config, home: Path, say: Callable[[str], None] = _say, keep: boo
         runner_log = home / "logs" / "pod-runner.log"
         if runner_log.exists():
             report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
-        report.duplicates_held = duplicates_held(home / "pods")
+        report.duplicates_held = duplicates_held(home)
     except RuntimeError as exc:  # the local default did not come back: the report says so
         report.error = str(exc)
     finally:
         report.failed_recoveries = env.failed_recoveries
         report.seconds = time.monotonic() - started
-        if not keep:
+        if shared:
+            processes.stop_process(home / "run", "operator", grace=20)
+        elif not keep:
             env.agentrun("dev", "down", check=False)
     return report
 
@@ -407,7 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=Config.iterations)
     parser.add_argument("--faults", type=int, default=Config.faults, help="faults of each kind")
     parser.add_argument(
-        "--kinds", default=",".join(KINDS), help=f"comma-separated subset of {','.join(KINDS)}"
+        "--kinds",
+        default=None,
+        help=f"comma-separated subset of {','.join(KINDS)} (default: every kind of the runtime)",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("process", "kubelet"),
+        default=Config.runtime,
+        help="the local pod runner, or the real node (root; its fault kinds kill the kubelet, not the runner)",
     )
     parser.add_argument("--iteration-seconds", type=float, default=Config.iteration_seconds)
     parser.add_argument("--freeze-seconds", type=float, default=Config.freeze_seconds)
@@ -429,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
-    kinds = tuple(k for k in args.kinds.split(",") if k)
+    default = NODE_KINDS if args.runtime == "kubelet" else PROCESS_KINDS
+    kinds = tuple(k for k in args.kinds.split(",") if k) if args.kinds else default
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; choose from {', '.join(KINDS)}")
@@ -440,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         iterations=args.iterations,
         faults=args.faults,
         kinds=kinds,
+        runtime=args.runtime,
         iteration_seconds=args.iteration_seconds,
         freeze_seconds=args.freeze_seconds,
         gap=args.gap,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.run import KINDS, Config, run
+from tests.chaos.run import Config, run
 
 
 def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
     )
     report = run(config, tmp_path / "dev")
     print(report.summary())
-    assert sum(report.injected.values()) == len(KINDS), report.summary()
+    assert sum(report.injected.values()) == len(config.kinds), report.summary()
     assert len(report.phases) == 2
     assert report.adopted >= 2, report.summary()  # the two held pods, after the runner restart
     assert report.wrong_terminal == {}, report.summary()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from agentrun_devcluster.controlplane import ControlPlane
+from tests.chaos.run import NODE_KINDS, Config, run
 from tests.e2e import test_control_file, test_examples, test_helm_install, test_operating
 
 OVERRIDDEN = ("local_default", "release")
@@ -40,3 +42,29 @@ def take_over(modules: tuple[ModuleType, ...], into: dict[str, Any]) -> list[str
 
 
 TAKEN = take_over((test_examples, test_control_file, test_operating, test_helm_install), globals())
+
+
+def test_runs_survive_one_fault_of_each_kind_on_the_real_node(real_node: ControlPlane) -> None:
+    """The chaos suite at its `make test` size, on this tier's node: the operator killed, the API
+    server frozen and killed, etcd restarted, the kubelet killed (its containers run on), each healed
+    with `agentrun dev up`/`restart` as a user would; every run Succeeded, no iteration repeated or
+    lost. Last in this module: its faults would disturb the tests above."""
+    config = Config(
+        runs=2,
+        iterations=2,
+        faults=1,
+        kinds=NODE_KINDS,
+        runtime="kubelet",
+        iteration_seconds=1.0,
+        freeze_seconds=2.0,
+        gap=0.5,
+        timeout=600,
+        hold=True,
+    )
+    report = run(config, real_node.home, shared=True)
+    print(report.summary())
+    assert not report.error, report.summary()
+    assert sum(report.injected.values()) == len(NODE_KINDS), report.summary()
+    assert report.phases == {"chaos-000": "Succeeded", "chaos-001": "Succeeded"}, report.summary()
+    assert not any(report.repeated.values()), report.summary()
+    assert not any(report.lost.values()), report.summary()

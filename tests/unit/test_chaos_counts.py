@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.chaos.run import KINDS, Config, iteration_counts, schedule
+from tests.chaos.run import NODE_KINDS, PROCESS_KINDS, Config, iteration_counts, schedule
 
 
 def test_each_iteration_exactly_once_is_clean() -> None:
@@ -18,9 +18,10 @@ def test_a_repeated_and_a_lost_iteration_are_counted() -> None:
 
 
 def test_the_schedule_has_each_kind_the_asked_number_of_times() -> None:
-    order = schedule(Config(faults=4, seed=7))
-    assert sorted(order) == sorted(list(KINDS) * 4)
-    assert all(set(order[i : i + len(KINDS)]) == set(KINDS) for i in range(0, len(order), len(KINDS)))
+    for kinds in (PROCESS_KINDS, NODE_KINDS):
+        order = schedule(Config(faults=4, seed=7, kinds=kinds))
+        assert sorted(order) == sorted(list(kinds) * 4)
+        assert all(set(order[i : i + len(kinds)]) == set(kinds) for i in range(0, len(order), len(kinds)))
 
 
 def test_duplicate_pods_are_counted_from_their_fingerprint_logs(tmp_path: Path) -> None:
@@ -30,7 +31,11 @@ def test_duplicate_pods_are_counted_from_their_fingerprint_logs(tmp_path: Path) 
         ("a", "claimed Job j for this pod"),
         ("b", f"Job j already runs in pod x: {DUPLICATE_SAID}"),
     ):
-        log = tmp_path / "default" / f"job-{pod}" / f"uid-{pod}" / "logs" / "fingerprint" / "0.log"
+        log = tmp_path / "pods" / "default" / f"job-{pod}" / f"uid-{pod}" / "logs" / "fingerprint" / "0.log"
         log.parent.mkdir(parents=True)
         log.write_text(f"agentrun reporter: {said}\n")
-    assert duplicates_held(tmp_path) == 1
+    # The real node's kubelet keeps them as <podLogsDir>/<namespace>_<pod>_<uid>/<container>/<n>.log
+    kubelet_log = tmp_path / "node" / "pod-logs" / "default_job-c_uid-c" / "fingerprint" / "0.log"
+    kubelet_log.parent.mkdir(parents=True)
+    kubelet_log.write_text(f"agentrun reporter: Job j already runs in pod y: {DUPLICATE_SAID}\n")
+    assert duplicates_held(tmp_path) == 2
