@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         "--runtime",
         choices=("process", "kubelet"),
         default=Config.runtime,
-        help="the local pod runner, or the real node (root; its fault kinds kill the kubelet, not the runner)",
+        help="the local pod runner, or the real node (root; the kubelet is killed instead of the runner)",
     )
     parser.add_argument("--iteration-seconds", type=float, default=Config.iteration_seconds)
     parser.add_argument("--freeze-seconds", type=float, default=Config.freeze_seconds)

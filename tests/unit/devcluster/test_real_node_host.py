@@ -1,4 +1,7 @@
-"""What the real node says when the host cannot run it, and what it removes again (docs/local-dev.md#real-node)."""
+"""What the real node says when the host cannot run it, and what it removes again.
+
+docs/local-dev.md#real-node
+"""
 
 from __future__ import annotations
 
