@@ -32,7 +32,9 @@ def test_missing_packages_without_apt_get_name_the_packages(monkeypatch: pytest.
 
 
 def test_a_component_that_did_not_start_is_named_by_its_last_error_line() -> None:
-    log = 'time=1 level=info msg=starting\ntime=2 level=error msg="failed to listen: address already in use"\nbye\n'
+    log = "\n".join(
+        ["time=1 level=info msg=starting", 'time=2 level=error msg="listen: address already in use"', "bye"]
+    )
     assert "address already in use" in _last_error(log)
     assert _last_error("") == "no output"
 
