@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent.parent
 def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of its own with the real node (kubelet, containerd, kube-scheduler) on it."""
     from agentrun_devcluster.baseimages import BUSYBOX
-    from agentrun_devcluster.node.host import NodeUnavailable, host_problem
-    from agentrun_devcluster.node.node import RealNode
+    from agentrun_devcluster.node.host import host_problem
+    from agentrun_devcluster.node.node import HOST_LOCK
 
     problem = host_problem()
     if problem is not None:
@@ -41,12 +41,21 @@ def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane
         pytest.skip(f"no real node here: its images are made with a Docker engine, and none can run: {exc}")
     built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
     plane = ControlPlane(tmp_path_factory.mktemp("real-node"), toolchain.ensure_tools(print), progress=print)
+    # One real node per host: another session's (or a developer's by-hand) run waits its turn.
+    with processes.exclusive(HOST_LOCK):
+        yield from _node_on(plane, [BUSYBOX, built.tag])
+
+
+def _node_on(plane: ControlPlane, images: list[str]) -> Iterator[ControlPlane]:
+    from agentrun_devcluster.node.host import NodeUnavailable
+    from agentrun_devcluster.node.node import RealNode
+
     plane.set_runtime("kubelet")
     node = RealNode(plane, progress=print)
     try:
         plane.start(crds_dir=REPO / "crds")
         try:
-            node.start([BUSYBOX, built.tag])
+            node.start(images)
         except NodeUnavailable as exc:
             raise AssertionError(f"the real node did not start on a host that can run it: {exc}") from None
         yield plane

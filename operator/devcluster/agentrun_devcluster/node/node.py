@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextlib
 import json
 import os
 import ssl
@@ -47,6 +48,11 @@ NODE_COMPONENTS = (CONTAINERD, SCHEDULER, PROVISIONER, KUBELET)
 """In start order; stopped in reverse."""
 
 Progress = Callable[[str], None]
+OWNER_FILE = Path("/run/agentrun-real-node/owner")
+"""Host-wide: the state directory whose real node runs here. The node is a host-wide thing (a
+bridge, a route, fixed host paths, the kubelet's cgroups), so a second local default gets none."""
+HOST_LOCK = Path("/run/agentrun-real-node/lock")
+"""Held by whoever needs the host's only real node for a while (the tests' session fixture)."""
 
 
 def _insecure_get(url: str) -> int:
@@ -208,6 +214,7 @@ class RealNode:
         """Bring up what is down (kept when it runs and answers), import the images, wait for the
         Node to be Ready and schedulable."""
         started = time.monotonic()
+        self._claim_host()
         cni_dir = host.ensure_packages(self.say)
         host.record_host_state(self.paths)
         host.ensure_blackhole()
@@ -219,6 +226,27 @@ class RealNode:
         self.say(
             f"  node {NODE_NAME} ready in {time.monotonic() - started:.0f}s (sandbox image {PAUSE_IMAGE})"
         )
+
+    def _claim_host(self) -> None:
+        """Refuse to start beside the real node of another state directory that still runs."""
+        try:
+            owner = Path(OWNER_FILE.read_text().strip())
+        except OSError:
+            owner = None
+        if owner is not None and owner != self.plane.home:
+            alive = [
+                n
+                for n in (CONTAINERD, KUBELET)
+                if (r := processes.read_record(owner / "run", n)) is not None and r.alive()
+            ]
+            if alive:
+                raise host.NodeUnavailable(
+                    f"--runtime kubelet: the real node of another local default runs on this host "
+                    f"(state {owner}: {', '.join(alive)}); there is one per host. Stop it first "
+                    f"(`AGENTRUN_DEV_HOME={owner} agentrun dev down`), or use `--runtime process`"
+                )
+        OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
+        OWNER_FILE.write_text(f"{self.plane.home}\n")
 
     def _ensure(self, name: str, cni_dir: str, timeout: float) -> None:
         record = processes.read_record(self.plane.run_dir, name)
@@ -282,6 +310,9 @@ class RealNode:
         _kill_shims(self.paths.containerd_socket)
         unmounted = host.unmount_all([self.paths.root])
         removed = host.remove_network() + host.remove_host_state(self.paths)
+        with contextlib.suppress(OSError):
+            if Path(OWNER_FILE.read_text().strip()) == self.plane.home:
+                OWNER_FILE.unlink()
         if unmounted or removed:
             self.say(f"  node: {unmounted} mounts unmounted; removed {', '.join(removed) or 'nothing else'}")
         return stopped
