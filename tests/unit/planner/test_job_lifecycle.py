@@ -79,7 +79,7 @@ def test_a_timeout_is_recorded_at_failure_target_with_the_deadline_message() -> 
 
 
 def test_a_retry_waits_while_the_timed_out_pod_still_runs() -> None:
-    world, first = timed_out_world(retries=1, backoff=0)
+    world, _first = timed_out_world(retries=1, backoff=0)
     result = world.plan()
     step = world.step_status()
     assert step.phase == "Retrying"
@@ -137,7 +137,7 @@ def test_a_failure_target_other_than_the_deadline_names_the_main_exit() -> None:
     world.plan()
     job = world.active()
     world.fail(job, exit_code=3)
-    world.jobs[job] = replace(world.jobs[job], outcome="Failed", settling=True, message="BackoffLimitExceeded")
+    world.jobs[job] = replace(world.jobs[job], outcome="Failed", settling=True, message="BackoffLimit")
     world.plan()
     assert world.phase == "Failed"
     assert "main container exited with code 3" in world.step_status().message
@@ -167,7 +167,7 @@ def test_success_criteria_met_waits_for_the_report_while_the_pod_still_runs() ->
 
 
 def test_an_immediate_cancel_leaves_a_settling_job_to_the_job_controller() -> None:
-    world, first = timed_out_world(retries=3)
+    world, _first = timed_out_world(retries=3)
     world.spec_manifest["spec"]["cancel"] = "Immediate"
     result = world.plan()
     assert world.phase == "Cancelled"

@@ -84,7 +84,8 @@ def test_success_criteria_met_decides_a_success_before_complete() -> None:
     done["status"]["completionTime"] = T2  # type: ignore[index]
     complete = job_from_k8s(done)
     assert complete is not None and (complete.outcome, complete.settling) == ("Succeeded", False)
-    assert complete.finished_at is not None and complete.finished_at.isoformat().startswith("2026-11-21T10:00:41")
+    assert complete.finished_at is not None
+    assert complete.finished_at.isoformat().startswith("2026-11-21T10:00:41")
 
 
 def test_interim_conditions_not_true_decide_nothing() -> None:
