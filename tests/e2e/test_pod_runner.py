@@ -348,7 +348,8 @@ def test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace(
     local_default: LocalDefault,
 ) -> None:
     """As on a kubelet (docs/local-dev.md#pod-runner-signals): a container's command is PID 1 of its
-    own PID namespace, where SIGTERM without a handler is ignored, so the pod's deadline stops it
+    own PID namespace, where SIGTERM without a handler is ignored (`$$$$` is `$$` after the
+    kubelet's `$(VAR)` expansion), so the pod's deadline stops it
     with SIGKILL after the grace period (137); in a pod with `shareProcessNamespace` the pause
     process is PID 1 and SIGTERM ends the command (143)."""
     grace, deadline = 3, 2
@@ -361,7 +362,7 @@ def test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace(
                 "terminationGracePeriodSeconds": grace,
                 "shareProcessNamespace": shared,
                 "containers": [
-                    {"name": "main", "image": "x", "command": ["sh", "-c", "echo pid $$; exec sleep 7792"]}
+                    {"name": "main", "image": "x", "command": ["sh", "-c", "echo pid $$$$; exec sleep 7792"]}
                 ],
             },
         )

@@ -36,6 +36,7 @@ def test_timeout_without_retries_ends_failed_within_three_deadlines(local_defaul
     assert f"timeoutSeconds: {DEADLINE}\n" in text
     run = local_default.wait_for_end("timeout-bound", timeout=3 * DEADLINE + 60)
     took = time.monotonic() - applied
+    print(f"timeout.yaml (retries 0, deadline {DEADLINE}s) ended after {took:.1f}s")
     assert run["status"]["phase"] == "Failed", run["status"]
     assert took <= 3 * DEADLINE, f"the run took {took:.1f}s to fail"
     step = step_status(run)
@@ -101,10 +102,11 @@ class Heartbeat:
 def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
     local_default: LocalDefault,
 ) -> None:
-    """Three runs beat on their claims, then are cancelled at once: `plain` is `sh -c` (PID 1 of
-    its container but for the shared process namespace), `deaf` ignores SIGTERM (the default grace
-    ends it), `patient` ignores it and asked for a 9 s grace, which it gets."""
-    runs = {"plain": ("", None), "deaf": ("trap '' TERM\n", None), "patient": ("trap '' TERM\n", 9)}
+    """Three runs beat on their claims, then are cancelled at once: `plain` is `sh -c` with a 9 s
+    grace (as PID 1 of its container, without the shared process namespace, it would ignore SIGTERM
+    and live those 9 s), `deaf` ignores SIGTERM (the default grace ends it), `patient` ignores it
+    and asked for a 9 s grace, which it gets."""
+    runs = {"plain": ("", 9), "deaf": ("trap '' TERM\n", None), "patient": ("trap '' TERM\n", 9)}
     for name, (prelude, grace) in runs.items():
         beating_run(local_default, f"stop-{name}", prelude, grace)
     beats = {name: Heartbeat(local_default.claim_dir(f"stop-{name}-workspace")) for name in runs}
@@ -131,6 +133,7 @@ def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
         assert now - cancelled < 120, {n: (b.last, b.changed_at - cancelled) for n, b in beats.items()}
         time.sleep(0.05)
     lived = {name: beat.changed_at - cancelled for name, beat in beats.items()}
+    print("last heartbeat after the cancel:", {name: f"{s:.1f}s" for name, s in lived.items()})
     assert lived["plain"] <= 5, lived
     assert lived["deaf"] <= 5, lived
     # It was SIGKILLed only after its grace: it beat on past the others' bound, then stopped.
