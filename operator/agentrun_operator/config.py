@@ -21,6 +21,12 @@ DEFAULT_REFERENCE_GRACE_SECONDS = 30
 (people apply a directory of manifests in any order) before it fails `InvalidSpec`."""
 
 
+DEFAULT_TERMINATION_GRACE_SECONDS = 3
+"""terminationGracePeriodSeconds of iteration pods whose step sets none (docs/design.md#grace-period):
+short, because a timed-out or cancelled attempt should stop at once, long enough for the reporter
+(well under a second) and an agent that saves its work on SIGTERM."""
+
+
 class ConfigError(ValueError):
     """A configuration variable has a value the operator cannot use."""
 
@@ -39,6 +45,7 @@ class OperatorConfig:
     resync_seconds: float = 30.0
     status_budget_bytes: int = 256 * 1024
     reference_grace_seconds: float = float(DEFAULT_REFERENCE_GRACE_SECONDS)
+    termination_grace_seconds: int = DEFAULT_TERMINATION_GRACE_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -92,5 +99,8 @@ class OperatorConfig:
             status_budget_bytes=integer("CONTROLLER_STATUS_BUDGET_BYTES", 256 * 1024, 1024, 1024 * 1024),
             reference_grace_seconds=float(
                 integer("CONTROLLER_REFERENCE_GRACE_SECONDS", DEFAULT_REFERENCE_GRACE_SECONDS, 0, 3600)
+            ),
+            termination_grace_seconds=integer(
+                "CONTROLLER_TERMINATION_GRACE_SECONDS", DEFAULT_TERMINATION_GRACE_SECONDS, 0, 3600
             ),
         )

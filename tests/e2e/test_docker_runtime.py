@@ -318,6 +318,7 @@ def test_runner_killed_and_restarted_adopts_running_containers_and_reports_finis
         env,
         "d-keeps-running",
         {
+            "terminationGracePeriodSeconds": 1,  # `sh` is PID 1 and ignores SIGTERM
             "containers": [
                 {
                     "name": "main",

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -331,12 +332,53 @@ def test_deleting_a_pod_kills_its_processes_then_confirms(local_default: LocalDe
     create_pod(
         local_default,
         "sleeper",
-        {"containers": [{"name": "main", "image": "x", "command": ["sh", "-c", "exec sleep 7780"]}]},
+        {
+            # `sleep` is PID 1 and ignores SIGTERM: it is killed after the (short) grace period.
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "x", "command": ["sh", "-c", "exec sleep 7780"]}],
+        },
     )
     eventually(lambda: processes_with("sleep", "7780"), what="the sleep to run", timeout=120)
     local_default.plane.kubectl("delete", "pod", "sleeper", "-n", NAMESPACE, "--wait=false")
     eventually(lambda: get_pod(local_default, "sleeper") is None, what="the pod to be gone", timeout=120)
     assert not processes_with("sleep", "7780")
+
+
+def test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace(
+    local_default: LocalDefault,
+) -> None:
+    """As on a kubelet (docs/local-dev.md#pod-runner-signals): a container's command is PID 1 of its
+    own PID namespace, where SIGTERM without a handler is ignored (`$$$$` is `$$` after the
+    kubelet's `$(VAR)` expansion), so the pod's deadline stops it
+    with SIGKILL after the grace period (137); in a pod with `shareProcessNamespace` the pause
+    process is PID 1 and SIGTERM ends the command (143)."""
+    grace, deadline = 3, 2
+    for name, shared in (("pid-one", False), ("pid-shared", True)):
+        create_pod(
+            local_default,
+            name,
+            {
+                "activeDeadlineSeconds": deadline,
+                "terminationGracePeriodSeconds": grace,
+                "shareProcessNamespace": shared,
+                "containers": [
+                    {"name": "main", "image": "x", "command": ["sh", "-c", "echo pid $$$$; exec sleep 7792"]}
+                ],
+            },
+        )
+    alone, shared_pod = wait_terminal(local_default, "pid-one"), wait_terminal(local_default, "pid-shared")
+    assert dev_logs(local_default, "pid-one", "main").split() == ["pid", "1"]
+    assert dev_logs(local_default, "pid-shared", "main").split()[0] == "pid"
+    assert dev_logs(local_default, "pid-shared", "main").split() != ["pid", "1"]
+    killed = container(alone, "main")["state"]["terminated"]
+    termed = container(shared_pod, "main")["state"]["terminated"]
+    assert (killed["exitCode"], termed["exitCode"]) == (137, 143)
+    assert alone["status"]["reason"] == shared_pod["status"]["reason"] == "DeadlineExceeded"
+    # The grace period was honoured: SIGKILL came no earlier than the deadline plus the grace
+    # (timestamps have whole seconds, hence the one second of slack).
+    started = datetime.fromisoformat(alone["status"]["startTime"].replace("Z", "+00:00"))
+    finished = datetime.fromisoformat(killed["finishedAt"].replace("Z", "+00:00"))
+    assert (finished - started).total_seconds() >= deadline + grace - 1
 
 
 def test_restart_policy_on_failure_restarts_with_back_off(local_default: LocalDefault) -> None:

@@ -49,13 +49,18 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
     create_pod(
         env,
         "keeps-running",
-        {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}]},
+        # `sleep` is PID 1 and ignores SIGTERM: a short grace keeps its deletion quick.
+        {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}],
+        },
     )
     # A pod with ports has its own network namespace, held by a helper process (network.py).
     create_pod(
         env,
         "serves",
         {
+            "terminationGracePeriodSeconds": 1,
             "containers": [
                 {
                     "name": "main",
@@ -63,7 +68,7 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
                     "command": ["sleep", "7712"],
                     "ports": [{"containerPort": 8080}],
                 }
-            ]
+            ],
         },
     )
     eventually(
@@ -130,7 +135,11 @@ def test_a_container_started_just_before_the_runner_died_is_adopted_not_started_
     create_pod(
         env,
         "unrecorded",
-        {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7713"]}]},
+        # `sleep` is PID 1 and ignores SIGTERM: a short grace keeps its deletion quick.
+        {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7713"]}],
+        },
     )
     eventually(lambda: _running(env, "unrecorded"), timeout=120, what="the pod")
     pids = processes_with("sleep", "7713")

@@ -35,6 +35,9 @@ class PodOutcome:
     control_bytes: bytes | None = None
     run_seconds: float = 0.0  # how long the pod stays Running
     hang: bool = False  # never finish (e.g. until activeDeadlineSeconds kills it)
+    # How long the pod takes to stop once deleted (a main that ignores SIGTERM, killed after its
+    # grace period): it stays Running, with its deletion timestamp, until then.
+    stop_seconds: float = 0.0
 
 
 Scenario = Callable[[dict[str, Any]], PodOutcome]
@@ -102,6 +105,7 @@ class KubeletDriver:
     field_selector: str = ""
     seen: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time bound
     finished_at: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time finished
+    deleted_since: dict[str, float] = field(default_factory=dict)  # pod name -> monotonic time seen deleted
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -154,6 +158,10 @@ class KubeletDriver:
             base = f"/api/v1/namespaces/{self.namespace}/pods/{name}"
             if meta.get("deletionTimestamp"):
                 # The kubelet kills the containers, then confirms the deletion.
+                since = self.deleted_since.setdefault(name, time.monotonic())
+                stopping = status.get("phase") not in ("Succeeded", "Failed")
+                if stopping and time.monotonic() - since < self.scenario(pod).stop_seconds:
+                    continue
                 self._req(
                     "DELETE", base, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
                 )

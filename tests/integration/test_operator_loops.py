@@ -68,6 +68,12 @@ def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
     return api.jobs_of_run(plane, NAMESPACE, run)
 
 
+def _pods_of(plane: ControlPlane, job: str) -> list[dict[str, Any]]:
+    """The Job's pods that exist and have not reached a final phase."""
+    pods = api.items(plane, "/api/v1", NAMESPACE, "pods", f"job-name={job}")
+    return [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
 def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
     manifest = copy.deepcopy(manifest)
     manifest["metadata"]["namespace"] = NAMESPACE
@@ -258,6 +264,44 @@ def test_timeout_with_retries_remaining_retries(cluster: Any, outcomes: Scripted
     assert jobs[f"{name}-step-1-iter-1-attempt-2"]["spec"]["activeDeadlineSeconds"] == 120
     assert any(c["reason"] == "DeadlineExceeded" for c in first["status"].get("conditions", []))
     assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
+
+
+def test_a_timeout_is_recorded_at_once_but_the_retry_waits_for_the_pod(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    """docs/design.md#job-lifecycle, with the real Job controller: at the deadline it sets
+    `FailureTarget` and deletes the pod, which takes 4 s to stop (a main ignoring SIGTERM); the
+    timeout is recorded while that pod still runs, and the retry's Job is created only after it."""
+    plane, operator, _driver = cluster
+    name = "timeout-settling"
+    outcomes.runs[name] = lambda _i, a: PodOutcome(hang=(a == 1), stop_seconds=4.0 if a == 1 else 0.0)
+    _create(
+        plane,
+        _loop_run(name, {"maxIterations": 1}, timeoutSeconds=120, retries=1, retryBackoffSeconds=0),
+    )
+    first_name = f"{name}-step-1-iter-1-attempt-1"
+    second_name = f"{name}-step-1-iter-1-attempt-2"
+    eventually(lambda: first_name in {j["metadata"]["name"] for j in _jobs(plane, name)}, what="attempt 1")
+    eventually(lambda: _pods_of(plane, first_name), what="attempt 1's pod")
+    deadline = '{"spec":{"activeDeadlineSeconds":1}}'
+    plane.kubectl("patch", "job", first_name, "-n", NAMESPACE, "--type=merge", "-p", deadline)
+    started = time.monotonic()
+    recorded_while_running = False
+    while True:  # jobs first, then pods: a pod seen after a Job existed was alive alongside it
+        jobs = {j["metadata"]["name"] for j in _jobs(plane, name)}
+        step = _step_status(_get(plane, "agentrun", name))
+        pods = _pods_of(plane, first_name)
+        assert not (second_name in jobs and pods), "attempt 2's Job exists beside attempt 1's live pod"
+        if step.get("phase") == "Retrying" and pods:
+            assert "timed out after 120s (activeDeadlineSeconds)" in step["message"], step
+            recorded_while_running = True
+        if second_name in jobs:
+            break
+        assert time.monotonic() - started < 90, "attempt 2 never started"
+        time.sleep(0.05)
+    assert recorded_while_running, "the timeout was not recorded while the pod was stopping"
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
 
 
 def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, outcomes: ScriptedOutcomes) -> None:

@@ -28,6 +28,7 @@ def test_defaults_without_any_variable() -> None:
     assert config.job_ttl_seconds_after_recorded == 300
     assert config.resync_seconds == 30.0
     assert config.reference_grace_seconds == 30.0
+    assert config.termination_grace_seconds == 3
 
 
 def test_every_documented_variable_is_read() -> None:
@@ -42,6 +43,7 @@ def test_every_documented_variable_is_read() -> None:
             "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "0",
             "AGENTS_CONTROLLER_RESYNC_SECONDS": "5",
             "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "0",
+            "AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS": "45",
         }
     )
     assert config == OperatorConfig(
@@ -54,6 +56,7 @@ def test_every_documented_variable_is_read() -> None:
         job_ttl_seconds_after_recorded=0,
         resync_seconds=5.0,
         reference_grace_seconds=0.0,
+        termination_grace_seconds=45,
     )
 
 
@@ -69,6 +72,7 @@ def test_every_documented_variable_is_read() -> None:
         ("CONTROLLER_JOB_TTL_SECONDS", "60", "job_ttl_seconds_after_recorded", 60),
         ("CONTROLLER_RESYNC_SECONDS", "11", "resync_seconds", 11.0),
         ("CONTROLLER_REFERENCE_GRACE_SECONDS", "5", "reference_grace_seconds", 5.0),
+        ("CONTROLLER_TERMINATION_GRACE_SECONDS", "0", "termination_grace_seconds", 0),
     ],
 )
 def test_jangar_alias_of_every_variable(name: str, value: str, attribute: str, expected: object) -> None:
@@ -138,6 +142,8 @@ def test_false_spellings(value: str) -> None:
         ("AGENTS_CONTROLLER_RESYNC_SECONDS", "3601", "expected an integer in 1..3600"),
         ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "-1", "expected an integer in 0..3600"),
         ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "2.5", "expected an integer in 0..3600"),
+        ("AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS", "3601", "expected an integer in 0..3600"),
+        ("AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS", "-1", "expected an integer in 0..3600"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(key: str, value: str, expected: str) -> None:

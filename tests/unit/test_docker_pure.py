@@ -74,11 +74,19 @@ def test_volumes_termination_file_network_env_and_labels() -> None:
         "type=bind,source=/state/pods/x/containers/main/termination-log,target=/dev/termination-log",
     ]
     assert values(argv, "--network") == ["host"]
-    assert "--init" in argv
     assert values(argv, "--env") == ["A", "B"], "values travel in the client's environment, not argv"
     assert "two words" not in " ".join(argv)
     assert f"{LABEL_NODE}=node-a" in values(argv, "--label")
     assert values(argv, "--name") == ["the-name"]
+
+
+def test_an_init_is_pid_1_only_in_a_pod_sharing_its_process_namespace() -> None:
+    """As on a kubelet: without `shareProcessNamespace` the command is PID 1 of its container (and
+    ignores SIGTERM without a handler); with it the pod's pause process is, here docker's init."""
+    container = {"name": "main", "image": "busybox:1.36", "command": ["sleep", "9"]}
+    assert "--init" not in create_argv("docker", launch(container), "n", "node-a", {})
+    shared = launch(container, shareProcessNamespace=True)
+    assert "--init" in create_argv("docker", shared, "n", "node-a", {})
 
 
 def test_security_context_user_groups_and_read_only_root() -> None:

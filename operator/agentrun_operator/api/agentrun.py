@@ -38,6 +38,8 @@ CancelMode = Literal["Graceful", "Immediate"]
 DEFAULT_NESTING_DEPTH: Final = 5
 MAX_NESTING_DEPTH: Final = 10
 MAX_CASES: Final = 50
+MAX_TERMINATION_GRACE_SECONDS: Final = 3600
+"""Bound of a step's terminationGracePeriodSeconds (and the operator's default): an hour."""
 JsonScalar = str | int | float | bool | None
 
 
@@ -218,6 +220,16 @@ class WorkflowStep(ApiModel):
         ge=0,
         description="Deadline of one attempt in seconds, 0 = none; default the Agent's defaults, else 0.",
     )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TERMINATION_GRACE_SECONDS,
+        description=(
+            "Seconds an attempt's pod gets between SIGTERM and SIGKILL when it is stopped (timeout, "
+            "cancel, deletion) and for its reporter at the end; default the operator's "
+            "(AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS, 3)."
+        ),
+    )
     when: str | None = Field(
         default=None,
         min_length=1,
@@ -300,6 +312,12 @@ class WorkflowStep(ApiModel):
         if self.retries is not None:
             return self.retries
         return agent_default if agent_default is not None else 0
+
+    def effective_grace_seconds(self, operator_default: int) -> int:
+        """The pod's terminationGracePeriodSeconds: its own, else the operator's default."""
+        if self.termination_grace_period_seconds is not None:
+            return self.termination_grace_period_seconds
+        return operator_default
 
     def effective_timeout_seconds(self, agent_default: int | None = None) -> int:
         """Per-attempt timeout: its own, else the Agent's default, else 0 (none)."""

@@ -52,6 +52,7 @@ from agentrun_operator.planner.resolution import (
     effective_parameters,
     effective_steps,
     effective_workload,
+    step_grace_seconds,
     step_timeout_seconds,
 )
 
@@ -452,6 +453,11 @@ def _pod_spec(
     resolved = resolve_container(run, step, refs, config)
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
+        # The pause container is PID 1, so `main` gets the ordinary SIGTERM semantics even when it
+        # is `sh -c …` (a PID 1 ignores SIGTERM without a handler); a short grace so a timed-out or
+        # cancelled attempt stops at once (docs/design.md#grace-period).
+        "shareProcessNamespace": True,
+        "terminationGracePeriodSeconds": step_grace_seconds(step, config),
         "initContainers": [
             reporter_container(path, volumes.reporter_mounts, config),
             fingerprint_container(path, volumes.fingerprint_mounts, config, volumes.claim_dir),

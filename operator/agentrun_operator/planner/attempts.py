@@ -34,7 +34,8 @@ JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""
 
 DEADLINE_GRACE_SECONDS: Final = 30.0
-"""A Job still Active this long past activeDeadlineSeconds is deleted by the planner itself."""
+"""A Job still undecided this long past activeDeadlineSeconds is deleted by the planner itself: the
+fallback for a Job controller that never decides (it sets `FailureTarget` at the deadline itself)."""
 
 RESULT_GRACE_SECONDS: Final = 10.0
 """How long a succeeded Job's pod may be missing from the observation before its result is read as lost."""

@@ -1,6 +1,6 @@
 """Gating: one Job at a time. Which Job may be alive, which are strays to delete, when a new Job may
-start (no other live Job, no other non-terminal pod on the volume), and when a recorded Job gets its
-TTL."""
+start (no other live or settling Job, no other non-terminal pod on the volume), and when a recorded
+Job gets its TTL (docs/design.md#one-job-at-a-time)."""
 
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ def set_job_ttls(ctx: PlanContext) -> None:
     TTLs only after that write is committed (docs/operator.md#reconcile), so the iteration that
     records a result also sets its Job's TTL -- no second reconcile and write per iteration for it.
     An attempt that succeeded by its pod counts as ended (`succeeded_by_pod`): the TTL only starts
-    once the Job controller finishes the Job."""
+    once the Job controller finishes the Job. A `settling` Job (decided, its pods maybe still
+    stopping) gets none yet: its end must stay news for the gate (`ObservedJob.plan_relevant`)."""
     for job in ctx.observed.jobs:
-        ended = job.finished or succeeded_by_pod(ctx, job) is not None
+        ended = job.settled or succeeded_by_pod(ctx, job) is not None
         fresh = ended and not job.deleting and job.ttl_seconds_after_finished is None
         if fresh and (result_recorded(ctx.prior, job) or result_recorded(ctx.status, job)):
             ctx.writes.append(
@@ -141,14 +142,25 @@ def _parse_segment(segment: str) -> tuple[int, str, int]:
 
 
 def _live(ctx: PlanContext, job: ObservedJob) -> bool:
-    """A Job that can still run something: not finished, not being deleted, its pod not succeeded."""
+    """A Job whose outcome is open: not decided, not being deleted, its pod not succeeded. Only such
+    a Job is a stray to delete; a decided one is being ended by the Job controller itself."""
     return not job.finished and not job.deleting and succeeded_by_pod(ctx, job) is None
 
 
+def holds_volume(ctx: PlanContext, job: ObservedJob) -> bool:
+    """A Job whose pods may still touch a volume: live, or decided but still settling (the Job
+    controller adds `Failed`/`Complete` only once all its pods have terminated; it tracks each pod
+    with a finalizer, so it misses none that the operator's informer may not have seen yet)."""
+    if job.deleting or succeeded_by_pod(ctx, job) is not None:
+        return False
+    return not job.settled
+
+
 def gate_clear(ctx: PlanContext, name: str) -> bool:
-    """True when no other Job of the run is live and no other pod can still touch a volume."""
+    """True when no other Job of the run may still run a pod and no other pod can still touch a
+    volume: both the Job controller's word (`holds_volume`) and the pods observed must agree."""
     for job in ctx.observed.jobs:
-        if job.name != name and _live(ctx, job):
+        if job.name != name and holds_volume(ctx, job):
             return False
     return all(pod.job_name == name or pod.terminal for pod in ctx.observed.pods)
 

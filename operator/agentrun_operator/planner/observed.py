@@ -92,14 +92,24 @@ class ObservedJob:
     deleting: bool = False
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    message: str | None = None  # the Job's Failed condition message, when it failed
+    message: str | None = None  # the Job's Failed (or FailureTarget) condition message, when it failed
     ttl_seconds_after_finished: int | None = None
+    # The Job controller has decided the outcome (`FailureTarget` / `SuccessCriteriaMet`, Kubernetes
+    # >= 1.31) but not yet marked the Job `Failed` / `Complete`, which it does only once every pod
+    # of the Job has terminated: its pods may still run (docs/design.md#job-lifecycle).
+    settling: bool = False
     path: str = ""  # the step-path label of a nested step's Job (`2i3-1`); "" for a top-level step
     label: str = ""  # its step annotation, the path as logs name it (`develop/iteration 2/review`)
 
     @property
     def finished(self) -> bool:
+        """Its outcome is decided (the result may be recorded); its pods may still be stopping."""
         return self.outcome != "Active"
+
+    @property
+    def settled(self) -> bool:
+        """Decided and marked `Complete`/`Failed`: the Job controller saw every pod of it terminate."""
+        return self.finished and not self.settling
 
     def plan_relevant(self) -> ObservedJob:
         """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
@@ -108,10 +118,11 @@ class ObservedJob:
         the same value: an idempotent write). And a Job with its TTL set is done with: the planner
         sets it only once the Job has ended and a committed status records its result, after which
         its outcome is never read again (`gating.result_recorded`) -- so the Job controller marking
-        it complete re-plans nothing; only its deletion does."""
+        it complete re-plans nothing; only its deletion does. A `settling` Job gets no TTL
+        (`gating.set_job_ttls`), so its end, which opens the one-Job gate, stays news."""
         relevant = replace(self, started_at=None, ttl_seconds_after_finished=None)
         if self.ttl_seconds_after_finished is not None:
-            return replace(relevant, outcome="Succeeded", finished_at=None, message=None)
+            return replace(relevant, outcome="Succeeded", finished_at=None, message=None, settling=False)
         return relevant
 
 

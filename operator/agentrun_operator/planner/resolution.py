@@ -14,6 +14,7 @@ from typing import Final, Literal
 
 from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, LoopCondition, WorkflowStep, Workload
 from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
+from agentrun_operator.config import OperatorConfig
 
 IMPLICIT_STEP_NAME: Final = "main"
 """Name of the single implicit step of a `runtime.type: job` run without `spec.workflow`."""
@@ -96,6 +97,11 @@ def step_timeout_seconds(step: WorkflowStep, refs: References) -> int:
     """Per-attempt timeout: the step's, else the Agent's default, else 0 (none)."""
     defaults = refs.agent.defaults if refs.agent is not None else None
     return step.effective_timeout_seconds(defaults.timeout_seconds if defaults else None)
+
+
+def step_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int:
+    """terminationGracePeriodSeconds of the step's pods: the step's, else the operator's default."""
+    return step.effective_grace_seconds(config.termination_grace_seconds)
 
 
 def step_retries(step: WorkflowStep, refs: References) -> int:

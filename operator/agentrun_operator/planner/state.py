@@ -26,10 +26,11 @@ allows; each row names the function that takes it.
 | RETRY_DUE | the run is stopping                                    | DONE Cancelled | workload._advance |
 | RETRY_DUE | the backoff has passed, gate clear: the retry's Job    | RUNNING        | attempts.start_.. |
 
-"Timed out" is the Job's DeadlineExceeded (activeDeadlineSeconds = the step's timeout), or the Job
-still active DEADLINE_GRACE_SECONDS past it (the planner deletes it): a retry after a timeout is
-RUNNING -> RETRY_DUE -> RUNNING like any other failed attempt. "Gate clear": no other live Job and
-no other non-terminal pod of the run (`gating.gate_clear`).
+"Timed out" is the Job's DeadlineExceeded (activeDeadlineSeconds = the step's timeout), read from
+`FailureTarget` as soon as the Job controller decides it (or `Failed`), or the Job still undecided
+DEADLINE_GRACE_SECONDS past it (the planner deletes it): a retry after a timeout is
+RUNNING -> RETRY_DUE -> RUNNING like any other failed attempt. "Gate clear": no other live or
+settling Job and no other non-terminal pod of the run (`gating.gate_clear`).
 
 Waiting (for a Job to appear or finish, a backoff, other pods to end) keeps the state and asks for
 a requeue. Every move to DONE other than Skipped goes through `end_step`.

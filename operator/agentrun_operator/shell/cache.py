@@ -93,7 +93,8 @@ def job_change(view: Any) -> Any:
 
 
 def job_settled(view: Any) -> bool:
-    """A Job the Job controller has marked ended (Complete or Failed), or one with its TTL set, not
+    """A Job the Job controller has marked ended (Complete or Failed, not just decided: a `settling`
+    Job's end opens the one-Job gate, so it is news), or one with its TTL set, not
     being deleted: while the reconcile recording its iteration's result is settling it
     (`Store.settling`), neither is news -- the plan already used the pod's result, and once its TTL
     is set the Job's outcome is never read again (`ObservedJob.plan_relevant`); the echo of that TTL
@@ -101,7 +102,7 @@ def job_settled(view: Any) -> bool:
     job, _owners = view
     if job is None or job.deleting:
         return False
-    return bool(job.finished or job.ttl_seconds_after_finished is not None)
+    return bool(job.settled or job.ttl_seconds_after_finished is not None)
 
 
 def pod_view(pod: Obj) -> ObservedPod | None:

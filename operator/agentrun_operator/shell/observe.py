@@ -1,13 +1,16 @@
 """Turn Kubernetes objects (as dicts) into the planner's observed values. Pure, so it is unit-tested.
 
 Reading a Job's outcome follows batch/v1 semantics: the `Complete`/`Failed` conditions decide, and a
-`Failed` condition with reason `DeadlineExceeded` is a timeout of that attempt.
+`Failed` condition with reason `DeadlineExceeded` is a timeout of that attempt. Since Kubernetes 1.31
+the Job controller first sets `SuccessCriteriaMet` / `FailureTarget` (same reason and message) and
+adds `Complete` / `Failed` only once every pod of the Job has terminated: the interim condition
+decides the outcome, and the Job is `settling` until the terminal one (docs/design.md#job-lifecycle).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
@@ -44,18 +47,8 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
     if step_index is None or iteration is None or attempt is None:
         return None
     status = job.get("status") or {}
-    outcome: JobOutcome = "Active"
-    message = None
-    finished_at = parse_time(status.get("completionTime"))
-    for cond in status.get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == "Complete":
-            outcome = "Succeeded"
-        elif cond.get("type") == "Failed":
-            outcome = "DeadlineExceeded" if cond.get("reason") == "DeadlineExceeded" else "Failed"
-            message = cond.get("message") or cond.get("reason")
-            finished_at = finished_at or parse_time(cond.get("lastTransitionTime"))
+    outcome, message, decided_at, settled = job_conditions(status.get("conditions") or [])
+    finished_at = parse_time(status.get("completionTime")) if outcome == "Succeeded" else None
     spec = job.get("spec") or {}
     return ObservedJob(
         name=str(meta.get("name")),
@@ -66,12 +59,41 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
         outcome=outcome,
         deleting=bool(meta.get("deletionTimestamp")),
         started_at=parse_time(status.get("startTime")),
-        finished_at=finished_at,
+        finished_at=finished_at or decided_at,
         message=message,
+        settling=outcome != "Active" and not settled,
         path=str(labels.get(naming.LABEL_STEP_PATH, "")),
         label=str((meta.get("annotations") or {}).get(naming.ANNOTATION_STEP, "")),
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
     )
+
+
+_TERMINAL: Final = {"Complete": "Succeeded", "Failed": "Failed"}
+_INTERIM: Final = {"SuccessCriteriaMet": "Succeeded", "FailureTarget": "Failed"}
+
+
+def job_conditions(
+    conditions: list[dict[str, Any]],
+) -> tuple[JobOutcome, str | None, datetime | None, bool]:
+    """(outcome, failure message, when it was decided, whether the Job is marked ended) of a Job's
+    conditions. A terminal condition (`Complete`/`Failed`) wins over an interim one
+    (`SuccessCriteriaMet`/`FailureTarget`); the decision time is the earliest of these conditions,
+    so it does not move when the Job controller adds `Failed` after `FailureTarget`."""
+    true = [c for c in conditions if c.get("status") == "True"]
+    terminal = [c for c in true if c.get("type") in _TERMINAL]
+    interim = [c for c in true if c.get("type") in _INTERIM]
+    chosen = terminal or interim
+    if not chosen:
+        return "Active", None, None, False
+    table = _TERMINAL if terminal else _INTERIM
+    cond = next((c for c in chosen if table[str(c.get("type"))] == "Failed"), chosen[0])
+    decided = [t for t in (parse_time(c.get("lastTransitionTime")) for c in interim + terminal) if t]
+    decided_at = min(decided) if decided else None
+    if table[str(cond.get("type"))] == "Succeeded":
+        return "Succeeded", None, decided_at, bool(terminal)
+    reason = cond.get("reason")
+    outcome: JobOutcome = "DeadlineExceeded" if reason == "DeadlineExceeded" else "Failed"
+    return outcome, cond.get("message") or reason, decided_at, bool(terminal)
 
 
 def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:

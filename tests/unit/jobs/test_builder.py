@@ -144,6 +144,34 @@ def test_active_deadline_from_step_timeout_or_agent_default() -> None:
     assert from_agent["spec"]["activeDeadlineSeconds"] == 45
 
 
+def test_main_is_not_pid_1_and_the_grace_period_is_short_by_default() -> None:
+    """docs/design.md#grace-period: the pause container is PID 1 (so `sh -c` gets SIGTERM), and a
+    stopped attempt gets the operator's grace, not Kubernetes' 30 s."""
+    spec = pod(build({}))
+    assert spec["shareProcessNamespace"] is True
+    assert spec["terminationGracePeriodSeconds"] == 3
+    configured = build_iteration_job(
+        run_of({}), PlannedAttempt(1, 1, 1), References(), OperatorConfig(termination_grace_seconds=0)
+    )
+    assert pod(configured)["terminationGracePeriodSeconds"] == 0
+
+
+def test_a_steps_grace_period_wins_over_the_operators() -> None:
+    steps = [{"name": "a", "terminationGracePeriodSeconds": 60}, {"name": "b"}]
+    spec = {"workflow": {"steps": steps}}
+    assert pod(build(dict(spec)))["terminationGracePeriodSeconds"] == 60
+    second = build(dict(spec), PlannedAttempt(2, 1, 1))
+    assert pod(second)["terminationGracePeriodSeconds"] == 3
+    zero = {"workflow": {"steps": [{"name": "a", "terminationGracePeriodSeconds": 0}]}}
+    assert pod(build(zero))["terminationGracePeriodSeconds"] == 0
+
+
+def test_a_grace_period_out_of_range_is_refused() -> None:
+    for value in (-1, 3601):
+        with pytest.raises(ValueError, match="terminationGracePeriodSeconds"):
+            run_of({"workflow": {"steps": [{"name": "a", "terminationGracePeriodSeconds": value}]}})
+
+
 def test_service_account_enables_the_token() -> None:
     job = build({"workload": {"image": "img", "serviceAccountName": "agent-sa"}})
     assert pod(job)["serviceAccountName"] == "agent-sa"

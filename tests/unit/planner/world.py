@@ -250,10 +250,14 @@ class PlannerWorld:
         self.now += timedelta(seconds=seconds)
 
     def settle(self) -> None:
-        """Terminating pods finish terminating (the kubelet killed them)."""
+        """Terminating pods finish terminating (the kubelet killed them); a Job whose pods have all
+        ended then gets its terminal condition (`Failed`/`Complete` after `FailureTarget`)."""
         for pod_name, pod in list(self.pods.items()):
             if pod.deleting:
                 del self.pods[pod_name]
+        for name, job in list(self.jobs.items()):
+            if job.settling and all(p.terminal for p in self.pods.values() if p.job_name == name):
+                self.jobs[name] = replace(job, settling=False)
 
     def live_jobs(self) -> list[str]:
         return [j.name for j in self.jobs.values() if not j.finished]
@@ -294,10 +298,13 @@ class PlannerWorld:
         self._finish(name, "Failed", "Failed", main_exit_code=exit_code, main_reason="Error")
 
     def deadline(self, name: str | None = None) -> None:
-        """activeDeadlineSeconds fired: the Job fails; its pod is still being killed."""
+        """activeDeadlineSeconds fired: the Job controller sets `FailureTarget` (DeadlineExceeded) and
+        deletes the pod, which is still being killed; `Failed` follows once it is gone (`settle`)."""
         name = name or self.active()
         job = self.jobs[name]
-        self.jobs[name] = replace(job, outcome="DeadlineExceeded", finished_at=self.now, message="deadline")
+        self.jobs[name] = replace(
+            job, outcome="DeadlineExceeded", finished_at=self.now, message="deadline", settling=True
+        )
         pod_name = f"{name}-pod"
         if pod_name in self.pods:
             self.pods[pod_name] = replace(self.pods[pod_name], deleting=True)

@@ -36,6 +36,71 @@ def test_job_outcomes_follow_batch_v1_conditions() -> None:
     assert not_true is not None and not_true.outcome == "Active"
 
 
+def _cond(type_: str, at: str, reason: str = "", message: str = "", status: str = "True") -> dict[str, str]:
+    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": at}
+
+
+T1, T2 = "2026-11-21T10:00:10Z", "2026-11-21T10:00:41Z"
+
+
+def test_failure_target_decides_a_timeout_before_failed() -> None:
+    """Kubernetes >= 1.31: `FailureTarget` at the deadline, `Failed` once the pods have terminated."""
+    target = _cond("FailureTarget", T1, "DeadlineExceeded", "Job was active longer than specified deadline")
+    decided = job_from_k8s(_job([target]))
+    assert decided is not None
+    assert (decided.outcome, decided.finished, decided.settling, decided.settled) == (
+        "DeadlineExceeded",
+        True,
+        True,
+        False,
+    )
+    assert decided.message == "Job was active longer than specified deadline"
+    assert decided.finished_at is not None and decided.finished_at.isoformat() == "2026-11-21T10:00:10+00:00"
+    ended = job_from_k8s(_job([target, _cond("Failed", T2, "DeadlineExceeded", "Job was active longer")]))
+    assert ended is not None
+    assert (ended.outcome, ended.settling, ended.settled) == ("DeadlineExceeded", False, True)
+    assert ended.finished_at == decided.finished_at  # the decision time does not move
+    assert ended.message == "Job was active longer"
+
+
+def test_failure_target_of_another_reason_is_a_failure() -> None:
+    job = job_from_k8s(_job([_cond("FailureTarget", T1, "BackoffLimitExceeded", "")]))
+    assert job is not None and (job.outcome, job.settling, job.message) == (
+        "Failed",
+        True,
+        "BackoffLimitExceeded",
+    )
+
+
+def test_success_criteria_met_decides_a_success_before_complete() -> None:
+    met = _cond("SuccessCriteriaMet", T1, "CompletionsReached")
+    decided = job_from_k8s(_job([met]))
+    assert decided is not None and (decided.outcome, decided.settling, decided.message) == (
+        "Succeeded",
+        True,
+        None,
+    )
+    done = _job([met, _cond("Complete", T2, "CompletionsReached")])
+    done["status"]["completionTime"] = T2  # type: ignore[index]
+    complete = job_from_k8s(done)
+    assert complete is not None and (complete.outcome, complete.settling) == ("Succeeded", False)
+    assert complete.finished_at is not None
+    assert complete.finished_at.isoformat().startswith("2026-11-21T10:00:41")
+
+
+def test_interim_conditions_not_true_decide_nothing() -> None:
+    for type_ in ("FailureTarget", "SuccessCriteriaMet"):
+        job = job_from_k8s(_job([_cond(type_, T1, "DeadlineExceeded", status="False")]))
+        assert job is not None and (job.outcome, job.settling, job.finished_at) == ("Active", False, None)
+
+
+def test_a_terminal_condition_alone_is_settled() -> None:
+    """Older clusters (< 1.31) set `Failed` (and `Complete`) without an interim condition."""
+    failed = job_from_k8s(_job([_cond("Failed", T2, "DeadlineExceeded", "too slow")]))
+    assert failed is not None and (failed.outcome, failed.settling) == ("DeadlineExceeded", False)
+    assert failed.finished_at is not None
+
+
 def test_a_nested_steps_job_keeps_its_address_and_its_path() -> None:
     job = _job([])
     job["metadata"] = {

@@ -236,10 +236,21 @@ def adopt_container(record: LaunchRecord, on_exit: Callable[[Any], None]) -> Ado
     return AdoptedContainer(record, on_exit)
 
 
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 def _sandbox_pids(shim: int) -> tuple[int | None, int | None]:
-    """(the sandbox's init, the container's command) under a shim: sh → bwrap → init → command."""
+    """(the sandbox's init, the container's command) under a shim: sh → bwrap → init → command, or
+    sh → bwrap → command when the command is PID 1 (`--as-pid-1`: bwrap's init, a fork of bwrap,
+    has bwrap's command line; the command has its own)."""
     for bwrap in children(shim):
         for init in children(bwrap):
+            if _cmdline(init) != _cmdline(bwrap):
+                return init, init
             commands = children(init)
             return init, commands[0] if commands else None
     return None, None

@@ -3,8 +3,10 @@
 `docker create`, then `docker start --attach` (so its output goes to the container's log file for
 `agentrun dev logs`), with the pod's volumes bind-mounted (the same host directories the process
 runtime uses), the termination-message file bind-mounted at its path and read back by the runner
-when it ends, the securityContext's user, groups and read-only root filesystem, and `--init` (a
-small init is PID 1, so a SIGTERM reaches the command as in the process runtime). Images are never
+when it ends, the securityContext's user, groups and read-only root filesystem, and for a pod with
+`shareProcessNamespace` `--init` (a small init is PID 1, as the pod's pause process would be, so a
+SIGTERM reaches the command; without it the command is PID 1 and ignores SIGTERM unless it handles
+it, as in a real container: docs/local-dev.md#pod-runner-signals). Images are never
 pulled: a missing one leaves the container waiting with `ErrImageNeverPull`, retried until it is
 there.
 
@@ -153,7 +155,9 @@ def create_argv(
     """The `docker create` command line (pure). Env values are passed by name (`-e NAME`) from the
     client's environment, so secrets never show on a command line."""
     container = launch.container
-    argv = [docker, "create", "--name", name, "--init"]
+    argv = [docker, "create", "--name", name]
+    if S.shares_process_namespace(launch.pod):
+        argv += ["--init"]
     if isinstance(launch.network, DockerPodNetwork):  # the hostname is the pause container's
         argv += ["--network", launch.network.mode]
     else:

@@ -3,10 +3,12 @@
 `ProcessRuntime` places the mounts (see `spec.resolve_on_host`), checks the command can be found
 among the host's tools (images are not used) and starts a `ContainerProcess`.
 
-bwrap reports in a status file the host PID of its PID-namespace init (`child-pid`); the command is
-that init's only child. `terminate()` sends SIGTERM to the command (as a runtime signals the
-container's main process); `kill()` sends SIGKILL to the init, which takes the whole PID namespace
-with it, and to the bwrap monitor.
+bwrap reports in a status file the host PID of its PID-namespace init (`child-pid`): the command
+itself when it is PID 1 (a pod without `shareProcessNamespace`, `sandbox.bwrap_argv`), else bwrap's
+init, whose only child the command is. `terminate()` sends SIGTERM to the command (as a runtime
+signals the container's main process; a PID 1 without a handler ignores it, as in a real container);
+`kill()` sends SIGKILL to the init, which takes the whole PID namespace with it, and to the bwrap
+monitor.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ class ContainerProcess:
         env: Mapping[str, str],
         log_path: Path,
         on_exit: Callable[[ContainerProcess], None],
+        command_is_pid_1: bool = False,
     ) -> None:
         self.log_path = log_path
+        self.command_is_pid_1 = command_is_pid_1
         self.container_id = ""
         self.init_pid: int | None = None
         self.exit_code: int | None = None
@@ -130,10 +134,10 @@ class ContainerProcess:
         return head.splitlines()[0].decode("utf-8", "replace")
 
     def command_pid(self) -> int | None:
-        """The host PID of the container's command (PID 2 of its namespace)."""
+        """The host PID of the container's command (PID 1 or 2 of its namespace)."""
         self._pid_known.wait(timeout=2)
-        if self.init_pid is None:
-            return None
+        if self.init_pid is None or self.command_is_pid_1:
+            return self.init_pid
         try:
             children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children").read_text().split()
         except OSError:
@@ -217,6 +221,7 @@ class ProcessRuntime:
         enter = network.enter_argv() if isinstance(network, PodNetwork) else []
         exit_file = adopt.exit_file(launch.pod_dir, launch.name, launch.restart)
         exit_file.unlink(missing_ok=True)
+        pid_1 = not S.shares_process_namespace(launch.pod)
         proc = ContainerProcess(
             lambda fd: adopt.shim_argv(  # the shim records the exit code, runner or not (adopt.py)
                 enter
@@ -232,12 +237,14 @@ class ProcessRuntime:
                     launch.hostname,
                     expand,
                     tool_paths=host_tool_paths(),
+                    command_is_pid_1=pid_1,
                 ),
                 exit_file,
             ),
             env,
             launch.log_path,
             on_exit,
+            command_is_pid_1=pid_1,
         )
         proc.container_id = f"agentrun://{launch.uid[:8]}-{launch.name}-{launch.restart}"
         return proc

@@ -6,9 +6,13 @@ without touching the host; then a fresh `/dev` and `/proc`, the pod's own `/tmp`
 depth order, so nested mounts work) and the termination-message files, and finally `/` is made
 read-only. Writable are only the volumes, the pod's tmp and the termination-message files.
 
-Each container gets its own PID namespace (`--unshare-pid`): bwrap's small init is PID 1 and the
-command PID 2, so a SIGTERM to the command behaves as in a shell (no PID-1 signal immunity), and
-when the command exits, or the init is SIGKILLed, the kernel kills everything left in the namespace.
+Each container gets its own PID namespace (`--unshare-pid`), shaped as the kubelet's would be
+(docs/local-dev.md#pod-runner-signals). Without the pod's `shareProcessNamespace` the command is
+PID 1 of it (`--as-pid-1`), as in a container of its own: the kernel gives a PID 1 no default signal
+disposition, so without a handler it ignores SIGTERM and only SIGKILL ends it. With it, bwrap's
+small init is PID 1 and the command PID 2, as under a pod's shared pause process: a SIGTERM ends the
+command unless it handles it. Either way, when the command exits, or PID 1 is SIGKILLed, the kernel
+kills everything left in the namespace (as the runtime kills a container's leftover processes).
 `--die-with-parent` ties the sandbox to its parent, the shim that records its exit code in its own
 session (adopt.py), so the sandbox outlives a restart of the runner but not a kill of its shim.
 Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
@@ -95,8 +99,12 @@ def bwrap_argv(
     hostname: str | None = None,
     expand: Sequence[tuple[str, Sequence[HostEntry]]] = (),
     tool_paths: Sequence[str] = (),
+    command_is_pid_1: bool = False,
 ) -> list[str]:
     """The full command line: sandbox set-up, then `--` and the container's argv.
+
+    `command_is_pid_1`: the command is PID 1 of its namespace (a container without the pod's
+    `shareProcessNamespace`), else bwrap's init is.
 
     `expand` lists host directories re-created as a tmpfs holding their entries (see
     `spec.resolve_on_host`), so mount points can be made inside them; they end read-only too.
@@ -139,6 +147,8 @@ def bwrap_argv(
     for directory, _entries in reversed(expand):
         out += ["--remount-ro", directory]
     out += ["--remount-ro", "/", "--unshare-pid", "--die-with-parent", "--chdir", workdir]
+    if command_is_pid_1:
+        out += ["--as-pid-1"]
     if hostname:
         out += ["--unshare-uts", "--hostname", hostname]
     if status_fd is not None:

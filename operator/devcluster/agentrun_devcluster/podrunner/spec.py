@@ -483,6 +483,12 @@ def exit_reason(exit_code: int, oom: bool = False) -> str:
     return "Completed" if exit_code == 0 else "Error"
 
 
+def shares_process_namespace(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's containers share one PID namespace under a pause process, so that no
+    container's command is PID 1 (docs/local-dev.md#pod-runner-signals)."""
+    return bool((pod.get("spec") or {}).get("shareProcessNamespace"))
+
+
 def grace_seconds(pod: Mapping[str, Any]) -> float:
     """The deletion grace period: the one the deletion set, else the pod's, else 30 s."""
     meta = pod.get("metadata") or {}

@@ -147,6 +147,13 @@ def test_waiting_state_carries_reason_and_message() -> None:
 # ----------------------------------------------------------------------------------- bwrap argv
 
 
+def test_bwrap_makes_the_command_pid_1_on_request() -> None:
+    """A container of a pod without `shareProcessNamespace`: the command is PID 1 (no bwrap init)."""
+    argv = bwrap_argv("/usr/bin/bwrap", ["sleep", "9"], [], "/t", [], [], "/", command_is_pid_1=True)
+    assert "--as-pid-1" in argv and "--unshare-pid" in argv
+    assert argv.index("--as-pid-1") < argv.index("--")
+
+
 def test_bwrap_argv_layout() -> None:
     entries = [
         HostEntry("bin", "symlink", "usr/bin"),
@@ -181,6 +188,7 @@ def test_bwrap_argv_layout() -> None:
     assert text.index("/dev/termination-log") < text.index("--remount-ro /")
     assert "--bind /state/pod/tmp /tmp" in text
     assert "--unshare-pid" in argv and "--die-with-parent" in argv
+    assert "--as-pid-1" not in argv
     assert "--chdir /workspace" in text and "--json-status-fd 7" in text and "--hostname pod-a" in text
     assert argv[-4:] == ["--", "sh", "-c", "echo hi"]
     # a re-created host directory: a tmpfs with the host's entries, read-only again at the end

@@ -1,0 +1,144 @@
+"""A timed-out or cancelled attempt stops promptly (docs/design.md#grace-period): the timeout is
+recorded when the Job controller declares it, and an immediate cancel leaves no process of the
+iteration running a few seconds later -- whatever `main` does with SIGTERM, unless the run asked for
+a longer grace.
+
+Only the fixture's public methods are used (the runs' heartbeats are read from their claims), so the
+same tests hold on any node that runs the pods.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.polling import eventually
+
+DEADLINE = 10
+
+
+def test_timeout_without_retries_ends_failed_within_three_deadlines(local_default: LocalDefault) -> None:
+    """examples/timeout.yaml with `retries: 0`: its `main` is `exec sleep` (PID 1 of a container
+    of its own would ignore SIGTERM for the whole grace period)."""
+
+    def no_retry(text: str) -> str:
+        return (
+            text.replace("name: timeout\n", "name: timeout-bound\n")
+            .replace("retries: 1", "retries: 0")
+            .replace("timeout-workspace", "timeout-bound-workspace")
+        )
+
+    applied = time.monotonic()
+    text = local_default.apply_example("timeout.yaml", edit=no_retry)
+    assert f"timeoutSeconds: {DEADLINE}\n" in text
+    run = local_default.wait_for_end("timeout-bound", timeout=3 * DEADLINE + 60)
+    took = time.monotonic() - applied
+    print(f"timeout.yaml (retries 0, deadline {DEADLINE}s) ended after {took:.1f}s")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    assert took <= 3 * DEADLINE, f"the run took {took:.1f}s to fail"
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopIterationFailed"
+    message = step["loop"]["iterations"][0]["message"]
+    assert f"timed out after {DEADLINE}s (activeDeadlineSeconds)" in message, message
+
+
+BEATING = """
+i=0
+while true; do
+  i=$((i+1))
+  echo "$i" > /workspace/beat
+  sleep 0.2
+done
+"""
+
+
+def beating_run(local_default: LocalDefault, name: str, prelude: str = "", grace: int | None = None) -> None:
+    """A run whose `main` writes a heartbeat to its claim every 0.2 s until it is stopped."""
+    claim = f"{name}-workspace"
+    local_default.create_claim(claim)
+    step: dict[str, Any] = {"name": "beat", "loop": {"maxIterations": 2}}
+    if grace is not None:
+        step["terminationGracePeriodSeconds"] = grace
+    manifest = {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": {"type": "workflow"},
+            "workload": {
+                "image": "busybox:1.36",
+                "command": ["sh", "-c"],
+                "args": [prelude + BEATING],
+                "volumes": [
+                    {"name": "workspace", "type": "pvc", "claimName": claim, "mountPath": "/workspace"}
+                ],
+            },
+            "workflow": {"steps": [step]},
+        },
+    }
+    local_default.apply(json.dumps(manifest))
+
+
+class Heartbeat:
+    """The moments (test clock) the heartbeat file of a claim changed."""
+
+    def __init__(self, root: Path) -> None:
+        self.file = root / "beat"
+        self.last = ""
+        self.changed_at = 0.0
+
+    def poll(self, now: float) -> None:
+        try:
+            value = self.file.read_text().strip()
+        except OSError:
+            return
+        if value and value != self.last:
+            self.last, self.changed_at = value, now
+
+
+def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
+    local_default: LocalDefault,
+) -> None:
+    """Three runs beat on their claims, then are cancelled at once: `plain` is `sh -c` with a 9 s
+    grace (as PID 1 of its container, without the shared process namespace, it would ignore SIGTERM
+    and live those 9 s), `deaf` ignores SIGTERM (the default grace ends it), `patient` ignores it
+    and asked for a 9 s grace, which it gets."""
+    runs = {"plain": ("", 9), "deaf": ("trap '' TERM\n", None), "patient": ("trap '' TERM\n", 9)}
+    for name, (prelude, grace) in runs.items():
+        beating_run(local_default, f"stop-{name}", prelude, grace)
+    beats = {name: Heartbeat(local_default.claim_dir(f"stop-{name}-workspace")) for name in runs}
+
+    def all_beating() -> bool:
+        now = time.monotonic()
+        for beat in beats.values():
+            beat.poll(now)
+        return all(beat.last and int(beat.last) >= 5 for beat in beats.values())
+
+    eventually(all_beating, timeout=180, what="every run's heartbeat", every=0.1)
+    cancelled = time.monotonic()
+    for name in runs:
+        local_default.patch_run(f"stop-{name}", {"spec": {"cancel": "Immediate"}})
+
+    # Watch until no heartbeat has moved for 3 s (15 missed beats) and the patient one's grace is over.
+    while True:
+        now = time.monotonic()
+        for beat in beats.values():
+            beat.poll(now)
+        quiet = all(now - beat.changed_at >= 3 for beat in beats.values())
+        if quiet and now - cancelled >= 9 + 3:
+            break
+        assert now - cancelled < 120, {n: (b.last, b.changed_at - cancelled) for n, b in beats.items()}
+        time.sleep(0.05)
+    lived = {name: beat.changed_at - cancelled for name, beat in beats.items()}
+    print("last heartbeat after the cancel:", {name: f"{s:.1f}s" for name, s in lived.items()})
+    assert lived["plain"] <= 5, lived
+    assert lived["deaf"] <= 5, lived
+    # It was SIGKILLed only after its grace: it beat on past the others' bound, then stopped.
+    assert 5 < lived["patient"] <= 9 + 5, lived
+    for name in runs:
+        run = local_default.wait_for_end(f"stop-{name}")
+        assert run["status"]["phase"] == "Cancelled", run["status"]
+        assert [it["phase"] for it in step_status(run)["loop"]["iterations"]] == ["Cancelled"]
