@@ -14,7 +14,7 @@ from typing import Any
 
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.chaos.run import NODE_KINDS, Config, run
-from tests.e2e import test_control_file, test_examples, test_helm_install, test_operating
+from tests.e2e import test_control_file, test_examples, test_helm_install, test_operating, test_stopping
 
 OVERRIDDEN = ("local_default", "release")
 """The fixtures this tier provides itself (tests/node/conftest.py)."""
@@ -41,7 +41,9 @@ def take_over(modules: tuple[ModuleType, ...], into: dict[str, Any]) -> list[str
     return taken
 
 
-TAKEN = take_over((test_examples, test_control_file, test_operating, test_helm_install), globals())
+TAKEN = take_over(
+    (test_examples, test_control_file, test_stopping, test_operating, test_helm_install), globals()
+)
 
 
 def test_runs_survive_one_fault_of_each_kind_on_the_real_node(real_node: ControlPlane) -> None:
