@@ -10,6 +10,7 @@ controller-manager to volumes the runner's local provisioner creates (directorie
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,17 @@ class LocalDefault:
     namespace: str = NAMESPACE
     metrics_port: int = 0  # the operator's --metrics-port
     ended: dict[str, str] = field(default_factory=dict)  # uid -> terminal phase, of runs waited for
+    sleep_offset: int = 0
+    """Added to the examples' marker sleeps (`sleep 7777`), which tests find among the host's
+    processes: the pod runner's and the real node's tiers run at once on one host."""
+
+    def own_sleep(self, seconds: str) -> str:
+        """This fixture's version of an example's marker sleep, e.g. "7777" -> "7877"."""
+        return str(int(seconds) + self.sleep_offset)
+
+    def own_sleeps(self, text: str) -> str:
+        """An example's text with its marker sleeps (`sleep 77xx`) made this fixture's own."""
+        return re.sub(r"\bsleep (77\d\d)\b", lambda m: f"sleep {self.own_sleep(m.group(1))}", text)
 
     def metrics(self) -> Samples:
         """Everything the operator's `/metrics` serves right now."""
@@ -170,6 +182,7 @@ def start_local_default(
     runtime: str = "process",
     operator_env: dict[str, str] | None = None,
     host: NodeHost | None = None,
+    sleep_offset: int = 0,
 ) -> Iterator[LocalDefault]:
     """A namespace, a pod runner (`runtime`) and an operator watching only it; torn down at the end."""
     if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
@@ -205,7 +218,7 @@ def start_local_default(
     )
     try:
         operator.start()
-        yield LocalDefault(plane, runner, operator, namespace, metrics_port)
+        yield LocalDefault(plane, runner, operator, namespace, metrics_port, sleep_offset=sleep_offset)
     finally:
         # Runs end here, so no later operator (the integration tier's is cluster-wide) picks them up.
         plane.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false", check=False)

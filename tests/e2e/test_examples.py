@@ -74,12 +74,13 @@ def test_retries_with_a_command_that_fails_once(local_default: LocalDefault) -> 
 
 
 def test_timeout_kills_the_sleeping_process_and_the_retry_succeeds(local_default: LocalDefault) -> None:
-    local_default.apply_example("timeout.yaml")
-    eventually(lambda: processes_with("sleep", "7777"), what="attempt 1's sleep to run", timeout=120)
+    sleep = local_default.own_sleep("7777")
+    local_default.apply_example("timeout.yaml", edit=local_default.own_sleeps)
+    eventually(lambda: processes_with("sleep", sleep), what="attempt 1's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout")
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Succeeded", 2)]
-    assert not processes_with("sleep", "7777"), "the timed-out attempt's process is still running"
+    assert not processes_with("sleep", sleep), "the timed-out attempt's process is still running"
     lines = (local_default.claim_dir("timeout-workspace") / "attempts.log").read_text().splitlines()
     assert lines == ["attempt 1 sleeping", "attempt 2 done"]
 
@@ -90,31 +91,33 @@ def test_timeout_without_retries_fails_the_iteration(local_default: LocalDefault
             text.replace("name: timeout\n", "name: timeout-no-retry\n")
             .replace("retries: 1", "retries: 0")
             .replace("timeout-workspace", "timeout-no-retry-workspace")
-            .replace("sleep 7777", "sleep 7779")
+            .replace("sleep 7777", f"sleep {sleep}")
         )
 
+    sleep = local_default.own_sleep("7779")
     local_default.apply_example("timeout.yaml", edit=no_retry)
-    eventually(lambda: processes_with("sleep", "7779"), what="the attempt's sleep to run", timeout=120)
+    eventually(lambda: processes_with("sleep", sleep), what="the attempt's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout-no-retry")
     assert run["status"]["phase"] == "Failed", run["status"]
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopIterationFailed"
     assert [(it["phase"], it["attempts"]) for it in iterations(run)] == [("Failed", 1)]
-    eventually(lambda: not processes_with("sleep", "7779"), timeout=60, what="the sleep to be killed")
+    eventually(lambda: not processes_with("sleep", sleep), timeout=60, what="the sleep to be killed")
     lines = (local_default.claim_dir("timeout-no-retry-workspace") / "attempts.log").read_text().splitlines()
     assert lines == ["attempt 1 sleeping"]
 
 
 def test_immediate_cancel(local_default: LocalDefault) -> None:
-    local_default.apply_example("cancel-immediate.yaml")
-    eventually(lambda: processes_with("sleep", "7778"), what="iteration 1's sleep to run", timeout=120)
+    sleep = local_default.own_sleep("7778")
+    local_default.apply_example("cancel-immediate.yaml", edit=local_default.own_sleeps)
+    eventually(lambda: processes_with("sleep", sleep), what="iteration 1's sleep to run", timeout=120)
     local_default.patch_run("cancel-immediate", {"spec": {"cancel": "Immediate"}})
     run = local_default.wait_for_end("cancel-immediate")
     assert run["status"]["phase"] == "Cancelled", run["status"]
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopCancelled"
     assert [it["phase"] for it in iterations(run)] == ["Cancelled"]
-    eventually(lambda: not processes_with("sleep", "7778"), timeout=60, what="the sleep to be killed")
+    eventually(lambda: not processes_with("sleep", sleep), timeout=60, what="the sleep to be killed")
     started = (local_default.claim_dir("cancel-immediate-workspace") / "started.log").read_text()
     assert len(started.splitlines()) == 1
 

@@ -69,7 +69,7 @@ def local_default(
     real_node: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalDefault]:
     """The e2e tier's `local_default`, with the real node running the pods."""
-    yield from start_local_default(real_node, tmp_path_factory, host=NodeHost(real_node))
+    yield from start_local_default(real_node, tmp_path_factory, host=NodeHost(real_node), sleep_offset=100)
 
 
 @pytest.fixture(scope="module")
