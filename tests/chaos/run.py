@@ -38,6 +38,7 @@ from pathlib import Path
 
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.provisioner import local_path
 
 KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
 NAMESPACE = "default"
@@ -315,7 +316,8 @@ class LocalDefault:
         code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
         if code != 200:
             return None
-        return Path(json.loads(body)["spec"]["hostPath"]["path"])
+        path = local_path(json.loads(body))
+        return Path(path) if path else None
 
     def claim_log(self, name: str) -> str:
         claim = self.claim_dir(name)

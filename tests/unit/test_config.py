@@ -28,6 +28,7 @@ def test_defaults_without_any_variable() -> None:
     assert config.job_ttl_seconds_after_recorded == 300
     assert config.resync_seconds == 30.0
     assert config.reference_grace_seconds == 30.0
+    assert config.pod_fs_group == 10001
 
 
 def test_every_documented_variable_is_read() -> None:
@@ -42,6 +43,7 @@ def test_every_documented_variable_is_read() -> None:
             "AGENTS_CONTROLLER_JOB_TTL_SECONDS": "0",
             "AGENTS_CONTROLLER_RESYNC_SECONDS": "5",
             "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "0",
+            "AGENTS_CONTROLLER_POD_FS_GROUP": "4242",
         }
     )
     assert config == OperatorConfig(
@@ -54,7 +56,13 @@ def test_every_documented_variable_is_read() -> None:
         job_ttl_seconds_after_recorded=0,
         resync_seconds=5.0,
         reference_grace_seconds=0.0,
+        pod_fs_group=4242,
     )
+
+
+def test_pod_fs_group_zero_means_none() -> None:
+    """docs/operations.md#claim-storage: where a policy fixes the groups, the operator sets none."""
+    assert OperatorConfig.from_env({"AGENTS_CONTROLLER_POD_FS_GROUP": "0"}).pod_fs_group is None
 
 
 @pytest.mark.parametrize(
@@ -69,6 +77,7 @@ def test_every_documented_variable_is_read() -> None:
         ("CONTROLLER_JOB_TTL_SECONDS", "60", "job_ttl_seconds_after_recorded", 60),
         ("CONTROLLER_RESYNC_SECONDS", "11", "resync_seconds", 11.0),
         ("CONTROLLER_REFERENCE_GRACE_SECONDS", "5", "reference_grace_seconds", 5.0),
+        ("CONTROLLER_POD_FS_GROUP", "2000", "pod_fs_group", 2000),
     ],
 )
 def test_jangar_alias_of_every_variable(name: str, value: str, attribute: str, expected: object) -> None:
@@ -138,6 +147,7 @@ def test_false_spellings(value: str) -> None:
         ("AGENTS_CONTROLLER_RESYNC_SECONDS", "3601", "expected an integer in 1..3600"),
         ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "-1", "expected an integer in 0..3600"),
         ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "2.5", "expected an integer in 0..3600"),
+        ("AGENTS_CONTROLLER_POD_FS_GROUP", "-1", "expected an integer in 0..2147483647"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(key: str, value: str, expected: str) -> None:
