@@ -68,9 +68,17 @@ def _cmd_dev(args: argparse.Namespace) -> int:
                 runtime=args.runtime,
             )
         if args.dev_command == "provisioner":
-            from agentrun_devcluster.node.provisioner_service import run_provisioner
+            import logging
 
-            return run_provisioner(Path(args.kubeconfig), Path(args.state_dir), args.node)
+            from agentrun_devcluster.provisioner import run_provisioner
+
+            logging.basicConfig(
+                level=logging.INFO,
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                stream=sys.stderr,
+            )
+            run_provisioner(Path(args.kubeconfig), Path(args.state_dir), args.node)
+            return 0
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
             return 0

@@ -20,6 +20,11 @@ DEFAULT_REFERENCE_GRACE_SECONDS = 30
 """How long a run waits for a missing Agent/AgentProvider/ImplementationSpec/PVC after its creation
 (people apply a directory of manifests in any order) before it fails `InvalidSpec`."""
 
+DEFAULT_POD_FS_GROUP = 10001
+"""The `fsGroup` of iteration pods that mount a PVC (the helper image's group): the kubelet makes the
+volume group-writable for it, so the Job claim works on root-owned `0755` volumes
+(docs/design.md#claim-storage)."""
+
 
 DEFAULT_TERMINATION_GRACE_SECONDS = 3
 """terminationGracePeriodSeconds of iteration pods whose step sets none (docs/design.md#grace-period):
@@ -46,6 +51,8 @@ class OperatorConfig:
     status_budget_bytes: int = 256 * 1024
     reference_grace_seconds: float = float(DEFAULT_REFERENCE_GRACE_SECONDS)
     termination_grace_seconds: int = DEFAULT_TERMINATION_GRACE_SECONDS
+    pod_fs_group: int | None = DEFAULT_POD_FS_GROUP
+    """None: iteration pods get no `fsGroup` (`AGENTS_CONTROLLER_POD_FS_GROUP=0`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -87,6 +94,7 @@ class OperatorConfig:
             return default if found is None else found[1]
 
         namespaces = text("CONTROLLER_NAMESPACES", "")
+        fs_group = integer("CONTROLLER_POD_FS_GROUP", DEFAULT_POD_FS_GROUP, 0, 2**31 - 1)
         return cls(
             loops_enabled=boolean("CONTROLLER_WORKFLOW_LOOPS_ENABLED", False),
             loop_max_iterations=integer("CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS", 20, 1, 1000),
@@ -103,4 +111,5 @@ class OperatorConfig:
             termination_grace_seconds=integer(
                 "CONTROLLER_TERMINATION_GRACE_SECONDS", DEFAULT_TERMINATION_GRACE_SECONDS, 0, 3600
             ),
+            pod_fs_group=fs_group or None,
         )

@@ -17,6 +17,10 @@ a longer `--iteration-seconds` keeps runs in flight longer):
 - kubelet-restart:   on the real node (`--runtime kubelet`, instead of runner-restart): SIGKILL the
                      kubelet, then `agentrun dev up` (its containers keep running)
 
+`--control-off-volume` mounts each run's PVC at `/w` instead of `/workspace`, so the control path
+(the default, under `/workspace`) lies on no volume: the Job claim is then taken on the PVC all the
+same (docs/concepts.md#exactly-once), and `apiserver-restart` shows whether any `main` runs twice.
+
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
 and done exactly once. The report gives the faults injected per kind and the counts of wrong
 terminal states, repeated and lost iterations; the exit code is 0 only when all three are 0.
@@ -76,17 +80,17 @@ spec:
     args:
       - |
         set -eu
-        echo "start $AGENTRUN_ITERATION" >> /workspace/chaos.log
+        echo "start $AGENTRUN_ITERATION" >> {mount}/chaos.log
         if [ "$AGENTRUN_ITERATION" = {hold_iteration} ] && [ "{hold}" = yes ]; then
-          while [ ! -e /workspace/release ]; do sleep 0.5; done
+          while [ ! -e {mount}/release ]; do sleep 0.5; done
         fi
         sleep {sleep}
-        echo "done $AGENTRUN_ITERATION" >> /workspace/chaos.log
+        echo "done $AGENTRUN_ITERATION" >> {mount}/chaos.log
     volumes:
       - name: workspace
         type: pvc
         claimName: {name}-workspace
-        mountPath: /workspace
+        mountPath: {mount}
   workflow:
     steps:
       - name: loop
@@ -115,6 +119,8 @@ class Config:
     """Hold every run in iteration `hold_iteration` (a running container) until every fault is in:
     each fault meets runs in flight, however fast or slow the machine (the size `make test` runs
     holds them in iteration 1, so each fault meets running containers)."""
+    control_off_volume: bool = False
+    """Mount the PVC at /w, so the control path (/workspace/...) lies on no volume."""
     hold_iteration: int = 1
     """1: faults start once every run's first iteration runs. The last iteration: the iterations
     before it run (pods created, bound, ended, the next one planned) while faults go in, and the
@@ -136,6 +142,8 @@ class Report:
     """Duplicate pods of a Job (the Job controller's) that waited at the Job claim, never running main."""
     failed_recoveries: int = 0
     """Recovery commands (`dev up`, `dev restart`) that failed and were run again."""
+    job_claims: int = 0
+    """Job claims found on the runs' PVCs (one per attempt's Job that ran: docs/concepts.md#exactly-once)."""
     error: str = ""
     """Why the suite stopped early (the local default did not come back), empty when it did not."""
 
@@ -164,7 +172,8 @@ class Report:
             f"lost iterations: {sum(len(v) for v in self.lost.values())}  "
             f"pods adopted by a restarted runner: {self.adopted}  "
             f"duplicate pods held at the Job claim: {self.duplicates_held}  "
-            f"recoveries run again: {self.failed_recoveries}",
+            f"recoveries run again: {self.failed_recoveries}  "
+            f"Job claims on the PVCs: {self.job_claims}",
         ]
         if self.error:
             lines.append(f"STOPPED EARLY: {self.error}")
@@ -325,8 +334,15 @@ class LocalDefault:
         if not volume:
             return None
         code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
-        path = local_path(json.loads(body)) if code == 200 else None
+        if code != 200:
+            return None
+        path = local_path(json.loads(body))
         return Path(path) if path else None
+
+    def job_claims(self, name: str) -> int:
+        claim = self.claim_dir(name)
+        claims = claim / ".agentrun-claims" if claim is not None else None
+        return len(list(claims.iterdir())) if claims is not None and claims.is_dir() else 0
 
     def claim_log(self, name: str) -> str:
         claim = self.claim_dir(name)
@@ -368,6 +384,7 @@ def run(
                 iterations=config.iterations,
                 hold="yes" if config.hold else "no",
                 hold_iteration=config.hold_iteration,
+                mount="/w" if config.control_off_volume else "/workspace",
             )
             for n in names
         )
@@ -402,6 +419,7 @@ def run(
             repeated, lost = iteration_counts(env.claim_log(name), config.iterations)
             report.repeated[name] = repeated
             report.lost[name] = lost
+            report.job_claims += env.job_claims(name)
         runner_log = home / "logs" / "pod-runner.log"
         if runner_log.exists():
             report.adopted = runner_log.read_text(errors="replace").count("from an earlier runner process")
@@ -451,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the iteration --hold holds runs in (1: faults start once all run; the last: the "
         "iterations before it run while faults go in)",
     )
+    parser.add_argument(
+        "--control-off-volume",
+        action="store_true",
+        help="mount each run's PVC at /w: the control path lies on no volume (the claim is on the PVC)",
+    )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
@@ -474,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         hold=args.hold,
         hold_iteration=args.hold_iteration,
+        control_off_volume=args.control_off_volume,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)

@@ -156,6 +156,7 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
             "loops": {"enabled": True, "maxIterations": 100, "statusHistoryLimit": 7},
             "jobTTLSecondsAfterRecorded": 42,
             "referenceGraceSeconds": 7,
+            "podFsGroup": 0,
             "runner": {"image": "busybox:1.36"},
             "image": {"repository": "example.com/op", "tag": "1.2.3"},
             "replicas": 2,
@@ -172,6 +173,7 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     assert env["AGENTS_CONTROLLER_NAMESPACES"] == ",".join(WATCHED)
     assert env["AGENTS_CONTROLLER_JOB_TTL_SECONDS"] == "42"
     assert env["AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS"] == "7"
+    assert env["AGENTS_CONTROLLER_POD_FS_GROUP"] == "0"
     assert env["AGENTS_AGENT_RUNNER_IMAGE"] == "busybox:1.36"
     assert env["AGENTS_REPORTER_IMAGE"] == "example.com/op:1.2.3" == container["image"]
     assert container["args"][0] == "operator"

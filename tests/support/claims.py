@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.provisioner import local_path
 from tests.support.polling import eventually
 
 
@@ -82,7 +83,7 @@ def bound_claim_dir(plane: ControlPlane, state_dir: Path, namespace: str, claim:
     volume = eventually(bound_volume, timeout=60, what=f"claim {namespace}/{claim} to be bound", every=0.2)
     code, body = plane.api_get(f"/api/v1/persistentvolumes/{volume}")
     assert code == 200, (code, body[:300])
-    path = Path(json.loads(body)["spec"]["hostPath"]["path"])
+    path = Path(str(local_path(json.loads(body))))
     assert state_dir in path.parents, f"{path} is not under the runner's state {state_dir}"
     return path
 

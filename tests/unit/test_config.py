@@ -29,6 +29,7 @@ def test_defaults_without_any_variable() -> None:
     assert config.resync_seconds == 30.0
     assert config.reference_grace_seconds == 30.0
     assert config.termination_grace_seconds == 3
+    assert config.pod_fs_group == 10001
 
 
 def test_every_documented_variable_is_read() -> None:
@@ -44,6 +45,7 @@ def test_every_documented_variable_is_read() -> None:
             "AGENTS_CONTROLLER_RESYNC_SECONDS": "5",
             "AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS": "0",
             "AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS": "45",
+            "AGENTS_CONTROLLER_POD_FS_GROUP": "4242",
         }
     )
     assert config == OperatorConfig(
@@ -57,7 +59,13 @@ def test_every_documented_variable_is_read() -> None:
         resync_seconds=5.0,
         reference_grace_seconds=0.0,
         termination_grace_seconds=45,
+        pod_fs_group=4242,
     )
+
+
+def test_pod_fs_group_zero_means_none() -> None:
+    """docs/operations.md#claim-storage: where a policy fixes the groups, the operator sets none."""
+    assert OperatorConfig.from_env({"AGENTS_CONTROLLER_POD_FS_GROUP": "0"}).pod_fs_group is None
 
 
 @pytest.mark.parametrize(
@@ -73,6 +81,7 @@ def test_every_documented_variable_is_read() -> None:
         ("CONTROLLER_RESYNC_SECONDS", "11", "resync_seconds", 11.0),
         ("CONTROLLER_REFERENCE_GRACE_SECONDS", "5", "reference_grace_seconds", 5.0),
         ("CONTROLLER_TERMINATION_GRACE_SECONDS", "0", "termination_grace_seconds", 0),
+        ("CONTROLLER_POD_FS_GROUP", "2000", "pod_fs_group", 2000),
     ],
 )
 def test_jangar_alias_of_every_variable(name: str, value: str, attribute: str, expected: object) -> None:
@@ -144,6 +153,7 @@ def test_false_spellings(value: str) -> None:
         ("AGENTS_CONTROLLER_REFERENCE_GRACE_SECONDS", "2.5", "expected an integer in 0..3600"),
         ("AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS", "3601", "expected an integer in 0..3600"),
         ("AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS", "-1", "expected an integer in 0..3600"),
+        ("AGENTS_CONTROLLER_POD_FS_GROUP", "-1", "expected an integer in 0..2147483647"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(key: str, value: str, expected: str) -> None:

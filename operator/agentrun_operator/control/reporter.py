@@ -160,8 +160,13 @@ def _wait_for_file(path: str, timeout: float) -> bool:
     return True
 
 
-def claim_or_wait(claim_dir: str, job_uid: str, pod_uid: str) -> None:
-    """Claim the Job for this pod; a pod that finds it claimed by another never returns (see `claim`)."""
+def claim_or_wait(
+    claim_dir: str, job_uid: str, pod_uid: str, volume: str = "", termination_log: str | None = None
+) -> None:
+    """Claim the Job for this pod; a pod that finds it claimed by another never returns (see `claim`).
+
+    The outcome goes to `termination_log` too (the operator turns an unavailable claim into a Warning
+    Event and a condition naming `volume`, docs/concepts.md#exactly-once)."""
     from agentrun_operator.control import claim
 
     taken = claim.claim_job(claim_dir, job_uid, pod_uid)
@@ -171,14 +176,22 @@ def claim_or_wait(claim_dir: str, job_uid: str, pod_uid: str) -> None:
     elif taken.outcome == "ours":
         _log(f"Job {job_uid} was already claimed for this pod")
     elif taken.outcome == "unavailable":
-        _log(f"no claim of Job {job_uid}: {taken.detail}; going on (a duplicate pod would run main too)")
-    else:
-        _log(
-            f"Job {job_uid} already runs in pod {taken.detail}: this pod is a duplicate the Job controller "
-            "created; waiting, without running main, until it deletes this pod"
-        )
-        while True:  # SIGTERM (the pod's deletion) ends the process
-            time.sleep(3600)
+        on = f" on volume {volume!r}" if volume else ""
+        _log(f"no claim of Job {job_uid}{on}: {taken.detail}; going on (a duplicate pod would run main too)")
+    if taken.outcome != "taken":
+        if termination_log:
+            try:
+                with open(termination_log, "w", encoding="utf-8") as handle:
+                    handle.write(claim.report_text(taken, volume, claim_dir))
+            except OSError as exc:
+                _log(f"cannot write the claim's outcome to {termination_log}: {exc}")
+        return
+    _log(
+        f"Job {job_uid} already runs in pod {taken.detail}: this pod is a duplicate the Job controller "
+        "created; waiting, without running main, until it deletes this pod"
+    )
+    while True:  # SIGTERM (the pod's deletion) ends the process
+        time.sleep(3600)
 
 
 def cmd_fingerprint(
@@ -189,13 +202,15 @@ def cmd_fingerprint(
     claim_dir: str | None = None,
     job_uid: str = "",
     pod_uid: str = "",
+    claim_volume: str = "",
+    termination_log: str | None = None,
 ) -> int:
     """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
     exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead)."""
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
     if claim_dir:
-        claim_or_wait(claim_dir, job_uid, pod_uid)
+        claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, termination_log)
     try:
         doc = fingerprint_of(path, observe(path))
     except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
@@ -374,6 +389,12 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     )
     fp.add_argument("--job-uid", default="", help="the Job's uid (the pod's controller-uid label)")
     fp.add_argument("--pod-uid", default="", help="this pod's uid")
+    fp.add_argument("--claim-volume", default="", help="the pod volume's name of --claim-dir (for reports)")
+    fp.add_argument(
+        "--termination-log",
+        metavar="FILE",
+        help="write the claim's outcome (JSON) here: the container's terminationMessagePath",
+    )
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
     rep.add_argument("--path", required=True, help="the control file (absolute path)")
@@ -403,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.claim_dir,
             args.job_uid,
             args.pod_uid,
+            args.claim_volume,
+            args.termination_log,
         )
     return cmd_report(
         args.path, args.fingerprint, args.termination_log, args.wait_for_signal, args.ready_file

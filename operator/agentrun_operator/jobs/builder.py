@@ -20,10 +20,13 @@ Pod layout (why it looks like this):
 - `main` — the agent (or user) container.
 
 Both helper containers mount the volume that holds the control path at the same mount path (the
-operator never mounts the PVC itself): the reporter read-only; `fingerprint` writable, as `main`
-mounts it, for the Job's claim in `.agentrun-claims/`, the only thing it writes there (read-only
-and no claim when `main` mounts it read-only). When the path lies on no volume an `emptyDir` is
-added.
+operator never mounts the PVC itself): the reporter read-only; `fingerprint` as `main` does. The
+Job's claim (`.agentrun-claims/`, the only thing `fingerprint` writes on a volume) is taken on a PVC
+(`claim_volume`): the control file's when `main` writes it, else `main`'s first read-write PVC, else
+its first PVC (read-only: the claim fails and the run says so); a pod without a PVC shares no state
+and takes none. `fingerprint` mounts that volume as `main` does. When the control path lies on no
+volume an `emptyDir` is added. A pod with a PVC gets `fsGroup` (`pod_security_context`), so the
+kubelet makes a root-owned volume writable for the helper's uid (docs/design.md#claim-storage).
 """
 
 from __future__ import annotations
@@ -298,36 +301,55 @@ class _PodVolumes:
     main_mounts: list[dict[str, Any]]
     reporter_mounts: list[dict[str, Any]]
     fingerprint_mounts: list[dict[str, Any]]
-    claim_dir: str | None
-    """Where `fingerprint` claims the Job: `.agentrun-claims/` on the volume holding the control file.
-    None when that volume is not shared between pods (the fallback emptyDir) or `main` mounts it
-    read-only."""
+    claim_volume: WorkloadVolume | None
+    """The PVC `fingerprint` claims the Job on (`claim_volume`); None: the pod has no PVC."""
+
+    @property
+    def claim_dir(self) -> str | None:
+        """`.agentrun-claims/` at the root of the claim volume's mount."""
+        if self.claim_volume is None:
+            return None
+        return posixpath.join(self.claim_volume.mount_path, CLAIMS_DIR)
+
+
+def claim_volume(volumes: Iterable[WorkloadVolume], holder: WorkloadVolume | None) -> WorkloadVolume | None:
+    """The PVC the Job's claim is taken on (docs/concepts.md#exactly-once).
+
+    The control file's volume when it is a PVC `main` writes (where claims always were); else the first
+    PVC `main` mounts read-write (the shared state a duplicate pod would write too); else the first
+    PVC at all, read-only, so the claim fails and the run says so. None without a PVC: an `emptyDir`
+    is the pod's own, nothing is shared for a duplicate to write twice."""
+    pvcs = [v for v in volumes if v.type == "pvc"]
+    if holder is not None and holder.type == "pvc" and not holder.read_only:
+        return holder
+    writable = [v for v in pvcs if not v.read_only]
+    return next(iter(writable or pvcs), None)
 
 
 def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
     """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path.
 
-    The reporter sees the control file's volume read-only; `fingerprint` sees it writable (as `main`
-    does) for the Job's claim, and writes nothing else (control/claim.py)."""
+    The reporter sees the control file's volume read-only; `fingerprint` sees it, and the claim
+    volume, as `main` does, for the Job's claim, and writes nothing else (control/claim.py)."""
     user = list(workload.volumes or [])
     volumes = [_pod_volume(v) for v in user]
     main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
     meta = _mount(META_VOLUME, META_MOUNT, False)
     holder = volume_holding(path, user)
-    claim_dir: str | None = None
     if holder is not None:
         reporter_mounts = [meta, _mount(holder.name, holder.mount_path, True)]
         fingerprint_mounts = [meta, _mount(holder.name, holder.mount_path, bool(holder.read_only))]
-        if not holder.read_only:
-            claim_dir = posixpath.join(holder.mount_path, CLAIMS_DIR)
     else:
         directory = posixpath.dirname(path) or "/"
         volumes.append({"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}})
         main_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, False))
         reporter_mounts = [meta, _mount(CONTROL_FALLBACK_VOLUME, directory, True)]
         fingerprint_mounts = list(reporter_mounts)
+    claim = claim_volume(user, holder)
+    if claim is not None and claim is not holder:
+        fingerprint_mounts.insert(1, _mount(claim.name, claim.mount_path, bool(claim.read_only)))
     volumes.append({"name": META_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
-    return _PodVolumes(volumes, main_mounts, reporter_mounts, fingerprint_mounts, claim_dir)
+    return _PodVolumes(volumes, main_mounts, reporter_mounts, fingerprint_mounts, claim)
 
 
 # ----------------------------------------------------------------------------------- containers
@@ -360,16 +382,24 @@ def reporter_container(path: str, mounts: list[dict[str, Any]], config: Operator
 
 
 def fingerprint_container(
-    path: str, mounts: list[dict[str, Any]], config: OperatorConfig, claim_dir: str | None = None
+    path: str,
+    mounts: list[dict[str, Any]],
+    config: OperatorConfig,
+    claim_dir: str | None = None,
+    claim_volume: str = "",
 ) -> dict[str, Any]:
     """The init container that claims the Job for its pod (with `claim_dir`, docs/concepts.md#exactly-once)
-    and records the control file before `main` starts (stale detection)."""
+    and records the control file before `main` starts (stale detection). The claim's outcome is its
+    termination message, which the operator reads (`control.claim.read_report`)."""
     args = ["--path", path, "--out", FINGERPRINT_FILE, "--reporter-ready", REPORTER_READY_FILE]
     if claim_dir is None:
         return _helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config)
     args += ["--claim-dir", claim_dir, "--job-uid", "$(AGENTRUN_JOB_UID)", "--pod-uid", "$(AGENTRUN_POD_UID)"]
+    args += ["--claim-volume", claim_volume, "--termination-log", TERMINATION_LOG]
     return {
         **_helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
         "env": [
             {"name": "AGENTRUN_JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID_FIELD}}},
             {"name": "AGENTRUN_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
@@ -460,13 +490,22 @@ def _pod_spec(
         "terminationGracePeriodSeconds": step_grace_seconds(step, config),
         "initContainers": [
             reporter_container(path, volumes.reporter_mounts, config),
-            fingerprint_container(path, volumes.fingerprint_mounts, config, volumes.claim_dir),
+            fingerprint_container(
+                path,
+                volumes.fingerprint_mounts,
+                config,
+                volumes.claim_dir,
+                volumes.claim_volume.name if volumes.claim_volume is not None else "",
+            ),
         ],
         "containers": [
             main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
         ],
         "volumes": volumes.volumes,
     }
+    security = pod_security_context(volumes.claim_volume, config)
+    if security is not None:
+        pod["securityContext"] = security
     if workload.service_account_name:
         pod["serviceAccountName"] = workload.service_account_name
     else:
@@ -476,6 +515,16 @@ def _pod_spec(
     if workload.tolerations:
         pod["tolerations"] = [t.to_dict() for t in workload.tolerations]
     return pod
+
+
+def pod_security_context(claim: WorkloadVolume | None, config: OperatorConfig) -> dict[str, Any] | None:
+    """`fsGroup` (`AGENTS_CONTROLLER_POD_FS_GROUP`) for a pod with a PVC, so the kubelet makes the volume
+    group-writable (setgid) for the helper's uid and the Job's claim works on a root-owned `0755`
+    volume; `OnRootMismatch` walks the volume only when its root is not set up yet
+    (docs/design.md#claim-storage). None without a PVC, or with the setting 0."""
+    if claim is None or config.pod_fs_group is None:
+        return None
+    return {"fsGroup": config.pod_fs_group, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 def build_iteration_job(

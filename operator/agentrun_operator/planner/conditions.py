@@ -13,6 +13,8 @@ observedGeneration, lastTransitionTime that moves only when the status changes) 
 - `InvalidSpec`, `Duplicate` are set by admission when they apply and kept as they are here.
 - `StatusSizeWarning` True while the serialized status is over 80 % of the status budget; it goes
                False (not away) once the status is back under, so the history of the warning stays.
+- `JobClaimUnavailable` True once a pod of the run could not claim its Job (planner/claims.py, which
+               runs right after `conclude`).
 
 The planner calls `derive` once at the end of every plan, so every code path that changes the
 phase gets the same conditions, and a re-plan of the same status changes nothing.

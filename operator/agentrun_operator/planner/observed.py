@@ -53,6 +53,8 @@ class ObservedPod:
     deleting: bool = False
     # The reporter sidecar's termination message (the control envelope JSON), once it has ended.
     reporter_message: str | None = None
+    # The fingerprint init container's termination message: how its Job claim went (control/claim.py).
+    claim_message: str | None = None
     main_exit_code: int | None = None
     main_reason: str | None = None  # e.g. OOMKilled, Error, ContainerCannotRun
     main_message: str | None = None
@@ -67,8 +69,12 @@ class ObservedPod:
 
     def plan_relevant(self) -> ObservedPod:
         """What of this pod can change a plan: Pending and Running are alike to every rule (only
-        how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them."""
-        return replace(self, phase="Running") if self.phase == "Pending" else self
+        how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them.
+        The claim's outcome (known once `fingerprint` ends, before `main` starts) is read when the
+        pod ends: it only adds a warning (planner/claims.py), so it re-plans nothing on its own."""
+        if self.terminal:
+            return self
+        return replace(self, phase="Running" if self.phase == "Pending" else self.phase, claim_message=None)
 
     def arrival_can_change_a_plan(self, others: tuple[ObservedPod, ...]) -> bool:
         """Whether a plan made before this pod was seen (beside `others`, the run's other pods) may

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 
 from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.planner import conditions
+from agentrun_operator.planner import claims, conditions
 from agentrun_operator.planner.admission import admit
 from agentrun_operator.planner.compaction import compact, compact_history, fit_to_budget
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
@@ -68,6 +68,7 @@ def plan(run: AgentRun, observed: Observed, now: datetime, config: OperatorConfi
     if fit_to_budget(ctx.status, ctx.config.status_budget_bytes, bound):
         bound = None  # compacted: measured again
     conditions.conclude(ctx, bound)
+    claims.conclude(ctx)
     return ctx.result()
 
 

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
-from agentrun_operator.jobs.builder import MAIN_CONTAINER, REPORTER_CONTAINER
+from agentrun_operator.jobs.builder import FINGERPRINT_CONTAINER, MAIN_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
 from agentrun_operator.planner.resolution import effective_steps, effective_workload
 
@@ -104,7 +104,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
     if not job_name:
         return None
     status = pod.get("status") or {}
-    reporter_message = None
+    reporter_message = claim_message = None
     for cs in status.get("initContainerStatuses") or []:
         if cs.get("name") == REPORTER_CONTAINER:
             terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
@@ -112,6 +112,10 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             )
             if terminated:
                 reporter_message = terminated.get("message")
+        elif cs.get("name") == FINGERPRINT_CONTAINER:
+            terminated = (cs.get("state") or {}).get("terminated")
+            if terminated:
+                claim_message = terminated.get("message")
     exit_code = reason = message = None
     finished_at = None
     for cs in status.get("containerStatuses") or []:
@@ -128,6 +132,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         phase=str(status.get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
         reporter_message=reporter_message,
+        claim_message=claim_message,
         main_exit_code=exit_code,
         main_reason=reason,
         main_message=message,

@@ -2,20 +2,30 @@
 
 It works like an external provisioner on a real cluster. The kube-controller-manager's PV binder
 sees a claim of the class `agentrun-local` and annotates it with our provisioner's name; we create a
-PersistentVolume for it (a `hostPath` directory `<state>/pv/<pv-name>/`, `claimRef` set to the
-claim); the binder binds the two. When the claim is deleted the binder marks the volume `Released`
-and, since the volume says it was provisioned by us, leaves its deletion to us: we remove the
-directory and the PersistentVolume (reclaim policy `Delete`).
+PersistentVolume for it (a `local` volume: the directory `<state>/pv/<pv-name>/` on one node,
+`claimRef` set to the claim); the binder binds the two. When the claim is deleted the binder marks
+the volume `Released` and, since the volume says it was provisioned by us, leaves its deletion to
+us: we remove the directory and the PersistentVolume (reclaim policy `Delete`).
+
+Volumes are made as a typical provisioner makes them: the directory owned by root, mode `0755` (not
+a permissive mode that would hide a container user's missing write access), and of kind `local`
+with a required node affinity on the node's `kubernetes.io/hostname` label, so a real kubelet mounts
+it and applies the pod's `fsGroup` to it (it does not to `hostPath` volumes); the local pod runner
+does the same (podrunner/ownership.py).
 
 The decisions are pure functions of listed objects (unit-tested); `LocalProvisioner` only lists,
-watches and applies them. It runs inside the local pod runner (the node owns its local disks).
+watches and applies them. It runs inside the local pod runner (the node owns its local disks), or on
+its own beside a real kubelet: `agentrun dev provisioner --kubeconfig K --state-dir D
+--node N` (`run_provisioner`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
+import signal
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,7 +43,10 @@ ANN_PROVISIONED_BY: Final = "pv.kubernetes.io/provisioned-by"
 ANN_DEFAULT_CLASS: Final = "storageclass.kubernetes.io/is-default-class"
 LABEL_CLAIM_NAMESPACE: Final = "agents.proompteng.ai/claim-namespace"
 LABEL_CLAIM_NAME: Final = "agents.proompteng.ai/claim-name"
+LABEL_HOSTNAME: Final = "kubernetes.io/hostname"
 RESYNC_SECONDS: Final = 10.0
+VOLUME_MODE: Final = 0o755
+"""What a typical provisioner gives: root's, writable by no one else (fsGroup opens it to a pod)."""
 
 
 def storage_class() -> dict[str, Any]:
@@ -83,12 +96,21 @@ def claims_to_provision(
     return wanted
 
 
-def volume_for(claim: Mapping[str, Any], root: Path) -> dict[str, Any]:
-    """The PersistentVolume that satisfies `claim`: its size, its access modes, pre-bound to it."""
+def node_hostname(node: Mapping[str, Any]) -> str:
+    """The value a `local` volume's node affinity must name: the Node's `kubernetes.io/hostname`
+    label (the kubelet sets it from the host name, which need not be the Node's name)."""
+    meta = node.get("metadata") or {}
+    return str((meta.get("labels") or {}).get(LABEL_HOSTNAME) or meta.get("name") or "")
+
+
+def volume_for(claim: Mapping[str, Any], root: Path, hostname: str) -> dict[str, Any]:
+    """The PersistentVolume that satisfies `claim`: its size, its access modes, pre-bound to it, a
+    `local` directory on the node whose `kubernetes.io/hostname` is `hostname`."""
     meta = claim["metadata"]
     spec = claim.get("spec") or {}
     name = volume_name(claim)
     size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+    on_host = {"key": LABEL_HOSTNAME, "operator": "In", "values": [hostname]}
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -110,9 +132,18 @@ def volume_for(claim: Mapping[str, Any], root: Path) -> dict[str, Any]:
                 "name": meta["name"],
                 "uid": meta["uid"],
             },
-            "hostPath": {"path": str(volume_dir(root, name)), "type": "DirectoryOrCreate"},
+            "local": {"path": str(volume_dir(root, name))},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_host]}]}},
         },
     }
+
+
+def make_volume_dir(directory: Path) -> None:
+    """The volume's directory as a typical provisioner leaves it: root's (when we are root), `0755`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(directory, 0, 0)
+    directory.chmod(VOLUME_MODE)
 
 
 def local_path(volume: Mapping[str, Any]) -> str | None:
@@ -150,11 +181,13 @@ def is_under(path: str | None, root: Path) -> bool:
 
 
 class LocalProvisioner:
-    """Creates and reclaims the directory volumes of claims in `namespaces` (all when empty)."""
+    """Creates and reclaims the directory volumes of claims in `namespaces` (all when empty), on the
+    node `node` (the Node's name; its volumes are `local` to it)."""
 
-    def __init__(self, api: Api, root: Path, namespaces: tuple[str, ...] = ()) -> None:
+    def __init__(self, api: Api, root: Path, node: str, namespaces: tuple[str, ...] = ()) -> None:
         self.api = api
         self.root = root
+        self.node = node
         self.namespaces = namespaces
         self.wake = threading.Event()
         self.healthy = False
@@ -183,11 +216,15 @@ class LocalProvisioner:
         """One level-triggered pass: provision what is wanted, reclaim what is released."""
         volumes = list(self.api.request("GET", "/api/v1/persistentvolumes").get("items") or [])
         names = [str(v["metadata"]["name"]) for v in volumes]
-        for claim in claims_to_provision(self._claims(), names):
-            manifest = volume_for(claim, self.root)
-            directory = Path(manifest["spec"]["hostPath"]["path"])
-            directory.mkdir(parents=True, exist_ok=True)
-            directory.chmod(0o777)  # as kind's local-path provisioner makes them: any container user writes
+        wanted = claims_to_provision(self._claims(), names)
+        node = self.api.get(f"/api/v1/nodes/{self.node}") if wanted else None
+        if wanted and node is None:
+            log.info("waiting for Node %s to register to provision %d claim(s)", self.node, len(wanted))
+            wanted = []
+        for claim in wanted:
+            manifest = volume_for(claim, self.root, node_hostname(node or {}))
+            directory = Path(manifest["spec"]["local"]["path"])
+            make_volume_dir(directory)
             try:
                 self.api.request("POST", "/api/v1/persistentvolumes", manifest)
             except ApiError as exc:
@@ -248,3 +285,30 @@ class LocalProvisioner:
 
     def stop(self) -> None:
         self.wake.set()  # the caller has set `stopping`; end the wait at once
+
+
+def run_provisioner(
+    kubeconfig: Path,
+    state_dir: Path,
+    node: str,
+    namespaces: tuple[str, ...] = (),
+    stopping: threading.Event | None = None,
+) -> None:
+    """The provisioner on its own (beside a real kubelet), until `stopping` (or SIGTERM/SIGINT when
+    none is given). Volumes go to `<state_dir>/pv/`, local to the Node `node`; the API client keeps
+    its decoded credentials in `<state_dir>/run/provisioner-client/`."""
+    from agentrun_devcluster.podrunner.api import Api
+
+    api = Api(kubeconfig, state_dir / "run" / "provisioner-client")
+    provisioner = LocalProvisioner(api, state_dir, node, namespaces)
+    if stopping is None:
+        stopping = threading.Event()
+
+        def on_signal(_signum: int, _frame: object) -> None:
+            stopping.set()
+            provisioner.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    log.info("provisioning claims of class %s on node %s under %s", STORAGE_CLASS, node, state_dir / "pv")
+    provisioner.run(stopping)

@@ -3,16 +3,30 @@ the pure file rule, and `agentrun reporter fingerprint --claim-dir` run for real
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun_operator.control.claim import PRUNE_AFTER_SECONDS, claim_job, prune_claims
+from agentrun_devcluster.podrunner.ownership import set_volume_ownership
+from agentrun_operator.control.claim import (
+    PRUNE_AFTER_SECONDS,
+    Claim,
+    Report,
+    claim_job,
+    prune_claims,
+    read_report,
+    report_text,
+)
 
 MODULE = "agentrun_operator.control.reporter"
 
@@ -95,3 +109,108 @@ def test_a_duplicate_pod_waits_in_fingerprint_and_never_lets_main_start(tmp_path
     finally:
         duplicate.terminate()  # the Job controller deletes the excess pod
         duplicate.communicate(timeout=30)
+
+
+def test_the_claim_s_outcome_is_reported_for_the_operator() -> None:
+    """The fingerprint container's termination message, read back from the pod status."""
+    text = report_text(
+        Claim("unavailable", "cannot create /w/x: Permission denied"), "work", "/w/.agentrun-claims"
+    )
+    assert read_report(text) == Report(
+        "unavailable", "work", "/w/.agentrun-claims", "cannot create /w/x: Permission denied"
+    )
+    assert read_report(report_text(Claim("claimed"), "work", "/w/c")) == Report("claimed", "work", "/w/c", "")
+    huge = report_text(Claim("unavailable", "x" * 100_000), "v" * 1000, "/" + "d" * 5000)
+    assert len(huge.encode()) < 4096  # fits a termination message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        None,
+        "",
+        "not json",
+        '{"v":1,"status":"found"}',
+        '{"v":2,"claim":"claimed"}',
+        '{"v":1,"claim":"maybe"}',
+        '["claim"]',
+        '{"v":1,"claim":"claimed","volume":7}',
+    ],
+)
+def test_anything_else_in_the_message_is_no_report(message: str | None) -> None:
+    report = read_report(message)
+    assert report is None or (report.outcome, report.volume) == ("claimed", "")
+
+
+def test_fingerprint_writes_the_outcome_to_its_termination_log(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    args = ["fingerprint", "--path", str(tmp_path / "c.json"), "--out", str(tmp_path / "fp.json")]
+    args += ["--claim-dir", str(tmp_path / "claims"), "--job-uid", "job-1", "--pod-uid", "pod-a"]
+    args += ["--claim-volume", "work", "--termination-log", str(log)]
+    subprocess.run([sys.executable, "-m", MODULE, *args], check=True, capture_output=True, timeout=60)
+    assert json.loads(log.read_text())["claim"] == "claimed"
+    (tmp_path / "blocked").write_text("a file")
+    args[args.index("--claim-dir") + 1] = str(tmp_path / "blocked" / "claims")
+    done = subprocess.run(
+        [sys.executable, "-m", MODULE, *args], check=True, capture_output=True, timeout=60, text=True
+    )
+    report = read_report(log.read_text())
+    assert report is not None and (report.outcome, report.volume) == ("unavailable", "work")
+    assert "no claim of Job job-1 on volume 'work'" in done.stderr
+
+
+# -------------------------------------------------------------- a helper uid on a root-owned volume
+
+HELPER_UID = 10001
+FS_GROUP = 4242
+
+
+def _claim_as(uid: int, groups: list[int], claim_dir: Path, job: str) -> str:
+    """`claim_job` in a child process of `uid` with supplemental `groups` (as a pod's container runs)."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgroups(groups)
+            os.setgid(groups[0] if groups else uid)
+            os.setuid(uid)
+            result = claim_job(str(claim_dir), job, f"pod-of-{uid}")
+            os.write(write, f"{result.outcome}:{result.detail}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as handle:
+        said = handle.read()
+    os.waitpid(child, 0)
+    return said
+
+
+@pytest.fixture
+def root_owned_volume() -> Iterator[Path]:
+    """A volume as a typical provisioner makes it: root's, 0755 (under a directory others can reach)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as other users")
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:
+        os.chmod(base, 0o755)
+        volume = Path(base) / "pv"
+        volume.mkdir(mode=0o755)
+        os.chown(volume, 0, 0)
+        yield volume
+
+
+def test_the_helper_uid_cannot_claim_on_a_root_owned_0755_volume(root_owned_volume: Path) -> None:
+    said = _claim_as(HELPER_UID, [HELPER_UID], root_owned_volume / ".agentrun-claims", "job-1")
+    assert said.startswith("unavailable:") and "Permission denied" in said
+
+
+def test_with_the_pod_s_fs_group_applied_the_helper_claims(root_owned_volume: Path) -> None:
+    """What the kubelet does for a pod with `fsGroup` (chgrp, g+rwx, setgid) is enough for the claim;
+    the claims directory stays group-writable, so a helper of another uid in the group claims too."""
+    set_volume_ownership(root_owned_volume, FS_GROUP, "OnRootMismatch")
+    claims = root_owned_volume / ".agentrun-claims"
+    assert _claim_as(HELPER_UID, [HELPER_UID, FS_GROUP], claims, "job-1") == "claimed:"
+    info = claims.stat()
+    assert info.st_gid == FS_GROUP and stat.S_IMODE(info.st_mode) & 0o2070 == 0o2070
+    assert _claim_as(20002, [20002, FS_GROUP], claims, "job-2") == "claimed:"
+    assert _claim_as(20002, [20002, FS_GROUP], claims, "job-1") == f"taken:pod-of-{HELPER_UID}"

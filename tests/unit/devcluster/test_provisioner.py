@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def volume(name: str, phase: str, path: str | None = None, **annotations: str) -
         "metadata": {"name": name, "annotations": annotations or {P.ANN_PROVISIONED_BY: P.PROVISIONER}},
         "spec": {
             "persistentVolumeReclaimPolicy": "Delete",
-            "hostPath": {"path": path or str(P.volume_dir(ROOT, name))},
+            "local": {"path": path or str(P.volume_dir(ROOT, name))},
         },
         "status": {"phase": phase},
     }
@@ -79,7 +80,7 @@ def test_a_claim_being_deleted_gets_nothing() -> None:
 
 
 def test_the_volume_fits_the_claim_and_is_pre_bound_to_it() -> None:
-    pv = P.volume_for(claim(), ROOT)
+    pv = P.volume_for(claim(), ROOT, "node-a")
     assert pv["metadata"]["name"] == "pvc-uid-ws"
     assert pv["metadata"]["annotations"][P.ANN_PROVISIONED_BY] == P.PROVISIONER
     spec = pv["spec"]
@@ -94,8 +95,35 @@ def test_the_volume_fits_the_claim_and_is_pre_bound_to_it() -> None:
         "name": "ws",
         "uid": "uid-ws",
     }
-    assert spec["hostPath"]["path"] == "/state/pv/pvc-uid-ws"
+    assert spec["local"] == {"path": "/state/pv/pvc-uid-ws"}
     assert P.local_path(pv) == "/state/pv/pvc-uid-ws"
+
+
+def test_the_volume_is_local_to_its_node_so_a_kubelet_applies_fs_group_to_it() -> None:
+    """A `local` volume (not `hostPath`, to which the kubelet applies no fsGroup) needs a required
+    node affinity; it names the Node's hostname label, which the kubelet sets from the host name."""
+    spec = P.volume_for(claim(), ROOT, "host-1")["spec"]
+    assert "hostPath" not in spec
+    on_host = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-1"]}
+    assert spec["nodeAffinity"] == {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_host]}]}}
+    node = {"metadata": {"name": "agentrun-node", "labels": {"kubernetes.io/hostname": "host-1"}}}
+    assert P.node_hostname(node) == "host-1"
+    assert P.node_hostname({"metadata": {"name": "agentrun-node"}}) == "agentrun-node"
+
+
+def test_the_directory_is_made_as_a_typical_provisioner_makes_it(tmp_path: Path) -> None:
+    """Root's (when the provisioner is root), 0755: no permissive mode hides a uid that cannot write."""
+    directory = tmp_path / "pv" / "pvc-1"
+    P.make_volume_dir(directory)
+    info = directory.stat()
+    assert info.st_mode & 0o7777 == 0o755
+    if os.geteuid() == 0:
+        assert (info.st_uid, info.st_gid) == (0, 0)
+
+
+def test_hostpath_volumes_of_an_older_version_are_still_found() -> None:
+    older = {"spec": {"hostPath": {"path": "/state/pv/pvc-old"}}}
+    assert P.local_path(older) == "/state/pv/pvc-old"
 
 
 def test_the_default_storage_class_uses_our_provisioner() -> None:

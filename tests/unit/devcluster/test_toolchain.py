@@ -93,14 +93,29 @@ def test_helm_kube_version_refuses_an_unreadable_module_version() -> None:
 
 
 def test_a_changed_build_recipe_makes_the_cached_tool_stale() -> None:
-    (plane,) = toolchain.TOOLS
-    assert "recipe" not in toolchain._stamp_text(plane)
+    plane, pause = toolchain.TOOLS
+    assert "recipe 2" in toolchain._stamp_text(plane)  # 2: with kube-scheduler and the kubelet
+    assert "recipe" not in toolchain._stamp_text(pause)
     assert "recipe 3" in toolchain._stamp_text(dataclasses.replace(plane, recipe=3))
 
 
-def test_one_build_makes_all_five_binaries_with_each_tools_version_flags() -> None:
-    (plane,) = toolchain.TOOLS
-    assert set(plane.binaries) == {"kube-apiserver", "kube-controller-manager", "kubectl", "etcd", "helm"}
+def test_the_real_nodes_pause_is_a_small_build_of_its_own() -> None:
+    _plane, pause = toolchain.TOOLS
+    assert pause.binaries == ("pause",) and pause.packages == (".",)
+    assert "syscall.Wait4" in pause.extra_files["main.go"]  # reaps what it inherits as PID 1
+
+
+def test_one_build_makes_all_seven_binaries_with_each_tools_version_flags() -> None:
+    plane, _pause = toolchain.TOOLS
+    assert set(plane.binaries) == {
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+        "kubectl",
+        "etcd",
+        "helm",
+    }
     assert f"component-base/version.gitVersion=v{toolchain.KUBERNETES_VERSION}" in plane.ldflags
     assert f"helm/v3/internal/version.version=v{toolchain.HELM_VERSION}" in plane.ldflags
     assert "-s -w" in plane.ldflags and plane.gcflags == "all=-dwarf=false"

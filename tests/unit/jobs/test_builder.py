@@ -499,17 +499,25 @@ def test_the_reporter_never_mounts_the_pvc_writable() -> None:
     assert writable == {"main", "fingerprint"}
 
 
+def claim_args(fingerprint: dict[str, Any]) -> dict[str, str]:
+    args = fingerprint["args"]
+    start = args.index("--claim-dir")
+    return dict(zip(args[start::2], args[start + 1 :: 2], strict=True))
+
+
 def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
-    """docs/concepts.md#exactly-once: fingerprint mounts the control volume as main does, to claim the Job."""
+    """docs/concepts.md#exactly-once: fingerprint mounts the control volume as main does, to claim the Job,
+    and reports the claim's outcome in its termination message."""
     fingerprint = init(build({"workload": {"image": "img", "volumes": [PVC]}}), "fingerprint")
-    assert fingerprint["args"][-6:] == [
-        "--claim-dir",
-        "/workspace/.agentrun-claims",
-        "--job-uid",
-        "$(AGENTRUN_JOB_UID)",
-        "--pod-uid",
-        "$(AGENTRUN_POD_UID)",
-    ]
+    assert claim_args(fingerprint) == {
+        "--claim-dir": "/workspace/.agentrun-claims",
+        "--job-uid": "$(AGENTRUN_JOB_UID)",
+        "--pod-uid": "$(AGENTRUN_POD_UID)",
+        "--claim-volume": "workspace",
+        "--termination-log": "/dev/termination-log",
+    }
+    assert fingerprint["terminationMessagePath"] == "/dev/termination-log"
+    assert fingerprint["terminationMessagePolicy"] == "File"
     assert {"name": "workspace", "mountPath": "/workspace"} in fingerprint["volumeMounts"]
     fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in fingerprint["env"]}
     assert fields == {
@@ -518,10 +526,59 @@ def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory() -
     }
 
 
-def test_no_claim_where_the_control_volume_is_not_shared_or_main_cannot_write_it() -> None:
-    read_only = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}})
-    on_no_volume = build({"workload": {"image": "img", "volumes": [{**PVC, "mountPath": "/data"}]}})
-    for job in (read_only, on_no_volume):
+def test_a_control_path_on_no_volume_claims_on_main_s_first_read_write_pvc() -> None:
+    """The duplicate-pod guard exists wherever state is shared, whatever the control path."""
+    volumes = [
+        {**PVC, "name": "inputs", "claimName": "in", "mountPath": "/in", "readOnly": True},
+        {"name": "scratch", "type": "emptyDir", "mountPath": "/tmp/s"},
+        {**PVC, "mountPath": "/w"},
+        {**PVC, "name": "other", "claimName": "o", "mountPath": "/o"},
+    ]
+    job = build({"workload": {"image": "img", "volumes": volumes}})
+    fingerprint = init(job, "fingerprint")
+    assert claim_args(fingerprint)["--claim-dir"] == "/w/.agentrun-claims"
+    assert claim_args(fingerprint)["--claim-volume"] == "workspace"
+    mounts = {m["name"]: m for m in fingerprint["volumeMounts"]}
+    assert mounts["workspace"] == {"name": "workspace", "mountPath": "/w"}
+    assert mounts[CONTROL_FALLBACK_VOLUME]["readOnly"] is True
+    assert set(mounts) == {META_VOLUME, "workspace", CONTROL_FALLBACK_VOLUME}
+    assert {"name": "workspace", "mountPath": "/w"} not in init(job, "reporter")["volumeMounts"]
+
+
+def test_a_read_only_control_volume_claims_on_a_writable_pvc_else_tries_the_read_only_one() -> None:
+    """A read-only mount cannot hold the claim: another read-write PVC does; with none, fingerprint
+    tries the read-only one, fails and says so (the run gets a Warning Event and a condition)."""
+    writable = {**PVC, "name": "state", "claimName": "st", "mountPath": "/state"}
+    both = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}, writable]}})
+    assert claim_args(init(both, "fingerprint"))["--claim-dir"] == "/state/.agentrun-claims"
+    only = init(build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}}), "fingerprint")
+    assert claim_args(only)["--claim-dir"] == "/workspace/.agentrun-claims"
+    assert claim_args(only)["--claim-volume"] == "workspace"
+    assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in only["volumeMounts"]
+
+
+def test_no_claim_and_no_fs_group_without_a_pvc() -> None:
+    """An emptyDir is the pod's own: a duplicate pod would not share it, so there is nothing to guard."""
+    volumes = [{"name": "scratch", "type": "emptyDir", "mountPath": "/workspace"}]
+    for workload in ({"image": "img", "volumes": volumes}, {"image": "img"}):
+        job = build({"workload": workload})
         fingerprint = init(job, "fingerprint")
         assert "--claim-dir" not in fingerprint["args"] and "env" not in fingerprint
-        assert all(m.get("readOnly") for m in fingerprint["volumeMounts"] if m["name"] != META_VOLUME)
+        assert "securityContext" not in pod(job)
+
+
+def test_a_pod_with_a_pvc_gets_the_configured_fs_group_on_root_mismatch() -> None:
+    """docs/design.md#claim-storage: the kubelet makes the volume group-writable for the helper's uid."""
+    job = build({"workload": {"image": "img", "volumes": [PVC]}})
+    assert pod(job)["securityContext"] == {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
+    run = run_of({"workload": {"image": "img", "volumes": [PVC]}})
+    custom = OperatorConfig(runner_image="r", reporter_image="o", pod_fs_group=4242)
+    built = build_iteration_job(run, PlannedAttempt(1, 1, 1), References(), custom)
+    assert built["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 4242
+    off = OperatorConfig(runner_image="r", reporter_image="o", pod_fs_group=None)
+    assert (
+        "securityContext"
+        not in build_iteration_job(run, PlannedAttempt(1, 1, 1), References(), off)["spec"]["template"][
+            "spec"
+        ]
+    )

@@ -128,7 +128,7 @@ def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
             "status": {
                 "phase": "Failed",
                 "initContainerStatuses": [
-                    {"name": "fingerprint", "state": {"terminated": {"exitCode": 0}}},
+                    {"name": "fingerprint", "state": {"terminated": {"exitCode": 0, "message": "claim"}}},
                     {"name": "reporter", "state": {"terminated": {"exitCode": 0, "message": '{"v":1}'}}},
                 ],
                 "containerStatuses": [
@@ -148,6 +148,7 @@ def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
     )
     assert pod is not None and pod.terminal and pod.job_name == "j"
     assert pod.reporter_message == '{"v":1}'
+    assert pod.claim_message == "claim"  # the fingerprint's: how its Job claim went
     assert (pod.main_exit_code, pod.main_reason) == (137, "OOMKilled")
     assert pod.finished_at is not None and pod.finished_at.second == 5
     assert pod_from_k8s({"metadata": {"name": "p", "labels": {}}}) is None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import contextlib
 import json
 import os
 import ssl

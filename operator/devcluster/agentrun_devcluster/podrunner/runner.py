@@ -103,7 +103,9 @@ class PodRunner:
         self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.provisioner = provisioner.LocalProvisioner(self.api, config.state_dir, config.namespaces)
+        self.provisioner = provisioner.LocalProvisioner(
+            self.api, config.state_dir, config.node_name, config.namespaces
+        )
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
         self.network_unavailable = isolation_unavailable()

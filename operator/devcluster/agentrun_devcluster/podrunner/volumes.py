@@ -5,7 +5,8 @@ each container's mounts onto them.
 ServiceAccount token, the PersistentVolume bound to a claim); `volume_dir` writes one volume's files;
 `binds` maps a container's `volumeMounts` to bind mounts. A missing object or an unbound claim is a
 `ContainerConfigError`: the pod waits in `ContainerCreating` and its worker tries again, as a kubelet
-does.
+does. The pod's `fsGroup` is applied to its `emptyDir` volumes and to `local` PersistentVolumes (not
+to `hostPath` ones), as the kubelet applies it (ownership.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import Api, ApiError
+from agentrun_devcluster.podrunner.ownership import apply_fs_group
 from agentrun_devcluster.podrunner.sandbox import Bind
 
 Files = dict[str, tuple[bytes, int | None]]
@@ -74,8 +76,10 @@ class VolumeLookups:
             raise S.ContainerConfigError(f"cannot get a token for serviceaccount {account}: {exc}") from None
         return str((answer.get("status") or {}).get("token", ""))
 
-    def claim_volume_dir(self, namespace: str, claim: str) -> Path:
-        """The directory of the volume bound to a claim, as the kubelet would mount it (or wait)."""
+    def claim_volume_dir(self, namespace: str, claim: str) -> tuple[Path, bool]:
+        """The directory of the volume bound to a claim, as the kubelet would mount it (or wait), and
+        whether it is a `local` PersistentVolume (the kubelet applies `fsGroup` to those, not to
+        `hostPath` ones)."""
         obj = self.api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
         if obj is None:
             raise S.ContainerConfigError(f'persistentvolumeclaim "{claim}" not found')
@@ -94,18 +98,22 @@ class VolumeLookups:
             )
         directory = Path(str(path))
         directory.mkdir(parents=True, exist_ok=True)
-        return directory
+        return directory, bool((volume.get("spec") or {}).get("local"))
 
 
 def volume_dir(volume: S.Volume, pod: Mapping[str, Any], pod_dir: Path, lookups: VolumeLookups) -> Path:
     """The directory that backs `volume`: a claim's bound volume, or one written under `pod_dir`."""
     namespace = str((pod.get("metadata") or {}).get("namespace"))
     if volume.kind == "persistentVolumeClaim":
-        return lookups.claim_volume_dir(namespace, volume.claim)
+        directory, local = lookups.claim_volume_dir(namespace, volume.claim)
+        if local:
+            apply_fs_group(directory, pod, read_only=bool(volume.source.get("readOnly")))
+        return directory
     path = pod_dir / "volumes" / volume.name
     if volume.kind == "emptyDir":
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o777)  # as the kubelet makes it: any container user may write
+        apply_fs_group(path, pod)
         return path
     files = volume_files(volume, pod, lookups)
     if path.exists():
