@@ -18,7 +18,14 @@ import pytest
 
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.chaos.run import NODE_KINDS, Config, run
-from tests.e2e import test_control_file, test_examples, test_helm_install, test_operating, test_stopping
+from tests.e2e import (
+    test_control_file,
+    test_examples,
+    test_helm_install,
+    test_job_claim,
+    test_operating,
+    test_stopping,
+)
 
 OVERRIDDEN = ("local_default", "release")
 """The fixtures this tier provides itself (tests/node/conftest.py)."""
@@ -68,7 +75,8 @@ def take_over(modules: tuple[ModuleType, ...], into: dict[str, Any]) -> list[str
 
 
 TAKEN = take_over(
-    (test_examples, test_control_file, test_stopping, test_operating, test_helm_install), globals()
+    (test_examples, test_control_file, test_stopping, test_job_claim, test_operating, test_helm_install),
+    globals(),
 )
 
 
