@@ -3,183 +3,16 @@ environment, termination messages, deletion, and that nothing is written outside
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import subprocess
-import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.e2e.conftest import NAMESPACE, LocalDefault
+from tests.e2e.test_kubelet_behaviours import container, create_pod, dev_logs, get_pod, wait_terminal
 from tests.support.polling import eventually
 from tests.support.processes import processes_with
-
-
-def create_pod(env: LocalDefault, name: str, spec: dict[str, Any]) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec},
-    }
-    env.apply(yaml.safe_dump(pod))
-
-
-def get_pod(env: LocalDefault, name: str) -> dict[str, Any] | None:
-    code, body = env.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-    if code == 404:
-        return None
-    assert code == 200, body[:300]
-    pod: dict[str, Any] = json.loads(body)
-    return pod
-
-
-def wait_terminal(env: LocalDefault, name: str, timeout: float = 120.0) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        pod = get_pod(env, name)
-        if pod and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            return pod
-        return None
-
-    try:
-        result: dict[str, Any] = eventually(done, timeout=timeout, what=f"pod {name} to end")
-    except AssertionError:
-        pod = get_pod(env, name) or {}
-        raise AssertionError(
-            f"pod {name}: {json.dumps(pod.get('status'), indent=1)}\n{env.runner.logs()[-3000:]}"
-        ) from None
-    return result
-
-
-def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    status = pod["status"]
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        if cs["name"] == name:
-            result: dict[str, Any] = cs
-            return result
-    raise KeyError(name)
-
-
-def dev_logs(env: LocalDefault, pod: str, name: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.cli", "dev", "logs", pod, "-c", name, "-n", NAMESPACE],
-        env=dict(os.environ, AGENTRUN_DEV_HOME=str(env.state_dir)),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def test_kubelet_order_env_volumes_and_messages(local_default: LocalDefault) -> None:
-    env = local_default
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "runner-creds", "namespace": NAMESPACE},
-        "data": {"token": base64.b64encode(b"s3cret").decode()},
-    }
-    env.apply(yaml.safe_dump(secret))
-    env.create_claim("runner-order")
-    order = "/workspace/order.log"
-    create_pod(
-        env,
-        "order",
-        {
-            "initContainers": [
-                {
-                    "name": "side",
-                    "image": "x",
-                    "restartPolicy": "Always",
-                    "command": ["sh", "-c"],
-                    "args": [
-                        f'trap "echo side-stop >> {order}; echo bye > /dev/termination-log; exit 0" TERM; '
-                        f"echo side-start >> {order}; while true; do sleep 0.2; done"
-                    ],
-                    "volumeMounts": [{"name": "ws", "mountPath": "/workspace"}],
-                },
-                {
-                    "name": "setup",
-                    "image": "x",
-                    "command": ["sh", "-c", f"echo setup >> {order}"],
-                    "volumeMounts": [{"name": "ws", "mountPath": "/workspace"}],
-                },
-            ],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "x",
-                    "workingDir": "/workspace/work",
-                    "env": [
-                        {"name": "GREETING", "value": "hello"},
-                        {"name": "FULL", "value": "$(GREETING) from $(POD_NAME)"},  # POD_NAME: later
-                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                        {
-                            "name": "TOKEN",
-                            "valueFrom": {"secretKeyRef": {"name": "runner-creds", "key": "token"}},
-                        },
-                    ],
-                    "command": ["sh", "-c"],
-                    "args": [
-                        f"echo main >> {order}; echo $(GREETING) $POD_NAME $NS $TOKEN; echo $FULL; pwd; "
-                        "cat /creds/token; echo; "
-                        "touch /creds/new 2>/dev/null && echo secret-writable; "
-                        f"touch {sys.prefix}/written-by-a-pod 2>/dev/null && echo host-writable; "
-                        "touch /scratch/ok && echo scratch-writable; "
-                        "head -c 5000 /dev/zero | tr '\\0' m > /dev/termination-log; exit 3"
-                    ],
-                    "volumeMounts": [
-                        {"name": "ws", "mountPath": "/workspace"},
-                        {"name": "creds", "mountPath": "/creds"},
-                        {"name": "scratch", "mountPath": "/scratch"},
-                    ],
-                },
-                {
-                    "name": "fallback",
-                    "image": "x",
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "command": ["sh", "-c", "for i in 1 2 3; do echo line $i; done; exit 1"],
-                },
-            ],
-            "volumes": [
-                {"name": "ws", "persistentVolumeClaim": {"claimName": "runner-order"}},
-                {"name": "creds", "secret": {"secretName": "runner-creds"}},
-                {"name": "scratch", "emptyDir": {}},
-            ],
-        },
-    )
-    pod = wait_terminal(env, "order")
-    assert pod["spec"]["nodeName"] == "agentrun-e2e"
-    assert pod["status"]["phase"] == "Failed"
-    lines = (env.claim_dir("runner-order") / "order.log").read_text().splitlines()
-    # A sidecar counts as started once its process runs (no startup probe), as on a kubelet: the
-    # init container after it may then write first, so only the containers' start order is fixed.
-    assert sorted(lines[:2]) == ["setup", "side-start"] and lines[2:] == ["main", "side-stop"], lines
-    started = {name: container(pod, name)["state"]["terminated"]["startedAt"] for name in ("side", "setup")}
-    assert started["side"] <= started["setup"], started
-    main = container(pod, "main")["state"]["terminated"]
-    assert main["exitCode"] == 3 and main["reason"] == "Error"
-    assert main["message"] == "m" * 4096  # the kubelet's cap
-    assert main["startedAt"] and main["finishedAt"]
-    fallback = container(pod, "fallback")["state"]["terminated"]
-    assert fallback["exitCode"] == 1 and fallback["message"] == "line 1\nline 2\nline 3\n"
-    side = container(pod, "side")["state"]["terminated"]
-    assert side["exitCode"] == 0 and side["message"] == "bye\n"
-    assert container(pod, "setup")["state"]["terminated"]["reason"] == "Completed"
-    out = dev_logs(env, "order", "main").splitlines()
-    assert out[0] == "hello order e2e s3cret"
-    assert out[1] == "hello from $(POD_NAME)"  # defined after FULL: left as written
-    assert out[2] == "/workspace/work"
-    assert out[3] == "s3cret"
-    assert "secret-writable" not in out and "host-writable" not in out
-    assert "scratch-writable" in out
-    assert not (Path(sys.prefix) / "written-by-a-pod").exists()  # the host (here: the venv) is read-only
 
 
 def test_a_missing_binary_is_exit_128_and_the_runner_goes_on(local_default: LocalDefault) -> None:
@@ -342,43 +175,6 @@ def test_deleting_a_pod_kills_its_processes_then_confirms(local_default: LocalDe
     local_default.plane.kubectl("delete", "pod", "sleeper", "-n", NAMESPACE, "--wait=false")
     eventually(lambda: get_pod(local_default, "sleeper") is None, what="the pod to be gone", timeout=120)
     assert not processes_with("sleep", "7780")
-
-
-def test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace(
-    local_default: LocalDefault,
-) -> None:
-    """As on a kubelet (docs/local-dev.md#pod-runner-signals): a container's command is PID 1 of its
-    own PID namespace, where SIGTERM without a handler is ignored (`$$$$` is `$$` after the
-    kubelet's `$(VAR)` expansion), so the pod's deadline stops it
-    with SIGKILL after the grace period (137); in a pod with `shareProcessNamespace` the pause
-    process is PID 1 and SIGTERM ends the command (143)."""
-    grace, deadline = 3, 2
-    for name, shared in (("pid-one", False), ("pid-shared", True)):
-        create_pod(
-            local_default,
-            name,
-            {
-                "activeDeadlineSeconds": deadline,
-                "terminationGracePeriodSeconds": grace,
-                "shareProcessNamespace": shared,
-                "containers": [
-                    {"name": "main", "image": "x", "command": ["sh", "-c", "echo pid $$$$; exec sleep 7792"]}
-                ],
-            },
-        )
-    alone, shared_pod = wait_terminal(local_default, "pid-one"), wait_terminal(local_default, "pid-shared")
-    assert dev_logs(local_default, "pid-one", "main").split() == ["pid", "1"]
-    assert dev_logs(local_default, "pid-shared", "main").split()[0] == "pid"
-    assert dev_logs(local_default, "pid-shared", "main").split() != ["pid", "1"]
-    killed = container(alone, "main")["state"]["terminated"]
-    termed = container(shared_pod, "main")["state"]["terminated"]
-    assert (killed["exitCode"], termed["exitCode"]) == (137, 143)
-    assert alone["status"]["reason"] == shared_pod["status"]["reason"] == "DeadlineExceeded"
-    # The grace period was honoured: SIGKILL came no earlier than the deadline plus the grace
-    # (timestamps have whole seconds, hence the one second of slack).
-    started = datetime.fromisoformat(alone["status"]["startTime"].replace("Z", "+00:00"))
-    finished = datetime.fromisoformat(killed["finishedAt"].replace("Z", "+00:00"))
-    assert (finished - started).total_seconds() >= deadline + grace - 1
 
 
 def test_restart_policy_on_failure_restarts_with_back_off(local_default: LocalDefault) -> None:

@@ -23,6 +23,7 @@ from tests.e2e import (
     test_examples,
     test_helm_install,
     test_job_claim,
+    test_kubelet_behaviours,
     test_operating,
     test_stopping,
 )
@@ -75,7 +76,15 @@ def take_over(modules: tuple[ModuleType, ...], into: dict[str, Any]) -> list[str
 
 
 TAKEN = take_over(
-    (test_examples, test_control_file, test_stopping, test_job_claim, test_operating, test_helm_install),
+    (
+        test_kubelet_behaviours,
+        test_examples,
+        test_control_file,
+        test_stopping,
+        test_job_claim,
+        test_operating,
+        test_helm_install,
+    ),
     globals(),
 )
 

@@ -468,9 +468,9 @@ def termination_message(
     exit_code: int,
     log_data: Callable[[], bytes],
 ) -> str | None:
-    """The termination message: the first 4096 bytes of the file, or with `FallbackToLogsOnError`
-    and a failed container with an empty file, the tail of its log."""
-    text = (file_data or b"")[:MAX_TERMINATION_MESSAGE].decode("utf-8", "replace")
+    """The termination message: the last 4096 bytes of the file (the kubelet reads it from the end),
+    or with `FallbackToLogsOnError` and a failed container with an empty file, the tail of its log."""
+    text = (file_data or b"")[-MAX_TERMINATION_MESSAGE:].decode("utf-8", "replace")
     if not text and policy == "FallbackToLogsOnError" and exit_code != 0:
         text = log_tail(log_data())
     return text or None

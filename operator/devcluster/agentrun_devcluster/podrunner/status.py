@@ -239,8 +239,8 @@ def build_status(records: Sequence[ContainerRecord], view: PodView, now: str | N
         "podIP": HOST_IP,
         "podIPs": [{"ip": HOST_IP}],
         "conditions": conditions,
-        "initContainerStatuses": [r.to_status() for r in inits],
-        "containerStatuses": [r.to_status() for r in mains],
+        "initContainerStatuses": [within_pod_budget(r.to_status(), len(records)) for r in inits],
+        "containerStatuses": [within_pod_budget(r.to_status(), len(records)) for r in mains],
     }
     if view.start_time:
         status["startTime"] = view.start_time
@@ -258,3 +258,19 @@ def terminate_unfinished(record: ContainerRecord, reason: str, message: str, now
     return record.with_state(
         State("terminated", reason=reason, message=message, exit_code=137, started_at=None, finished_at=now)
     )
+
+
+POD_MESSAGE_BUDGET = 12 * 1024
+"""Bytes of termination messages one pod may report (the kubelet's MaxPodTerminationMessageLogLength):
+each container gets an equal share, and a longer message keeps its first bytes."""
+
+
+def within_pod_budget(container_status: dict[str, Any], containers: int) -> dict[str, Any]:
+    """A container status with its termination message cut to its share of the pod's budget, as
+    the kubelet's status manager cuts it before writing (a pod of 3 containers: 4096 bytes each)."""
+    share = POD_MESSAGE_BUDGET // max(1, containers)
+    terminated = (container_status.get("state") or {}).get("terminated")
+    message = terminated.get("message") if terminated else None
+    if terminated is not None and message and len(message.encode()) > share:
+        terminated["message"] = message.encode()[:share].decode("utf-8", "replace")
+    return container_status

@@ -597,7 +597,7 @@ class PodWorker:
             message = failure
         else:
             term_file = self.dir / "containers" / name / "termination-log"
-            data = _read_part(term_file, 0, S.MAX_TERMINATION_MESSAGE) if term_file.exists() else None
+            data = _read_part(term_file, -S.MAX_TERMINATION_MESSAGE) if term_file.exists() else None
             policy = str(container.get("terminationMessagePolicy") or "File")
             message = S.termination_message(data, policy, code, lambda: _read_part(proc.log_path, -65536))
         self._set(

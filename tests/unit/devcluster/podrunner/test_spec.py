@@ -298,8 +298,10 @@ def test_mount_points_outside_volumes_follow_the_host_tree() -> None:
 # ----------------------------------------------------------------------------------- messages
 
 
-def test_termination_message_is_capped_at_4096_bytes() -> None:
-    assert S.termination_message(b"x" * 5000, "File", 0, lambda: b"") == "x" * 4096
+def test_termination_message_is_the_last_4096_bytes_of_the_file() -> None:
+    """As the kubelet reads it (tail.ReadAtMost): a long file keeps its end, not its start."""
+    assert S.termination_message(b"a" * 1000 + b"z" * 4096, "File", 0, lambda: b"") == "z" * 4096
+    assert S.termination_message(b"head" + b"x" * 4095, "File", 0, lambda: b"") == "d" + "x" * 4095
     assert S.termination_message(b"", "File", 1, lambda: b"log") is None
     assert S.termination_message(None, "File", 0, lambda: b"") is None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from agentrun_devcluster.podrunner.sandbox import Bind, HostEntry, bwrap_argv
 from agentrun_devcluster.podrunner.status import (
@@ -236,3 +237,19 @@ def test_host_tools_under_tmp_stay_visible_under_a_volume_mounted_at_tmp() -> No
     # Without a volume over it, the venv is bound once, right after the pod's own /tmp.
     plain = bwrap_argv("/usr/bin/bwrap", ["x"], [], "/state/pod/tmp", [], [], "/", tool_paths=[venv])
     assert " ".join(plain).count(f"--ro-bind {venv} {venv}") == 1
+
+
+def test_a_pods_termination_messages_share_the_kubelets_12_kib_budget() -> None:
+    """The kubelet's status manager gives each container 12 KiB / containers and keeps the first
+    bytes of a longer message: an iteration pod of 3 containers keeps 4096 bytes each, 4 would
+    keep 3072."""
+    from agentrun_devcluster.podrunner.status import within_pod_budget
+
+    def status(message: str) -> dict[str, Any]:
+        return {"name": "c", "state": {"terminated": {"exitCode": 0, "message": message}}}
+
+    assert within_pod_budget(status("m" * 4096), 3)["state"]["terminated"]["message"] == "m" * 4096
+    cut = within_pod_budget(status("a" * 3000 + "b" * 1096), 4)["state"]["terminated"]["message"]
+    assert cut == "a" * 3000 + "b" * 72
+    running = {"name": "c", "state": {"running": {"startedAt": "t"}}}
+    assert within_pod_budget(running, 5) == running
