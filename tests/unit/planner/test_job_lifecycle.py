@@ -219,15 +219,17 @@ def _ctx(job: ObservedJob, pods: tuple[ObservedPod, ...]) -> PlanContext:
 
 @pytest.mark.parametrize(
     ("outcome", "settling", "deleting", "pod_phase", "pod_deleting"),
-    list(itertools.product(OUTCOMES, (False, True), (False, True), POD_STATES, (False, True))),
+    [
+        combo
+        for combo in itertools.product(OUTCOMES, (False, True), (False, True), POD_STATES, (False, True))
+        if combo[3] is not None or not combo[4]  # no pod: nothing to be deleting
+    ],
 )
 def test_gate_rule(
     outcome: JobOutcome, settling: bool, deleting: bool, pod_phase: str | None, pod_deleting: bool
 ) -> None:
     """The gate opens for another Job exactly when no pod of this one is observed alive and this
     Job is settled, deleted, or done by its one succeeded pod."""
-    if pod_phase is None and pod_deleting:
-        pytest.skip("no pod")
     settling = settling and outcome != "Active"
     job = ObservedJob("old", "u", 1, 1, 1, outcome, deleting=deleting, settling=settling)
     pods = () if pod_phase is None else (ObservedPod("old-pod", "old", pod_phase, deleting=pod_deleting),)
