@@ -485,3 +485,23 @@ def test_graceful_cancel_of_a_running_body_keeps_its_partial_outputs(local_defau
     work = local_default.claim_dir("cancel-body-workspace") / "work"
     assert (work / f"implement-{nxt}.txt").read_text() == f"implement of change {nxt}\n"
     assert not (work / f"test-{nxt}.txt").exists()
+
+
+def test_stalled_loop_stops_with_loop_stalled(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("stalled-loop.yaml")
+    run = local_default.wait_for_end("stalled-loop")
+    local_default.metrics_after(before, "agentrun_loop_stops_total", reason="LoopStalled")
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "LoopStalled", run["status"]
+    step = step_status(run)
+    assert step["reason"] == "LoopStalled" and step["loop"]["stopReason"] == "LoopStalled"
+    assert step["loop"]["completedIterations"] == 3 and step["loop"]["progress"] == [2, 2, 2]
+    assert "no progress in the last 3 iterations" in step["message"]
+    lines = (local_default.claim_dir("stalled-loop-workspace") / "work.log").read_text().splitlines()
+    assert lines == [
+        "iteration 1 finished lexer",
+        "iteration 2 could not finish flaky-docs",
+        "iteration 3 could not finish flaky-docs",
+    ]
+    events = local_default.events("stalled-loop")
+    assert any(e["reason"] == "LoopStalled" or "LoopStalled:" in e["message"] for e in events), events

@@ -263,6 +263,15 @@ OUTPUT_NAME: Final = Rule(
     ),
 )
 
+STALL_WINDOW: Final = Rule(
+    anchor="loop-stall",
+    rule="self >= 2 && self <= 100",
+    text=(
+        "loop.stall.window must be between 2 and 100 (one value is always equal to itself, so it takes two "
+        "equal values in a row to see a stall); set e.g. window: 3."
+    ),
+)
+
 NESTING_DEPTH_RANGE: Final = Rule(
     anchor="nesting",
     rule="self >= 1 && self <= 10",
@@ -323,6 +332,7 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     BUDGET_POSITIVE,
     OUTPUT_NAME,
     NESTING_DEPTH_RANGE,
+    STALL_WINDOW,
 )
 """Rules that need only the new object (the models enforce these too)."""
 

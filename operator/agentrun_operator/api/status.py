@@ -66,7 +66,8 @@ class LoopStatus(StatusModel):
         default=None,
         description=(
             "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
-            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations or LoopBudgetExhausted."
+            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations, LoopBudgetExhausted or "
+            "LoopStalled."
         ),
     )
     retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
@@ -82,6 +83,13 @@ class LoopStatus(StatusModel):
     )
     iterations: list[IterationRecord] = Field(
         default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
+    )
+    progress: list[Any] | None = Field(
+        default=None,
+        description=(
+            "loop.stall: the progress values of the newest successful iterations (at most window, newest "
+            "last; a value over 256 bytes of JSON is kept as its sha256)."
+        ),
     )
 
 

@@ -27,6 +27,7 @@ from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
+from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
@@ -470,5 +471,8 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return
+    if not record_progress(ctx, step, control):
+        return
     decide_next(ctx, step, envelope)
     check_budget(ctx, step)
+    check_stall(ctx, step)

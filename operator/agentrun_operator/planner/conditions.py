@@ -157,6 +157,7 @@ def _step_bytes(step: StepStatus) -> int:
     if loop is None:
         return total
     total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
+    total += _json_bytes(loop.progress)
     for record in loop.iterations:
         total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
         if record.steps:  # `"<child>":"<phase>",` per child; phases are ASCII words of ≤ 9 letters
