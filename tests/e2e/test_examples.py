@@ -505,3 +505,20 @@ def test_stalled_loop_stops_with_loop_stalled(local_default: LocalDefault) -> No
     ]
     events = local_default.events("stalled-loop")
     assert any(e["reason"] == "LoopStalled" or "LoopStalled:" in e["message"] for e in events), events
+
+
+def test_retry_feedback_tells_the_retry_why_the_attempt_before_failed(local_default: LocalDefault) -> None:
+    local_default.apply_example("retry-feedback.yaml")
+    run = local_default.wait_for_end("retry-feedback")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["attempt"] == 2 and step["lastFailure"]["reason"] == "Error"
+    root = local_default.claim_dir("retry-feedback-workspace")
+    assert json.loads((root / "previous-1.json").read_text()) == {"attempt": None, "iteration": None}
+    told = json.loads((root / "previous-2.json").read_text())
+    assert told["iteration"] is None
+    attempt = told["attempt"]
+    assert (attempt["attempt"], attempt["reason"], attempt["exitCode"]) == (1, "Error", 3), attempt
+    assert attempt["message"].endswith("patch rejected: hunk 2 of parser.c does not apply"), attempt
+    result = (root / "result.txt").read_text()
+    assert result == "attempt 2: rebased first, because attempt 1's patch was rejected\n"

@@ -46,6 +46,7 @@ from .resources import (
 )
 from .status import (
     AgentRunStatus,
+    AttemptFailure,
     IterationPhase,
     IterationRecord,
     LoopStatus,
@@ -71,6 +72,7 @@ __all__ = [
     "AgentRunSpec",
     "AgentRunStatus",
     "AgentSpec",
+    "AttemptFailure",
     "CancelMode",
     "Condition",
     "EnvVar",

@@ -93,6 +93,19 @@ class LoopStatus(StatusModel):
     )
 
 
+class AttemptFailure(StatusModel):
+    """Why the step's latest failed attempt failed, kept for the next attempt's AGENTRUN_PREVIOUS."""
+
+    attempt: int = Field(ge=1, description="The attempt that failed (1-based).")
+    reason: str = Field(
+        description="Error, OOMKilled, DeadlineExceeded, JobVanished, JobDeleted, PodFailed, ..."
+    )
+    exit_code: int | None = Field(default=None, description="main's exit code, when it ran and ended.")
+    message: str | None = Field(
+        default=None, description="Why it failed, with the tail of main's termination message."
+    )
+
+
 class StepStatus(StatusModel):
     """Progress of one workflow step."""
 
@@ -112,6 +125,10 @@ class StepStatus(StatusModel):
     )
     job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
     loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
+    last_failure: AttemptFailure | None = Field(
+        default=None,
+        description="The current iteration's latest failed attempt (AGENTRUN_PREVIOUS of the retry).",
+    )
     usage: Usage | None = Field(default=None, description="Usage summed over the step's iterations.")
     control: dict[str, Any] | None = Field(
         default=None,

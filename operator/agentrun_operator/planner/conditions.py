@@ -151,6 +151,8 @@ def _step_bytes(step: StepStatus) -> int:
     total += _json_bytes(step.control)
     if step.job_ref is not None:
         total += _text_bytes(step.job_ref.name, step.job_ref.uid)
+    if step.last_failure is not None:
+        total += 200 + _text_bytes(step.last_failure.reason, step.last_failure.message)
     for child in step.steps or []:
         total += _step_bytes(child)
     loop = step.loop
