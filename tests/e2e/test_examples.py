@@ -4,6 +4,9 @@ including the files its iterations leave on the PVC (state continuity across ite
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.metrics import Samples, delta, value
@@ -522,3 +525,81 @@ def test_retry_feedback_tells_the_retry_why_the_attempt_before_failed(local_defa
     assert attempt["message"].endswith("patch rejected: hunk 2 of parser.c does not apply"), attempt
     result = (root / "result.txt").read_text()
     assert result == "attempt 2: rebased first, because attempt 1's patch was rejected\n"
+
+
+def _cli(local_default: LocalDefault, *args: str) -> subprocess.CompletedProcess[str]:
+    """`agentrun ARGS` as a user runs it, against the local default's API server."""
+    return subprocess.run(
+        [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", local_default.namespace],
+        env={**os.environ, "KUBECONFIG": str(local_default.plane.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _gate_waits(local_default: LocalDefault, name: str, iteration: int) -> dict[str, object]:
+    def waiting() -> dict[str, object] | None:
+        run = local_default.run(name)
+        conditions = {c["type"]: c for c in run.get("status", {}).get("conditions", [])}
+        cond = conditions.get("AwaitingApproval")
+        label = f"step develop/iteration {iteration}/sign-off: awaiting approval"
+        return run if cond and cond["status"] == "True" and label in cond["message"] else None
+
+    return eventually(waiting, timeout=120, what=f"the sign-off gate to wait in iteration {iteration}")
+
+
+def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("approval-loop.yaml")
+    _gate_waits(local_default, "approval-loop", 1)
+    status = _cli(local_default, "status", "approval-loop")
+    assert "Approval:" in status.stdout and "Review change.log" in status.stdout, status.stdout
+    # bad input is refused by the CLI, naming the flag, and nothing is written
+    refused = _cli(local_default, "reject", "approval-loop", "--step", "develop/sign-off")
+    assert refused.returncode == 4 and "--reason" in refused.stderr, refused.stderr
+    refused = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "colour=red"
+    )
+    assert refused.returncode == 4 and "input 'colour' is not declared" in refused.stderr, refused.stderr
+    refused = _cli(local_default, "approve", "approval-loop", "--step", "develop/implement")
+    assert refused.returncode == 4 and "not an approval gate" in refused.stderr, refused.stderr
+    assert "approvals" not in local_default.run("approval-loop")["spec"]
+    approved = _cli(
+        local_default,
+        "approve",
+        "approval-loop",
+        "--step",
+        "develop/sign-off",
+        "--input",
+        "verdict=revise",
+        "--input",
+        "note=add tests",
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "recorded as spec.approvals[0]" in approved.stdout
+    _gate_waits(local_default, "approval-loop", 2)
+    final = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=final"
+    )
+    assert final.returncode == 0, final.stderr
+    run = local_default.wait_for_end("approval-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    develop = step_status(run)
+    assert develop["loop"]["stopReason"] == "LoopConditionFalse"
+    assert develop["loop"]["completedIterations"] == 2
+    assert develop["loop"]["lastControl"] == {
+        "decision": "Approved",
+        "outputs": {"note": "", "verdict": "final"},
+    }
+    assert run["status"]["workflow"]["approvalsJudged"] == 2
+    conditions = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conditions["AwaitingApproval"]["status"] == "False"
+    lines = (local_default.claim_dir("approval-loop-workspace") / "change.log").read_text().splitlines()
+    assert lines == ["iteration 1: first draft", "iteration 2: revised: add tests"]
+    after = local_default.metrics_after(before, "agentrun_approval_waits_total")
+    assert delta(before, after, "agentrun_approval_waits_total") == 2
+    finished = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=x"
+    )
+    assert finished.returncode == 4 and "already finished" in finished.stderr

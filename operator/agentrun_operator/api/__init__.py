@@ -18,6 +18,7 @@ from .agentrun import (
     agentrun_errors,
     parse_agentrun,
 )
+from .approval import ApprovalDecision, ApprovalInput, StepApproval
 from .base import API_VERSION, GROUP, VERSION, Timestamp, format_timestamp
 from .common import Condition, JobRef, ObjectRef
 from .errors import error_path, format_validation_error
@@ -72,6 +73,8 @@ __all__ = [
     "AgentRunSpec",
     "AgentRunStatus",
     "AgentSpec",
+    "ApprovalDecision",
+    "ApprovalInput",
     "AttemptFailure",
     "CancelMode",
     "Condition",
@@ -97,6 +100,7 @@ __all__ = [
     "RunPhase",
     "Runtime",
     "SimpleStatus",
+    "StepApproval",
     "StepLoop",
     "StepPhase",
     "StepStatus",

@@ -13,7 +13,9 @@ from .base import StatusModel, Timestamp
 from .common import Condition, JobRef
 
 RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
-StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
+StepPhase = Literal[
+    "Pending", "Running", "Retrying", "AwaitingApproval", "Succeeded", "Failed", "Skipped", "Cancelled"
+]
 IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
 
 
@@ -106,12 +108,28 @@ class AttemptFailure(StatusModel):
     )
 
 
+class ApprovalStatus(StatusModel):
+    """An approval gate's wait and the decision that ended it."""
+
+    iteration: int = Field(
+        default=1, ge=1, description="The iteration (of the loop body holding it) it waits in."
+    )
+    decision: str | None = Field(default=None, description="Approved, Rejected or TimedOut, once decided.")
+    index: int | None = Field(
+        default=None, ge=0, description="The spec.approvals entry applied (absent for a timeout)."
+    )
+    decided_at: Timestamp | None = Field(default=None, description="When the decision was applied.")
+
+
 class StepStatus(StatusModel):
     """Progress of one workflow step."""
 
     name: str = Field(description="The step's name.")
     phase: StepPhase = Field(
-        default="Pending", description="Pending, Running, Retrying, Succeeded, Failed, Skipped or Cancelled."
+        default="Pending",
+        description=(
+            "Pending, Running, Retrying, AwaitingApproval, Succeeded, Failed, Skipped or Cancelled."
+        ),
     )
     attempt: int = Field(
         default=0, ge=0, description="Current attempt within the current iteration (1-based)."
@@ -141,6 +159,9 @@ class StepStatus(StatusModel):
     case: str | None = Field(
         default=None,
         description="For a switch: the branch taken, `cases[<i>]` (0-based) or `default`.",
+    )
+    approval: ApprovalStatus | None = Field(
+        default=None, description="For an approval gate: its wait and the decision that ended it."
     )
     steps: list[StepStatus] | None = Field(
         default=None,
@@ -174,6 +195,14 @@ class WorkflowStatus(StatusModel):
         ),
     )
     usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
+    approvals_judged: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many spec.approvals entries the operator has judged (applied to a waiting gate, or "
+            "refused with an Event); later entries are new."
+        ),
+    )
 
 
 class AgentRunStatus(StatusModel):
