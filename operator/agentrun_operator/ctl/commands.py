@@ -1,9 +1,10 @@
 """`agentrun status | watch | cancel | approve | reject NAME`: a few API calls each; what they print
 comes from `render`.
 
-Exit codes: `status` and `cancel` 0 when done; `watch` 0 Succeeded, 1 Failed, 2 Cancelled, 3 when
-`--timeout` passed first. Any command that cannot do its job (run not found, forbidden, no
-credentials, API server unreachable) prints one line to stderr and exits 4.
+Exit codes: `status`, `cancel`, `approve` and `reject` 0 when done; `watch` 0 Succeeded, 1 Failed,
+2 Cancelled, 3 when `--timeout` passed first. Any command that cannot do its job (run not found,
+forbidden, no credentials, API server unreachable, a decision refused) prints one line to stderr and
+exits 4.
 """
 
 from __future__ import annotations
