@@ -18,13 +18,14 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from agentrun_operator.api import GROUP, VERSION, ApprovalDecision, parse_agentrun
+from agentrun_operator.api import GROUP, VERSION, AgentRun, ApprovalDecision, parse_agentrun
 from agentrun_operator.api.approval import Decision
 from agentrun_operator.ctl import render
 from agentrun_operator.ctl.connect import CtlError, Target
 from agentrun_operator.planner.approval import DOCS, Gate, decision_problems, find_gate, why_not_waiting
 from agentrun_operator.planner.problem import Problem
 from agentrun_operator.planner.resolution import effective_steps
+from agentrun_operator.planner.tree import walk
 from agentrun_operator.shell.kube import Kube
 
 WATCH_CHUNK_SECONDS = 240
@@ -247,6 +248,10 @@ def _said(out: TextIO, output: str, run: dict[str, Any], sentence: str) -> int:
 # ----------------------------------------------------------------------------------- approve / reject
 
 
+def _gate_paths(run: AgentRun) -> str:
+    return ", ".join(node.path for node in walk(run) if node.step.approval is not None) or "none"
+
+
 def _refused(problem: Problem) -> CtlError:
     return CtlError(problem.render())
 
@@ -290,9 +295,8 @@ async def decide(
                     "--step" if iteration is None or not isinstance(found, Gate) else "--iteration",
                     step if iteration is None or not isinstance(found, Gate) else iteration,
                     why,
-                    "name a gate that is AwaitingApproval, by its path without iterations as `agentrun "
-                    f"status {name}` shows it (e.g. develop/sign-off); leave out --iteration to decide "
-                    "the iteration it waits in",
+                    f"name a gate that is AwaitingApproval (this run's gates: {_gate_paths(run)}), by its "
+                    "path without iterations; leave out --iteration to decide the iteration it waits in",
                     DOCS,
                 )
             )

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from agentrun_operator.api import AgentRun, agentrun_errors, immutability_violations
+from agentrun_operator.api import AgentRun, ApprovalDecision, agentrun_errors, immutability_violations
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.approval import Gate, decision_problems, find_gate
 from agentrun_operator.planner.facts import ApprovalDecided, ApprovalRequested
 from agentrun_operator.planner.validate import validate_manifest
+from agentrun_operator.shell import metrics
 from tests.unit.planner.world import PlannerWorld, manifest
 
 MESSAGE = "Review the change in /workspace and approve"
@@ -245,8 +247,6 @@ def test_decision_problems_name_the_field_value_fix_and_docs() -> None:
     run = AgentRun.model_validate(_world().spec_manifest)
     gate = run.spec.workflow.steps[1].approval  # type: ignore[union-attr]
     assert gate is not None
-    from agentrun_operator.api import ApprovalDecision
-
     decision = ApprovalDecision(step="sign-off", decision="Approved", inputs={"x": "1"})
     rendered = [p.render() for p in decision_problems(gate, decision, "--input")]
     assert rendered == [
@@ -315,3 +315,15 @@ def test_the_models_keep_approvals_append_only() -> None:
     )
     assert "append-only" in immutability_violations(spec(first, second), spec(second, first))[0]
     assert "cannot be removed" in immutability_violations(spec(first), spec())[0]
+
+
+def test_metrics_count_waits_and_decisions() -> None:
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    waits = sample("agentrun_approval_waits_total")
+    refused = sample("agentrun_approval_decisions_total", decision="Refused")
+    metrics.observe_fact(ApprovalRequested("develop/sign-off", "develop/iteration 1/sign-off"))
+    metrics.observe_fact(ApprovalDecided("develop/sign-off", "Refused", 3))
+    assert sample("agentrun_approval_waits_total") == waits + 1
+    assert sample("agentrun_approval_decisions_total", decision="Refused") == refused + 1
