@@ -173,6 +173,39 @@ def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     cancel.set_defaults(func=_cmd_ctl)
 
+    approve = sub.add_parser(
+        "approve", help="approve a waiting approval gate (appends to spec.approvals), with its inputs"
+    )
+    add_arguments(approve)
+    _add_gate_arguments(approve)
+    approve.add_argument(
+        "--input",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a value of one of the gate's declared inputs (repeatable)",
+    )
+    approve.add_argument("--reason", help="an optional note kept with the decision")
+    approve.set_defaults(func=_cmd_ctl)
+
+    reject = sub.add_parser(
+        "reject", help="reject a waiting approval gate (its step fails: ApprovalRejected)"
+    )
+    add_arguments(reject)
+    _add_gate_arguments(reject)
+    reject.add_argument("--reason", required=True, help="why (required; shown in the run's message)")
+    reject.set_defaults(func=_cmd_ctl)
+
+
+def _add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--step", required=True, metavar="PATH", help="the gate's path as logs name it, e.g. develop/sign-off"
+    )
+    parser.add_argument(
+        "--iteration",
+        type=int,
+        help="the iteration of the loop body the gate waits in (default: the one it waits in now)",
+    )
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
@@ -288,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CLUSTER_COMMANDS = ("status", "watch", "cancel")
+CLUSTER_COMMANDS = ("status", "watch", "cancel", "approve", "reject")
 USAGE_ERROR_EXIT = 4
 """Bad arguments of a cluster command exit 4, not argparse's 2 (which `watch` uses for Cancelled)."""
 

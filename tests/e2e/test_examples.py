@@ -4,6 +4,9 @@ including the files its iterations leave on the PVC (state continuity across ite
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.metrics import Samples, delta, value
@@ -485,3 +488,118 @@ def test_graceful_cancel_of_a_running_body_keeps_its_partial_outputs(local_defau
     work = local_default.claim_dir("cancel-body-workspace") / "work"
     assert (work / f"implement-{nxt}.txt").read_text() == f"implement of change {nxt}\n"
     assert not (work / f"test-{nxt}.txt").exists()
+
+
+def test_stalled_loop_stops_with_loop_stalled(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("stalled-loop.yaml")
+    run = local_default.wait_for_end("stalled-loop")
+    local_default.metrics_after(before, "agentrun_loop_stops_total", reason="LoopStalled")
+    assert run["status"]["phase"] == "Failed" and run["status"]["reason"] == "LoopStalled", run["status"]
+    step = step_status(run)
+    assert step["reason"] == "LoopStalled" and step["loop"]["stopReason"] == "LoopStalled"
+    assert step["loop"]["completedIterations"] == 3 and step["loop"]["progress"] == [2, 2, 2]
+    assert "no progress in the last 3 iterations" in step["message"]
+    lines = (local_default.claim_dir("stalled-loop-workspace") / "work.log").read_text().splitlines()
+    assert lines == [
+        "iteration 1 finished lexer",
+        "iteration 2 could not finish flaky-docs",
+        "iteration 3 could not finish flaky-docs",
+    ]
+    events = local_default.events("stalled-loop")
+    assert any(e["reason"] == "LoopStalled" or "LoopStalled:" in e["message"] for e in events), events
+
+
+def test_retry_feedback_tells_the_retry_why_the_attempt_before_failed(local_default: LocalDefault) -> None:
+    local_default.apply_example("retry-feedback.yaml")
+    run = local_default.wait_for_end("retry-feedback")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["attempt"] == 2 and step["lastFailure"]["reason"] == "Error"
+    root = local_default.claim_dir("retry-feedback-workspace")
+    assert json.loads((root / "previous-1.json").read_text()) == {"attempt": None, "iteration": None}
+    told = json.loads((root / "previous-2.json").read_text())
+    assert told["iteration"] is None
+    attempt = told["attempt"]
+    assert (attempt["attempt"], attempt["reason"], attempt["exitCode"]) == (1, "Error", 3), attempt
+    assert attempt["message"].endswith("patch rejected: hunk 2 of parser.c does not apply"), attempt
+    result = (root / "result.txt").read_text()
+    assert result == "attempt 2: rebased first, because attempt 1's patch was rejected\n"
+
+
+def _cli(local_default: LocalDefault, *args: str) -> subprocess.CompletedProcess[str]:
+    """`agentrun ARGS` as a user runs it, against the local default's API server."""
+    return subprocess.run(
+        [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", local_default.namespace],
+        env={**os.environ, "KUBECONFIG": str(local_default.plane.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _gate_waits(local_default: LocalDefault, name: str, iteration: int) -> dict[str, object]:
+    def waiting() -> dict[str, object] | None:
+        run = local_default.run(name)
+        conditions = {c["type"]: c for c in run.get("status", {}).get("conditions", [])}
+        cond = conditions.get("AwaitingApproval")
+        label = f"step develop/iteration {iteration}/sign-off: awaiting approval"
+        return run if cond and cond["status"] == "True" and label in cond["message"] else None
+
+    return eventually(waiting, timeout=120, what=f"the sign-off gate to wait in iteration {iteration}")
+
+
+def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> None:
+    before = local_default.metrics()
+    local_default.apply_example("approval-loop.yaml")
+    _gate_waits(local_default, "approval-loop", 1)
+    status = _cli(local_default, "status", "approval-loop")
+    assert "Approval:" in status.stdout and "Review change.log" in status.stdout, status.stdout
+    # bad input is refused by the CLI, naming the flag, and nothing is written
+    refused = _cli(local_default, "reject", "approval-loop", "--step", "develop/sign-off")
+    assert refused.returncode == 4 and "--reason" in refused.stderr, refused.stderr
+    refused = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "colour=red"
+    )
+    assert refused.returncode == 4 and "input 'colour' is not declared" in refused.stderr, refused.stderr
+    refused = _cli(local_default, "approve", "approval-loop", "--step", "develop/implement")
+    assert refused.returncode == 4 and "not an approval gate" in refused.stderr, refused.stderr
+    assert "approvals" not in local_default.run("approval-loop")["spec"]
+    approved = _cli(
+        local_default,
+        "approve",
+        "approval-loop",
+        "--step",
+        "develop/sign-off",
+        "--input",
+        "verdict=revise",
+        "--input",
+        "note=add tests",
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "recorded as spec.approvals[0]" in approved.stdout
+    _gate_waits(local_default, "approval-loop", 2)
+    final = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=final"
+    )
+    assert final.returncode == 0, final.stderr
+    run = local_default.wait_for_end("approval-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    develop = step_status(run)
+    assert develop["loop"]["stopReason"] == "LoopConditionFalse"
+    assert develop["loop"]["completedIterations"] == 2
+    assert develop["loop"]["lastControl"] == {
+        "decision": "Approved",
+        "outputs": {"note": "", "verdict": "final"},
+    }
+    assert run["status"]["workflow"]["approvalsJudged"] == 2
+    conditions = {c["type"]: c for c in run["status"]["conditions"]}
+    assert conditions["AwaitingApproval"]["status"] == "False"
+    lines = (local_default.claim_dir("approval-loop-workspace") / "change.log").read_text().splitlines()
+    assert lines == ["iteration 1: first draft", "iteration 2: revised: add tests"]
+    after = local_default.metrics_after(before, "agentrun_approval_waits_total")
+    assert delta(before, after, "agentrun_approval_waits_total") == 2
+    finished = _cli(
+        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=x"
+    )
+    assert finished.returncode == 4 and "already finished" in finished.stderr

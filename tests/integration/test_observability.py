@@ -294,7 +294,8 @@ def test_a_forbidden_spec_change_is_refused_and_the_run_goes_on(cluster: Cluster
     print(refused.value)  # the exact wording docs/api.md#immutability quotes
     assert (
         f'The AgentRun "{name}" is invalid: spec.workflow: Forbidden: spec.workflow is immutable after '
-        "creation (only spec.cancel may change); create a new AgentRun with the changed spec instead. "
+        "creation (only spec.cancel and spec.approvals may change); create a new AgentRun with the "
+        "changed spec instead. "
         "See docs/api.md#immutability"
     ) in str(refused.value)
     after = _get(plane, name)

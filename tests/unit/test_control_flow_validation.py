@@ -291,5 +291,5 @@ def test_iteration_steps_names_a_child_of_the_loop_body_in_its_condition_only() 
     _actionable(typo)
     assert typo.docs == "docs/cel.md#iteration-steps"
     outside = _only(problems, "steps[1].when")
-    assert "only filled in the loop.condition and loop.output of a loop body" in outside.message
+    assert "only filled in the loop.condition, loop.output and loop.stall of a loop body" in outside.message
     _actionable(outside)

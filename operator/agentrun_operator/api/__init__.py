@@ -18,6 +18,7 @@ from .agentrun import (
     agentrun_errors,
     parse_agentrun,
 )
+from .approval import ApprovalDecision, ApprovalInput, StepApproval
 from .base import API_VERSION, GROUP, VERSION, Timestamp, format_timestamp
 from .common import Condition, JobRef, ObjectRef
 from .errors import error_path, format_validation_error
@@ -29,6 +30,7 @@ from .loop import (
     LoopCondition,
     LoopConditionSource,
     LoopOutput,
+    LoopStall,
     LoopState,
     LoopStopReason,
     StepLoop,
@@ -45,6 +47,7 @@ from .resources import (
 )
 from .status import (
     AgentRunStatus,
+    AttemptFailure,
     IterationPhase,
     IterationRecord,
     LoopStatus,
@@ -70,6 +73,9 @@ __all__ = [
     "AgentRunSpec",
     "AgentRunStatus",
     "AgentSpec",
+    "ApprovalDecision",
+    "ApprovalInput",
+    "AttemptFailure",
     "CancelMode",
     "Condition",
     "EnvVar",
@@ -85,6 +91,7 @@ __all__ = [
     "LoopCondition",
     "LoopConditionSource",
     "LoopOutput",
+    "LoopStall",
     "LoopState",
     "LoopStatus",
     "LoopStopReason",
@@ -93,6 +100,7 @@ __all__ = [
     "RunPhase",
     "Runtime",
     "SimpleStatus",
+    "StepApproval",
     "StepLoop",
     "StepPhase",
     "StepStatus",

@@ -13,6 +13,8 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import rules
+from .approval import MAX_APPROVALS as MAX_APPROVALS
+from .approval import ApprovalDecision, StepApproval
 from .base import (
     API_VERSION,
     DNS_LABEL_MAX,
@@ -179,7 +181,7 @@ class WorkflowStep(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=rules.validations(
-            rules.IMPLEMENTATION_ONE_OF, rules.STEP_KIND_ONE_OF, rules.SWITCH_NO_LOOP
+            rules.IMPLEMENTATION_ONE_OF, rules.STEP_KIND_ONE_OF, rules.SWITCH_NO_LOOP, rules.APPROVAL_NO_LOOP
         )
     )
 
@@ -248,6 +250,10 @@ class WorkflowStep(ApiModel):
     switch: StepSwitch | None = Field(
         default=None, description="Makes the step a switch: runs the first matching case, else the default."
     )
+    approval: StepApproval | None = Field(
+        default=None,
+        description="Makes the step an approval gate: no Job runs; it waits for agentrun approve|reject.",
+    )
     always_run: bool | None = Field(
         default=None,
         description="In a group: run this child even after an earlier child failed (default false).",
@@ -259,10 +265,12 @@ class WorkflowStep(ApiModel):
         return _check_child_names(value)
 
     @property
-    def kind(self) -> Literal["workload", "group", "switch"]:
-        """What the step is: a switch, a group (`steps`), else a workload step (runs Jobs)."""
+    def kind(self) -> Literal["workload", "group", "switch", "approval"]:
+        """What the step is: a switch, a group (`steps`), an approval gate, else a workload step (Jobs)."""
         if self.switch is not None:
             return "switch"
+        if self.approval is not None:
+            return "approval"
         return "group" if self.steps is not None else "workload"
 
     def children(self) -> list[tuple[str, WorkflowStep]]:
@@ -301,10 +309,15 @@ class WorkflowStep(ApiModel):
         has_workload = any(
             v is not None for v in (self.workload, self.implementation, self.implementation_spec_ref)
         )
-        if has_workload + (self.steps is not None) + (self.switch is not None) > 1:
+        kinds = (
+            has_workload + (self.steps is not None) + (self.switch is not None) + (self.approval is not None)
+        )
+        if kinds > 1:
             raise ValueError(rules.STEP_KIND_ONE_OF.message)
         if self.switch is not None and self.loop is not None:
             raise ValueError(rules.SWITCH_NO_LOOP.message)
+        if self.approval is not None and self.loop is not None:
+            raise ValueError(rules.APPROVAL_NO_LOOP.message)
         return self
 
     def effective_retries(self, agent_default: int | None = None) -> int:
@@ -365,7 +378,7 @@ class Workflow(ApiModel):
 
 
 class AgentRunSpec(ApiModel):
-    """Desired state of an AgentRun; immutable after creation except `cancel`."""
+    """Desired state of an AgentRun; immutable after creation except `cancel` and `approvals` (appended)."""
 
     model_config = ConfigDict(
         json_schema_extra=rules.validations(rules.LOOPS_NEED_WORKFLOW_RUNTIME, rules.IMPLEMENTATION_ONE_OF)
@@ -403,7 +416,16 @@ class AgentRunSpec(ApiModel):
     )
     cancel: CancelMode | None = Field(
         default=None,
-        description="Graceful (finish the current iteration) or Immediate; the only field that may change.",
+        description="Graceful (finish the current iteration) or Immediate; may be set after creation.",
+    )
+    approvals: list[ApprovalDecision] | None = Field(
+        default=None,
+        max_length=MAX_APPROVALS,
+        description=(
+            "Decisions about approval gates (agentrun approve|reject), append-only: earlier entries never "
+            "change."
+        ),
+        json_schema_extra=rules.validations(rules.APPROVALS_APPEND_ONLY),
     )
 
     @field_validator("parameters")

@@ -148,8 +148,8 @@ KINDS: Final[tuple[KindInfo, ...]] = (
             _column("Reason", "string", ".status.reason", "Reason of the phase, e.g. InvalidSpec."),
             _AGE,
         ),
-        immutable_spec_except=("cancel",),
-        extra_spec_rules=(rules.CANCEL_STICKY,),
+        immutable_spec_except=("cancel", "approvals"),
+        extra_spec_rules=(rules.CANCEL_STICKY, rules.APPROVALS_STICKY),
     ),
     _referenced_kind(
         "Agent",

@@ -11,9 +11,9 @@ server). See docs/api.md#immutability.
 from __future__ import annotations
 
 from .agentrun import AgentRunSpec
-from .rules import CANCEL_STICKY, immutable_field, immutable_presence
+from .rules import APPROVALS_APPEND_ONLY, APPROVALS_STICKY, CANCEL_STICKY, immutable_field, immutable_presence
 
-MUTABLE_SPEC_FIELDS = frozenset({"cancel"})
+MUTABLE_SPEC_FIELDS = frozenset({"cancel", "approvals"})
 
 
 def immutability_violations(old: AgentRunSpec, new: AgentRunSpec) -> list[str]:
@@ -30,4 +30,12 @@ def immutability_violations(old: AgentRunSpec, new: AgentRunSpec) -> list[str]:
         problems.append(f"spec: {immutable_presence(frozen).message}")
     if old.cancel is not None and new.cancel is None:
         problems.append(f"spec.cancel: {CANCEL_STICKY.message}")
+    if old.approvals is not None and new.approvals is None:
+        problems.append(f"spec.approvals: {APPROVALS_STICKY.message}")
+    elif (
+        old.approvals is not None
+        and new.approvals is not None
+        and new.approvals[: len(old.approvals)] != old.approvals
+    ):
+        problems.append(f"spec.approvals: {APPROVALS_APPEND_ONLY.message}")
     return problems

@@ -29,6 +29,8 @@ OnMissing = Literal["stop", "fail"]
 OnInvalid = Literal["stop", "fail"]
 OnMaxIterations = Literal["Succeed", "Fail"]
 OnBudgetExhausted = Literal["Succeed", "Fail"]
+OnStall = Literal["Fail", "Succeed"]
+MAX_STALL_WINDOW: Final = 100
 LoopStopReason = Literal[
     "LoopMaxIterationsReached",
     "LoopConditionFalse",
@@ -37,6 +39,7 @@ LoopStopReason = Literal[
     "LoopCancelled",
     "LoopItemsExceedMaxIterations",
     "LoopBudgetExhausted",
+    "LoopStalled",
 ]
 LOOP_STOP_REASONS: Final[tuple[str, ...]] = get_args(LoopStopReason)
 
@@ -185,6 +188,35 @@ class LoopBudget(ApiModel):
         return self
 
 
+class LoopStall(ApiModel):
+    """Stop a loop that stopped making progress: the last `window` progress values are all equal."""
+
+    progress: str = Field(
+        min_length=1,
+        max_length=MAX_CEL_LENGTH,
+        description=(
+            "CEL evaluated after each successful iteration (any JSON value), e.g. "
+            "iteration.last.control.outputs.remaining."
+        ),
+    )
+    window: int = Field(
+        default=3,
+        description=f"How many equal values in a row mean a stall, 2..{MAX_STALL_WINDOW} (default 3).",
+        json_schema_extra=rules.validations(rules.STALL_WINDOW),
+    )
+    on_stall: OnStall = Field(
+        default="Fail", description="When the loop stalls (LoopStalled): Fail (default) or Succeed."
+    )
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: int) -> int:
+        """Mirror of the CRD rule: one value is always equal to itself, so a window needs two."""
+        if not 2 <= value <= MAX_STALL_WINDOW:
+            raise ValueError(rules.STALL_WINDOW.message)
+        return value
+
+
 class StepLoop(ApiModel):
     """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
 
@@ -217,6 +249,10 @@ class StepLoop(ApiModel):
     on_budget_exhausted: OnBudgetExhausted | None = Field(
         default=None,
         description="When the budget stops the loop (LoopBudgetExhausted): Fail (default) or Succeed.",
+    )
+    stall: LoopStall | None = Field(
+        default=None,
+        description="Stop the loop (LoopStalled) once its progress value repeats window times in a row.",
     )
 
     @field_validator("max_iterations")

@@ -202,13 +202,84 @@ CANCEL_STICKY: Final = Rule(
 STEP_KIND_ONE_OF: Final = Rule(
     anchor="step-kinds",
     rule=(
-        "(has(self.steps) ? 1 : 0) + (has(self.switch) ? 1 : 0) + "
+        "(has(self.steps) ? 1 : 0) + (has(self.switch) ? 1 : 0) + (has(self.approval) ? 1 : 0) + "
         "(has(self.workload) || has(self.implementation) || has(self.implementationSpecRef) ? 1 : 0) <= 1"
     ),
     text=(
         "a step is exactly one of a workload step (workload, implementation, implementationSpecRef), a group "
-        "(steps) or a switch; move the workload into a child step, or split the step in two."
+        "(steps), a switch or an approval gate; move the workload into a child step, or split the step in "
+        "two."
     ),
+)
+
+APPROVAL_NO_LOOP: Final = Rule(
+    anchor="approval",
+    rule="!has(self.approval) || !has(self.loop)",
+    text=(
+        "loop is not allowed on an approval gate (it waits for one decision per iteration of the loop body "
+        "holding it); put the gate in a group with the loop."
+    ),
+    field_path=".loop",
+    reason="FieldValueForbidden",
+)
+
+APPROVAL_INPUT_NAME: Final = Rule(
+    anchor="approval",
+    rule="self.matches('^[A-Za-z_][A-Za-z0-9_]*$')",
+    text=(
+        "approval.inputs[].name must be an identifier (letters, digits, '_', not starting with a digit) so "
+        "CEL can read it as steps.<gate>.control.outputs.<name>; rename it, e.g. name: verdict."
+    ),
+)
+
+APPROVAL_INPUTS_UNIQUE: Final = Rule(
+    anchor="approval",
+    rule="!has(self.inputs) || self.inputs.all(i, self.inputs.exists_one(j, j.name == i.name))",
+    text="approval.inputs[].name must be unique; rename or remove the duplicate input.",
+    field_path=".inputs",
+)
+
+APPROVAL_TIMEOUT_APPROVE: Final = Rule(
+    anchor="approval",
+    rule=(
+        "!has(self.onTimeout) || self.onTimeout != 'Approve' || !has(self.inputs) || "
+        "!self.inputs.exists(i, has(i.required) && i.required)"
+    ),
+    text=(
+        "approval.onTimeout: Approve cannot give a required input (nobody is there to give it); make the "
+        "input optional with a default, or use onTimeout: Fail."
+    ),
+    field_path=".onTimeout",
+)
+
+REJECT_NEEDS_REASON: Final = Rule(
+    anchor="approvals",
+    rule="self.decision != 'Rejected' || (has(self.reason) && size(self.reason) > 0)",
+    text=(
+        "spec.approvals[].reason is required for a Rejected decision (the run's message and the next "
+        "iteration show it); say why, e.g. agentrun reject NAME --step PATH --reason 'tests fail'."
+    ),
+    field_path=".reason",
+    reason="FieldValueRequired",
+)
+
+APPROVALS_APPEND_ONLY: Final = Rule(
+    anchor="approvals",
+    rule="size(self) >= size(oldSelf) && oldSelf.all(i, old, self[i] == old)",
+    text=(
+        "spec.approvals is append-only: an earlier decision can never be changed, reordered or removed; "
+        "append a new decision instead (agentrun approve|reject)."
+    ),
+    reason="FieldValueForbidden",
+    k8s_only="two-variable comprehensions (Kubernetes >= 1.33)",
+)
+
+APPROVALS_STICKY: Final = Rule(
+    anchor="approvals",
+    rule="!has(oldSelf.approvals) || has(self.approvals)",
+    text=("spec.approvals cannot be removed once set (it is append-only); append a new decision instead."),
+    field_path=".approvals",
+    reason="FieldValueForbidden",
 )
 
 SWITCH_NO_LOOP: Final = Rule(
@@ -263,6 +334,15 @@ OUTPUT_NAME: Final = Rule(
     ),
 )
 
+STALL_WINDOW: Final = Rule(
+    anchor="loop-stall",
+    rule="self >= 2 && self <= 100",
+    text=(
+        "loop.stall.window must be between 2 and 100 (one value is always equal to itself, so it takes two "
+        "equal values in a row to see a stall); set e.g. window: 3."
+    ),
+)
+
 NESTING_DEPTH_RANGE: Final = Rule(
     anchor="nesting",
     rule="self >= 1 && self <= 10",
@@ -280,7 +360,7 @@ def immutable_field(field: str) -> Rule:
         anchor="immutability",
         rule="self == oldSelf",
         text=(
-            f"spec.{field} is immutable after creation (only spec.cancel may change); "
+            f"spec.{field} is immutable after creation (only spec.cancel and spec.approvals may change); "
             "create a new AgentRun with the changed spec instead."
         ),
         reason="FieldValueForbidden",
@@ -294,8 +374,8 @@ def immutable_presence(fields: list[str]) -> Rule:
         anchor="immutability",
         rule=rule,
         text=(
-            "spec fields other than spec.cancel cannot be added or removed after creation; "
-            "create a new AgentRun with the changed spec instead."
+            "spec fields other than spec.cancel and spec.approvals cannot be added or removed after "
+            "creation; create a new AgentRun with the changed spec instead."
         ),
         reason="FieldValueForbidden",
     )
@@ -323,8 +403,14 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     BUDGET_POSITIVE,
     OUTPUT_NAME,
     NESTING_DEPTH_RANGE,
+    STALL_WINDOW,
+    APPROVAL_NO_LOOP,
+    APPROVAL_INPUT_NAME,
+    APPROVAL_INPUTS_UNIQUE,
+    APPROVAL_TIMEOUT_APPROVE,
+    REJECT_NEEDS_REASON,
 )
 """Rules that need only the new object (the models enforce these too)."""
 
-TRANSITION_RULES: Final[tuple[Rule, ...]] = (CANCEL_STICKY,)
+TRANSITION_RULES: Final[tuple[Rule, ...]] = (CANCEL_STICKY, APPROVALS_STICKY, APPROVALS_APPEND_ONLY)
 """Fixed transition rules (the per-field immutability rules are generated from the spec's fields)."""

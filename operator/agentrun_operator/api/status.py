@@ -13,7 +13,9 @@ from .base import StatusModel, Timestamp
 from .common import Condition, JobRef
 
 RunPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Cancelled"]
-StepPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Skipped", "Cancelled"]
+StepPhase = Literal[
+    "Pending", "Running", "Retrying", "AwaitingApproval", "Succeeded", "Failed", "Skipped", "Cancelled"
+]
 IterationPhase = Literal["Pending", "Running", "Retrying", "Succeeded", "Failed", "Cancelled"]
 
 
@@ -66,7 +68,8 @@ class LoopStatus(StatusModel):
         default=None,
         description=(
             "Why the loop stopped: LoopMaxIterationsReached, LoopConditionFalse, LoopConditionError, "
-            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations or LoopBudgetExhausted."
+            "LoopIterationFailed, LoopCancelled, LoopItemsExceedMaxIterations, LoopBudgetExhausted or "
+            "LoopStalled."
         ),
     )
     retained_iterations: int = Field(default=0, ge=0, description="Entries currently kept in iterations.")
@@ -83,6 +86,39 @@ class LoopStatus(StatusModel):
     iterations: list[IterationRecord] = Field(
         default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
     )
+    progress: list[Any] | None = Field(
+        default=None,
+        description=(
+            "loop.stall: the progress values of the newest successful iterations (at most window, newest "
+            "last; a value over 256 bytes of JSON is kept as its sha256)."
+        ),
+    )
+
+
+class AttemptFailure(StatusModel):
+    """Why the step's latest failed attempt failed, kept for the next attempt's AGENTRUN_PREVIOUS."""
+
+    attempt: int = Field(ge=1, description="The attempt that failed (1-based).")
+    reason: str = Field(
+        description="Error, OOMKilled, DeadlineExceeded, JobVanished, JobDeleted, PodFailed, ..."
+    )
+    exit_code: int | None = Field(default=None, description="main's exit code, when it ran and ended.")
+    message: str | None = Field(
+        default=None, description="Why it failed, with the tail of main's termination message."
+    )
+
+
+class ApprovalStatus(StatusModel):
+    """An approval gate's wait and the decision that ended it."""
+
+    iteration: int = Field(
+        default=1, ge=1, description="The iteration (of the loop body holding it) it waits in."
+    )
+    decision: str | None = Field(default=None, description="Approved, Rejected or TimedOut, once decided.")
+    index: int | None = Field(
+        default=None, ge=0, description="The spec.approvals entry applied (absent for a timeout)."
+    )
+    decided_at: Timestamp | None = Field(default=None, description="When the decision was applied.")
 
 
 class StepStatus(StatusModel):
@@ -90,7 +126,10 @@ class StepStatus(StatusModel):
 
     name: str = Field(description="The step's name.")
     phase: StepPhase = Field(
-        default="Pending", description="Pending, Running, Retrying, Succeeded, Failed, Skipped or Cancelled."
+        default="Pending",
+        description=(
+            "Pending, Running, Retrying, AwaitingApproval, Succeeded, Failed, Skipped or Cancelled."
+        ),
     )
     attempt: int = Field(
         default=0, ge=0, description="Current attempt within the current iteration (1-based)."
@@ -104,6 +143,10 @@ class StepStatus(StatusModel):
     )
     job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
     loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
+    last_failure: AttemptFailure | None = Field(
+        default=None,
+        description="The current iteration's latest failed attempt (AGENTRUN_PREVIOUS of the retry).",
+    )
     usage: Usage | None = Field(default=None, description="Usage summed over the step's iterations.")
     control: dict[str, Any] | None = Field(
         default=None,
@@ -116,6 +159,9 @@ class StepStatus(StatusModel):
     case: str | None = Field(
         default=None,
         description="For a switch: the branch taken, `cases[<i>]` (0-based) or `default`.",
+    )
+    approval: ApprovalStatus | None = Field(
+        default=None, description="For an approval gate: its wait and the decision that ended it."
     )
     steps: list[StepStatus] | None = Field(
         default=None,
@@ -149,6 +195,14 @@ class WorkflowStatus(StatusModel):
         ),
     )
     usage: Usage | None = Field(default=None, description="Usage summed over the whole run.")
+    approvals_judged: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many spec.approvals entries the operator has judged (applied to a waiting gate, or "
+            "refused with an Event); later entries are new."
+        ),
+    )
 
 
 class AgentRunStatus(StatusModel):

@@ -1,8 +1,10 @@
-"""`agentrun status | watch | cancel NAME`: a few API calls each; what they print comes from `render`.
+"""`agentrun status | watch | cancel | approve | reject NAME`: a few API calls each; what they print
+comes from `render`.
 
-Exit codes: `status` and `cancel` 0 when done; `watch` 0 Succeeded, 1 Failed, 2 Cancelled, 3 when
-`--timeout` passed first. Any command that cannot do its job (run not found, forbidden, no
-credentials, API server unreachable) prints one line to stderr and exits 4.
+Exit codes: `status`, `cancel`, `approve` and `reject` 0 when done; `watch` 0 Succeeded, 1 Failed,
+2 Cancelled, 3 when `--timeout` passed first. Any command that cannot do its job (run not found,
+forbidden, no credentials, API server unreachable, a decision refused) prints one line to stderr and
+exits 4.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from typing import Any, TextIO
 
 import aiohttp
 
-from agentrun_operator.api import GROUP, VERSION
+from agentrun_operator.api import GROUP, VERSION, AgentRun, ApprovalDecision, parse_agentrun
+from agentrun_operator.api.approval import Decision
 from agentrun_operator.ctl import render
 from agentrun_operator.ctl.connect import CtlError, Target
+from agentrun_operator.planner.approval import DOCS, Gate, decision_problems, find_gate, why_not_waiting
+from agentrun_operator.planner.problem import Problem
+from agentrun_operator.planner.resolution import effective_steps
+from agentrun_operator.planner.tree import walk
 from agentrun_operator.shell.kube import Kube
 
 WATCH_CHUNK_SECONDS = 240
@@ -236,3 +243,102 @@ def _said(out: TextIO, output: str, run: dict[str, Any], sentence: str) -> int:
     """The sentence, or with `-o json|yaml` the run object as it now is."""
     out.write(render.render_object(run, output) if output in ("json", "yaml") else sentence + "\n")
     return 0
+
+
+# ----------------------------------------------------------------------------------- approve / reject
+
+
+def _gate_paths(run: AgentRun) -> str:
+    return ", ".join(node.path for node in walk(run) if node.step.approval is not None) or "none"
+
+
+def _refused(problem: Problem) -> CtlError:
+    return CtlError(problem.render())
+
+
+async def decide(
+    target: Target,
+    name: str,
+    step: str,
+    verdict: Decision,
+    *,
+    inputs: dict[str, str] | None = None,
+    reason: str | None = None,
+    iteration: int | None = None,
+    output: str = "",
+    out: TextIO,
+) -> int:
+    """Append a decision to `spec.approvals` (append-only), after checking it as the operator will:
+    the run is not finished, the path names an approval gate that waits (in that iteration), no
+    decision for it is pending, the inputs are declared and the required ones given."""
+    verb = "approve" if verdict == "Approved" else "reject"
+    if verdict == "Rejected" and not (reason or "").strip():
+        raise _refused(
+            Problem("--reason", reason, "a rejection needs a reason", "say why with --reason TEXT", DOCS)
+        )
+    kube = Kube(target.api)
+    for _ in range(CANCEL_ATTEMPTS):
+        raw = await get_run(kube, target, name)
+        phase = render.status_of(raw).get("phase") or "Pending"
+        if phase in render.TERMINAL_PHASES:
+            raise CtlError(f"AgentRun {name} already finished ({phase}); there is no gate left to {verb}")
+        run = parse_agentrun(raw)
+        found = find_gate(effective_steps(run), run.status, step)
+        at = iteration if iteration is not None else found.iteration if isinstance(found, Gate) else 1
+        decision = ApprovalDecision(
+            step=step.strip("/"), iteration=at, decision=verdict, inputs=inputs or None, reason=reason
+        )
+        why = why_not_waiting(found, decision)
+        if why is not None:
+            raise _refused(
+                Problem(
+                    "--step" if iteration is None or not isinstance(found, Gate) else "--iteration",
+                    step if iteration is None or not isinstance(found, Gate) else iteration,
+                    why,
+                    f"name a gate that is AwaitingApproval (this run's gates: {_gate_paths(run)}), by its "
+                    "path without iterations; leave out --iteration to decide the iteration it waits in",
+                    DOCS,
+                )
+            )
+        assert isinstance(found, Gate)
+        existing = list(run.spec.approvals or [])
+        start = (run.status.workflow.approvals_judged or 0) if run.status and run.status.workflow else 0
+        for index in range(start, len(existing)):
+            other = existing[index]
+            if other.step == decision.step and other.iteration == decision.iteration:
+                raise _refused(
+                    Problem(
+                        "--step",
+                        decision.step,
+                        f"a decision for this gate in iteration {decision.iteration} is already recorded "
+                        f"(spec.approvals[{index}]: {other.decision}) and not yet applied",
+                        f"wait for it (agentrun watch {name}); a gate takes one decision per iteration",
+                        DOCS,
+                    )
+                )
+        problems = decision_problems(found.spec, decision, "--input")
+        if problems:
+            raise _refused(problems[0])
+        entry = decision.model_dump(by_alias=True, exclude_none=True, mode="json")
+        patch = {
+            "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
+            "spec": {"approvals": [*(raw.get("spec") or {}).get("approvals", []), entry]},
+        }
+        status, body = await kube.request(
+            "PATCH",
+            _runs_path(target.namespace, name),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+        if status == 409:
+            continue  # the run changed meanwhile: judge again on what it is now
+        if status != 200:
+            await _fail(kube, target, status, body, name, verb)
+        given = ", ".join(f"{k}={v}" for k, v in sorted((decision.inputs or {}).items()))
+        what = f"{verdict.lower()} step {decision.step} (iteration {decision.iteration})"
+        detail = f" with {given}" if given else ""
+        detail += f": {decision.reason}" if decision.reason else ""
+        return _said(
+            out, output, body, f"AgentRun {name}: {what}{detail}; recorded as spec.approvals[{len(existing)}]"
+        )
+    raise CtlError(f"AgentRun {name} kept changing; decision not recorded after {CANCEL_ATTEMPTS} attempts")

@@ -1,4 +1,5 @@
-"""Entry of `agentrun status | watch | cancel`: connect, run the command, turn failures into one line."""
+"""Entry of `agentrun status | watch | cancel | approve | reject`: connect, run the command, turn
+failures into one line."""
 
 from __future__ import annotations
 
@@ -25,6 +26,25 @@ def wants_colour(stream: TextIO) -> bool:
     )
 
 
+def parse_inputs(pairs: list[str]) -> dict[str, str]:
+    """`--input KEY=VALUE` (repeatable) as a map; a pair without `=` or a key given twice is refused."""
+    inputs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CtlError(
+                f"--input: {pair!r} is not KEY=VALUE (value: {pair!r}; fix: e.g. --input verdict=ship; "
+                "see docs/concepts.md#approval-gates)"
+            )
+        if key in inputs:
+            raise CtlError(
+                f"--input: {key!r} is given twice (value: {pair!r}; fix: give each input once; "
+                "see docs/concepts.md#approval-gates)"
+            )
+        inputs[key] = value
+    return inputs
+
+
 async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     target: Target | None = None
     try:
@@ -36,6 +56,18 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return await commands.watch(target, args.name, output, wants_colour(out), args.timeout, out, err)
         if args.command == "cancel":
             return await commands.cancel(target, args.name, args.graceful, output, out)
+        if args.command in ("approve", "reject"):
+            return await commands.decide(
+                target,
+                args.name,
+                args.step,
+                "Approved" if args.command == "approve" else "Rejected",
+                inputs=parse_inputs(getattr(args, "input", None) or []),
+                reason=args.reason,
+                iteration=args.iteration,
+                output=output,
+                out=out,
+            )
         raise AssertionError(args.command)
     except aiohttp.ClientError as exc:
         server = target.server if target is not None else "the API server"

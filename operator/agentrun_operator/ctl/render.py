@@ -31,6 +31,7 @@ _COLOURS: Final = {
     "Cancelled": "33",  # yellow
     "Retrying": "33",
     "Running": "36",  # cyan
+    "AwaitingApproval": "35",  # magenta: a person is asked
 }
 
 MAX_CONTROL_CHARS: Final = 300
@@ -170,6 +171,13 @@ def render_status(run: Mapping[str, Any], now: datetime, colour: bool = False) -
             for c in conditions
         )
         lines.append(f"Conditions:  {shown}")
+    waiting = next(
+        (c for c in conditions if c.get("type") == "AwaitingApproval" and c.get("status") == "True"), None
+    )
+    if waiting is not None and phase not in TERMINAL_PHASES:
+        lines.append(
+            f"Approval:    {paint('awaiting', 'AwaitingApproval', colour)}: {waiting.get('message')}"
+        )
     steps = _steps(run)
     if not steps:
         return "\n".join(lines) + "\n"
@@ -335,6 +343,8 @@ def _step_changes(
             line += f" ({stop})" if stop else ""
             if step.get("message"):
                 line += f": {_clip(str(step['message']), MAX_MESSAGE_CHARS)}"
+        elif phase == "AwaitingApproval" and step.get("message"):
+            line += f": {_clip(str(step['message']), 2 * MAX_MESSAGE_CHARS)}"
         lines.append(line)
     step_line = lines.pop() if lines else None
     if step_line is not None and phase not in (*TERMINAL_PHASES, "Skipped"):

@@ -99,6 +99,8 @@ class PlannedAttempt:
     item_index: int | None = None
     outputs: dict[str, list[Any]] | None = None
     """Collected outputs so far; None when the run collects none (then no AGENTRUN_OUTPUTS)."""
+    previous: dict[str, Any] | None = None
+    """AGENTRUN_PREVIOUS: what the previous attempt and iteration did (planner/feedback.py)."""
     ancestors: tuple[str, ...] = ()
     """For a nested step: its ancestors' segments (`naming.step_address`); `step_index` is then its
     index among its siblings. Empty for a top-level step."""
@@ -237,6 +239,7 @@ def agentrun_env(
         "AGENTRUN_ATTEMPT": str(attempt.attempt),
         "AGENTRUN_LOOP_CONTROL_PATH": attempt.control_path or control_path(step),
         "AGENTRUN_PREVIOUS_CONTROL": _json(attempt.previous_control),
+        "AGENTRUN_PREVIOUS": _json(attempt.previous or {"attempt": None, "iteration": None}),
         "AGENTRUN_ITEM": _json(attempt.item),
         "AGENTRUN_ITEM_INDEX": "" if attempt.item_index is None else str(attempt.item_index),
         "AGENTRUN_PARAMETERS": _json(parameters),

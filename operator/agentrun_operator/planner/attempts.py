@@ -21,12 +21,20 @@ from agentrun_operator.planner.context import (
     clip,
 )
 from agentrun_operator.planner.facts import IterationFinished, IterationResult, NextIterationRequested
+from agentrun_operator.planner.feedback import (
+    REASON_DEADLINE,
+    REASON_DELETED,
+    REASON_VANISHED,
+    failure_of,
+    previous,
+)
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
+from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
@@ -80,6 +88,7 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         1,
         attempt,
         outputs=outputs,
+        previous=previous(step, iteration, attempt),
         ancestors=step.ancestors,
         step=with_inherited_parameters(step) if nested else None,
         control_path=pod_control_path(step) if nested else None,
@@ -185,6 +194,7 @@ def _enter_attempt(
     st.job_ref = JobRef(name=name, uid=existing.uid if existing is not None else None)
     if attempt == 1:
         st.next_retry_at = None
+        st.last_failure = None
     loop = step.loop
     if loop is not None:
         loop.current_iteration = iteration
@@ -311,12 +321,16 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
             ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
         ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS)
         return False
-    return _record_failure(ctx, step, None, f"Job {name} vanished before its result was recorded")
+    return _record_failure(
+        ctx, step, None, f"Job {name} vanished before its result was recorded", REASON_VANISHED
+    )
 
 
 def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
     if job.deleting:
-        return _record_failure(ctx, step, job, f"Job {job.name} was deleted before it finished")
+        return _record_failure(
+            ctx, step, job, f"Job {job.name} was deleted before it finished", REASON_DELETED
+        )
     timeout = step_timeout_seconds(step.spec, ctx.refs)
     if timeout > 0:
         start = job.started_at or _attempt_requested_at(step) or ctx.now
@@ -324,7 +338,11 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
         if ctx.now >= kill_at:
             ctx.delete_reasons[job.name] = "still active past its activeDeadlineSeconds"
             return _record_failure(
-                ctx, step, None, f"timed out after {timeout}s (the Job outlived its deadline and was deleted)"
+                ctx,
+                step,
+                None,
+                f"timed out after {timeout}s (the Job outlived its deadline and was deleted)",
+                REASON_DEADLINE,
             )
         ctx.requeue((kill_at - ctx.now).total_seconds())
     return False
@@ -406,10 +424,14 @@ def _not_before_start(finished: datetime, record: IterationRecord) -> datetime:
     return max(finished, record.started_at) if record.started_at is not None else finished
 
 
-def _record_failure(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
-    """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails."""
+def _record_failure(
+    ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str, reason: str | None = None
+) -> bool:
+    """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails.
+    Why it failed is kept for the retry's AGENTRUN_PREVIOUS (`feedback`)."""
     st = step.st
     attempt = st.attempt
+    st.last_failure = failure_of(ctx, attempt, job, cause, reason)
     retries = step_retries(step.spec, ctx.refs)
     finished = job.finished_at if job is not None and job.finished_at is not None else ctx.now
     message = clip(f"{step.what()} failed: {cause}")
@@ -470,5 +492,8 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return
+    if not record_progress(ctx, step, control):
+        return
     decide_next(ctx, step, envelope)
     check_budget(ctx, step)
+    check_stall(ctx, step)

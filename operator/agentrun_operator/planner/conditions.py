@@ -11,6 +11,9 @@ observedGeneration, lastTransitionTime that moves only when the status changes) 
 - `Stalled`    True when the run Failed (it will not progress without a new run): kstatus reports
                Failed; False otherwise.
 - `InvalidSpec`, `Duplicate` are set by admission when they apply and kept as they are here.
+- `AwaitingApproval` True while an approval gate waits, with what it asks and how to decide; it goes
+               False (reason `NoApprovalPending`) once no gate waits, and is absent in runs that never
+               waited.
 - `StatusSizeWarning` True while the serialized status is over 80 % of the status budget; it goes
                False (not away) once the status is back under, so the history of the warning stays.
 - `JobClaimUnavailable` True once a pod of the run could not claim its Job (planner/claims.py, which
@@ -38,6 +41,8 @@ STALLED: Final = "Stalled"
 INVALID_SPEC: Final = "InvalidSpec"
 DUPLICATE: Final = "Duplicate"
 STATUS_SIZE_WARNING: Final = "StatusSizeWarning"
+AWAITING_APPROVAL: Final = "AwaitingApproval"
+REASON_NO_APPROVAL_PENDING: Final = "NoApprovalPending"
 
 DERIVED: Final = (READY, SUCCEEDED, RECONCILING, STALLED)
 """The types `derive` owns, in the order they are listed; any other type keeps its place after them."""
@@ -151,12 +156,17 @@ def _step_bytes(step: StepStatus) -> int:
     total += _json_bytes(step.control)
     if step.job_ref is not None:
         total += _text_bytes(step.job_ref.name, step.job_ref.uid)
+    if step.last_failure is not None:
+        total += 200 + _text_bytes(step.last_failure.reason, step.last_failure.message)
+    if step.approval is not None:
+        total += 200
     for child in step.steps or []:
         total += _step_bytes(child)
     loop = step.loop
     if loop is None:
         return total
     total += _text_bytes(loop.stop_reason) + _json_bytes(loop.last_control) + _json_bytes(loop.items)
+    total += _json_bytes(loop.progress)
     for record in loop.iterations:
         total += _RECORD_FIXED_BYTES + _text_bytes(record.message)
         if record.steps:  # `"<child>":"<phase>",` per child; phases are ASCII words of ≤ 9 letters
@@ -219,17 +229,31 @@ def apply(
     return ordered
 
 
+def awaiting_want(awaiting: Sequence[str], current: Sequence[Condition]) -> Want | None:
+    """`AwaitingApproval` for the gates waiting after this plan (`awaiting`: what each one asks)."""
+    if awaiting:
+        return Want(AWAITING_APPROVAL, "True", AWAITING_APPROVAL, "; ".join(awaiting))
+    if any(c.type == AWAITING_APPROVAL for c in current):
+        return Want(AWAITING_APPROVAL, "False", REASON_NO_APPROVAL_PENDING, "no approval gate is waiting")
+    return None
+
+
 def derive(
     status: AgentRunStatus,
     generation: int | None,
     now: datetime,
     size_bytes: int | None = None,
     budget_bytes: int | None = None,
+    awaiting: Sequence[str] = (),
 ) -> list[Condition]:
     """The run's conditions after this plan (see the module docstring for the rules).
 
-    `size_bytes` is the status size from `status_size` (None: far below the budget)."""
+    `size_bytes` is the status size from `status_size` (None: far below the budget); `awaiting`
+    what each waiting approval gate asks."""
     wants = wanted(status)
+    gate = awaiting_want(awaiting, status.conditions)
+    if gate is not None:
+        wants.append(gate)
     if size_bytes is not None and budget_bytes:
         size = status_size_want(size_bytes, budget_bytes, status.conditions)
         if size is not None:
@@ -252,7 +276,12 @@ def conclude(ctx: PlanContext, size_bound: int | None = None) -> None:
     before = list(status.conditions)
     budget = ctx.config.status_budget_bytes
     status.conditions = derive(
-        status, status.observed_generation, ctx.now, status_size(status, budget, size_bound), budget
+        status,
+        status.observed_generation,
+        ctx.now,
+        status_size(status, budget, size_bound),
+        budget,
+        ctx.awaiting if status.phase not in ("Succeeded", "Failed", "Cancelled") else (),
     )
     if became_true(before, status.conditions, STATUS_SIZE_WARNING):
         warning = next(c for c in status.conditions if c.type == STATUS_SIZE_WARNING)

@@ -60,6 +60,10 @@ class PlanContext:
     facts: list[Fact] = field(default_factory=list)
     requeue_after: float | None = None
     delete_reasons: dict[str, str] = field(default_factory=dict)
+    awaiting: list[str] = field(default_factory=list)
+    """What every approval gate waiting after this plan asks (the AwaitingApproval condition)."""
+    approvals_consumed: set[int] = field(default_factory=set)
+    """Indices of spec.approvals judged by a waiting gate in this plan (planner/approval.py)."""
 
     @property
     def name(self) -> str:

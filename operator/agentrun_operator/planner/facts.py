@@ -70,7 +70,7 @@ class UsageReported:
     cost_usd: float
 
 
-StepKind = Literal["workload", "group", "switch"]
+StepKind = Literal["workload", "group", "switch", "approval"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,23 @@ class SwitchCaseTaken:
     value: str  # the expression's result, as compact JSON
 
 
+@dataclass(frozen=True)
+class ApprovalRequested:
+    """An approval gate started waiting (`path` without iterations, `label` with them)."""
+
+    path: str
+    label: str
+
+
+@dataclass(frozen=True)
+class ApprovalDecided:
+    """A gate's wait ended (Approved, Rejected, TimedOut), or a spec.approvals entry was Refused."""
+
+    path: str
+    decision: str
+    index: int | None = None  # the spec.approvals entry (None for a timeout)
+
+
 Fact = (
     IterationFinished
     | LoopStopped
@@ -112,4 +129,6 @@ Fact = (
     | UsageReported
     | StepEnded
     | SwitchCaseTaken
+    | ApprovalRequested
+    | ApprovalDecided
 )

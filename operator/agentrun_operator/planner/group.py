@@ -26,6 +26,7 @@ from agentrun_operator.planner.outcome import Outcome, PlanChildren
 from agentrun_operator.planner.outputs import collect_output
 from agentrun_operator.planner.resolution import control_path
 from agentrun_operator.planner.run import stop_message
+from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 
 _MAX_PASSES: Final = 10_000  # a guard: every pass of one plan ends a loop iteration, at most 1000
@@ -140,10 +141,11 @@ def _pass_succeeded(
     st.message = f"iteration {view.iteration}/{loop.max_iterations} succeeded: {done}"
     ctx.facts.append(IterationFinished(view.path, view.iteration, 1, "Succeeded"))
     ctx.emit("Normal", "IterationSucceeded", f"step {view.label}: {st.message}", view.where)
-    if not collect_output(ctx, view, control):
+    if not collect_output(ctx, view, control) or not record_progress(ctx, view, control):
         return
     decide_next(ctx, view, _pass_envelope(view, children, control))
     check_budget(ctx, view)
+    check_stall(ctx, view)
     if st.phase in TERMINAL_STEP_PHASES:
         return
     if ctx.stopping is not None:

@@ -27,6 +27,7 @@ from agentrun_operator.api import AgentRun, AgentRunStatus
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import claims, conditions
 from agentrun_operator.planner.admission import admit
+from agentrun_operator.planner.approval import judge_rest
 from agentrun_operator.planner.compaction import compact, compact_history, fit_to_budget
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
@@ -98,6 +99,7 @@ def _execute(ctx: PlanContext) -> None:
     ctx.refs, ctx.ref_problems = resolution.refs, resolution.problems
     ctx.stopping = stop_request(ctx)
     plan_top(ctx, step_views(ctx))
+    judge_rest(ctx)
     views = list(all_views(ctx))  # the tree no longer changes shape in this plan: walk it once
     for view in views:
         if view.st.loop is not None:

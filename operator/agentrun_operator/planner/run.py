@@ -159,7 +159,7 @@ def _summarize(ctx: PlanContext, deepest: StepView | None = None) -> None:
     if status.workflow is None:
         return
     steps = step_views(ctx)
-    active = next((s for s in steps if s.st.phase in ("Running", "Retrying")), None)
+    active = next((s for s in steps if s.st.phase in ("Running", "Retrying", "AwaitingApproval")), None)
     if active is not None:
         active = deepest or _deepest_active(ctx)
     else:

@@ -107,6 +107,16 @@ def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Ite
             "to raise AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS",
             _concepts("iteration-cap"),
         )
+    stall = loop.stall
+    if stall is not None and loop.items is None and stall.window > loop.max_iterations:
+        yield Problem(
+            f"{view.field_path}.loop.stall.window",
+            stall.window,
+            f"loop.stall.window is larger than loop.maxIterations ({loop.max_iterations}), so the loop "
+            "ends before a stall could ever be seen",
+            f"set window to at most {loop.max_iterations} (2 or 3 is usual), or remove loop.stall",
+            _concepts("stall-detection"),
+        )
     yield from _state_problems(run, view)
 
 

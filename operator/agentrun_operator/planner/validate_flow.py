@@ -79,6 +79,8 @@ def _expressions(node: StepNode) -> Iterator[tuple[str, str]]:
         yield f"{path}.loop.condition.{field_name}", expression
     if loop.output is not None:
         yield f"{path}.loop.output.expression", loop.output.expression
+    if loop.stall is not None:
+        yield f"{path}.loop.stall.progress", loop.stall.progress
 
 
 def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
@@ -144,7 +146,12 @@ def flow_problems(run: AgentRun) -> list[Problem]:
     ]
 
 
-_BODY_FIELDS: Final = (".loop.condition.expression", ".loop.condition.until", ".loop.output.expression")
+_BODY_FIELDS: Final = (
+    ".loop.condition.expression",
+    ".loop.condition.until",
+    ".loop.output.expression",
+    ".loop.stall.progress",
+)
 
 
 def _iteration_steps_problems(
@@ -163,8 +170,8 @@ def _iteration_steps_problems(
             fix = "name one of the body's children, or reorder the steps"
         else:
             why = (
-                "iteration.steps is only filled in the loop.condition and loop.output of a loop body "
-                "(a group with loop), and this expression is not one"
+                "iteration.steps is only filled in the loop.condition, loop.output and loop.stall of a loop "
+                "body (a group with loop), and this expression is not one"
             )
             fix = (
                 "read an earlier step as steps.<name> instead, or move the expression to the loop "

@@ -2,7 +2,8 @@
 
 - a workload step runs Jobs (`workload`, with `attempts` and `loops`);
 - a group runs its children in order, and with `loop` repeats them as a loop body (`group`);
-- a switch runs the children of the case its expression selects (`switch`).
+- a switch runs the children of the case its expression selects (`switch`);
+- an approval gate runs no Job and waits for a person's decision (`approval`).
 
 Top-level steps run in order and the run stops at the first that fails. Inside a group or a switch
 the same order holds, but a failed child does not end the walk at once: the children after it are
@@ -11,6 +12,7 @@ the same order holds, but a failed child does not end the walk at once: the chil
 
 from __future__ import annotations
 
+from agentrun_operator.planner.approval import plan_approval
 from agentrun_operator.planner.context import PlanContext, clip
 from agentrun_operator.planner.group import plan_group
 from agentrun_operator.planner.outcome import Outcome
@@ -28,6 +30,8 @@ def plan_node(ctx: PlanContext, view: StepView) -> Outcome:
         return plan_group(ctx, view, plan_body)
     if kind == "switch":
         return plan_switch(ctx, view, plan_body)
+    if kind == "approval":
+        return plan_approval(ctx, view)
     return plan_workload(ctx, view)
 
 

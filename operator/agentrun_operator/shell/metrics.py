@@ -9,6 +9,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from agentrun_operator.planner.facts import (
+    ApprovalDecided,
+    ApprovalRequested,
     Fact,
     IterationFinished,
     LoopStopped,
@@ -35,6 +37,12 @@ SWITCH_CASES = Counter(
     "agentrun_switch_cases_total",
     "Switches by the branch taken: cases[<i>], default, or none (SwitchNoMatch).",
     ["case"],
+)
+APPROVAL_WAITS = Counter("agentrun_approval_waits_total", "Approval gates that started waiting.")
+APPROVAL_DECISIONS = Counter(
+    "agentrun_approval_decisions_total",
+    "Ends of approval waits (Approved, Rejected, TimedOut) and spec.approvals entries Refused.",
+    ["decision"],
 )
 NESTING_DEPTH = Gauge(
     "agentrun_nesting_depth_reached",
@@ -107,6 +115,10 @@ def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None)
         _observe_step_ended(fact)
     elif isinstance(fact, SwitchCaseTaken):
         SWITCH_CASES.labels(case=fact.case).inc()
+    elif isinstance(fact, ApprovalRequested):
+        APPROVAL_WAITS.inc()
+    elif isinstance(fact, ApprovalDecided):
+        APPROVAL_DECISIONS.labels(decision=fact.decision).inc()
     elif isinstance(fact, RunPhaseChanged):
         RUN_PHASE_TRANSITIONS.labels(phase=fact.phase, reason=fact.reason or "").inc()
     elif isinstance(fact, NextIterationRequested):

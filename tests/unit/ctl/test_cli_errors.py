@@ -26,7 +26,16 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("argv", [["status", "r"], ["watch", "r"], ["cancel", "r", "--graceful"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "r"],
+        ["watch", "r"],
+        ["cancel", "r", "--graceful"],
+        ["approve", "r", "--step", "a/b", "--input", "v=1"],
+        ["reject", "r", "--step", "a/b", "--reason", "no"],
+    ],
+)
 def test_no_kubeconfig(argv: list[str], no_credentials: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 4
     line = one_line_error(capsys)
@@ -81,7 +90,17 @@ def test_unreachable_api_server(no_credentials: Path, capsys: pytest.CaptureFixt
     assert "cannot reach the API server at https://127.0.0.1:1" in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("argv", [["watch"], ["status", "r", "-o", "table"], ["cancel", "r", "--now"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["watch"],
+        ["status", "r", "-o", "table"],
+        ["cancel", "r", "--now"],
+        ["approve", "r"],
+        ["reject", "r", "--step", "a/sign-off"],
+        ["approve", "r", "--step", "s", "--iteration", "two"],
+    ],
+)
 def test_bad_arguments_exit_4_not_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """2 means Cancelled for `watch`, so argument errors of the cluster commands use 4."""
     assert main(argv) == 4

@@ -29,6 +29,10 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 USAGE_TOKENS = 7
 OUTPUT = "work_out"
 
+STALL_PROGRESS = "iteration.index / 3"
+"""0, 0, 1, 1, 1, 2, …: the last `window` values are first all equal after iteration STALL_AT[window]."""
+STALL_AT = {2: 2, 3: 5}
+
 CONTROLS: list[dict[str, Any] | bytes | None] = [
     {"continue": True},
     {"continue": True},
@@ -63,6 +67,9 @@ def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
                 "output": st.just({"name": OUTPUT, "expression": "iteration.index"}),
                 "budget": st.integers(1, 30).map(lambda n: {"maxTokens": n}),
                 "onBudgetExhausted": st.sampled_from(["Succeed", "Fail"]),
+                "stall": st.sampled_from(sorted(STALL_AT)).map(
+                    lambda w: {"progress": STALL_PROGRESS, "window": w}
+                ),
             },
         ),
     )
@@ -177,6 +184,12 @@ class Checker:
             assert used - USAGE_TOKENS < bound, f"the loop ran past its budget: {used} of {bound}"
             if work.loop is not None and work.loop.stop_reason == "LoopBudgetExhausted":
                 assert used >= bound
+        if spec_loop is not None and spec_loop.stall is not None and work.loop is not None:
+            # a stalled loop never runs past its window: no iteration after the first stall point
+            stall_at = STALL_AT[spec_loop.stall.window]
+            assert work.loop.current_iteration <= stall_at, (work.loop.current_iteration, stall_at)
+            if work.loop.stop_reason == "LoopStalled":
+                assert work.loop.completed_iterations == stall_at
 
     def _check_not_lost(self, message: str) -> None:
         """A Job that succeeded must never be recorded as vanished (its result would be lost)."""

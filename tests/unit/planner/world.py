@@ -293,9 +293,14 @@ class PlannerWorld:
             )
         self._finish(name, "Succeeded", "Succeeded", reporter_message=message, main_exit_code=0)
 
-    def fail(self, name: str | None = None, exit_code: int = 1) -> None:
+    def fail(
+        self, name: str | None = None, exit_code: int = 1, message: str | None = None, reason: str = "Error"
+    ) -> None:
+        """The attempt fails: main exits with `exit_code`, leaving `message` as its termination message."""
         name = name or self.active()
-        self._finish(name, "Failed", "Failed", main_exit_code=exit_code, main_reason="Error")
+        self._finish(
+            name, "Failed", "Failed", main_exit_code=exit_code, main_reason=reason, main_message=message
+        )
 
     def deadline(self, name: str | None = None) -> None:
         """activeDeadlineSeconds fired: the Job controller sets `FailureTarget` (DeadlineExceeded) and
