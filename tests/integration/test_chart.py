@@ -107,7 +107,7 @@ def plane(control_plane: ControlPlane) -> ControlPlane:
 # -- lint, render, apply --------------------------------------------------------------------------
 def test_plain_helm_template_and_lint_work_without_a_kube_version(helm: Helm) -> None:
     """What a user types first: no --kube-version. helm is built with the Kubernetes version it links
-    (as helm's own Makefile does), so the chart's `kubeVersion: >=1.29` is satisfied offline."""
+    (as helm's own Makefile does), so the chart's `kubeVersion: >=1.33` is satisfied offline."""
     rendered = helm.run("template", str(CHART), check=False)
     assert rendered.returncode == 0, rendered.stderr
     kinds = {d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d}
