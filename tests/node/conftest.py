@@ -8,6 +8,7 @@ cgroups, no Docker engine to make the images (`make test` installs what it can a
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,29 @@ def _node_on(plane: ControlPlane, images: list[str]) -> Iterator[ControlPlane]:
     finally:
         node.stop()
         plane.stop()
+    # What `agentrun dev down` promises (docs/local-dev.md#real-node): nothing of the node is left.
+    assert not leftovers(plane), leftovers(plane)
+
+
+def leftovers(plane: ControlPlane) -> list[str]:
+    """Processes, mounts, the route, the bridge and the host paths the node made, if any remain."""
+    from agentrun_devcluster.node import host
+    from agentrun_devcluster.node.config import BRIDGE, POD_SUBNET
+
+    found = [f"mount {m}" for m in host.mounts_under([plane.home])]
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if str(plane.home) in argv and proc.name.isdigit():
+            found.append(f"process {proc.name}: {argv[:120]}")
+    routes = subprocess.run(["ip", "route", "show", POD_SUBNET], capture_output=True, text=True, check=False)
+    if routes.stdout.strip():
+        found.append(f"route {routes.stdout.strip()}")
+    if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False).returncode == 0:
+        found.append(f"link {BRIDGE}")
+    return found
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,17 @@ in tests/e2e.
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from agentrun_devcluster import processes
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.chaos.run import NODE_KINDS, Config, run
 from tests.e2e import (
@@ -27,6 +32,7 @@ from tests.e2e import (
     test_operating,
     test_stopping,
 )
+from tests.support.polling import eventually
 
 OVERRIDDEN = ("local_default", "release")
 """The fixtures this tier provides itself (tests/node/conftest.py)."""
@@ -87,6 +93,38 @@ TAKEN = take_over(
     ),
     globals(),
 )
+
+
+def _dev(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrun_operator.cli", "dev", *args],
+        env=dict(os.environ, AGENTRUN_DEV_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_dev_status_and_restart_know_the_nodes_components(real_node: ControlPlane) -> None:
+    """`agentrun dev status` lists containerd, the kubelet, kube-scheduler and the provisioner with
+    the control plane; `agentrun dev restart kubelet` brings the node back Ready on its own."""
+    from agentrun_devcluster.node.node import NODE_COMPONENTS, RealNode
+
+    status = _dev(real_node.home, "status")
+    rows = {
+        line.split()[0]: line.split()[2] for line in status.stdout.splitlines()[1:] if len(line.split()) > 2
+    }
+    for name in ("kube-apiserver", *NODE_COMPONENTS):
+        assert rows.get(name) == "healthy", status.stdout
+    before = processes.read_record(real_node.run_dir, "kubelet")
+    restarted = _dev(real_node.home, "restart", "kubelet")
+    assert restarted.returncode == 0, restarted.stderr
+    after = processes.read_record(real_node.run_dir, "kubelet")
+    assert before is not None and after is not None and after.pid != before.pid
+    eventually(
+        RealNode(real_node).node_ready, timeout=120, what="the node Ready again after the kubelet restart"
+    )
 
 
 def test_runs_survive_one_fault_of_each_kind_on_the_real_node(real_node: ControlPlane) -> None:
