@@ -25,6 +25,7 @@ from tests.e2e import (
     test_job_claim,
     test_kubelet_behaviours,
     test_operating,
+    test_pod_waits,
     test_stopping,
 )
 
@@ -83,6 +84,7 @@ TAKEN = take_over(
         test_stopping,
         test_job_claim,
         test_operating,
+        test_pod_waits,
         test_helm_install,
     ),
     globals(),

@@ -29,6 +29,7 @@ from agentrun_operator.planner.resolution import control_path, step_retries, ste
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
+from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
 
 JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""
@@ -213,7 +214,7 @@ def _mark_attempt_started(
     st = step.st
     retries = step_retries(step.spec, ctx.refs)
     where = f"iteration {iteration}/{step.max_iterations} " if loop is not None else ""
-    st.message = f"{where}attempt {attempt}/{retries + 1} running (Job {name})"
+    st.message = running_message(where, attempt, retries + 1, name)
     ctx.emit(
         "Normal",
         "IterationStarted",
@@ -317,14 +318,22 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
 def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
     if job.deleting:
         return _record_failure(ctx, step, job, f"Job {job.name} was deleted before it finished")
+    where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
+    base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
+    note_wait(ctx, step, base, ctx.observed.pods_of(job.name))
     timeout = step_timeout_seconds(step.spec, ctx.refs)
     if timeout > 0:
         start = job.started_at or _attempt_requested_at(step) or ctx.now
         kill_at = start + timedelta(seconds=timeout + DEADLINE_GRACE_SECONDS)
         if ctx.now >= kill_at:
             ctx.delete_reasons[job.name] = "still active past its activeDeadlineSeconds"
+            waited = waited_for(step.st.message)
+            tail = f"; its pod never started: {waited}" if waited else ""
             return _record_failure(
-                ctx, step, None, f"timed out after {timeout}s (the Job outlived its deadline and was deleted)"
+                ctx,
+                step,
+                None,
+                f"timed out after {timeout}s (the Job outlived its deadline and was deleted){tail}",
             )
         ctx.requeue((kill_at - ctx.now).total_seconds())
     return False
@@ -364,7 +373,9 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
 def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
     if job.outcome == "DeadlineExceeded":
         timeout = step_timeout_seconds(step.spec, ctx.refs)
-        return f"timed out after {timeout}s (activeDeadlineSeconds)"
+        waited = waited_for(step.st.message)
+        tail = f"; its pod never started: {waited}" if waited else ""
+        return f"timed out after {timeout}s (activeDeadlineSeconds){tail}"
     pods = ctx.observed.pods_of(job.name)
     for pod in pods:
         if pod.main_exit_code == 0:
