@@ -170,7 +170,7 @@ def _next_iteration_requested(
     ends = [
         p.finished_at
         for p in ctx.observed.pods_of(previous.name)
-        if p.phase == "Succeeded" and p.finished_at is not None
+        if (p.phase == "Succeeded" or p.reported) and p.finished_at is not None
     ]
     if ends:
         ctx.facts.append(NextIterationRequested(step.path, iteration, name, max(ends)))
@@ -344,7 +344,7 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
     path = pod_control_path(step)
     pods = ctx.observed.pods_of(job.name)
     since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
-    if any(not p.terminal for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
+    if any(not p.stopped for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
         return None
     reported = [p for p in pods if p.reporter_message is not None]
     if reported:

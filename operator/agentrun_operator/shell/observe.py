@@ -141,7 +141,18 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         reason=status.get("reason"),
         message=status.get("message"),
         waiting=pod_wait(status),
+        containers_ended=containers_ended(status),
     )
+
+
+def containers_ended(status: dict[str, Any]) -> bool:
+    """Every container in the pod's status has terminated, `main` among them: nothing of the pod
+    runs but its sandbox, though the kubelet has not written the terminal phase yet (it does after
+    the teardown). A restarting sidecar or a container not listed yet is not ended."""
+    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    if not any(cs.get("name") == MAIN_CONTAINER for cs in statuses):
+        return False
+    return all("terminated" in (cs.get("state") or {}) for cs in statuses)
 
 
 def pod_wait(status: dict[str, Any]) -> PodWait | None:

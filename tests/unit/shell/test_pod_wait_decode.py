@@ -91,3 +91,26 @@ def test_an_unschedulable_pod_carries_the_schedulers_words() -> None:
         ],
     }
     assert pod_wait(status) == PodWait("Unschedulable", message)
+
+
+def test_containers_ended_needs_every_listed_container_terminated_main_among_them() -> None:
+    from agentrun_operator.shell.observe import containers_ended
+
+    def cs(name: str, state: str) -> dict[str, Any]:
+        return {"name": name, "state": {state: {}}}
+
+    ended = {
+        "phase": "Running",
+        "initContainerStatuses": [cs("fingerprint", "terminated"), cs("reporter", "terminated")],
+        "containerStatuses": [cs("main", "terminated")],
+    }
+    assert containers_ended(ended)
+    reporter_running = {
+        **ended,
+        "initContainerStatuses": [cs("fingerprint", "terminated"), cs("reporter", "running")],
+    }
+    assert not containers_ended(reporter_running)
+    assert not containers_ended({"initContainerStatuses": [cs("fingerprint", "terminated")]})
+    assert not containers_ended({})
+    observed = pod_from_k8s(pod(ended))
+    assert observed is not None and observed.containers_ended and observed.phase == "Running"
