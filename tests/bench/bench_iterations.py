@@ -246,7 +246,17 @@ def main() -> int:
     ap.add_argument(
         "--workers", type=int, default=None, help="the operator's --workers (its default if unset)"
     )
+    ap.add_argument(
+        "--runtime",
+        choices=("process", "kubelet"),
+        default="process",
+        help="process: a driver plays the kubelet; kubelet: the real node (tests/bench/node_stages.py)",
+    )
+    ap.add_argument("--parallel", type=int, default=1, help="kubelet: runs at once (default 1)")
+    ap.add_argument("--bare-pods", type=int, default=10, help="kubelet: bare pods for the baseline")
     args = ap.parse_args()
+    if args.runtime == "kubelet":
+        return main_kubelet(args)
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     plane = ControlPlane(home, toolchain.ensure_tools(print))
@@ -421,6 +431,130 @@ def main() -> int:
             print(top)
         else:
             print(f"no profile written at {dump}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if ok else 1
+
+
+def main_kubelet(args: argparse.Namespace) -> int:
+    """The benchmark on the real node: the stage split of every iteration, and the bare pod
+    baseline from the same run (tests/bench/node_stages.py)."""
+    from tests.bench import node_stages
+
+    home = Path(tempfile.mkdtemp(prefix="agentrun-bench-node-"))
+    crds = Path(__file__).resolve().parents[2] / "crds"
+    plane, node = node_stages.start_node(home, toolchain.ensure_tools(print), crds)
+    operator: OperatorProcess | None = None
+    report: dict[str, Any] = {}
+    ok = False
+    try:
+        plane.kubectl("create", "namespace", NS)
+        while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
+            time.sleep(0.1)
+        jobs = node_stages.Watch(plane, f"/apis/batch/v1/namespaces/{NS}/jobs").start()
+        pods = node_stages.Watch(plane, f"/api/v1/namespaces/{NS}/pods").start()
+        run_watch = node_stages.Watch(plane, f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns")
+        run_watch.start()
+        port = processes.free_port()
+        operator = OperatorProcess(
+            plane,
+            home / "operator",
+            env={
+                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
+                "AGENTS_CONTROLLER_NAMESPACES": NS,
+                "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
+            },
+            args=(f"--metrics-port={port}", "--log-format=text"),
+        ).start()
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        before = scrape(port)
+        cpu_before = cpu_seconds(pid)
+        names = [f"bench-{r}" for r in range(args.runs)]
+        load_start = os.getloadavg()
+        started = time.monotonic()
+        deadline = started + args.timeout
+        for at in range(0, len(names), max(1, args.parallel)):
+            batch = names[at : at + max(1, args.parallel)]
+            for name in batch:
+                code, body = plane.api_request(
+                    "POST",
+                    f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
+                    agentrun(name, args.iterations),
+                )
+                if code != 201:
+                    raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
+            while time.monotonic() < deadline:
+                phases = {
+                    r["metadata"]["name"]: (r.get("status") or {}).get("phase") for r in list_runs(plane)
+                }
+                if all(phases.get(name) in FINAL for name in batch):
+                    break
+                time.sleep(0.5)
+            print(f"runs {at + len(batch)}/{len(names)} ended after {time.monotonic() - started:.1f}s")
+        elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
+        time.sleep(1.0)
+        after = scrape(port)
+        cpu = cpu_seconds(pid) - cpu_before
+        bare = node_stages.bare_pod_seconds(plane, pods, args.bare_pods, "busybox:1.36")
+        runs = list_runs(plane)
+        added, adds = jobs.first_added()
+        seen = JobWatch(plane)
+        seen.added, seen.adds = added, collections.Counter(adds)
+        check = lost_and_repeated(runs, names, args.iterations, seen)
+        rows = node_stages.iteration_figures(
+            names, args.iterations, added, node_stages.pods_by_job(pods.events), run_watch.events
+        )
+        figures = node_stages.summarize(rows, bare)
+        completed = max(1, check["completed_iterations"])
+        writes = sum(
+            v - before.get(k, 0.0)
+            for k, v in after.items()
+            if k.startswith("agentrun_api_requests_total{")
+            and 'verb="GET"' not in k
+            and 'verb="WATCH"' not in k
+        )
+        report = {
+            "runtime": "kubelet",
+            "runs": args.runs,
+            "iterations_per_run": args.iterations,
+            "parallel": args.parallel,
+            "wall_seconds": elapsed,
+            "load_average_start": list(load_start),
+            "load_average_end": list(load_end),
+            **figures,
+            "lost": check["lost"],
+            "repeated": check["repeated"],
+            "cpu_ms_per_iteration": 1000 * cpu / completed,
+            "writes_per_iteration": writes / completed,
+            "check": check,
+        }
+        print()
+        print(
+            f"runtime=kubelet runs={args.runs} iterations/run={args.iterations} parallel={args.parallel} "
+            f"wall={elapsed:.1f}s; load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}"
+        )
+        print(
+            f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished, "
+            f"lost={check['lost']} repeated={check['repeated']}"
+        )
+        for example in check["examples"]:
+            print("   ", example)
+        node_stages.print_summary(figures)
+        print(
+            f"operator CPU {report['cpu_ms_per_iteration']:.2f} ms and "
+            f"{report['writes_per_iteration']:.2f} API writes per iteration"
+        )
+        ok = check["lost"] == 0 and check["repeated"] == 0 and check["succeeded"] == check["runs"]
+    finally:
+        if operator is not None:
+            operator.stop()
+        node.stop()
+        plane.stop()
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.json}")

@@ -30,6 +30,7 @@ from tests.e2e import (
     test_job_claim,
     test_kubelet_behaviours,
     test_operating,
+    test_pod_waits,
     test_stopping,
 )
 from tests.support.polling import eventually
@@ -89,6 +90,7 @@ TAKEN = take_over(
         test_stopping,
         test_job_claim,
         test_operating,
+        test_pod_waits,
         test_helm_install,
     ),
     globals(),

@@ -37,6 +37,7 @@ from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
+from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
 
 JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""
@@ -178,7 +179,7 @@ def _next_iteration_requested(
     ends = [
         p.finished_at
         for p in ctx.observed.pods_of(previous.name)
-        if p.phase == "Succeeded" and p.finished_at is not None
+        if (p.phase == "Succeeded" or p.reported) and p.finished_at is not None
     ]
     if ends:
         ctx.facts.append(NextIterationRequested(step.path, iteration, name, max(ends)))
@@ -223,7 +224,7 @@ def _mark_attempt_started(
     st = step.st
     retries = step_retries(step.spec, ctx.refs)
     where = f"iteration {iteration}/{step.max_iterations} " if loop is not None else ""
-    st.message = f"{where}attempt {attempt}/{retries + 1} running (Job {name})"
+    st.message = running_message(where, attempt, retries + 1, name)
     ctx.emit(
         "Normal",
         "IterationStarted",
@@ -331,17 +332,22 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
         return _record_failure(
             ctx, step, job, f"Job {job.name} was deleted before it finished", REASON_DELETED
         )
+    where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
+    base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
+    note_wait(ctx, step, base, ctx.observed.pods_of(job.name))
     timeout = step_timeout_seconds(step.spec, ctx.refs)
     if timeout > 0:
         start = job.started_at or _attempt_requested_at(step) or ctx.now
         kill_at = start + timedelta(seconds=timeout + DEADLINE_GRACE_SECONDS)
         if ctx.now >= kill_at:
             ctx.delete_reasons[job.name] = "still active past its activeDeadlineSeconds"
+            waited = waited_for(step.st.message)
+            tail = f"; its pod never started: {waited}" if waited else ""
             return _record_failure(
                 ctx,
                 step,
                 None,
-                f"timed out after {timeout}s (the Job outlived its deadline and was deleted)",
+                f"timed out after {timeout}s (the Job outlived its deadline and was deleted){tail}",
                 REASON_DEADLINE,
             )
         ctx.requeue((kill_at - ctx.now).total_seconds())
@@ -353,7 +359,7 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
     path = pod_control_path(step)
     pods = ctx.observed.pods_of(job.name)
     since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
-    if any(not p.terminal for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
+    if any(not p.stopped for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
         return None
     reported = [p for p in pods if p.reporter_message is not None]
     if reported:
@@ -382,7 +388,9 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
 def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
     if job.outcome == "DeadlineExceeded":
         timeout = step_timeout_seconds(step.spec, ctx.refs)
-        return f"timed out after {timeout}s (activeDeadlineSeconds)"
+        waited = waited_for(step.st.message)
+        tail = f"; its pod never started: {waited}" if waited else ""
+        return f"timed out after {timeout}s (activeDeadlineSeconds){tail}"
     pods = ctx.observed.pods_of(job.name)
     for pod in pods:
         if pod.main_exit_code == 0:

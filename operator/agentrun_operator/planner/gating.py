@@ -162,7 +162,7 @@ def gate_clear(ctx: PlanContext, name: str) -> bool:
     for job in ctx.observed.jobs:
         if job.name != name and holds_volume(ctx, job):
             return False
-    return all(pod.job_name == name or pod.terminal for pod in ctx.observed.pods)
+    return all(pod.job_name == name or pod.stopped for pod in ctx.observed.pods)
 
 
 def succeeded_by_pod(ctx: PlanContext, job: ObservedJob) -> ObservedJob | None:
@@ -172,11 +172,15 @@ def succeeded_by_pod(ctx: PlanContext, job: ObservedJob) -> ObservedJob | None:
     terminated, none still on the volume) is the attempt's success. Acting on it saves the Job
     controller's status batching (about a second) from every iteration's turnaround. Failures still
     wait for the Job's own verdict, which names the cause (e.g. DeadlineExceeded).
+
+    The pod need not be `Succeeded` yet: once it has `reported` (every container ended, `main`
+    with 0, the envelope in its status) the attempt is decided, whatever the kubelet's teardown,
+    the phase or a later eviction or deletion of the pod says (docs/design.md#early-result).
     """
     pods = ctx.observed.pods_of(job.name)
     if len(pods) != 1 or job.deleting:
         return None
     pod = pods[0]
-    if pod.phase != "Succeeded" or pod.deleting:
+    if not pod.reported and (pod.phase != "Succeeded" or pod.deleting):
         return None
     return replace(job, outcome="Succeeded", finished_at=job.finished_at or pod.finished_at or ctx.now)

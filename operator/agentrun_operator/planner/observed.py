@@ -44,6 +44,19 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class PodWait:
+    """What a pod that has not started waits for, when it may wait for good: a container the node
+    cannot create (its image missing or not pullable, a missing Secret key), or no node for the pod
+    (`Unschedulable`). The normal waits (`ContainerCreating`, `PodInitializing`) are not recorded, so
+    an ordinary start re-plans nothing (planner/waiting.py)."""
+
+    reason: str  # the container's waiting reason, or `Unschedulable`
+    message: str = ""
+    container: str | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
 class ObservedPod:
     """A pod of an iteration Job. `terminal` means none of its containers can still touch the volume."""
 
@@ -62,16 +75,38 @@ class ObservedPod:
     # The pod's own status.reason/message (e.g. Evicted, NodeLost, Shutdown), set by whoever failed it.
     reason: str | None = None
     message: str | None = None
+    # Why it has not started, when that may last (`PodWait`); None for a pod on its normal way.
+    waiting: PodWait | None = None
+    # Every container of the pod has terminated (`main` among them), whatever the phase says yet:
+    # the kubelet writes the terminal phase only after tearing the sandbox and volumes down.
+    containers_ended: bool = False
 
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    @property
+    def stopped(self) -> bool:
+        """No container of it runs, so none can touch a volume: terminal, or every container ended
+        (docs/design.md#early-result)."""
+        return self.terminal or self.containers_ended
+
+    @property
+    def reported(self) -> bool:
+        """Its attempt's work is done and its report is in: every container ended, `main` with exit
+        code 0, and the reporter's envelope in the status (docs/design.md#early-result)."""
+        return self.containers_ended and self.main_exit_code == 0 and self.reporter_message is not None
+
     def plan_relevant(self) -> ObservedPod:
         """What of this pod can change a plan: Pending and Running are alike to every rule (only
-        how a pod ends, or that it is deleted, matters), so the shell need not re-plan between them.
+        how a pod ends, that it is deleted, or why it waits, matters), so the shell need not re-plan
+        between them; a change of `waiting` (a new reason, or the wait over) does re-plan.
         The claim's outcome (known once `fingerprint` ends, before `main` starts) is read when the
-        pod ends: it only adds a warning (planner/claims.py), so it re-plans nothing on its own."""
+        pod ends: it only adds a warning (planner/claims.py), so it re-plans nothing on its own.
+        A `reported` pod is recorded by its report, so its phase turning `Succeeded` afterwards (the
+        kubelet's teardown done) re-plans nothing either."""
+        if self.reported and self.phase in ("Running", "Succeeded"):
+            return replace(self, phase="Succeeded")  # its report decided; the phase adds nothing
         if self.terminal:
             return self
         return replace(self, phase="Running" if self.phase == "Pending" else self.phase, claim_message=None)
@@ -81,8 +116,9 @@ class ObservedPod:
         now be wrong. The first pod of a Job, not yet ended, can only hold the planner back (the
         one-Job gate, waiting for its report), never make it act, so the shell need not re-plan when
         it appears: the next plan, for any reason, sees it. A further pod of a Job can: a Job taken
-        for succeeded by its one pod is live again with two."""
-        return self.terminal or any(p.job_name == self.job_name for p in others)
+        for succeeded by its one pod is live again with two; and so can one that already waits for
+        good (the step's message says why)."""
+        return self.stopped or self.waiting is not None or any(p.job_name == self.job_name for p in others)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
 from agentrun_operator.jobs.builder import FINGERPRINT_CONTAINER, MAIN_CONTAINER, REPORTER_CONTAINER
-from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod
+from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
 from agentrun_operator.planner.resolution import effective_steps, effective_workload
+from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -139,7 +140,45 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         finished_at=finished_at,
         reason=status.get("reason"),
         message=status.get("message"),
+        waiting=pod_wait(status),
+        containers_ended=containers_ended(status),
     )
+
+
+def containers_ended(status: dict[str, Any]) -> bool:
+    """Every container in the pod's status has terminated, `main` among them: nothing of the pod
+    runs but its sandbox, though the kubelet has not written the terminal phase yet (it does after
+    the teardown). A restarting sidecar or a container not listed yet is not ended."""
+    statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    if not any(cs.get("name") == MAIN_CONTAINER for cs in statuses):
+        return False
+    return all("terminated" in (cs.get("state") or {}) for cs in statuses)
+
+
+def pod_wait(status: dict[str, Any]) -> PodWait | None:
+    """Why a pod waits, when it may wait for good (`planner/waiting.py`): the first container, init
+    containers first, waiting with such a reason (its image from the container's status, which the
+    kubelet fills from the spec for a container it could not create), else `Unschedulable`."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason in CONTAINER_WAIT_REASONS:
+                image = cs.get("image")
+                return PodWait(
+                    str(reason),
+                    str(waiting.get("message") or ""),
+                    str(cs.get("name") or ""),
+                    str(image) if image else None,
+                )
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == UNSCHEDULABLE
+        ):
+            return PodWait(UNSCHEDULABLE, str(condition.get("message") or ""))
+    return None
 
 
 def claim_names(run: AgentRun) -> list[str]:

@@ -1,0 +1,116 @@
+"""A pod's wait for good, decoded from its status as the informer sees it (`decode_pod_event` cuts
+the spec first: the image must come from the container's status)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentrun_operator.planner.observed import PodWait
+from agentrun_operator.shell.kube import decode_pod_event
+from agentrun_operator.shell.observe import pod_from_k8s, pod_wait
+
+
+def pod(status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"name": "run-iter-1-abc", "labels": {"job-name": "run-iter-1"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox:does-not-exist"}]},
+        "status": status,
+    }
+
+
+NEVER_PULL_STATUS = {
+    "phase": "Pending",
+    "initContainerStatuses": [
+        {"name": "fingerprint", "image": "op:1", "state": {"terminated": {"exitCode": 0}}},
+        {"name": "reporter", "image": "op:1", "state": {"running": {}}},
+    ],
+    "containerStatuses": [
+        {
+            "name": "main",
+            "image": "busybox:does-not-exist",
+            "state": {
+                "waiting": {
+                    "reason": "ErrImageNeverPull",
+                    "message": (
+                        'Container image "busybox:does-not-exist" is not present with pull policy of Never'
+                    ),
+                }
+            },
+        }
+    ],
+}
+
+
+def test_a_missing_image_is_decoded_from_the_watch_event_with_its_spec_cut() -> None:
+    event = json.dumps({"type": "MODIFIED", "object": pod(NEVER_PULL_STATUS)}, separators=(",", ":")).encode()
+    decoded = decode_pod_event(event)
+    assert decoded["object"]["spec"] == {}
+    observed = pod_from_k8s(decoded["object"])
+    assert observed is not None
+    assert observed.waiting == PodWait(
+        "ErrImageNeverPull",
+        'Container image "busybox:does-not-exist" is not present with pull policy of Never',
+        "main",
+        "busybox:does-not-exist",
+    )
+
+
+def test_init_containers_come_first() -> None:
+    status = {
+        "initContainerStatuses": [
+            {"name": "reporter", "image": "op:1", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+        ],
+        "containerStatuses": [
+            {"name": "main", "image": "b:1", "state": {"waiting": {"reason": "PodInitializing"}}}
+        ],
+    }
+    assert pod_wait(status) == PodWait("ImagePullBackOff", "", "reporter", "op:1")
+
+
+def test_normal_waits_and_scheduled_pods_are_no_wait() -> None:
+    for reason in ("ContainerCreating", "PodInitializing", None):
+        status = {
+            "containerStatuses": [{"name": "main", "image": "b:1", "state": {"waiting": {"reason": reason}}}],
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+        }
+        assert pod_wait(status) is None
+    assert pod_wait({}) is None
+    gated = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+    assert pod_wait(gated) is None
+
+
+def test_an_unschedulable_pod_carries_the_schedulers_words() -> None:
+    message = "0/1 nodes are available: 1 node(s) didn't find available persistent volumes to bind."
+    status = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        ],
+    }
+    assert pod_wait(status) == PodWait("Unschedulable", message)
+
+
+def test_containers_ended_needs_every_listed_container_terminated_main_among_them() -> None:
+    from agentrun_operator.shell.observe import containers_ended
+
+    def cs(name: str, state: str) -> dict[str, Any]:
+        return {"name": name, "state": {state: {}}}
+
+    ended = {
+        "phase": "Running",
+        "initContainerStatuses": [cs("fingerprint", "terminated"), cs("reporter", "terminated")],
+        "containerStatuses": [cs("main", "terminated")],
+    }
+    assert containers_ended(ended)
+    reporter_running = {
+        **ended,
+        "initContainerStatuses": [cs("fingerprint", "terminated"), cs("reporter", "running")],
+    }
+    assert not containers_ended(reporter_running)
+    assert not containers_ended({"initContainerStatuses": [cs("fingerprint", "terminated")]})
+    assert not containers_ended({})
+    observed = pod_from_k8s(pod(ended))
+    assert observed is not None and observed.containers_ended and observed.phase == "Running"
