@@ -50,6 +50,12 @@ Progress = Callable[[str], None]
 OWNER_FILE = Path("/run/agentrun-real-node/owner")
 """Host-wide: the state directory whose real node runs here. The node is a host-wide thing (a
 bridge, a route, fixed host paths, the kubelet's cgroups), so a second local default gets none."""
+NO_REGISTRY_ENV = {
+    key: "http://127.0.0.1:9" for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+} | {"NO_PROXY": "", "no_proxy": ""}
+"""containerd never reaches a registry: every pull goes to a closed loopback port as its proxy, so an
+image that is not on the node fails at once (`ErrImagePull`), with no DNS query and no traffic off
+the machine (docs/local-dev.md#real-node)."""
 HOST_LOCK = Path("/run/agentrun-real-node/lock")
 """Held by whoever needs the host's only real node for a while (the tests' session fixture)."""
 
@@ -260,6 +266,8 @@ class RealNode:
         log = self.plane.log_dir / f"{name}.log"
         offset = log.stat().st_size if log.exists() else 0
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        if name == CONTAINERD:
+            env.update(NO_REGISTRY_ENV)
         proc = processes.start_process(self.plane.run_dir, name, self._argv(name, cni_dir), log, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
