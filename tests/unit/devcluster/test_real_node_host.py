@@ -65,3 +65,15 @@ def test_mounts_are_unmounted_deepest_first(monkeypatch: pytest.MonkeyPatch, tmp
     )
     monkeypatch.setattr(host.Path, "read_text", lambda self, *a, **k: info)
     assert host.mounts_under([root]) == [f"{root}/a/b/c", f"{root}/a/b", f"{root}/a"]
+
+
+def test_containerd_reaches_no_registry_every_pull_goes_to_a_closed_loopback_port() -> None:
+    from urllib.parse import urlparse
+
+    from agentrun_devcluster.node.node import NO_REGISTRY_ENV
+
+    proxies = [
+        v for k, v in NO_REGISTRY_ENV.items() if k.lower().endswith("_proxy") and k.lower() != "no_proxy"
+    ]
+    assert len(proxies) == 4 and {urlparse(p).hostname for p in proxies} == {"127.0.0.1"}
+    assert NO_REGISTRY_ENV["NO_PROXY"] == NO_REGISTRY_ENV["no_proxy"] == ""  # no host bypasses it
