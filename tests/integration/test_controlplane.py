@@ -100,13 +100,15 @@ def test_start_survives_busy_ports_and_stop_leaves_nothing(
         assert busy in handed and plane.ports().etcd_client != busy
         ports = plane.ports()
         pids = [c.pid for c in plane.component_status()]
+        started = {pid: _start_time(pid) for pid in pids if pid is not None}
     finally:
         stopped = plane.stop()
         squatter.close()
     assert sorted(stopped) == sorted(COMPONENTS)
     for pid in pids:
         assert pid is not None
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        # Gone, a zombie, or the pid already reused by another process (a busy machine recycles pids).
+        assert _start_time(pid) in (None, "zombie") or _start_time(pid) != started[pid]
     for port in (ports.etcd_client, ports.etcd_peer, ports.apiserver, ports.controller_manager):
         assert not processes.port_open(port), f"port {port} still open after stop"
     assert not any((tmp_path / "plane" / "run").glob("*.pid"))
@@ -120,3 +122,12 @@ def test_kubectl_is_the_built_one(control_plane: ControlPlane) -> None:
         check=True,
     ).stdout
     assert json.loads(out)["clientVersion"]["gitVersion"] == f"v{toolchain.KUBERNETES_VERSION}"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), "zombie", or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return "zombie" if fields[0] == "Z" else fields[19]
