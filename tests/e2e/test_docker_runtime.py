@@ -22,6 +22,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.dockerengine import docker
 from agentrun_devcluster.podrunner.docker import LABEL_UID
 from tests.e2e.conftest import LocalDefault, start_local_default, step_status
+from tests.e2e.test_kubelet_behaviours import create_pod, get_pod
 from tests.support.polling import eventually
 
 NAMESPACE = "e2e-docker"
@@ -40,25 +41,6 @@ def docker_default(
         runtime="docker",
         operator_env={"AGENTS_REPORTER_IMAGE": docker_image},
     )
-
-
-def create_pod(env: LocalDefault, name: str, spec: dict[str, Any]) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec},
-    }
-    env.apply(yaml.safe_dump(pod))
-
-
-def get_pod(env: LocalDefault, name: str) -> dict[str, Any] | None:
-    code, body = env.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-    if code == 404:
-        return None
-    assert code == 200, body[:300]
-    pod: dict[str, Any] = json.loads(body)
-    return pod
 
 
 def main_status(pod: dict[str, Any] | None) -> dict[str, Any]:

@@ -32,14 +32,14 @@ def create_pod(env: LocalDefault, name: str, spec: dict[str, Any]) -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": env.namespace},
         "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, **spec},
     }
     env.apply(yaml.safe_dump(pod))
 
 
 def get_pod(env: LocalDefault, name: str) -> dict[str, Any] | None:
-    code, body = env.plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    code, body = env.plane.api_get(f"/api/v1/namespaces/{env.namespace}/pods/{name}")
     if code == 404:
         return None
     assert code == 200, body[:300]
