@@ -29,6 +29,7 @@ from tests.integration.helm import CHART, Helm
 from tests.support import api
 from tests.support.claims import bound_claim_dir, create_claim
 from tests.support.manifests import workflow_run
+from tests.support.node import NodeHost
 from tests.support.polling import eventually
 from tests.support.processes import RunnerProcess
 
@@ -41,7 +42,7 @@ SELECTOR = "app.kubernetes.io/name=agentrun-operator"
 class Release:
     plane: ControlPlane
     helm: Helm
-    runner: RunnerProcess
+    runner: RunnerProcess | NodeHost  # what runs the pods: the pod runner, or the real node
     # Each runtime gets its own namespaces and node: the two releases never share a claim or a run.
     release_ns: str
     runs_ns: str
@@ -142,9 +143,7 @@ def release(
         image = built.rsplit(":", 1)[0]
     plane = control_plane
     release_ns, runs_ns, node = f"agentrun-helm-{runtime}", f"helm-runs-{runtime}", f"agentrun-helm-{runtime}"
-    for ns in (release_ns, runs_ns):
-        if not plane.kubectl("get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
-            plane.kubectl("create", "namespace", ns)
+    ensure_namespaces(plane, release_ns, runs_ns)
     runner = RunnerProcess(
         plane,
         tmp_path_factory.mktemp(f"helm-runner-{runtime}"),
@@ -164,23 +163,40 @@ def release(
         # No periodic resync to fall back on: kopf's watches alone must drive the runs.
         "resyncSeconds": 3600,
     }
-    values_file = helm.values_file(values)
     try:
-        helm.run(
+        yield from installed(Release(plane, helm, runner, release_ns, runs_ns, node), values)
+    finally:
+        runner.stop()
+
+
+def ensure_namespaces(plane: ControlPlane, *names: str) -> None:
+    for ns in names:
+        if not plane.kubectl("get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
+            plane.kubectl("create", "namespace", ns)
+
+
+def installed(release: Release, values: dict[str, Any]) -> Iterator[Release]:
+    """The chart installed with `values` for the release; its runs deleted and it uninstalled after."""
+    values_file = release.helm.values_file(values)
+    try:
+        release.helm.run(
             "install",
             RELEASE,
             str(CHART),
             "--namespace",
-            release_ns,
+            release.release_ns,
             "--values",
             str(values_file),
             "--wait=false",
         )
-        yield Release(plane, helm, runner, release_ns, runs_ns, node)
+        yield release
     finally:
-        plane.kubectl("delete", "agentruns", "--all", "-n", runs_ns, "--wait=false", check=False)
-        helm.run("uninstall", RELEASE, "--namespace", release_ns, "--wait", "--timeout", "60s", check=False)
-        runner.stop()
+        release.plane.kubectl(
+            "delete", "agentruns", "--all", "-n", release.runs_ns, "--wait=false", check=False
+        )
+        release.helm.run(
+            "uninstall", RELEASE, "--namespace", release.release_ns, "--wait", "--timeout", "60s", check=False
+        )
 
 
 def test_install_runs_the_operator_as_a_pod_with_the_charts_credentials(release: Release) -> None:

@@ -17,8 +17,8 @@ import pytest
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.e2e.conftest import LocalDefault, start_local_default
-from tests.e2e.test_helm_install import IMAGE, RELEASE, Release
-from tests.integration.helm import CHART, Helm
+from tests.e2e.test_helm_install import IMAGE, Release, ensure_namespaces, installed
+from tests.integration.helm import Helm
 from tests.support.node import NodeHost
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -100,11 +100,11 @@ def local_default(
 def release(real_node: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     """The chart installed with loops on, its operator a real container on the real node: in the
     node's network (the API server listens on loopback), its image imported into containerd."""
+    from agentrun_devcluster.node.config import NODE_NAME
+
     plane = real_node
     release_ns, runs_ns = "agentrun-helm-kubelet", "helm-runs-kubelet"
-    for ns in (release_ns, runs_ns):
-        if not plane.kubectl("get", "ns", ns, "--ignore-not-found", "-o", "name").strip():
-            plane.kubectl("create", "namespace", ns)
+    ensure_namespaces(plane, release_ns, runs_ns)
     helm = Helm(Path(plane.bin_dir) / "helm", tmp_path_factory.mktemp("helm-home"), plane.kubeconfig)
     values = {
         "loops": {"enabled": True},
@@ -119,21 +119,4 @@ def release(real_node: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
         "metrics": {"port": processes.free_port()},
         "resyncSeconds": 3600,
     }
-    values_file = helm.values_file(values)
-    from agentrun_devcluster.node.config import NODE_NAME
-
-    try:
-        helm.run(
-            "install",
-            RELEASE,
-            str(CHART),
-            "--namespace",
-            release_ns,
-            "--values",
-            str(values_file),
-            "--wait=false",
-        )
-        yield Release(plane, helm, NodeHost(plane), release_ns, runs_ns, NODE_NAME)  # type: ignore[arg-type]
-    finally:
-        plane.kubectl("delete", "agentruns", "--all", "-n", runs_ns, "--wait=false", check=False)
-        helm.run("uninstall", RELEASE, "--namespace", release_ns, "--wait", "--timeout", "60s", check=False)
+    yield from installed(Release(plane, helm, NodeHost(plane), release_ns, runs_ns, NODE_NAME), values)
