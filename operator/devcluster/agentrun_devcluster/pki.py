@@ -120,7 +120,7 @@ def ensure_pki(root: Path) -> PKIPaths:
     if paths.ca_cert.exists() and all(paths.client_cert(n).exists() for n in CLIENTS):
         return paths
     if paths.ca_cert.exists() and paths.ca_key.exists() and paths.serving_cert.exists():
-        _issue_missing_clients(paths)  # a state directory of an earlier version: keep its CA
+        _issue_clients(paths, only_missing=True)  # a state directory of an earlier version: keep its CA
         return paths
 
     ca_key = _key()
@@ -175,10 +175,7 @@ def ensure_pki(root: Path) -> PKIPaths:
     _write_key(paths.serving_key, key)
     _write_cert(paths.serving_cert, cert)
 
-    for client, (cn, org) in CLIENTS.items():
-        key, cert = issue(_name(cn, org), [ExtendedKeyUsageOID.CLIENT_AUTH], None)
-        _write_key(paths.client_key(client), key)
-        _write_cert(paths.client_cert(client), cert)
+    _issue_clients(paths, only_missing=False)
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(paths.sa_key, sa_key)
@@ -190,14 +187,14 @@ def ensure_pki(root: Path) -> PKIPaths:
     return paths
 
 
-def _issue_missing_clients(paths: PKIPaths) -> None:
-    """Client certificates added in a later version, signed by the existing CA (clients and the
-    API server of a running plane keep trusting each other)."""
+def _issue_clients(paths: PKIPaths, only_missing: bool) -> None:
+    """The client certificates, signed by the CA on disk; `only_missing`: just those a later version
+    added (clients and the API server of a running plane keep trusting each other)."""
     ca_cert = x509.load_pem_x509_certificate(paths.ca_cert.read_bytes())
     ca_key = serialization.load_pem_private_key(paths.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     for client, (cn, org) in CLIENTS.items():
-        if paths.client_cert(client).exists():
+        if only_missing and paths.client_cert(client).exists():
             continue
         key = _key()
         cert = (
