@@ -5,7 +5,8 @@ so the imitation cannot drift from the real thing unseen (docs/development.md#ti
 Native sidecars start before the init containers after them and get SIGTERM after the main
 containers end; `$(VAR)` expansion; secret, emptyDir and PVC volumes; exit codes; termination
 messages (the last 4096 bytes of the file, each container's share of the pod's 12 KiB, the log's
-tail with FallbackToLogsOnError); PID 1 and the grace period.
+tail with FallbackToLogsOnError); PID 1 and the grace period; a sidecar's postStart hook, which
+completes before the next container starts, and kills its container when it fails.
 """
 
 from __future__ import annotations
@@ -189,6 +190,71 @@ def test_kubelet_order_env_volumes_and_messages(local_default: LocalDefault) -> 
     assert "secret-writable" not in out and "host-writable" not in out
     assert "scratch-writable" in out
     assert not (Path(sys.prefix) / "written-by-a-pod").exists()  # the host (here: the venv) is read-only
+
+
+def test_a_sidecars_post_start_hook_runs_before_main_and_a_failing_one_keeps_main_from_starting(
+    local_default: LocalDefault,
+) -> None:
+    """The iteration pod's fingerprint runs as the reporter's postStart hook
+    (docs/design.md#fingerprint-hook):
+    the kubelet starts the next container only once the hook has completed (here it takes a second,
+    so `main` would otherwise see no file), and a hook that fails kills its container, so `main`
+    never starts (the duplicate pod's guard)."""
+    env = local_default
+    env.create_claim("runner-hooks")
+    volumes = [{"name": "ws", "persistentVolumeClaim": {"claimName": "runner-hooks"}}]
+    mounts = [{"name": "ws", "mountPath": "/workspace"}]
+
+    def sidecar(hook: str) -> dict[str, Any]:
+        return {
+            "name": "side",
+            "image": IMAGE,
+            "restartPolicy": "Always",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done"],
+            "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", hook]}}},
+            "volumeMounts": mounts,
+        }
+
+    def main(marker: str) -> dict[str, Any]:
+        command = f"cat /workspace/hooked 2>/dev/null || echo none; echo ran > /workspace/{marker}"
+        return {"name": "main", "image": IMAGE, "command": ["sh", "-c", command], "volumeMounts": mounts}
+
+    create_pod(
+        env,
+        "hooked",
+        {
+            "shareProcessNamespace": True,
+            "terminationGracePeriodSeconds": 3,
+            "initContainers": [sidecar("sleep 1; echo hook-done > /workspace/hooked")],
+            "containers": [main("main-of-hooked")],
+            "volumes": volumes,
+        },
+    )
+    create_pod(
+        env,
+        "hook-fails",
+        {
+            "shareProcessNamespace": True,
+            "terminationGracePeriodSeconds": 3,
+            "activeDeadlineSeconds": 8,
+            "initContainers": [sidecar("echo refused > /workspace/refused; exit 1")],
+            "containers": [main("main-of-hook-fails")],
+            "volumes": volumes,
+        },
+    )
+    hooked = wait_terminal(env, "hooked")
+    assert hooked["status"]["phase"] == "Succeeded", hooked["status"]
+    assert dev_logs(env, "hooked", "main").split() == ["hook-done"]
+    failed = wait_terminal(env, "hook-fails")
+    assert failed["status"]["phase"] == "Failed" and failed["status"].get("reason") == "DeadlineExceeded"
+    claim = env.claim_dir("runner-hooks")
+    assert (claim / "refused").exists()  # the hook ran
+    assert not (claim / "main-of-hook-fails").exists()  # and main never did
+    side = container(failed, "side")
+    ended = (side.get("state") or {}).get("terminated") or (side.get("lastState") or {}).get("terminated")
+    assert ended is not None, side  # the failed hook killed the sidecar
+    main_state = container(failed, "main").get("state") or {}
+    assert "running" not in main_state and not (main_state.get("terminated") or {}).get("startedAt")
 
 
 def test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace(

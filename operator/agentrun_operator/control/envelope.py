@@ -65,6 +65,10 @@ class ControlEnvelope(BaseModel):
     size: int | None = Field(default=None, ge=0)
     reason: str | None = None
     control: dict[str, Any] | None = None
+    claim: dict[str, Any] | None = None
+    """The Job claim's outcome (`control/claim.py` report) when it is news: unavailable, or taken by
+    another pod. Rides along only when it fits beside everything else (it never shrinks the
+    control's budget); older operators ignore it."""
 
     @field_validator("path")
     @classmethod
@@ -114,7 +118,7 @@ def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
         "size": env.size,
         "reason": env.reason,
         "control": env.control,
-    }
+    } | ({"claim": env.claim} if env.claim is not None else {})
 
 
 def _wire(env: ControlEnvelope) -> bytes:
@@ -167,8 +171,21 @@ def fit_envelope(env: ControlEnvelope) -> ControlEnvelope:
     """Return ``env`` or a replacement whose encoding is well-formed JSON of at most 4096 bytes.
 
     A ``found`` envelope that would not fit becomes ``tooLarge``; a control object that is not
-    encodable JSON becomes ``invalid``; over-long reasons and paths are shortened.
+    encodable JSON becomes ``invalid``; over-long reasons and paths are shortened. The claim is
+    kept only when it fits beside the rest.
     """
+    claim, env = env.claim, env.model_copy(update={"claim": None})
+    fitted = _fit_without_claim(env)
+    if claim is None:
+        return fitted
+    with_claim = fitted.model_copy(update={"claim": claim})
+    try:
+        return with_claim if len(_wire(with_claim)) <= MAX_ENVELOPE_BYTES else fitted
+    except (ValueError, TypeError, RecursionError):
+        return fitted
+
+
+def _fit_without_claim(env: ControlEnvelope) -> ControlEnvelope:
     if env.control is not None:
         try:
             if len(_wire(env)) <= MAX_ENVELOPE_BYTES:

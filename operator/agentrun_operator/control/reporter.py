@@ -1,20 +1,24 @@
 """`agentrun reporter`: the small program in every iteration pod that carries the control payload out.
 
-The operator never mounts the PVC, so the pod reports for it (docs/design.md#iteration-pod). Two
-containers of the operator image run this module, and the Job builder must declare them in this order:
+The operator never mounts the PVC, so the pod reports for it (docs/design.md#iteration-pod). One
+container of the operator image runs this module, twice over:
 
 1. ``report`` — a native sidecar (an init container with ``restartPolicy: Always``) that lives for the
    whole pod. It blocks SIGTERM first thing, touches ``--ready-file``, and sleeps until the kubelet
    sends SIGTERM (which happens once the main container has ended). It then reads the control file,
-   compares it with the fingerprint, and writes the control envelope to its termination message.
-2. ``fingerprint`` — a regular init container. It waits (bounded) until the reporter is ready, so the
-   main container can never end before the reporter can receive its SIGTERM, then records what the
-   control file looked like *before* the main container ran. A file with the same fingerprint
-   afterwards was left by an earlier iteration: it is reported ``stale`` (and counts as missing).
-   First, with ``--claim-dir``, it claims the Job for its pod (``claim``): a duplicate pod of the
-   same Job waits here, before ``main``, until it is deleted.
+   compares it with the fingerprint, and writes the control envelope to its termination message
+   (with the claim's outcome when that is news, ``--claim-report``).
+2. ``fingerprint --hook`` — the reporter's postStart hook: the kubelet starts the next container only
+   once the hook has completed, so it runs before ``main`` without a container of its own (one
+   container start fewer per iteration, docs/design.md#fingerprint-hook). It waits (bounded) until
+   the reporter is ready, so the main container can never end before the reporter can receive its
+   SIGTERM, then records what the control file looked like *before* the main container ran. A file
+   with the same fingerprint afterwards was left by an earlier iteration: it is reported ``stale``
+   (and counts as missing). First, with ``--claim-dir``, it claims the Job for its pod (``claim``):
+   in a duplicate pod of the same Job the hook fails, so the kubelet never starts its ``main``.
+   (Pods made by earlier versions ran it as a regular init container, where a duplicate waited.)
 
-Neither ever fails the pod: problems are recorded (exit 0), and the report is always a well-formed
+The report never fails the pod: problems are recorded (exit 0), and it is always a well-formed
 envelope. Startup is kept light: only the standard library is imported before the signal is blocked;
 pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
 """
@@ -42,6 +46,9 @@ FINGERPRINT_VERSION: Final = 1
 #: ``fingerprint`` does not import pydantic.
 READ_LIMIT: Final = 64 * 1024
 DEFAULT_READY_TIMEOUT: Final = 10.0
+JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
+POD_UID_ENV: Final = "AGENTRUN_POD_UID"
+"""Set on the reporter from the downward API; read by ``fingerprint --hook``."""
 _WAIT_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
 _FALLBACK_MAX_BYTES: Final = 4096
 
@@ -161,12 +168,19 @@ def _wait_for_file(path: str, timeout: float) -> bool:
 
 
 def claim_or_wait(
-    claim_dir: str, job_uid: str, pod_uid: str, volume: str = "", termination_log: str | None = None
-) -> None:
-    """Claim the Job for this pod; a pod that finds it claimed by another never returns (see `claim`).
+    claim_dir: str,
+    job_uid: str,
+    pod_uid: str,
+    volume: str = "",
+    termination_log: str | None = None,
+    fail_if_taken: bool = False,
+) -> bool:
+    """Claim the Job for this pod; False when another pod holds it (with ``fail_if_taken``; without,
+    a pod that finds it claimed by another never returns, see `claim`).
 
-    The outcome goes to `termination_log` too (the operator turns an unavailable claim into a Warning
-    Event and a condition naming `volume`, docs/concepts.md#exactly-once)."""
+    The outcome goes to ``termination_log`` too: the old init container's termination message, or
+    the file the reporter puts in its envelope (the operator turns an unavailable claim into a
+    Warning Event and a condition naming ``volume``, docs/concepts.md#exactly-once)."""
     from agentrun_operator.control import claim
 
     taken = claim.claim_job(claim_dir, job_uid, pod_uid)
@@ -178,18 +192,20 @@ def claim_or_wait(
     elif taken.outcome == "unavailable":
         on = f" on volume {volume!r}" if volume else ""
         _log(f"no claim of Job {job_uid}{on}: {taken.detail}; going on (a duplicate pod would run main too)")
+    if termination_log and (taken.outcome != "taken" or fail_if_taken):
+        try:
+            _write_atomically(termination_log, claim.report_text(taken, volume, claim_dir))
+        except OSError as exc:
+            _log(f"cannot write the claim's outcome to {termination_log}: {exc}")
     if taken.outcome != "taken":
-        if termination_log:
-            try:
-                with open(termination_log, "w", encoding="utf-8") as handle:
-                    handle.write(claim.report_text(taken, volume, claim_dir))
-            except OSError as exc:
-                _log(f"cannot write the claim's outcome to {termination_log}: {exc}")
-        return
+        return True
     _log(
         f"Job {job_uid} already runs in pod {taken.detail}: this pod is a duplicate the Job controller "
-        "created; waiting, without running main, until it deletes this pod"
+        "created; it never runs main"
+        + ("" if fail_if_taken else " (waiting until the Job controller deletes it)")
     )
+    if fail_if_taken:  # a postStart hook: failing it keeps main from starting (the kubelet retries)
+        return False
     while True:  # SIGTERM (the pod's deletion) ends the process
         time.sleep(3600)
 
@@ -204,13 +220,23 @@ def cmd_fingerprint(
     pod_uid: str = "",
     claim_volume: str = "",
     termination_log: str | None = None,
+    hook: bool = False,
 ) -> int:
-    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
-    exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead)."""
+    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``.
+
+    As the reporter's postStart hook (``hook``), the Job and pod uids come from the container's
+    environment (the kubelet expands no ``$(VAR)`` in a hook's command) and a duplicate pod fails
+    the hook (exit 1), so the kubelet never starts its ``main``; otherwise exit 0 whatever happens
+    (a duplicate pod waits in `claim_or_wait` instead)."""
+    if hook:
+        job_uid = job_uid or os.environ.get(JOB_UID_ENV, "")
+        pod_uid = pod_uid or os.environ.get(POD_UID_ENV, "")
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
-    if claim_dir:
-        claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, termination_log)
+    if claim_dir and not claim_or_wait(
+        claim_dir, job_uid, pod_uid, claim_volume, termination_log, fail_if_taken=hook
+    ):
+        return 1
     try:
         doc = fingerprint_of(path, observe(path))
     except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
@@ -224,6 +250,21 @@ def cmd_fingerprint(
     state = "absent" if doc.get("exists") is False else (doc.get("error") or f"{doc.get('size')} bytes")
     _log(f"fingerprint of {path}: {state}")
     return 0
+
+
+def _load_claim(claim_report: str | None) -> dict[str, Any] | None:
+    """The claim report the postStart hook wrote, when it says something the operator must hear
+    (`unavailable`, or `taken` by another pod); None for a claim taken as expected, or none."""
+    if not claim_report:
+        return None
+    try:
+        with open(claim_report, encoding="utf-8") as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("claim") not in ("unavailable", "taken"):
+        return None
+    return doc
 
 
 # ------------------------------------------------------------------------------------- the report
@@ -294,12 +335,17 @@ def _fallback_text(path: str, reason: str) -> str:
     return '{"v":1,"status":"invalid","path":"","size":null,"reason":"reporter error","control":null}'
 
 
-def report_text(path: str, fingerprint_path: str | None) -> str:
-    """The encoded envelope for the control file; any unexpected error becomes an ``invalid`` one."""
+def report_text(path: str, fingerprint_path: str | None, claim_report: str | None = None) -> str:
+    """The encoded envelope for the control file (with the claim's outcome when it is news); any
+    unexpected error becomes an ``invalid`` one."""
     try:
         from agentrun_operator.control.envelope import encode_envelope
 
-        return encode_envelope(build_report(path, fingerprint_path))
+        envelope = build_report(path, fingerprint_path)
+        claim = _load_claim(claim_report)
+        if claim is not None:
+            envelope = envelope.model_copy(update={"claim": claim})
+        return encode_envelope(envelope)
     except Exception as exc:
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
         reason = f"reporter failed: {type(exc).__name__}: {exc}"
@@ -331,6 +377,7 @@ def cmd_report(
     termination_log: str,
     wait: bool,
     ready_file: str | None,
+    claim_report: str | None = None,
 ) -> int:
     """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens."""
     if wait:
@@ -347,7 +394,7 @@ def cmd_report(
             _log(f"cannot import the envelope module: {exc}")
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
-    text = report_text(path, fingerprint_path)
+    text = report_text(path, fingerprint_path, claim_report)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -393,7 +440,13 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     fp.add_argument(
         "--termination-log",
         metavar="FILE",
-        help="write the claim's outcome (JSON) here: the container's terminationMessagePath",
+        help="write the claim's outcome (JSON) here: a terminationMessagePath, or --claim-report's file",
+    )
+    fp.add_argument(
+        "--hook",
+        action="store_true",
+        help=f"run as the reporter's postStart hook: uids from ${JOB_UID_ENV}/${POD_UID_ENV}, and a "
+        "duplicate pod fails (exit 1) instead of waiting",
     )
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
@@ -406,6 +459,11 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         help="sleep until SIGTERM (sent when the main container has ended), then report",
     )
     rep.add_argument("--ready-file", metavar="FILE", help="create FILE once SIGTERM can no longer be lost")
+    rep.add_argument(
+        "--claim-report",
+        metavar="FILE",
+        help="the claim's outcome written by `fingerprint --hook`; put in the envelope when it is news",
+    )
     return parser
 
 
@@ -426,9 +484,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pod_uid,
             args.claim_volume,
             args.termination_log,
+            args.hook,
         )
     return cmd_report(
-        args.path, args.fingerprint, args.termination_log, args.wait_for_signal, args.ready_file
+        args.path,
+        args.fingerprint,
+        args.termination_log,
+        args.wait_for_signal,
+        args.ready_file,
+        args.claim_report,
     )
 
 

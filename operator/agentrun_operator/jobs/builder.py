@@ -11,22 +11,24 @@ Pod layout (why it looks like this):
 - `reporter` — a native sidecar (init container with `restartPolicy: Always`) of the operator image.
   It is declared *first* so it is running (and has blocked SIGTERM, see `control/reporter.py`) before
   anything else; it reads the control file once the main container has ended and writes the control
-  envelope to its termination message, where the operator reads it.
-- `fingerprint` — a regular init container that waits for the reporter to be ready, claims the Job
-  for its pod on the control file's volume (a duplicate pod of the Job waits there instead of
-  running `main`, docs/concepts.md#exactly-once), and records what the control file looked like
-  before `main` ran, so a file left by an earlier iteration is reported `stale` instead of being
-  mistaken for this iteration's answer.
+  envelope to its termination message, where the operator reads it. Its postStart hook (`fingerprint
+  --hook`) waits for the reporter to be ready, claims the Job for its pod on the control file's
+  volume (in a duplicate pod of the Job the hook fails, so its `main` never starts,
+  docs/concepts.md#exactly-once), and records what the control file looked like before `main` ran,
+  so a file left by an earlier iteration is reported `stale` instead of being mistaken for this
+  iteration's answer. The kubelet starts `main` only once the hook has completed; a hook rather than
+  a regular init container saves a container start, about a second a pod on a real node
+  (docs/design.md#fingerprint-hook).
 - `main` — the agent (or user) container.
 
-Both helper containers mount the volume that holds the control path at the same mount path (the
-operator never mounts the PVC itself): the reporter read-only; `fingerprint` as `main` does. The
-Job's claim (`.agentrun-claims/`, the only thing `fingerprint` writes on a volume) is taken on a PVC
-(`claim_volume`): the control file's when `main` writes it, else `main`'s first read-write PVC, else
-its first PVC (read-only: the claim fails and the run says so); a pod without a PVC shares no state
-and takes none. `fingerprint` mounts that volume as `main` does. When the control path lies on no
-volume an `emptyDir` is added. A pod with a PVC gets `fsGroup` (`pod_security_context`), so the
-kubelet makes a root-owned volume writable for the helper's uid (docs/design.md#claim-storage).
+The reporter mounts the volume that holds the control path at the same mount path as `main` (the
+operator never mounts the PVC itself). The Job's claim (`.agentrun-claims/`, the only thing the hook
+writes on a volume) is taken on a PVC (`claim_volume`): the control file's when `main` writes it,
+else `main`'s first read-write PVC, else its first PVC (read-only: the claim fails and the run says
+so); a pod without a PVC shares no state and takes none. The reporter mounts that volume as `main`
+does. When the control path lies on no volume an `emptyDir` is added. A pod with a PVC gets
+`fsGroup` (`pod_security_context`), so the kubelet makes a root-owned volume writable for the
+helper's uid (docs/design.md#claim-storage).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
+from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
 from agentrun_operator.planner.resolution import (
     References,
     control_path,
@@ -62,10 +65,12 @@ from agentrun_operator.planner.resolution import (
 MAIN_CONTAINER: Final = "main"
 REPORTER_CONTAINER: Final = "reporter"
 FINGERPRINT_CONTAINER: Final = "fingerprint"
+"""The init container pods made before the fingerprint hook have (the shell still reads its report)."""
 META_VOLUME: Final = "agentrun-meta"
 META_MOUNT: Final = "/agentrun-meta"
 FINGERPRINT_FILE: Final = f"{META_MOUNT}/fingerprint.json"
 REPORTER_READY_FILE: Final = f"{META_MOUNT}/reporter-ready"
+CLAIM_REPORT_FILE: Final = f"{META_MOUNT}/claim.json"
 CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"
 TERMINATION_LOG: Final = "/dev/termination-log"
@@ -77,7 +82,8 @@ HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
     "limits": {"memory": "128Mi"},
 }
-"""Requests of the reporter and fingerprint containers: they idle, then parse at most 64 KiB of JSON."""
+"""Requests of the reporter container: it idles (its fingerprint hook a moment beside it), then parses
+at most 64 KiB of JSON."""
 
 _ENV_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9]")
 
@@ -303,9 +309,8 @@ class _PodVolumes:
     volumes: list[dict[str, Any]]
     main_mounts: list[dict[str, Any]]
     reporter_mounts: list[dict[str, Any]]
-    fingerprint_mounts: list[dict[str, Any]]
     claim_volume: WorkloadVolume | None
-    """The PVC `fingerprint` claims the Job on (`claim_volume`); None: the pod has no PVC."""
+    """The PVC the fingerprint hook claims the Job on (`claim_volume`); None: the pod has no PVC."""
 
     @property
     def claim_dir(self) -> str | None:
@@ -330,29 +335,28 @@ def claim_volume(volumes: Iterable[WorkloadVolume], holder: WorkloadVolume | Non
 
 
 def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
-    """Pod volumes, `main`'s mounts, and the reporter/fingerprint mounts for the control path.
+    """Pod volumes, `main`'s mounts, and the reporter's mounts for the control path.
 
-    The reporter sees the control file's volume read-only; `fingerprint` sees it, and the claim
-    volume, as `main` does, for the Job's claim, and writes nothing else (control/claim.py)."""
+    The reporter sees the control file's volume, and the claim volume, as `main` does: its
+    fingerprint hook takes the Job's claim there and writes nothing else (control/claim.py); the
+    report itself only reads."""
     user = list(workload.volumes or [])
     volumes = [_pod_volume(v) for v in user]
     main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
     meta = _mount(META_VOLUME, META_MOUNT, False)
     holder = volume_holding(path, user)
     if holder is not None:
-        reporter_mounts = [meta, _mount(holder.name, holder.mount_path, True)]
-        fingerprint_mounts = [meta, _mount(holder.name, holder.mount_path, bool(holder.read_only))]
+        reporter_mounts = [meta, _mount(holder.name, holder.mount_path, bool(holder.read_only))]
     else:
         directory = posixpath.dirname(path) or "/"
         volumes.append({"name": CONTROL_FALLBACK_VOLUME, "emptyDir": {}})
         main_mounts.append(_mount(CONTROL_FALLBACK_VOLUME, directory, False))
         reporter_mounts = [meta, _mount(CONTROL_FALLBACK_VOLUME, directory, True)]
-        fingerprint_mounts = list(reporter_mounts)
     claim = claim_volume(user, holder)
     if claim is not None and claim is not holder:
-        fingerprint_mounts.insert(1, _mount(claim.name, claim.mount_path, bool(claim.read_only)))
+        reporter_mounts.insert(1, _mount(claim.name, claim.mount_path, bool(claim.read_only)))
     volumes.append({"name": META_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
-    return _PodVolumes(volumes, main_mounts, reporter_mounts, fingerprint_mounts, claim)
+    return _PodVolumes(volumes, main_mounts, reporter_mounts, claim)
 
 
 # ----------------------------------------------------------------------------------- containers
@@ -372,42 +376,46 @@ def _helper_container(
     }
 
 
-def reporter_container(path: str, mounts: list[dict[str, Any]], config: OperatorConfig) -> dict[str, Any]:
-    """The native sidecar that reports the control envelope via its termination message."""
-    args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
-    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE]
-    return {
-        **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
-        "restartPolicy": "Always",
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "File",
-    }
-
-
-def fingerprint_container(
+def reporter_container(
     path: str,
     mounts: list[dict[str, Any]],
     config: OperatorConfig,
     claim_dir: str | None = None,
     claim_volume: str = "",
 ) -> dict[str, Any]:
-    """The init container that claims the Job for its pod (with `claim_dir`, docs/concepts.md#exactly-once)
-    and records the control file before `main` starts (stale detection). The claim's outcome is its
-    termination message, which the operator reads (`control.claim.read_report`)."""
-    args = ["--path", path, "--out", FINGERPRINT_FILE, "--reporter-ready", REPORTER_READY_FILE]
-    if claim_dir is None:
-        return _helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config)
-    args += ["--claim-dir", claim_dir, "--job-uid", "$(AGENTRUN_JOB_UID)", "--pod-uid", "$(AGENTRUN_POD_UID)"]
-    args += ["--claim-volume", claim_volume, "--termination-log", TERMINATION_LOG]
-    return {
-        **_helper_container(FINGERPRINT_CONTAINER, "fingerprint", args, mounts, config),
+    """The native sidecar that reports the control envelope via its termination message; its
+    postStart hook (`fingerprint_hook`) claims the Job and fingerprints the control file before the
+    kubelet starts `main` (docs/design.md#fingerprint-hook)."""
+    args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
+    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE]
+    if claim_dir is not None:
+        args += ["--claim-report", CLAIM_REPORT_FILE]
+    container = {
+        **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
+        "restartPolicy": "Always",
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "env": [
-            {"name": "AGENTRUN_JOB_UID", "valueFrom": {"fieldRef": {"fieldPath": JOB_UID_FIELD}}},
-            {"name": "AGENTRUN_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-        ],
+        "lifecycle": {"postStart": {"exec": {"command": fingerprint_hook(path, claim_dir, claim_volume)}}},
     }
+    if claim_dir is not None:
+        container["env"] = [
+            {"name": JOB_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOB_UID_FIELD}}},
+            {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        ]
+    return container
+
+
+def fingerprint_hook(path: str, claim_dir: str | None = None, claim_volume: str = "") -> list[str]:
+    """The reporter's postStart hook: claims the Job for its pod (with `claim_dir`,
+    docs/concepts.md#exactly-once; a duplicate pod fails the hook, so its `main` never starts) and
+    records the control file before `main` starts (stale detection). The claim's outcome goes to
+    `CLAIM_REPORT_FILE`, which the reporter puts in its envelope when it is news."""
+    command = ["agentrun", "reporter", "fingerprint", "--hook", "--path", path, "--out", FINGERPRINT_FILE]
+    command += ["--reporter-ready", REPORTER_READY_FILE]
+    if claim_dir is not None:
+        command += ["--claim-dir", claim_dir, "--claim-volume", claim_volume]
+        command += ["--termination-log", CLAIM_REPORT_FILE]
+    return command
 
 
 def main_container(
@@ -492,10 +500,9 @@ def _pod_spec(
         "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": step_grace_seconds(step, config),
         "initContainers": [
-            reporter_container(path, volumes.reporter_mounts, config),
-            fingerprint_container(
+            reporter_container(
                 path,
-                volumes.fingerprint_mounts,
+                volumes.reporter_mounts,
                 config,
                 volumes.claim_dir,
                 volumes.claim_volume.name if volumes.claim_volume is not None else "",

@@ -9,6 +9,7 @@ decides the outcome, and the Job is `settling` until the terminal one (docs/desi
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Final
 
@@ -113,7 +114,8 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             )
             if terminated:
                 reporter_message = terminated.get("message")
-        elif cs.get("name") == FINGERPRINT_CONTAINER:
+                claim_message = claim_message or envelope_claim(reporter_message)
+        elif cs.get("name") == FINGERPRINT_CONTAINER:  # pods made before the fingerprint hook
             terminated = (cs.get("state") or {}).get("terminated")
             if terminated:
                 claim_message = terminated.get("message")
@@ -143,6 +145,20 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         waiting=pod_wait(status),
         containers_ended=containers_ended(status),
     )
+
+
+def envelope_claim(message: str | None) -> str | None:
+    """The claim report the reporter's envelope carries when the claim's outcome is news (the
+    fingerprint hook's, docs/design.md#fingerprint-hook), as the text `control.claim.read_report`
+    reads; None when there is none or the message is no such envelope."""
+    if not message or '"claim"' not in message:
+        return None
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        return None
+    claim = doc.get("claim") if isinstance(doc, dict) else None
+    return json.dumps(claim, separators=(",", ":")) if isinstance(claim, dict) else None
 
 
 def containers_ended(status: dict[str, Any]) -> bool:

@@ -214,3 +214,49 @@ def test_with_the_pod_s_fs_group_applied_the_helper_claims(root_owned_volume: Pa
     assert info.st_gid == FS_GROUP and stat.S_IMODE(info.st_mode) & 0o2070 == 0o2070
     assert _claim_as(20002, [20002, FS_GROUP], claims, "job-2") == "claimed:"
     assert _claim_as(20002, [20002, FS_GROUP], claims, "job-1") == f"taken:pod-of-{HELPER_UID}"
+
+
+# -------------------------------------------------- the fingerprint as the reporter's postStart hook
+
+
+def _hook(tmp_path: Path, pod_uid: str) -> subprocess.CompletedProcess[str]:
+    """`fingerprint --hook` as the kubelet runs it: uids from the reporter's environment."""
+    args = [
+        "fingerprint",
+        "--hook",
+        "--path",
+        str(tmp_path / "c.json"),
+        "--out",
+        str(tmp_path / f"fp-{pod_uid}"),
+    ]
+    args += ["--claim-dir", str(tmp_path / "claims"), "--claim-volume", "work"]
+    args += ["--termination-log", str(tmp_path / f"claim-{pod_uid}.json")]
+    env = dict(os.environ, AGENTRUN_JOB_UID="job-uid-1", AGENTRUN_POD_UID=pod_uid)
+    return subprocess.run(
+        [sys.executable, "-m", MODULE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+
+
+def test_as_a_hook_a_duplicate_pod_fails_at_once_so_its_main_never_starts(tmp_path: Path) -> None:
+    """docs/design.md#fingerprint-hook: a hook must end (the kubelet waits for it before `main`), so
+    the duplicate fails it instead of waiting; the kubelet then kills and restarts the reporter, and
+    `main` never starts. The outcome is left for the reporter's envelope."""
+    first = _hook(tmp_path, "pod-a")
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "fp-pod-a").is_file()
+    assert read_report((tmp_path / "claim-pod-a.json").read_text()) == Report(
+        "claimed", "work", str(tmp_path / "claims"), ""
+    )
+    again = _hook(tmp_path, "pod-a")  # the reporter restarted in the same pod: still its own
+    assert again.returncode == 0, again.stderr
+    duplicate = _hook(tmp_path, "pod-b")
+    assert duplicate.returncode == 1
+    assert "this pod is a duplicate" in duplicate.stderr and "never runs main" in duplicate.stderr
+    assert not (tmp_path / "fp-pod-b").exists()
+    report = read_report((tmp_path / "claim-pod-b.json").read_text())
+    assert report is not None and (report.outcome, report.detail) == ("taken", "pod-a")

@@ -455,3 +455,37 @@ def test_agentrun_reporter_help_exits_zero(words: list[str], capsys: pytest.Capt
         cli_main(words)
     assert exc.value.code == 0
     assert "usage: agentrun reporter" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("outcome", ["unavailable", "taken"])
+def test_the_report_carries_the_claim_when_it_is_news(pod: Pod, outcome: str) -> None:
+    """The fingerprint hook's claim report rides in the envelope (docs/design.md#fingerprint-hook)."""
+    claim = pod.root / "claim.json"
+    claim.write_text(json.dumps({"v": 1, "claim": outcome, "volume": "work", "dir": "/w/c", "detail": "d"}))
+    pod.write_control('{"continue": true}')
+    proc = pod.run(*pod.report_args(), "--claim-report", str(claim))
+    assert proc.returncode == 0, proc.stderr
+    env = decode_envelope(pod.termination_log.read_text())
+    assert env.status == "found" and env.claim is not None and env.claim["claim"] == outcome
+
+
+def test_a_claim_taken_as_expected_adds_nothing(pod: Pod) -> None:
+    claim = pod.root / "claim.json"
+    claim.write_text(json.dumps({"v": 1, "claim": "claimed", "volume": "work", "dir": "/w/c", "detail": ""}))
+    pod.write_control('{"continue": true}')
+    proc = pod.run(*pod.report_args(), "--claim-report", str(claim))
+    assert proc.returncode == 0, proc.stderr
+    assert '"claim"' not in pod.termination_log.read_text()
+
+
+def test_the_claim_never_takes_the_control_s_room() -> None:
+    """The control keeps its whole budget: a claim that does not fit beside it is dropped."""
+    claim = {"v": 1, "claim": "unavailable", "volume": "w", "dir": "/d", "detail": "x" * 400}
+    budget = envelope.max_control_bytes("/p", 10)
+    full = {"k": "v" * (budget - len('{"k":""}'))}
+    packed = envelope.ControlEnvelope(status="found", path="/p", size=10, control=full, claim=claim)
+    text = envelope.encode_envelope(packed)
+    assert len(text.encode()) <= MAX_ENVELOPE_BYTES
+    assert decode_envelope(text).control == full and '"claim"' not in text
+    small = packed.model_copy(update={"control": {"k": 1}})
+    assert decode_envelope(envelope.encode_envelope(small)).claim == claim

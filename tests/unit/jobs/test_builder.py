@@ -422,13 +422,21 @@ def test_step_volumes_replace_the_runs() -> None:
     assert "workspace" not in names and "other" in names
 
 
-def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
+def hook(job: dict[str, Any]) -> list[str]:
+    """The reporter's postStart hook command (the fingerprint, docs/design.md#fingerprint-hook)."""
+    command = init(job, "reporter")["lifecycle"]["postStart"]["exec"]["command"]
+    assert isinstance(command, list)
+    return command
+
+
+def test_the_reporter_is_the_only_helper_a_native_sidecar_whose_hook_fingerprints() -> None:
+    """One helper container: the fingerprint runs as the reporter's postStart hook, which the kubelet
+    completes before it starts main (a container start fewer per pod)."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
-    assert [c["name"] for c in pod(job)["initContainers"]] == ["reporter", "fingerprint"]
-    reporter, fingerprint = init(job, "reporter"), init(job, "fingerprint")
+    assert [c["name"] for c in pod(job)["initContainers"]] == ["reporter"]
+    reporter = init(job, "reporter")
     assert reporter["restartPolicy"] == "Always"
-    assert "restartPolicy" not in fingerprint
-    assert reporter["image"] == fingerprint["image"] == "operator:1"
+    assert reporter["image"] == "operator:1"
     assert reporter["command"] == ["agentrun", "reporter", "report"]
     assert reporter["args"] == [
         "--path",
@@ -440,8 +448,14 @@ def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
         "--wait-for-signal",
         "--ready-file",
         "/agentrun-meta/reporter-ready",
+        "--claim-report",
+        "/agentrun-meta/claim.json",
     ]
-    assert fingerprint["args"][:6] == [
+    assert hook(job)[:10] == [
+        "agentrun",
+        "reporter",
+        "fingerprint",
+        "--hook",
         "--path",
         "/workspace/.agentrun/loop-control.json",
         "--out",
@@ -451,9 +465,7 @@ def test_reporter_is_a_native_sidecar_before_the_fingerprint() -> None:
     ]
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
-    assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in reporter["volumeMounts"]
-    for helper in (reporter, fingerprint):
-        assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in helper["volumeMounts"]
+    assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in reporter["volumeMounts"]
     assert all(m["name"] != META_VOLUME for m in main(job)["volumeMounts"])
 
 
@@ -484,11 +496,11 @@ def test_control_path_on_no_volume_gets_an_empty_dir_in_main_and_helpers() -> No
     assert {"name": CONTROL_FALLBACK_VOLUME, "mountPath": "/workspace/.agentrun", "readOnly": True} in init(
         job, "reporter"
     )["volumeMounts"]
-    assert all(m["name"] != "workspace" for m in init(job, "reporter")["volumeMounts"])
 
 
-def test_the_reporter_never_mounts_the_pvc_writable() -> None:
-    """Only main, and fingerprint for the Job claim (docs/concepts.md#exactly-once), may write it."""
+def test_the_reporter_mounts_the_pvc_as_main_does_for_the_job_claim() -> None:
+    """Only main and the reporter (whose hook takes the Job claim, docs/concepts.md#exactly-once)
+    mount it, both as the step says."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
     writable = {
         c["name"]
@@ -496,30 +508,27 @@ def test_the_reporter_never_mounts_the_pvc_writable() -> None:
         for m in c["volumeMounts"]
         if m["name"] == "workspace" and not m.get("readOnly")
     }
-    assert writable == {"main", "fingerprint"}
+    assert writable == {"main", "reporter"}
 
 
-def claim_args(fingerprint: dict[str, Any]) -> dict[str, str]:
-    args = fingerprint["args"]
-    start = args.index("--claim-dir")
-    return dict(zip(args[start::2], args[start + 1 :: 2], strict=True))
+def claim_args(command: list[str]) -> dict[str, str]:
+    start = command.index("--claim-dir")
+    return dict(zip(command[start::2], command[start + 1 :: 2], strict=True))
 
 
-def test_fingerprint_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
-    """docs/concepts.md#exactly-once: fingerprint mounts the control volume as main does, to claim the Job,
-    and reports the claim's outcome in its termination message."""
-    fingerprint = init(build({"workload": {"image": "img", "volumes": [PVC]}}), "fingerprint")
-    assert claim_args(fingerprint) == {
+def test_the_fingerprint_hook_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
+    """docs/concepts.md#exactly-once: the reporter mounts the control volume as main does, its hook
+    claims the Job (uids from the downward API in the reporter's env: a hook's command expands no
+    `$(VAR)`) and leaves the outcome for the reporter's envelope."""
+    job = build({"workload": {"image": "img", "volumes": [PVC]}})
+    assert claim_args(hook(job)) == {
         "--claim-dir": "/workspace/.agentrun-claims",
-        "--job-uid": "$(AGENTRUN_JOB_UID)",
-        "--pod-uid": "$(AGENTRUN_POD_UID)",
         "--claim-volume": "workspace",
-        "--termination-log": "/dev/termination-log",
+        "--termination-log": "/agentrun-meta/claim.json",
     }
-    assert fingerprint["terminationMessagePath"] == "/dev/termination-log"
-    assert fingerprint["terminationMessagePolicy"] == "File"
-    assert {"name": "workspace", "mountPath": "/workspace"} in fingerprint["volumeMounts"]
-    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in fingerprint["env"]}
+    reporter = init(job, "reporter")
+    assert {"name": "workspace", "mountPath": "/workspace"} in reporter["volumeMounts"]
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in reporter["env"]}
     assert fields == {
         "AGENTRUN_JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']",
         "AGENTRUN_POD_UID": "metadata.uid",
@@ -535,26 +544,26 @@ def test_a_control_path_on_no_volume_claims_on_main_s_first_read_write_pvc() -> 
         {**PVC, "name": "other", "claimName": "o", "mountPath": "/o"},
     ]
     job = build({"workload": {"image": "img", "volumes": volumes}})
-    fingerprint = init(job, "fingerprint")
-    assert claim_args(fingerprint)["--claim-dir"] == "/w/.agentrun-claims"
-    assert claim_args(fingerprint)["--claim-volume"] == "workspace"
-    mounts = {m["name"]: m for m in fingerprint["volumeMounts"]}
+    assert claim_args(hook(job))["--claim-dir"] == "/w/.agentrun-claims"
+    assert claim_args(hook(job))["--claim-volume"] == "workspace"
+    mounts = {m["name"]: m for m in init(job, "reporter")["volumeMounts"]}
     assert mounts["workspace"] == {"name": "workspace", "mountPath": "/w"}
     assert mounts[CONTROL_FALLBACK_VOLUME]["readOnly"] is True
     assert set(mounts) == {META_VOLUME, "workspace", CONTROL_FALLBACK_VOLUME}
-    assert {"name": "workspace", "mountPath": "/w"} not in init(job, "reporter")["volumeMounts"]
 
 
 def test_a_read_only_control_volume_claims_on_a_writable_pvc_else_tries_the_read_only_one() -> None:
-    """A read-only mount cannot hold the claim: another read-write PVC does; with none, fingerprint
+    """A read-only mount cannot hold the claim: another read-write PVC does; with none, the hook
     tries the read-only one, fails and says so (the run gets a Warning Event and a condition)."""
     writable = {**PVC, "name": "state", "claimName": "st", "mountPath": "/state"}
     both = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}, writable]}})
-    assert claim_args(init(both, "fingerprint"))["--claim-dir"] == "/state/.agentrun-claims"
-    only = init(build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}}), "fingerprint")
-    assert claim_args(only)["--claim-dir"] == "/workspace/.agentrun-claims"
-    assert claim_args(only)["--claim-volume"] == "workspace"
-    assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in only["volumeMounts"]
+    assert claim_args(hook(both))["--claim-dir"] == "/state/.agentrun-claims"
+    only = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}})
+    assert claim_args(hook(only))["--claim-dir"] == "/workspace/.agentrun-claims"
+    assert claim_args(hook(only))["--claim-volume"] == "workspace"
+    assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in init(only, "reporter")[
+        "volumeMounts"
+    ]
 
 
 def test_no_claim_and_no_fs_group_without_a_pvc() -> None:
@@ -562,8 +571,8 @@ def test_no_claim_and_no_fs_group_without_a_pvc() -> None:
     volumes = [{"name": "scratch", "type": "emptyDir", "mountPath": "/workspace"}]
     for workload in ({"image": "img", "volumes": volumes}, {"image": "img"}):
         job = build({"workload": workload})
-        fingerprint = init(job, "fingerprint")
-        assert "--claim-dir" not in fingerprint["args"] and "env" not in fingerprint
+        assert "--claim-dir" not in hook(job) and "env" not in init(job, "reporter")
+        assert "--claim-report" not in init(job, "reporter")["args"]
         assert "securityContext" not in pod(job)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRunStatus
 from agentrun_operator.shell.kube import _resource_of
@@ -269,3 +271,33 @@ def test_pod_level_reason_and_message_are_observed() -> None:
     assert pod is not None and pod.reason == "Evicted" and pod.message == "The node was low on memory."
     plain = pod_from_k8s({"metadata": {"name": "p", "labels": {"job-name": "j"}}, "status": {}})
     assert plain is not None and plain.reason is None and plain.message is None
+
+
+def test_the_claim_comes_from_the_reporter_s_envelope_or_an_older_pod_s_fingerprint() -> None:
+    """docs/design.md#fingerprint-hook: the hook's claim report rides in the reporter's envelope; pods
+    made before the hook had a `fingerprint` init container whose termination message held it."""
+    from agentrun_operator.shell.observe import envelope_claim
+
+    claim = {"v": 1, "claim": "unavailable", "volume": "w", "dir": "/w/c", "detail": "denied"}
+    message = json.dumps(
+        {
+            "v": 1,
+            "status": "missing",
+            "path": "/p",
+            "size": None,
+            "reason": "r",
+            "control": None,
+            "claim": claim,
+        }
+    )
+    assert envelope_claim(message) is not None and json.loads(envelope_claim(message) or "") == claim
+    assert envelope_claim('{"v":1,"status":"missing"}') is None
+    assert envelope_claim("not json") is None and envelope_claim(None) is None
+    pod = {
+        "metadata": {"name": "p", "labels": {"job-name": "j"}},
+        "status": {
+            "initContainerStatuses": [{"name": "reporter", "state": {"terminated": {"message": message}}}]
+        },
+    }
+    observed = pod_from_k8s(pod)
+    assert observed is not None and json.loads(observed.claim_message or "") == claim

@@ -483,6 +483,24 @@ def exit_reason(exit_code: int, oom: bool = False) -> str:
     return "Completed" if exit_code == 0 else "Error"
 
 
+def post_start_command(container: Mapping[str, Any]) -> list[str] | None:
+    """The container's `lifecycle.postStart.exec.command`, which the kubelet runs in the container
+    right after starting it and completes before it counts the container started (a sidecar's next
+    container waits for it; a failing hook kills the container, which restarts by its policy).
+    None without one (an `httpGet` or `sleep` hook is not imitated: it is ignored)."""
+    hook = ((container.get("lifecycle") or {}).get("postStart") or {}).get("exec") or {}
+    command = hook.get("command")
+    return [str(c) for c in command] if isinstance(command, list) and command else None
+
+
+def hook_container(container: Mapping[str, Any], command: list[str]) -> dict[str, Any]:
+    """The container as its exec hook runs: the same image, env and mounts, the hook's command (which
+    the kubelet does not `$(VAR)`-expand: neither does `container_argv` for text without `$(`)."""
+    hook = {k: v for k, v in container.items() if k not in ("lifecycle", "restartPolicy", "args")}
+    hook["command"] = [c.replace("$(", "$$(") for c in command]
+    return hook
+
+
 def shares_process_namespace(pod: Mapping[str, Any]) -> bool:
     """Whether the pod's containers share one PID namespace under a pause process, so that no
     container's command is PID 1 (docs/local-dev.md#pod-runner-signals)."""

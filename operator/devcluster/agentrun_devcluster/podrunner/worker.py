@@ -123,6 +123,14 @@ def _started_monotonic(start_time: str | None) -> float:
     return time.monotonic() - max(0.0, time.time() - started)
 
 
+def _tail(path: Path, size: int = 512) -> str:
+    """The end of a log, for a failed hook's message."""
+    try:
+        return _read_part(path, -size).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
 class PodWorker:
     """Walks one pod through the kubelet's life cycle in its own thread."""
 
@@ -558,6 +566,38 @@ class PodWorker:
             )
             if record is not None:
                 adopt.write_launch(self.dir, record)
+        self._post_start(name, env, restart)
+
+    def _post_start(self, name: str, env: dict[str, str], restart: int) -> None:
+        """Run the container's postStart exec hook to its end, as the kubelet does before it counts the
+        container started (so a sidecar's next container waits for it). A hook that fails, or cannot
+        start, kills the container (`FailedPostStartHook`), which restarts by its policy. The hook runs
+        as a process of the container's image, env and mounts, not inside the container's own
+        processes (docs/local-dev.md#pod-runner-hooks)."""
+        command = S.post_start_command(self.specs[name])
+        if command is None or name not in self.procs:
+            return
+        self.publish()  # running, not started yet: what the API shows while the hook runs
+        hook_name = f"{name}-poststart"
+        container = S.hook_container(self.specs[name], command)
+        failure: str | None = None
+        try:
+            proc = self._spawn(hook_name, container, env, restart)
+        except (S.ContainerConfigError, S.StartError) as exc:
+            failure = str(exc)
+        else:
+            while not proc.done:
+                if self._interrupted():
+                    proc.kill()
+                    return
+                self._wait(1.0)
+            if proc.exit_code != 0:
+                failure = f"exit code {proc.exit_code}: {_tail(proc.log_path)}"
+        if failure is None:
+            return
+        log.info("pod %s/%s container %s: FailedPostStartHook: %s", self.namespace, self.name, name, failure)
+        grace = float(self.spec.get("terminationGracePeriodSeconds", S.DEFAULT_GRACE_SECONDS))
+        self._stop_container(name, time.monotonic() + grace)
 
     def _spawn(
         self, name: str, container: Mapping[str, Any], env: dict[str, str], restart: int

@@ -378,3 +378,27 @@ def test_only_pods_that_serve_ports_get_their_own_network() -> None:
     assert wants_own_network(
         {"initContainers": [{"name": "s", "ports": [{"containerPort": 1}]}], "containers": []}
     )
+
+
+def test_a_post_start_exec_hook_runs_as_the_container_with_the_hook_s_command() -> None:
+    """docs/local-dev.md#pod-runner-hooks: the hook keeps the container's image, env and mounts; its
+    command is not `$(VAR)`-expanded (the kubelet does not expand a hook's command)."""
+    container = {
+        "name": "reporter",
+        "image": "operator:1",
+        "command": ["agentrun", "reporter", "report"],
+        "args": ["--path", "/w/c.json"],
+        "restartPolicy": "Always",
+        "env": [{"name": "A", "value": "1"}],
+        "volumeMounts": [{"name": "ws", "mountPath": "/w"}],
+        "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo $(A) $A"]}}},
+    }
+    command = S.post_start_command(container)
+    assert command == ["sh", "-c", "echo $(A) $A"]
+    hook = S.hook_container(container, command)
+    assert hook["image"] == "operator:1" and hook["env"] == container["env"]
+    assert hook["volumeMounts"] == container["volumeMounts"]
+    assert "lifecycle" not in hook and "restartPolicy" not in hook and "args" not in hook
+    assert S.container_argv(hook, {"A": "1"}) == ["sh", "-c", "echo $(A) $A"]
+    assert S.post_start_command({"name": "x"}) is None
+    assert S.post_start_command({"lifecycle": {"postStart": {"httpGet": {"port": 80}}}}) is None
