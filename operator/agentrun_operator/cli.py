@@ -7,8 +7,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from agentrun_operator import __version__
-
 
 def _cmd_crds(args: argparse.Namespace) -> int:
     from agentrun_operator.api.crd import render_crds_yaml, write_crds
@@ -208,6 +206,10 @@ def _add_gate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not at the top: `agentrun reporter` (every iteration pod, twice) never builds
+    # this parser, and the version's lookup (importlib.metadata) costs it ~0.2 s of startup.
+    from agentrun_operator import __version__
+
     parser = argparse.ArgumentParser(prog="agentrun", description=__doc__)
     parser.add_argument("--version", action="version", version=f"agentrun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

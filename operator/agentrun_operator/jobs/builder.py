@@ -118,6 +118,9 @@ class PlannedAttempt:
     """AGENTRUN_ITERATION when it is not `iteration` (a child of a loop body without a loop of its
     own gets the body's iteration; its Job name keeps iteration 1)."""
     path: str | None = None
+    prefer_node: str | None = None
+    """The node the run's newest stopped pod ran on (`planner/placement.py`): a pod with a PVC prefers
+    it, where the volume is attached (docs/design.md#next-pod-placement)."""
     """For a nested step: its path as Events and logs name it (`develop/iteration 2/review`), kept in
     the Job's `naming.ANNOTATION_STEP` annotation so every decision about the Job can name it."""
 
@@ -524,7 +527,23 @@ def _pod_spec(
         pod["nodeSelector"] = dict(workload.node_selector)
     if workload.tolerations:
         pod["tolerations"] = [t.to_dict() for t in workload.tolerations]
+    affinity = same_node_affinity(attempt.prefer_node, volumes.claim_volume)
+    if affinity is not None:
+        pod["affinity"] = affinity
     return pod
+
+
+def same_node_affinity(node: str | None, claim: WorkloadVolume | None) -> dict[str, Any] | None:
+    """A soft preference for `node` (by `metadata.name`: a node's hostname label may differ from its
+    name) for a pod with a PVC; None without a node or a PVC (nothing attached to stay near)."""
+    if node is None or claim is None:
+        return None
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+    }
 
 
 def pod_security_context(claim: WorkloadVolume | None, config: OperatorConfig) -> dict[str, Any] | None:

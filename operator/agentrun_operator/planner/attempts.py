@@ -32,6 +32,7 @@ from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
+from agentrun_operator.planner.placement import preferred_node
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
@@ -94,6 +95,7 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         step=with_inherited_parameters(step) if nested else None,
         control_path=pod_control_path(step) if nested else None,
         path=step.label if nested else None,
+        prefer_node=preferred_node(ctx.observed.pods),
     )
     looping = _loop_env(step, iteration)
     if looping is None:

@@ -80,6 +80,9 @@ class ObservedPod:
     # Every container of the pod has terminated (`main` among them), whatever the phase says yet:
     # the kubelet writes the terminal phase only after tearing the sandbox and volumes down.
     containers_ended: bool = False
+    # The node it was scheduled to (`spec.nodeName`): the next pod of the run prefers it, where the
+    # run's volume is attached (planner/placement.py).
+    node_name: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -104,12 +107,16 @@ class ObservedPod:
         The claim's outcome (known once `fingerprint` ends, before `main` starts) is read when the
         pod ends: it only adds a warning (planner/claims.py), so it re-plans nothing on its own.
         A `reported` pod is recorded by its report, so its phase turning `Succeeded` afterwards (the
-        kubelet's teardown done) re-plans nothing either."""
+        kubelet's teardown done) re-plans nothing either. Its node matters only once it has stopped
+        (the next pod's placement), so being scheduled re-plans nothing."""
         if self.reported and self.phase in ("Running", "Succeeded"):
             return replace(self, phase="Succeeded")  # its report decided; the phase adds nothing
         if self.terminal:
             return self
-        return replace(self, phase="Running" if self.phase == "Pending" else self.phase, claim_message=None)
+        running = "Running" if self.phase == "Pending" else self.phase
+        if self.containers_ended:  # stopped: its node is news for the next pod's placement
+            return replace(self, phase=running, claim_message=None)
+        return replace(self, phase=running, claim_message=None, node_name=None)
 
     def arrival_can_change_a_plan(self, others: tuple[ObservedPod, ...]) -> bool:
         """Whether a plan made before this pod was seen (beside `others`, the run's other pods) may

@@ -144,6 +144,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         message=status.get("message"),
         waiting=pod_wait(status),
         containers_ended=containers_ended(status),
+        node_name=(pod.get("spec") or {}).get("nodeName") or None,
     )
 
 
