@@ -372,6 +372,10 @@ def _helper_container(
     return {
         "name": name,
         "image": config.reporter_image,
+        # The operator's own release image: on the node after the first pod, never worth a registry
+        # round trip per pod, even when configured by a moving tag such as `latest`
+        # (docs/design.md#iteration-pod).
+        "imagePullPolicy": "IfNotPresent",
         "command": ["agentrun", "reporter", subcommand],
         "args": args,
         "resources": HELPER_RESOURCES,

@@ -437,6 +437,7 @@ def test_the_reporter_is_the_only_helper_a_native_sidecar_whose_hook_fingerprint
     reporter = init(job, "reporter")
     assert reporter["restartPolicy"] == "Always"
     assert reporter["image"] == "operator:1"
+    assert reporter["imagePullPolicy"] == "IfNotPresent"  # no registry round trip per pod
     assert reporter["command"] == ["agentrun", "reporter", "report"]
     assert reporter["args"] == [
         "--path",
