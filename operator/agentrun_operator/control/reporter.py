@@ -1,25 +1,25 @@
 """`agentrun reporter`: the small program in every iteration pod that carries the control payload out.
 
 The operator never mounts the PVC, so the pod reports for it (docs/design.md#iteration-pod). One
-container of the operator image runs this module, twice over:
+container of the operator image runs this module: ``report``, a native sidecar (an init container
+with ``restartPolicy: Always``) that lives for the whole pod.
 
-1. ``report`` — a native sidecar (an init container with ``restartPolicy: Always``) that lives for the
-   whole pod. It blocks SIGTERM first thing, touches ``--ready-file``, and sleeps until the kubelet
-   sends SIGTERM (which happens once the main container has ended). It then reads the control file,
-   compares it with the fingerprint, and writes the control envelope to its termination message
-   (with the claim's outcome when that is news, ``--claim-report``).
-2. ``fingerprint --hook`` — the reporter's postStart hook: the kubelet starts the next container only
-   once the hook has completed, so it runs before ``main`` without a container of its own (one
-   container start fewer per iteration, docs/design.md#fingerprint-hook). It waits (bounded) until
-   the reporter is ready, so the main container can never end before the reporter can receive its
-   SIGTERM, then records what the control file looked like *before* the main container ran. A file
-   with the same fingerprint afterwards was left by an earlier iteration: it is reported ``stale``
-   (and counts as missing). First, with ``--claim-dir``, it claims the Job for its pod (``claim``):
-   in a duplicate pod of the same Job the hook fails, so the kubelet never starts its ``main``.
-   (Pods made by earlier versions ran it as a regular init container, where a duplicate waited.)
+1. Before ``main`` (``--before-main``): it blocks SIGTERM first thing, claims the Job for its pod
+   (``claim``), records what the control file looks like (the fingerprint), and writes its pid
+   to ``--ready-file`` — or ``taken`` when another pod of the Job holds the claim. The reporter's
+   postStart hook, a shell loop, waits for that file and fails for ``taken``; the kubelet starts
+   ``main`` only once the hook has completed, so ``main`` never starts before the claim and the
+   fingerprint, and never in a duplicate pod (docs/design.md#fingerprint-hook).
+2. After ``main``: it sleeps until the kubelet sends SIGTERM (once the main container has ended),
+   reads the control file, compares it with the fingerprint (a file with the same fingerprint was
+   left by an earlier iteration: ``stale``, which counts as missing), and writes the control
+   envelope to its termination message, with the claim's outcome when that is news.
 
-The report never fails the pod: problems are recorded (exit 0), and it is always a well-formed
-envelope. Startup is kept light: only the standard library is imported before the signal is blocked;
+``fingerprint`` is the init container of pods made before (it claimed and fingerprinted in a
+container of its own, and a duplicate waited there). The report never fails the pod: problems are
+recorded (exit 0), and it is always a well-formed envelope.
+
+Startup is kept light: only the standard library is imported before the signal is blocked;
 pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
 """
 
@@ -46,9 +46,12 @@ FINGERPRINT_VERSION: Final = 1
 #: ``fingerprint`` does not import pydantic.
 READ_LIMIT: Final = 64 * 1024
 DEFAULT_READY_TIMEOUT: Final = 10.0
+TAKEN: Final = "taken"
+"""What the ready file says in a duplicate pod, whose `main` must never run; else it holds the
+reporter's pid (the pod may start `main`)."""
 JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
 POD_UID_ENV: Final = "AGENTRUN_POD_UID"
-"""Set on the reporter from the downward API; read by ``fingerprint --hook``."""
+"""Set on the reporter from the downward API; read by ``report --before-main``."""
 _WAIT_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
 _FALLBACK_MAX_BYTES: Final = 4096
 
@@ -204,10 +207,26 @@ def claim_or_wait(
         "created; it never runs main"
         + ("" if fail_if_taken else " (waiting until the Job controller deletes it)")
     )
-    if fail_if_taken:  # a postStart hook: failing it keeps main from starting (the kubelet retries)
+    if fail_if_taken:  # the reporter: its postStart hook then fails, so main never starts
         return False
     while True:  # SIGTERM (the pod's deletion) ends the process
         time.sleep(3600)
+
+
+def record_fingerprint(path: str, out: str) -> None:
+    """Record what the control file looks like now into ``out`` (never raises)."""
+    try:
+        doc = fingerprint_of(path, observe(path))
+    except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
+        error = f"{type(exc).__name__}: {exc}"
+        doc = {"v": FINGERPRINT_VERSION, "path": path, "exists": None, "error": error}
+    try:
+        _write_atomically(out, json.dumps(doc, separators=(",", ":")))
+    except Exception as exc:
+        _log(f"cannot write the fingerprint to {out}: {exc}; stale files will not be detected")
+        return
+    state = "absent" if doc.get("exists") is False else (doc.get("error") or f"{doc.get('size')} bytes")
+    _log(f"fingerprint of {path}: {state}")
 
 
 def cmd_fingerprint(
@@ -220,40 +239,39 @@ def cmd_fingerprint(
     pod_uid: str = "",
     claim_volume: str = "",
     termination_log: str | None = None,
-    hook: bool = False,
 ) -> int:
-    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``.
-
-    As the reporter's postStart hook (``hook``), the Job and pod uids come from the container's
-    environment (the kubelet expands no ``$(VAR)`` in a hook's command) and a duplicate pod fails
-    the hook (exit 1), so the kubelet never starts its ``main``; otherwise exit 0 whatever happens
-    (a duplicate pod waits in `claim_or_wait` instead)."""
-    if hook:
-        job_uid = job_uid or os.environ.get(JOB_UID_ENV, "")
-        pod_uid = pod_uid or os.environ.get(POD_UID_ENV, "")
+    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
+    exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead). The init container
+    of pods made before the reporter did this itself (`prepare_for_main`)."""
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
-    if claim_dir and not claim_or_wait(
-        claim_dir, job_uid, pod_uid, claim_volume, termination_log, fail_if_taken=hook
-    ):
-        return 1
-    try:
-        doc = fingerprint_of(path, observe(path))
-    except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
-        error = f"{type(exc).__name__}: {exc}"
-        doc = {"v": FINGERPRINT_VERSION, "path": path, "exists": None, "error": error}
-    try:
-        _write_atomically(out, json.dumps(doc, separators=(",", ":")))
-    except Exception as exc:
-        _log(f"cannot write the fingerprint to {out}: {exc}; stale files will not be detected")
-        return 0
-    state = "absent" if doc.get("exists") is False else (doc.get("error") or f"{doc.get('size')} bytes")
-    _log(f"fingerprint of {path}: {state}")
+    if claim_dir:
+        claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, termination_log)
+    record_fingerprint(path, out)
     return 0
 
 
+def prepare_for_main(
+    path: str, fingerprint: str, claim_dir: str | None, claim_volume: str, claim_report: str | None
+) -> bool:
+    """What must happen before `main` starts, done by the reporter itself: claim the Job for this pod
+    (uids from the downward API in its environment), then fingerprint the control file. False when
+    another pod holds the claim: this pod is a duplicate and must never run `main`. A reporter that
+    restarts in the same pod keeps the first fingerprint (``main`` may have written the file since),
+    and finds the claim its own."""
+    if claim_dir:
+        job_uid, pod_uid = os.environ.get(JOB_UID_ENV, ""), os.environ.get(POD_UID_ENV, "")
+        if not claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, claim_report, fail_if_taken=True):
+            return False
+    if os.path.exists(fingerprint):
+        _log(f"keeping the fingerprint taken before main started ({fingerprint})")
+    else:
+        record_fingerprint(path, fingerprint)
+    return True
+
+
 def _load_claim(claim_report: str | None) -> dict[str, Any] | None:
-    """The claim report the postStart hook wrote, when it says something the operator must hear
+    """The claim report written before `main`, when it says something the operator must hear
     (`unavailable`, or `taken` by another pod); None for a claim taken as expected, or none."""
     if not claim_report:
         return None
@@ -378,13 +396,24 @@ def cmd_report(
     wait: bool,
     ready_file: str | None,
     claim_report: str | None = None,
+    before_main: bool = False,
+    claim_dir: str | None = None,
+    claim_volume: str = "",
 ) -> int:
-    """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens."""
+    """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens.
+
+    With ``before_main``, first claim the Job and fingerprint the control file
+    (`prepare_for_main`); the ready file then holds the reporter's pid, or ``taken`` (a duplicate
+    pod), which the postStart hook waits for (docs/design.md#fingerprint-hook)."""
     if wait:
         block_wait_signals()  # main() did this already; repeating it is harmless
+    prepared = not (before_main and fingerprint_path) or prepare_for_main(
+        path, fingerprint_path, claim_dir, claim_volume, claim_report
+    )
+    ready = str(os.getpid()) if prepared else TAKEN
     if ready_file:
         try:
-            _write_atomically(ready_file, str(os.getpid()))
+            _write_atomically(ready_file, ready)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
     if wait:
@@ -442,12 +471,6 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the claim's outcome (JSON) here: a terminationMessagePath, or --claim-report's file",
     )
-    fp.add_argument(
-        "--hook",
-        action="store_true",
-        help=f"run as the reporter's postStart hook: uids from ${JOB_UID_ENV}/${POD_UID_ENV}, and a "
-        "duplicate pod fails (exit 1) instead of waiting",
-    )
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
     rep.add_argument("--path", required=True, help="the control file (absolute path)")
@@ -460,9 +483,17 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     )
     rep.add_argument("--ready-file", metavar="FILE", help="create FILE once SIGTERM can no longer be lost")
     rep.add_argument(
+        "--before-main",
+        action="store_true",
+        help="first claim the Job (with --claim-dir) and write the fingerprint (--fingerprint); the "
+        "ready file then says ready, or taken in a duplicate pod",
+    )
+    rep.add_argument("--claim-dir", metavar="DIR", help="claim the Job for this pod in DIR (--before-main)")
+    rep.add_argument("--claim-volume", default="", help="the pod volume's name of --claim-dir (for reports)")
+    rep.add_argument(
         "--claim-report",
         metavar="FILE",
-        help="the claim's outcome written by `fingerprint --hook`; put in the envelope when it is news",
+        help="where the claim's outcome is kept; put in the envelope when it is news",
     )
     return parser
 
@@ -484,7 +515,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pod_uid,
             args.claim_volume,
             args.termination_log,
-            args.hook,
         )
     return cmd_report(
         args.path,
@@ -493,6 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.wait_for_signal,
         args.ready_file,
         args.claim_report,
+        args.before_main,
+        args.claim_dir,
+        args.claim_volume,
     )
 
 

@@ -11,20 +11,19 @@ Pod layout (why it looks like this):
 - `reporter` — a native sidecar (init container with `restartPolicy: Always`) of the operator image.
   It is declared *first* so it is running (and has blocked SIGTERM, see `control/reporter.py`) before
   anything else; it reads the control file once the main container has ended and writes the control
-  envelope to its termination message, where the operator reads it. Its postStart hook (`fingerprint
-  --hook`) waits for the reporter to be ready, claims the Job for its pod on the control file's
-  volume (in a duplicate pod of the Job the hook fails, so its `main` never starts,
-  docs/concepts.md#exactly-once), and records what the control file looked like before `main` ran,
-  so a file left by an earlier iteration is reported `stale` instead of being mistaken for this
-  iteration's answer. The kubelet starts `main` only once the hook has completed; a hook rather than
-  a regular init container saves a container start, about a second a pod on a real node
-  (docs/design.md#fingerprint-hook).
+  envelope to its termination message, where the operator reads it. Before that, first thing, it
+  claims the Job for its pod on the control file's volume (a duplicate pod of the Job never runs
+  `main`, docs/concepts.md#exactly-once) and records what the control file looked like before `main`
+  ran, so a file left by an earlier iteration is reported `stale` instead of being mistaken for this
+  iteration's answer. Its postStart hook waits until it has (the kubelet starts `main` only once
+  the hook has completed) and fails in a duplicate pod. A hook rather than a regular init container
+  saves a container start, about a second a pod on a real node (docs/design.md#fingerprint-hook).
 - `main` — the agent (or user) container.
 
 The reporter mounts the volume that holds the control path at the same mount path as `main` (the
-operator never mounts the PVC itself). The Job's claim (`.agentrun-claims/`, the only thing the hook
-writes on a volume) is taken on a PVC (`claim_volume`): the control file's when `main` writes it,
-else `main`'s first read-write PVC, else its first PVC (read-only: the claim fails and the run says
+operator never mounts the PVC itself). The Job's claim (`.agentrun-claims/`, the only thing the
+reporter writes on a volume) is taken on a PVC (`claim_volume`): the control file's when `main`
+writes it, else `main`'s first read-write PVC, else its first PVC (read-only: the claim fails and the run says
 so); a pod without a PVC shares no state and takes none. The reporter mounts that volume as `main`
 does. When the control path lies on no volume an `emptyDir` is added. A pod with a PVC gets
 `fsGroup` (`pod_security_context`), so the kubelet makes a root-owned volume writable for the
@@ -82,8 +81,8 @@ HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
     "limits": {"memory": "128Mi"},
 }
-"""Requests of the reporter container: it idles (its fingerprint hook a moment beside it), then parses
-at most 64 KiB of JSON."""
+"""Requests of the reporter container: it idles (its postStart hook a shell loop beside it), then
+parses at most 64 KiB of JSON."""
 
 _ENV_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9]")
 
@@ -313,7 +312,7 @@ class _PodVolumes:
     main_mounts: list[dict[str, Any]]
     reporter_mounts: list[dict[str, Any]]
     claim_volume: WorkloadVolume | None
-    """The PVC the fingerprint hook claims the Job on (`claim_volume`); None: the pod has no PVC."""
+    """The PVC the reporter claims the Job on (`claim_volume`); None: the pod has no PVC."""
 
     @property
     def claim_dir(self) -> str | None:
@@ -340,9 +339,9 @@ def claim_volume(volumes: Iterable[WorkloadVolume], holder: WorkloadVolume | Non
 def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
     """Pod volumes, `main`'s mounts, and the reporter's mounts for the control path.
 
-    The reporter sees the control file's volume, and the claim volume, as `main` does: its
-    fingerprint hook takes the Job's claim there and writes nothing else (control/claim.py); the
-    report itself only reads."""
+    The reporter sees the control file's volume, and the claim volume, as `main` does: it takes the
+    Job's claim there before `main` starts and writes nothing else (control/claim.py); the report
+    itself only reads."""
     user = list(workload.volumes or [])
     volumes = [_pod_volume(v) for v in user]
     main_mounts = [_mount(v.name, v.mount_path, bool(v.read_only)) for v in user]
@@ -390,19 +389,26 @@ def reporter_container(
     claim_dir: str | None = None,
     claim_volume: str = "",
 ) -> dict[str, Any]:
-    """The native sidecar that reports the control envelope via its termination message; its
-    postStart hook (`fingerprint_hook`) claims the Job and fingerprints the control file before the
-    kubelet starts `main` (docs/design.md#fingerprint-hook)."""
+    """The native sidecar that claims the Job and fingerprints the control file before `main`
+    (`--before-main`), then reports the control envelope via its termination message; its postStart
+    hook holds `main` back until then (docs/design.md#fingerprint-hook)."""
     args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
-    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE]
+    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE, "--before-main"]
     if claim_dir is not None:
-        args += ["--claim-report", CLAIM_REPORT_FILE]
+        args += [
+            "--claim-dir",
+            claim_dir,
+            "--claim-volume",
+            claim_volume,
+            "--claim-report",
+            CLAIM_REPORT_FILE,
+        ]
     container = {
         **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
         "restartPolicy": "Always",
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "lifecycle": {"postStart": {"exec": {"command": fingerprint_hook(path, claim_dir, claim_volume)}}},
+        "lifecycle": {"postStart": {"exec": {"command": ready_hook()}}},
     }
     if claim_dir is not None:
         container["env"] = [
@@ -412,17 +418,23 @@ def reporter_container(
     return container
 
 
-def fingerprint_hook(path: str, claim_dir: str | None = None, claim_volume: str = "") -> list[str]:
-    """The reporter's postStart hook: claims the Job for its pod (with `claim_dir`,
-    docs/concepts.md#exactly-once; a duplicate pod fails the hook, so its `main` never starts) and
-    records the control file before `main` starts (stale detection). The claim's outcome goes to
-    `CLAIM_REPORT_FILE`, which the reporter puts in its envelope when it is news."""
-    command = ["agentrun", "reporter", "fingerprint", "--hook", "--path", path, "--out", FINGERPRINT_FILE]
-    command += ["--reporter-ready", REPORTER_READY_FILE]
-    if claim_dir is not None:
-        command += ["--claim-dir", claim_dir, "--claim-volume", claim_volume]
-        command += ["--termination-log", CLAIM_REPORT_FILE]
-    return command
+READY_HOOK_SCRIPT: Final = (
+    'i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
+    'if [ "$i" -gt "$2" ]; then echo "agentrun: the reporter was not ready in time" >&2; exit 1; fi; '
+    "sleep 0.05; done; "
+    'if [ "$(cat "$1")" = taken ]; then '
+    'echo "agentrun: another pod of this Job holds its claim; this duplicate never runs main" >&2; exit 1; fi'
+)
+"""The reporter's postStart hook: wait (50 ms polls, bounded) until the reporter says it is ready; fail
+for `taken` (a duplicate pod) or when it never does, so the kubelet kills and restarts the reporter
+and `main` never starts. A shell loop rather than Python: it starts in milliseconds."""
+READY_HOOK_POLLS: Final = 600
+"""30 s of 50 ms polls: far more than the reporter's start, claim and fingerprint take."""
+
+
+def ready_hook() -> list[str]:
+    """The command of the reporter's postStart hook (`READY_HOOK_SCRIPT` with its arguments)."""
+    return ["sh", "-c", READY_HOOK_SCRIPT, "agentrun-ready", REPORTER_READY_FILE, str(READY_HOOK_POLLS)]
 
 
 def main_container(

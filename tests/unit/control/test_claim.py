@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from agentrun_operator.control.claim import (
     read_report,
     report_text,
 )
+from agentrun_operator.jobs.builder import ready_hook
 
 MODULE = "agentrun_operator.control.reporter"
 
@@ -216,47 +218,88 @@ def test_with_the_pod_s_fs_group_applied_the_helper_claims(root_owned_volume: Pa
     assert _claim_as(20002, [20002, FS_GROUP], claims, "job-1") == f"taken:pod-of-{HELPER_UID}"
 
 
-# -------------------------------------------------- the fingerprint as the reporter's postStart hook
+# ----------------------------------------------- the reporter before main, and its postStart hook
 
 
-def _hook(tmp_path: Path, pod_uid: str) -> subprocess.CompletedProcess[str]:
-    """`fingerprint --hook` as the kubelet runs it: uids from the reporter's environment."""
-    args = [
-        "fingerprint",
-        "--hook",
-        "--path",
-        str(tmp_path / "c.json"),
-        "--out",
-        str(tmp_path / f"fp-{pod_uid}"),
-    ]
-    args += ["--claim-dir", str(tmp_path / "claims"), "--claim-volume", "work"]
-    args += ["--termination-log", str(tmp_path / f"claim-{pod_uid}.json")]
+def _before_main(tmp_path: Path, pod_uid: str) -> tuple[str, subprocess.Popen[str]]:
+    """`report --before-main` as the sidecar runs it (uids from its environment); returns what its
+    ready file says once written, and the process (waiting for SIGTERM)."""
+    ready = tmp_path / f"ready-{pod_uid}"
+    args = ["report", "--path", str(tmp_path / "c.json"), "--fingerprint", str(tmp_path / f"fp-{pod_uid}")]
+    args += ["--termination-log", str(tmp_path / f"term-{pod_uid}"), "--wait-for-signal"]
+    args += ["--ready-file", str(ready), "--before-main", "--claim-dir", str(tmp_path / "claims")]
+    args += ["--claim-volume", "work", "--claim-report", str(tmp_path / f"claim-{pod_uid}.json")]
     env = dict(os.environ, AGENTRUN_JOB_UID="job-uid-1", AGENTRUN_POD_UID=pod_uid)
-    return subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", MODULE, *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
         env=env,
-        check=False,
     )
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ready.read_text(), proc
 
 
-def test_as_a_hook_a_duplicate_pod_fails_at_once_so_its_main_never_starts(tmp_path: Path) -> None:
-    """docs/design.md#fingerprint-hook: a hook must end (the kubelet waits for it before `main`), so
-    the duplicate fails it instead of waiting; the kubelet then kills and restarts the reporter, and
-    `main` never starts. The outcome is left for the reporter's envelope."""
-    first = _hook(tmp_path, "pod-a")
-    assert first.returncode == 0, first.stderr
+def _end(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)  # the kubelet, once main has ended (or the hook failed)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_the_reporter_claims_and_fingerprints_before_saying_ready_and_a_duplicate_says_taken(
+    tmp_path: Path,
+) -> None:
+    """docs/design.md#fingerprint-hook: the ready file the postStart hook waits for is written only
+    after the claim and the fingerprint; a duplicate pod's says `taken` (its hook fails, so its main
+    never starts), and its envelope carries the claim's outcome."""
+    said, first = _before_main(tmp_path, "pod-a")
+    assert said.isdigit()  # its pid: ready
     assert (tmp_path / "fp-pod-a").is_file()
     assert read_report((tmp_path / "claim-pod-a.json").read_text()) == Report(
         "claimed", "work", str(tmp_path / "claims"), ""
     )
-    again = _hook(tmp_path, "pod-a")  # the reporter restarted in the same pod: still its own
-    assert again.returncode == 0, again.stderr
-    duplicate = _hook(tmp_path, "pod-b")
-    assert duplicate.returncode == 1
-    assert "this pod is a duplicate" in duplicate.stderr and "never runs main" in duplicate.stderr
+    said, duplicate = _before_main(tmp_path, "pod-b")
+    assert said == "taken"
     assert not (tmp_path / "fp-pod-b").exists()
-    report = read_report((tmp_path / "claim-pod-b.json").read_text())
-    assert report is not None and (report.outcome, report.detail) == ("taken", "pod-a")
+    err = _end(duplicate)
+    assert "this pod is a duplicate" in err and "never runs main" in err
+    envelope = json.loads((tmp_path / "term-pod-b").read_text())
+    assert envelope["claim"]["claim"] == "taken" and envelope["claim"]["detail"] == "pod-a"
+    _end(first)
+    assert '"claim"' not in (tmp_path / "term-pod-a").read_text()  # claimed as expected: no news
+
+
+def test_a_reporter_restarted_in_its_pod_keeps_the_fingerprint_taken_before_main(tmp_path: Path) -> None:
+    """A restarted sidecar must not fingerprint again: main may have written the file since, which
+    would then look stale. The claim is still its own."""
+    said, first = _before_main(tmp_path, "pod-a")
+    assert said.isdigit()  # its pid: ready
+    _end(first)
+    before = (tmp_path / "fp-pod-a").read_text()
+    (tmp_path / "c.json").write_text('{"continue": false}')  # main wrote it meanwhile
+    (tmp_path / "ready-pod-a").unlink()
+    said, again = _before_main(tmp_path, "pod-a")
+    assert said.isdigit()  # its pid: ready
+    assert (tmp_path / "fp-pod-a").read_text() == before
+    _end(again)
+    assert json.loads((tmp_path / "term-pod-a").read_text())["status"] == "found"
+
+
+@pytest.mark.parametrize(("content", "code"), [("ready", 0), ("taken", 1), (None, 1)])
+def test_the_post_start_hook_waits_for_ready_and_fails_for_taken_or_never(
+    tmp_path: Path, content: str | None, code: int
+) -> None:
+    """The hook is a shell loop (it starts in milliseconds); here with 3 polls instead of 600."""
+    ready = tmp_path / "ready"
+    if content is not None:
+        ready.write_text(content)
+    command = ready_hook()
+    command[-2:] = [str(ready), "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == code, done.stderr
+    if code:
+        assert "agentrun:" in done.stderr

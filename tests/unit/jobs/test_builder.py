@@ -423,15 +423,16 @@ def test_step_volumes_replace_the_runs() -> None:
 
 
 def hook(job: dict[str, Any]) -> list[str]:
-    """The reporter's postStart hook command (the fingerprint, docs/design.md#fingerprint-hook)."""
+    """The reporter's postStart hook command (docs/design.md#fingerprint-hook)."""
     command = init(job, "reporter")["lifecycle"]["postStart"]["exec"]["command"]
     assert isinstance(command, list)
     return command
 
 
-def test_the_reporter_is_the_only_helper_a_native_sidecar_whose_hook_fingerprints() -> None:
-    """One helper container: the fingerprint runs as the reporter's postStart hook, which the kubelet
-    completes before it starts main (a container start fewer per pod)."""
+def test_the_reporter_is_the_only_helper_and_its_hook_holds_main_until_it_is_ready() -> None:
+    """One helper container: the reporter claims and fingerprints before main (`--before-main`), and
+    its postStart hook, which the kubelet completes before it starts main, waits for its ready file
+    (a container start fewer per pod than an init container)."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
     assert [c["name"] for c in pod(job)["initContainers"]] == ["reporter"]
     reporter = init(job, "reporter")
@@ -439,7 +440,7 @@ def test_the_reporter_is_the_only_helper_a_native_sidecar_whose_hook_fingerprint
     assert reporter["image"] == "operator:1"
     assert reporter["imagePullPolicy"] == "IfNotPresent"  # no registry round trip per pod
     assert reporter["command"] == ["agentrun", "reporter", "report"]
-    assert reporter["args"] == [
+    assert reporter["args"][:10] == [
         "--path",
         "/workspace/.agentrun/loop-control.json",
         "--fingerprint",
@@ -449,21 +450,9 @@ def test_the_reporter_is_the_only_helper_a_native_sidecar_whose_hook_fingerprint
         "--wait-for-signal",
         "--ready-file",
         "/agentrun-meta/reporter-ready",
-        "--claim-report",
-        "/agentrun-meta/claim.json",
+        "--before-main",
     ]
-    assert hook(job)[:10] == [
-        "agentrun",
-        "reporter",
-        "fingerprint",
-        "--hook",
-        "--path",
-        "/workspace/.agentrun/loop-control.json",
-        "--out",
-        "/agentrun-meta/fingerprint.json",
-        "--reporter-ready",
-        "/agentrun-meta/reporter-ready",
-    ]
+    assert hook(job)[:2] == ["sh", "-c"] and hook(job)[4:] == ["/agentrun-meta/reporter-ready", "600"]
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
     assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in reporter["volumeMounts"]
@@ -512,20 +501,20 @@ def test_the_reporter_mounts_the_pvc_as_main_does_for_the_job_claim() -> None:
     assert writable == {"main", "reporter"}
 
 
-def claim_args(command: list[str]) -> dict[str, str]:
-    start = command.index("--claim-dir")
-    return dict(zip(command[start::2], command[start + 1 :: 2], strict=True))
+def claim_args(job: dict[str, Any]) -> dict[str, str]:
+    args = init(job, "reporter")["args"]
+    start = args.index("--claim-dir")
+    return dict(zip(args[start::2], args[start + 1 :: 2], strict=True))
 
 
-def test_the_fingerprint_hook_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
-    """docs/concepts.md#exactly-once: the reporter mounts the control volume as main does, its hook
-    claims the Job (uids from the downward API in the reporter's env: a hook's command expands no
-    `$(VAR)`) and leaves the outcome for the reporter's envelope."""
+def test_the_reporter_claims_the_job_in_the_control_volume_s_claims_directory() -> None:
+    """docs/concepts.md#exactly-once: the reporter mounts the control volume as main does and claims
+    the Job before main (uids from the downward API in its env), keeping the outcome for its envelope."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
-    assert claim_args(hook(job)) == {
+    assert claim_args(job) == {
         "--claim-dir": "/workspace/.agentrun-claims",
         "--claim-volume": "workspace",
-        "--termination-log": "/agentrun-meta/claim.json",
+        "--claim-report": "/agentrun-meta/claim.json",
     }
     reporter = init(job, "reporter")
     assert {"name": "workspace", "mountPath": "/workspace"} in reporter["volumeMounts"]
@@ -545,8 +534,8 @@ def test_a_control_path_on_no_volume_claims_on_main_s_first_read_write_pvc() -> 
         {**PVC, "name": "other", "claimName": "o", "mountPath": "/o"},
     ]
     job = build({"workload": {"image": "img", "volumes": volumes}})
-    assert claim_args(hook(job))["--claim-dir"] == "/w/.agentrun-claims"
-    assert claim_args(hook(job))["--claim-volume"] == "workspace"
+    assert claim_args(job)["--claim-dir"] == "/w/.agentrun-claims"
+    assert claim_args(job)["--claim-volume"] == "workspace"
     mounts = {m["name"]: m for m in init(job, "reporter")["volumeMounts"]}
     assert mounts["workspace"] == {"name": "workspace", "mountPath": "/w"}
     assert mounts[CONTROL_FALLBACK_VOLUME]["readOnly"] is True
@@ -554,14 +543,14 @@ def test_a_control_path_on_no_volume_claims_on_main_s_first_read_write_pvc() -> 
 
 
 def test_a_read_only_control_volume_claims_on_a_writable_pvc_else_tries_the_read_only_one() -> None:
-    """A read-only mount cannot hold the claim: another read-write PVC does; with none, the hook
+    """A read-only mount cannot hold the claim: another read-write PVC does; with none, the reporter
     tries the read-only one, fails and says so (the run gets a Warning Event and a condition)."""
     writable = {**PVC, "name": "state", "claimName": "st", "mountPath": "/state"}
     both = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}, writable]}})
-    assert claim_args(hook(both))["--claim-dir"] == "/state/.agentrun-claims"
+    assert claim_args(both)["--claim-dir"] == "/state/.agentrun-claims"
     only = build({"workload": {"image": "img", "volumes": [{**PVC, "readOnly": True}]}})
-    assert claim_args(hook(only))["--claim-dir"] == "/workspace/.agentrun-claims"
-    assert claim_args(hook(only))["--claim-volume"] == "workspace"
+    assert claim_args(only)["--claim-dir"] == "/workspace/.agentrun-claims"
+    assert claim_args(only)["--claim-volume"] == "workspace"
     assert {"name": "workspace", "mountPath": "/workspace", "readOnly": True} in init(only, "reporter")[
         "volumeMounts"
     ]
@@ -572,8 +561,7 @@ def test_no_claim_and_no_fs_group_without_a_pvc() -> None:
     volumes = [{"name": "scratch", "type": "emptyDir", "mountPath": "/workspace"}]
     for workload in ({"image": "img", "volumes": volumes}, {"image": "img"}):
         job = build({"workload": workload})
-        assert "--claim-dir" not in hook(job) and "env" not in init(job, "reporter")
-        assert "--claim-report" not in init(job, "reporter")["args"]
+        assert "--claim-dir" not in init(job, "reporter")["args"] and "env" not in init(job, "reporter")
         assert "securityContext" not in pod(job)
 
 
