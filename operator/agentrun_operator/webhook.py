@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 from agentrun_operator.api import API_VERSION, GROUP, VERSION
 from agentrun_operator.config import PREFIXES, ConfigError, OperatorConfig
 from agentrun_operator.planner.problem import Problem
-from agentrun_operator.planner.validate import validate_manifest
+from agentrun_operator.planner.validate import REASON_LOOPS_DISABLED, validate_manifest
 
 KINDS: Final[dict[str, str]] = {
     "agentruns": "AgentRun",
@@ -90,6 +90,8 @@ def review(
       approvals, and a run admitted earlier (before a feature flag or cap changed) must stay
       cancellable and approvable.
     - An UPDATE of another kind is checked only when its spec changed (metadata-only writes pass).
+    - The loops feature flag is not checked here: with loops off, a new loop run is admitted and fails
+      `InvalidSpec` with reason `WorkflowLoopsDisabled` in its status (docs/concepts.md#feature-flag).
     """
     api_version = body.get("apiVersion")
     if api_version != API_VERSION:
@@ -107,7 +109,7 @@ def review(
             return Verdict(True)
     elif operation != "CREATE":
         return Verdict(True)
-    problems = validate_manifest(dict(body), config)
+    problems = [p for p in validate_manifest(dict(body), config) if p.reason != REASON_LOOPS_DISABLED]
     if not problems:
         return Verdict(True)
     return Verdict(False, refusal_message(object_label(body), problems))

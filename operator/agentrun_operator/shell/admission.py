@@ -6,7 +6,9 @@ startup handler that gives kopf its webhook server: kopf's `WebhookServer` with 
 shell/webhook_tls.py, wrapped so that every client configuration the server yields (at start, and
 after a certificate renewal) is server-side applied as our ValidatingWebhookConfiguration — kopf's own
 managed mode fixes the timeout at 30 s and the failure policy per handler, so the operator writes the
-configuration itself with the chosen ones.
+configuration itself with the chosen ones. Its CA bundle holds every replica's certificate (each
+self-signed replica has its own; see `webhook_tls.merged_bundle`), and a check every minute applies
+it again if it was deleted or lost this replica's certificate.
 
 What never happens: a refused or failed webhook call stopping the operator, or an object admitted
 earlier being refused later (UPDATEs of AgentRuns always pass; see `webhook.review`).
@@ -22,6 +24,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ from agentrun_operator.webhook import KINDS, WebhookSettings, handler_id, review
 log = logging.getLogger("agentrun.webhook")
 
 FIELD_MANAGER = "agentrun-operator-webhook"
+RECHECK_SECONDS = 60.0
+"""How often the operator checks that its configuration is in place with its certificate."""
 RESTART_SECONDS = 5.0
 """Pause before serving again after the server failed (e.g. a certificate pair read mid-update)."""
 
@@ -48,22 +53,38 @@ class AppliedWebhookServer:
         self.server = server
         self.settings = settings
         self.kubeconfig = kubeconfig
+        self.ca: bytes | None = None  # the CA bundle of the certificate being served
 
-    async def apply(self, client_config: kopf.WebhookClientConfig) -> None:
-        ca_bundle = base64.b64decode(client_config.get("caBundle") or "")
-        body = webhook_configuration(self.settings, ca_bundle)
+    @property
+    def path(self) -> str:
         name = self.settings.configuration_name
+        return f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
+
+    async def _current_bundle(self, kube: Kube) -> bytes | None:
+        """The CA bundle of the configuration in the cluster; None when there is none."""
+        status, current = await kube.request("GET", self.path)
+        if status != 200:
+            return None
+        webhooks = current.get("webhooks") or [{}]
+        return base64.b64decode((webhooks[0].get("clientConfig") or {}).get("caBundle") or "")
+
+    async def apply(self) -> None:
+        """Server-side apply the configuration, keeping the other replicas' certificates in the bundle."""
+        assert self.ca is not None
         kube = await Kube.connect(self.kubeconfig)
         try:
+            current = await self._current_bundle(kube) or b""
+            bundle = webhook_tls.merged_bundle(current, self.ca, datetime.now(UTC))
             status, answer = await kube.request(
                 "PATCH",
-                f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
-                body,
+                self.path,
+                webhook_configuration(self.settings, bundle),
                 query={"fieldManager": FIELD_MANAGER, "force": "true"},
                 content_type="application/apply-patch+yaml",
             )
         finally:
             await kube.close()
+        name = self.settings.configuration_name
         if not 200 <= status < 300:
             # Serving goes on: the API server keeps the last configuration (or none).
             log.error(
@@ -80,14 +101,33 @@ class AppliedWebhookServer:
             },
         )
 
+    async def keep_configured(self, every: float = RECHECK_SECONDS) -> None:
+        """Apply again when the configuration was deleted or lost our certificate (another replica
+        applied its bundle at the same moment). Runs until cancelled."""
+        while True:
+            await asyncio.sleep(every)
+            if self.ca is None:
+                continue
+            try:
+                kube = await Kube.connect(self.kubeconfig)
+                try:
+                    current = await self._current_bundle(kube)
+                finally:
+                    await kube.close()
+                if current is None or not webhook_tls.contains(current, self.ca):
+                    await self.apply()
+            except Exception:  # the next round retries
+                log.exception("cannot check the ValidatingWebhookConfiguration")
+
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         while True:
             try:
                 async with self.server as server:
                     async for client_config in server(fn):
+                        self.ca = base64.b64decode(client_config.get("caBundle") or "")
                         try:
-                            await self.apply(client_config)
-                        except Exception:  # the API server unreachable: serve anyway, log it
+                            await self.apply()
+                        except Exception:  # the API server unreachable: serve anyway; retried later
                             log.exception("cannot apply the ValidatingWebhookConfiguration")
                         yield client_config
             except (OSError, ssl.SSLError):  # e.g. a key and certificate read mid-renewal
@@ -144,9 +184,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig
     @kopf.on.startup(registry=registry)
     async def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
         server, files, names = _server(webhook)
-        settings.admission.server = AppliedWebhookServer(server, webhook, kubeconfig)
+        applied = AppliedWebhookServer(server, webhook, kubeconfig)
+        settings.admission.server = applied
         settings.admission.managed = None  # we apply the configuration (see AppliedWebhookServer)
         tasks.append(asyncio.create_task(webhook_tls.keep_fresh(files, names)))
+        tasks.append(asyncio.create_task(applied.keep_configured()))
         log.info(
             "webhook serving",
             extra={"address": webhook.address, "port": webhook.port, "self_signed": names is not None},

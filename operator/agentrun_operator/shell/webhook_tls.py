@@ -115,3 +115,28 @@ async def keep_fresh(
                 "(docs/operations.md#admission-webhook)",
                 extra={"path": str(files.cert), "not_after": not_after.isoformat()},
             )
+
+
+def merged_bundle(current: bytes, ours: bytes, now: datetime, keep: int = 4) -> bytes:
+    """The CA bundle for the configuration: ours first, then the other replicas' certificates found in
+    `current` that have not expired (each replica of a self-signed installation has its own), at most
+    `keep` in all. An unreadable `current` is replaced."""
+    mine = x509.load_pem_x509_certificates(ours)
+    try:
+        others = x509.load_pem_x509_certificates(current) if current.strip() else []
+    except ValueError:
+        others = []
+    kept = list(mine)
+    for cert in others:
+        if cert not in kept and cert.not_valid_after_utc > now:
+            kept.append(cert)
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in kept[:keep])
+
+
+def contains(bundle: bytes, ours: bytes) -> bool:
+    """Whether every certificate of `ours` is in `bundle`."""
+    try:
+        present = x509.load_pem_x509_certificates(bundle)
+    except ValueError:
+        return False
+    return all(cert in present for cert in x509.load_pem_x509_certificates(ours))
