@@ -169,7 +169,6 @@ class WebhookSettings:
             address=text("WEBHOOK_ADDRESS", "0.0.0.0"),
             host=text("WEBHOOK_HOST", "127.0.0.1"),
             service=tuple(service.split("/")) if service else None,  # type: ignore[arg-type]
-            service_port=number("WEBHOOK_SERVICE_PORT", 443, 1, 65535),
             configuration_name=text("WEBHOOK_CONFIGURATION_NAME", "agentrun-operator"),
             failure_policy="Fail" if policy == "Fail" else "Ignore",
             timeout_seconds=number("WEBHOOK_TIMEOUT_SECONDS", 5, 1, 30),

@@ -27,6 +27,8 @@ from agentrun_devcluster.processes import free_port
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.validation_cli import check_file
 from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AGENTRUNS, base_manifest
+from tests.integration.helm import Helm
+from tests.integration.test_chart import _can_i, _token, _token_kubeconfig
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
@@ -36,13 +38,13 @@ TIMEOUT_SECONDS = 2
 DENIED = "denied the request: "
 
 
-def _env(port: int, policy: str = "Ignore") -> dict[str, str]:
+def _env(port: int, policy: str = "Ignore", configuration: str = CONFIGURATION) -> dict[str, str]:
     return {
         "AGENTS_CONTROLLER_NAMESPACES": NAMESPACE,
         "AGENTS_WEBHOOK_PORT": str(port),
         "AGENTS_WEBHOOK_ADDRESS": "127.0.0.1",
         "AGENTS_WEBHOOK_HOST": "127.0.0.1",
-        "AGENTS_WEBHOOK_CONFIGURATION_NAME": CONFIGURATION,
+        "AGENTS_WEBHOOK_CONFIGURATION_NAME": configuration,
         "AGENTS_WEBHOOK_FAILURE_POLICY": policy,
         "AGENTS_WEBHOOK_TIMEOUT_SECONDS": str(TIMEOUT_SECONDS),
     }
@@ -64,12 +66,14 @@ def _named(manifest: dict[str, Any], name: str) -> dict[str, Any]:
     return manifest
 
 
-def _configured(plane: ControlPlane, port: int, policy: str) -> bool:
-    out = plane.kubectl("get", "validatingwebhookconfiguration", CONFIGURATION, "-o", "json", check=False)
+def _configured(plane: ControlPlane, port: int, policy: str, configuration: str = CONFIGURATION) -> bool:
+    out = plane.kubectl("get", "validatingwebhookconfiguration", configuration, "-o", "json", check=False)
     if not out.strip():
         return False
     webhooks = json.loads(out)["webhooks"]
-    return all(f":{port}/" in w["clientConfig"]["url"] and w["failurePolicy"] == policy for w in webhooks)
+    return bool(webhooks) and all(
+        f":{port}/" in w["clientConfig"]["url"] and w["failurePolicy"] == policy for w in webhooks
+    )
 
 
 def _start(plane: ControlPlane, log_dir: Path, port: int, policy: str = "Ignore") -> OperatorProcess:
@@ -234,3 +238,103 @@ def test_under_fail_a_down_operator_refuses_applies(
         failing.stop()
         operator.start()
         eventually(lambda: _configured(cluster, port, "Ignore"), 60, "the webhook configuration")
+
+
+def test_the_chart_grants_the_operator_its_own_configuration_only(
+    plane: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The chart's ServiceAccount token (namespaced install): the operator patches the configuration
+    the chart created, and may touch no other."""
+    cluster, _, _ = plane
+    tmp = tmp_path_factory.mktemp("chart-webhook")
+    helm = Helm(Path(cluster.bin_dir) / "helm", tmp)
+    release_ns = "webhook-system"
+    if not cluster.kubectl("get", "ns", release_ns, "--ignore-not-found", "-o", "name").strip():
+        cluster.kubectl("create", "namespace", release_ns)
+    values = {"watchNamespaces": [NAMESPACE], "loops": {"enabled": True}}
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    docs = [
+        d
+        for d in helm.render(values, "hook", release_ns)
+        if d["kind"] in kinds or d["kind"] == "ValidatingWebhookConfiguration"
+    ]
+    manifests = "\n---\n".join(json.dumps(d) for d in docs)
+    cluster.kubectl("apply", "-f", "-", input_text=manifests)
+    name = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")["metadata"]["name"]
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    kubeconfig = _token_kubeconfig(cluster, _token(cluster, release_ns, account), tmp / "token.kubeconfig")
+    vwc = "validatingwebhookconfigurations.admissionregistration.k8s.io"
+    assert _can_i(cluster, kubeconfig, "patch", f"{vwc}/{name}")
+    assert not _can_i(cluster, kubeconfig, "patch", f"{vwc}/{CONFIGURATION}")
+    assert not _can_i(cluster, kubeconfig, "create", vwc)
+    assert not _can_i(cluster, kubeconfig, "delete", f"{vwc}/{name}")
+    port = free_port()
+    operator = OperatorProcess(
+        cluster,
+        tmp / "operator",
+        env=_env(port, configuration=name),
+        args=(f"--kubeconfig={kubeconfig}",),  # the last --kubeconfig wins
+    ).start()
+    try:
+        eventually(lambda: _configured(cluster, port, "Ignore", name), 60, "the chart's configuration")
+        assert "cannot apply" not in operator.logs()
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=manifests, check=False)
+
+
+def test_the_chart_renders_the_webhook_by_service_or_by_address(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    helm = Helm(Path(control_plane.bin_dir) / "helm", tmp_path)
+    docs = helm.render({}, "op", "ops")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {
+        ("ValidatingWebhookConfiguration", "op-agentrun-operator"),
+        ("Service", "op-agentrun-operator-webhook"),
+    } <= kinds
+    role = next(
+        d
+        for d in docs
+        if (d["kind"], d["metadata"]["name"]) == ("ClusterRole", "op-agentrun-operator-webhook")
+    )
+    assert role["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": ["op-agentrun-operator"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AGENTS_WEBHOOK_SERVICE"] == "ops/op-agentrun-operator-webhook"
+    assert env["AGENTS_WEBHOOK_FAILURE_POLICY"] == "Ignore" and env["AGENTS_WEBHOOK_TIMEOUT_SECONDS"] == "5"
+    assert "AGENTS_WEBHOOK_CERT_DIR" not in env
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+
+    local = helm.render(
+        {
+            "hostNetwork": True,
+            "webhook": {"host": "127.0.0.1", "failurePolicy": "Fail", "tls": {"mode": "certManager"}},
+        },
+        "op",
+        "ops",
+    )
+    assert not [d for d in local if d["kind"] == "Service"]
+    pod = next(d for d in local if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["AGENTS_WEBHOOK_HOST"] == env["AGENTS_WEBHOOK_ADDRESS"] == "127.0.0.1"
+    assert env["AGENTS_WEBHOOK_FAILURE_POLICY"] == "Fail"
+    assert env["AGENTS_WEBHOOK_CERT_DIR"] == "/etc/agentrun/webhook-tls"
+    assert {"name": "webhook-tls", "secret": {"secretName": "op-agentrun-operator-webhook-tls"}} in pod[
+        "volumes"
+    ]
+    certificate = next(d for d in local if d["kind"] == "Certificate")
+    assert certificate["spec"]["ipAddresses"] == ["127.0.0.1"]
+    assert certificate["spec"]["issuerRef"]["name"] == "op-agentrun-operator-webhook-selfsigned"
+
+    off = helm.render({"webhook": {"enabled": False}}, "op", "ops")
+    assert not [d for d in off if "webhook" in d["metadata"]["name"] or d["kind"].startswith("Validating")]
