@@ -100,7 +100,9 @@ def test_an_unknown_version_is_admitted_with_a_warning() -> None:
 
 
 def test_a_long_refusal_is_cut_and_counted() -> None:
-    problems = [Problem(f"spec.x[{i}]", i, "bad", "fix it", "docs/api.md#agentrun") for i in range(MAX_LINES + 5)]
+    problems = [
+        Problem(f"spec.x[{i}]", i, "bad", "fix it", "docs/api.md#agentrun") for i in range(MAX_LINES + 5)
+    ]
     lines = refusal_message("AgentRun/r", problems).splitlines()
     assert len(lines) == MAX_LINES + 1 and "5 more" in lines[-1]
 
