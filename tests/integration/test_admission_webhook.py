@@ -11,12 +11,14 @@ operator as a process serving it on loopback and applying its ValidatingWebhookC
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.shell import webhook_tls
 from agentrun_operator.validation_cli import check_file
 from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AGENTRUNS, base_manifest
 from tests.integration.helm import Helm
@@ -236,6 +239,44 @@ def test_under_fail_a_down_operator_refuses_applies(
         assert 'failed calling webhook "agentruns.agents.proompteng.ai"' in proc.stderr, proc.stderr
     finally:
         failing.stop()
+        operator.start()
+        eventually(lambda: _configured(cluster, port, "Ignore"), 60, "the webhook configuration")
+
+
+def test_an_expired_certificate_lets_applies_through_under_ignore_and_is_logged(
+    plane: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mounted certificate cert-manager failed to renew: the API server cannot call the webhook
+    (the handshake fails), `Ignore` admits, the operator says so and keeps serving its runs."""
+    cluster, operator, port = plane
+    tls = tmp_path_factory.mktemp("expired-tls")
+    now = datetime.now(UTC)
+    cert, key = webhook_tls.self_signed(["127.0.0.1"], now - timedelta(days=3), validity=timedelta(days=1))
+    (tls / "tls.crt").write_bytes(cert)
+    (tls / "tls.key").write_bytes(key)
+    operator.stop()
+    expired = OperatorProcess(
+        cluster, tmp_path_factory.mktemp("expired"), env={**_env(port), "AGENTS_WEBHOOK_CERT_DIR": str(tls)}
+    ).start()
+    try:
+
+        def configured_with_it() -> bool:
+            out = cluster.kubectl("get", "validatingwebhookconfiguration", CONFIGURATION, "-o", "json")
+            bundles = [base64.b64decode(w["clientConfig"]["caBundle"]) for w in json.loads(out)["webhooks"]]
+            return all(b.startswith(cert) for b in bundles)  # the earlier operator's follow
+
+        eventually(configured_with_it, 60, "the expired certificate in the configuration")
+        time.sleep(2)  # the API server's copy of the configuration follows within a second or so
+        invalid = _named(OPERATOR_ONLY_AGENTRUNS[0][1], "webhook-expired-cert")
+        proc, seconds = _timed_create(cluster, invalid)
+        assert proc.returncode == 0, proc.stderr
+        assert seconds < TIMEOUT_SECONDS + 5
+        eventually(
+            lambda: "has expired" in expired.logs(), 30, "the operator to report the expired certificate"
+        )
+        assert expired.proc is not None and expired.proc.poll() is None
+    finally:
+        expired.stop()
         operator.start()
         eventually(lambda: _configured(cluster, port, "Ignore"), 60, "the webhook configuration")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import copy
 import io
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -207,3 +210,39 @@ def test_the_bundle_keeps_the_other_replicas_certificates_until_they_expire() ->
     many = b"".join(webhook_tls.self_signed([f"h{i}"], now)[0] for i in range(6))
     assert len(x509.load_pem_x509_certificates(webhook_tls.merged_bundle(many, ours, now))) == 4
     assert not webhook_tls.contains(b"garbage", ours)
+
+
+def _write(directory: Path, cert: bytes, key: bytes) -> webhook_tls.CertFiles:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tls.crt").write_bytes(cert)
+    (directory / "tls.key").write_bytes(key)
+    return webhook_tls.mounted(directory)
+
+
+async def _one_round(files: webhook_tls.CertFiles, names: list[str] | None) -> None:
+    task = asyncio.create_task(webhook_tls.keep_fresh(files, names, check_seconds=3600))
+    await asyncio.sleep(0.2)  # the first check runs at once
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def test_an_aged_self_signed_certificate_is_renewed(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    old_cert, old_key = webhook_tls.self_signed(["127.0.0.1"], now - timedelta(days=300))
+    files = _write(tmp_path / "tls", old_cert, old_key)
+    asyncio.run(_one_round(files, ["127.0.0.1"]))
+    renewed = files.cert.read_bytes()
+    assert renewed != old_cert and webhook_tls.validity_of(renewed)[1] > now + timedelta(days=300)
+
+
+def test_an_expired_mounted_certificate_is_reported_not_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = datetime.now(UTC)
+    cert, key = webhook_tls.self_signed(["a"], now - timedelta(days=3), validity=timedelta(days=1))
+    files = _write(tmp_path / "mounted", cert, key)
+    with caplog.at_level(logging.ERROR, logger="agentrun.webhook"):
+        asyncio.run(_one_round(files, None))
+    assert files.cert.read_bytes() == cert
+    assert any("has expired" in r.getMessage() for r in caplog.records)

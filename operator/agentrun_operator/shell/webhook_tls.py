@@ -97,24 +97,26 @@ async def keep_fresh(
     files: CertFiles, names: Sequence[str] | None, check_seconds: float = CHECK_SECONDS
 ) -> None:
     """Renew a self-signed certificate (`names` given) before it expires; for mounted files, say so
-    when they expired (cert-manager did not renew them). Runs until cancelled."""
+    when they expired (cert-manager did not renew them). Checks at once, then every `check_seconds`;
+    runs until cancelled."""
     while True:
-        await asyncio.sleep(check_seconds)
         try:
             not_before, not_after = validity_of(files.cert.read_bytes())
         except (OSError, ValueError):
             log.exception("cannot read the webhook's certificate", extra={"path": str(files.cert)})
+            await asyncio.sleep(check_seconds)
             continue
         now = datetime.now(UTC)
         if names is not None and needs_renewal(not_before, not_after, now):
             write_self_signed(files.cert.parent, names)
-            log.info("webhook certificate renewed", extra={"expired": not_after.isoformat()})
+            log.info("webhook certificate renewed", extra={"previous_not_after": not_after.isoformat()})
         elif names is None and now >= not_after:
             log.error(
                 "the webhook's certificate has expired: the API server cannot call the webhook "
                 "(docs/operations.md#admission-webhook)",
                 extra={"path": str(files.cert), "not_after": not_after.isoformat()},
             )
+        await asyncio.sleep(check_seconds)
 
 
 def merged_bundle(current: bytes, ours: bytes, now: datetime, keep: int = 4) -> bytes:
