@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Final, Literal
 
 from agentrun_operator.api import API_VERSION, GROUP, VERSION
@@ -131,7 +130,7 @@ class WebhookSettings:
     configuration_name: str = "agentrun-operator"
     failure_policy: FailurePolicy = "Ignore"
     timeout_seconds: int = 5
-    cert_dir: str | None = None  # tls.crt, tls.key (and ca.crt) from cert-manager; None: self-signed
+    cert_dir: str | None = None  # tls.crt, tls.key, optional ca.crt: a mounted Secret or the dev cluster's
     namespaces: tuple[str, ...] = field(default_factory=tuple)  # empty: every namespace
 
     @property
@@ -161,18 +160,25 @@ class WebhookSettings:
         policy = text("WEBHOOK_FAILURE_POLICY", "Ignore")
         if policy not in ("Ignore", "Fail"):
             raise ConfigError(f"AGENTS_WEBHOOK_FAILURE_POLICY={policy!r}: expected Ignore or Fail")
+        port = number("WEBHOOK_PORT", 0, 0, 65535)
+        cert_dir = text("WEBHOOK_CERT_DIR", "") or None
+        if port and cert_dir is None:
+            raise ConfigError(
+                "AGENTS_WEBHOOK_PORT is set but AGENTS_WEBHOOK_CERT_DIR is not: the webhook needs a "
+                "directory with tls.crt and tls.key (docs/operations.md#admission-webhook-tls)"
+            )
         service = text("WEBHOOK_SERVICE", "")
         if service and service.count("/") != 1:
             raise ConfigError(f"AGENTS_WEBHOOK_SERVICE={service!r}: expected NAMESPACE/NAME")
         return cls(
-            port=number("WEBHOOK_PORT", 0, 0, 65535),
+            port=port,
             address=text("WEBHOOK_ADDRESS", "0.0.0.0"),
             host=text("WEBHOOK_HOST", "127.0.0.1"),
             service=tuple(service.split("/")) if service else None,  # type: ignore[arg-type]
             configuration_name=text("WEBHOOK_CONFIGURATION_NAME", "agentrun-operator"),
             failure_policy="Fail" if policy == "Fail" else "Ignore",
             timeout_seconds=number("WEBHOOK_TIMEOUT_SECONDS", 5, 1, 30),
-            cert_dir=text("WEBHOOK_CERT_DIR", "") or None,
+            cert_dir=cert_dir,
             namespaces=namespaces,
         )
 
@@ -237,8 +243,3 @@ def webhook_configuration(settings: WebhookSettings, ca_bundle: bytes) -> dict[s
         },
         "webhooks": webhooks,
     }
-
-
-def needs_renewal(not_before: datetime, not_after: datetime, now: datetime) -> bool:
-    """A serving certificate is renewed once two thirds of its validity have passed."""
-    return now >= not_before + (not_after - not_before) * 2 / 3

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,10 +26,10 @@ from typing import Any
 
 import pytest
 
+from agentrun_devcluster import webhookcert
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.shell import webhook_tls
 from agentrun_operator.validation_cli import check_file
 from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AGENTRUNS, base_manifest
 from tests.integration.helm import Helm
@@ -41,8 +43,17 @@ TIMEOUT_SECONDS = 2
 DENIED = "denied the request: "
 
 
-def _env(port: int, policy: str = "Ignore", configuration: str = CONFIGURATION) -> dict[str, str]:
+@functools.cache
+def _certs() -> Path:
+    """The dev cluster's self-signed certificate for 127.0.0.1, as `agentrun dev up` makes it."""
+    return webhookcert.ensure(Path(tempfile.mkdtemp(prefix="webhook-test-")) / "webhook")
+
+
+def _env(
+    port: int, policy: str = "Ignore", configuration: str = CONFIGURATION, certs: Path | None = None
+) -> dict[str, str]:
     return {
+        "AGENTS_WEBHOOK_CERT_DIR": str(certs or _certs()),
         "AGENTS_CONTROLLER_NAMESPACES": NAMESPACE,
         "AGENTS_WEBHOOK_PORT": str(port),
         "AGENTS_WEBHOOK_ADDRESS": "127.0.0.1",
@@ -251,13 +262,11 @@ def test_an_expired_certificate_lets_applies_through_under_ignore_and_is_logged(
     cluster, operator, port = plane
     tls = tmp_path_factory.mktemp("expired-tls")
     now = datetime.now(UTC)
-    cert, key = webhook_tls.self_signed(["127.0.0.1"], now - timedelta(days=3), validity=timedelta(days=1))
+    cert, key = webhookcert.self_signed(["127.0.0.1"], now - timedelta(days=3), validity=timedelta(days=1))
     (tls / "tls.crt").write_bytes(cert)
     (tls / "tls.key").write_bytes(key)
     operator.stop()
-    expired = OperatorProcess(
-        cluster, tmp_path_factory.mktemp("expired"), env={**_env(port), "AGENTS_WEBHOOK_CERT_DIR": str(tls)}
-    ).start()
+    expired = OperatorProcess(cluster, tmp_path_factory.mktemp("expired"), env=_env(port, certs=tls)).start()
     try:
 
         def configured_with_it() -> bool:
@@ -292,13 +301,16 @@ def test_the_chart_grants_the_operator_its_own_configuration_only(
     release_ns = "webhook-system"
     if not cluster.kubectl("get", "ns", release_ns, "--ignore-not-found", "-o", "name").strip():
         cluster.kubectl("create", "namespace", release_ns)
-    values = {"watchNamespaces": [NAMESPACE], "loops": {"enabled": True}}
+    values = {"watchNamespaces": [NAMESPACE], "loops": {"enabled": True}, "webhook": {"host": "127.0.0.1"}}
     kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-    docs = [
-        d
-        for d in helm.render(values, "hook", release_ns)
-        if d["kind"] in kinds or d["kind"] == "ValidatingWebhookConfiguration"
-    ]
+    rendered = helm.render(values, "hook", release_ns)
+    docs = [d for d in rendered if d["kind"] in kinds or d["kind"] == "ValidatingWebhookConfiguration"]
+    # The chart's self-signed Secret, as the kubelet would mount it.
+    secret = next(d for d in rendered if d["kind"] == "Secret")
+    certs = tmp / "webhook-tls"
+    certs.mkdir()
+    for key, value in secret["data"].items():
+        (certs / key).write_bytes(base64.b64decode(value))
     manifests = "\n---\n".join(json.dumps(d) for d in docs)
     cluster.kubectl("apply", "-f", "-", input_text=manifests)
     name = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")["metadata"]["name"]
@@ -313,12 +325,18 @@ def test_the_chart_grants_the_operator_its_own_configuration_only(
     operator = OperatorProcess(
         cluster,
         tmp / "operator",
-        env=_env(port, configuration=name),
+        env=_env(port, configuration=name, certs=certs),
         args=(f"--kubeconfig={kubeconfig}",),  # the last --kubeconfig wins
     ).start()
     try:
         eventually(lambda: _configured(cluster, port, "Ignore", name), 60, "the chart's configuration")
         assert "cannot apply" not in operator.logs()
+        # The API server trusts the chart's CA: a refusal comes back (the test's own configuration
+        # points at another port and answers the same).
+        probe = _named(OPERATOR_ONLY_AGENTRUNS[0][1], "webhook-chart-tls")
+        time.sleep(2)
+        assert DENIED in kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=probe).stderr
+        assert "cannot trust" not in operator.logs()
     finally:
         operator.stop()
         cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input_text=manifests, check=False)
@@ -353,7 +371,10 @@ def test_the_chart_renders_the_webhook_by_service_or_by_address(
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AGENTS_WEBHOOK_SERVICE"] == "ops/op-agentrun-operator-webhook"
     assert env["AGENTS_WEBHOOK_FAILURE_POLICY"] == "Ignore" and env["AGENTS_WEBHOOK_TIMEOUT_SECONDS"] == "5"
-    assert "AGENTS_WEBHOOK_CERT_DIR" not in env
+    assert env["AGENTS_WEBHOOK_CERT_DIR"] == "/etc/agentrun/webhook-tls"
+    secret = next(d for d in docs if d["kind"] == "Secret")
+    assert secret["metadata"]["name"] == "op-agentrun-operator-webhook-tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
 
     local = helm.render(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import copy
 import io
 import json
-import logging
+import socket
+import ssl
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import kopf
 import pytest
 from cryptography import x509
 
+from agentrun_devcluster import webhookcert
 from agentrun_operator.config import ConfigError, OperatorConfig
 from agentrun_operator.planner.problem import Problem
 from agentrun_operator.shell import admission, webhook_tls
@@ -25,7 +26,6 @@ from agentrun_operator.webhook import (
     KINDS,
     MAX_LINES,
     WebhookSettings,
-    needs_renewal,
     object_label,
     refusal_message,
     review,
@@ -123,11 +123,14 @@ def test_settings_from_env_and_their_bad_values() -> None:
             "AGENTS_WEBHOOK_SERVICE": "ops/agentrun-webhook",
             "AGENTS_WEBHOOK_FAILURE_POLICY": "Fail",
             "AGENTS_WEBHOOK_TIMEOUT_SECONDS": "10",
+            "AGENTS_WEBHOOK_CERT_DIR": "/etc/tls",
         },
         ("a", "b"),
     )
     assert settings.enabled and settings.service == ("ops", "agentrun-webhook")
     assert settings.failure_policy == "Fail" and settings.timeout_seconds == 10
+    with pytest.raises(ConfigError, match="AGENTS_WEBHOOK_CERT_DIR"):
+        WebhookSettings.from_env({"AGENTS_WEBHOOK_PORT": "9443"})
     for key, value in (
         ("AGENTS_WEBHOOK_FAILURE_POLICY", "Maybe"),
         ("AGENTS_WEBHOOK_TIMEOUT_SECONDS", "31"),
@@ -166,22 +169,58 @@ def test_the_configuration_by_service_and_for_watched_namespaces() -> None:
     assert expression["values"] == ["a"]
 
 
-def test_renewal_after_two_thirds_of_the_validity() -> None:
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    end = start + timedelta(days=300)
-    assert not needs_renewal(start, end, start + timedelta(days=199))
-    assert needs_renewal(start, end, start + timedelta(days=200))
-
-
-def test_the_self_signed_certificate_names_the_hosts(tmp_path: Path) -> None:
-    files = webhook_tls.write_self_signed(tmp_path / "tls", ["op.ops.svc", "127.0.0.1"])
-    cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == ["op.ops.svc"]
+def test_the_dev_cluster_makes_a_certificate_once_and_renews_an_aged_one(tmp_path: Path) -> None:
+    directory = webhookcert.ensure(tmp_path / "webhook")
+    cert = (directory / "tls.crt").read_bytes()
+    parsed = x509.load_pem_x509_certificate(cert)
+    sans = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
-    assert files.key.stat().st_mode & 0o077 == 0
-    not_before, not_after = webhook_tls.validity_of(files.cert.read_bytes())
-    assert not_after - not_before > timedelta(days=364)
+    assert (directory / "tls.key").stat().st_mode & 0o077 == 0
+    assert webhookcert.ensure(directory) == directory and (directory / "tls.crt").read_bytes() == cert
+    aged, key = webhookcert.self_signed(webhookcert.NAMES, datetime.now(UTC) - timedelta(days=250))
+    (directory / "tls.crt").write_bytes(aged)
+    (directory / "tls.key").write_bytes(key)
+    webhookcert.ensure(directory)
+    assert (directory / "tls.crt").read_bytes() not in (aged, cert)
+
+
+def _serve_once(cert: bytes, key: bytes, tmp_path: Path) -> tuple[ssl.SSLContext, socket.socket]:
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    return context, listener
+
+
+async def _handshake(cert: bytes, key: bytes, tmp_path: Path) -> str | None:
+    context, listener = _serve_once(cert, key, tmp_path)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(serve, sock=listener, ssl=context)
+    async with server:
+        return await webhook_tls.handshake_problem("127.0.0.1", listener.getsockname()[1], cert)
+
+
+def test_the_handshake_check_names_an_expired_certificate(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    good = webhookcert.self_signed(["127.0.0.1"], now)
+    assert asyncio.run(_handshake(*good, tmp_path)) is None
+    expired = webhookcert.self_signed(["127.0.0.1"], now - timedelta(days=3), validity=timedelta(days=1))
+    assert asyncio.run(_handshake(*expired, tmp_path)) == "certificate has expired"
+
+
+def test_the_handshake_check_names_a_closed_port() -> None:
+    cert, _ = webhookcert.self_signed(["127.0.0.1"], datetime.now(UTC))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    problem = asyncio.run(webhook_tls.handshake_problem("127.0.0.1", port, cert))
+    assert problem is not None and problem.startswith("cannot connect")
 
 
 def test_the_handlers_are_registered_with_kopf_only_when_a_port_is_set(
@@ -191,58 +230,7 @@ def test_the_handlers_are_registered_with_kopf_only_when_a_port_is_set(
     admission.register(registry, CONFIG, None)
     assert not registry._webhooks.get_all_handlers()
     monkeypatch.setenv("AGENTS_WEBHOOK_PORT", "9443")
+    monkeypatch.setenv("AGENTS_WEBHOOK_CERT_DIR", "/etc/tls")
     admission.register(registry, CONFIG, None)
     ids = sorted(h.id for h in registry._webhooks.get_all_handlers())
     assert ids == sorted(f"validate-{p}" for p in KINDS)
-
-
-def test_the_bundle_keeps_the_other_replicas_certificates_until_they_expire() -> None:
-    now = datetime.now(UTC)
-    ours, _ = webhook_tls.self_signed(["a"], now)
-    theirs, _ = webhook_tls.self_signed(["b"], now)
-    expired, _ = webhook_tls.self_signed(["c"], now - timedelta(days=10), validity=timedelta(days=1))
-    bundle = webhook_tls.merged_bundle(theirs + expired, ours, now)
-    assert webhook_tls.contains(bundle, ours) and webhook_tls.contains(bundle, theirs)
-    assert not webhook_tls.contains(bundle, expired)
-    assert bundle.startswith(ours)
-    assert webhook_tls.merged_bundle(bundle, ours, now) == bundle  # idempotent
-    assert webhook_tls.merged_bundle(b"garbage", ours, now) == ours
-    many = b"".join(webhook_tls.self_signed([f"h{i}"], now)[0] for i in range(6))
-    assert len(x509.load_pem_x509_certificates(webhook_tls.merged_bundle(many, ours, now))) == 4
-    assert not webhook_tls.contains(b"garbage", ours)
-
-
-def _write(directory: Path, cert: bytes, key: bytes) -> webhook_tls.CertFiles:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tls.crt").write_bytes(cert)
-    (directory / "tls.key").write_bytes(key)
-    return webhook_tls.mounted(directory)
-
-
-async def _one_round(files: webhook_tls.CertFiles, names: list[str] | None) -> None:
-    task = asyncio.create_task(webhook_tls.keep_fresh(files, names, check_seconds=3600))
-    await asyncio.sleep(0.2)  # the first check runs at once
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-def test_an_aged_self_signed_certificate_is_renewed(tmp_path: Path) -> None:
-    now = datetime.now(UTC)
-    old_cert, old_key = webhook_tls.self_signed(["127.0.0.1"], now - timedelta(days=300))
-    files = _write(tmp_path / "tls", old_cert, old_key)
-    asyncio.run(_one_round(files, ["127.0.0.1"]))
-    renewed = files.cert.read_bytes()
-    assert renewed != old_cert and webhook_tls.validity_of(renewed)[1] > now + timedelta(days=300)
-
-
-def test_an_expired_mounted_certificate_is_reported_not_replaced(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    now = datetime.now(UTC)
-    cert, key = webhook_tls.self_signed(["a"], now - timedelta(days=3), validity=timedelta(days=1))
-    files = _write(tmp_path / "mounted", cert, key)
-    with caplog.at_level(logging.ERROR, logger="agentrun.webhook"):
-        asyncio.run(_one_round(files, None))
-    assert files.cert.read_bytes() == cert
-    assert any("has expired" in r.getMessage() for r in caplog.records)

@@ -6,9 +6,9 @@ startup handler that gives kopf its webhook server: kopf's `WebhookServer` with 
 shell/webhook_tls.py, wrapped so that every client configuration the server yields (at start, and
 after a certificate renewal) is server-side applied as our ValidatingWebhookConfiguration — kopf's own
 managed mode fixes the timeout at 30 s and the failure policy per handler, so the operator writes the
-configuration itself with the chosen ones. Its CA bundle holds every replica's certificate (each
-self-signed replica has its own; see `webhook_tls.merged_bundle`), and a check every minute applies
-it again if it was deleted or lost this replica's certificate.
+configuration itself with the chosen ones. Every replica serves the same certificate (a mounted
+Secret), so they all write the same CA bundle; a check every minute applies the configuration again
+if it was deleted or changed, and reports a certificate the API server would not trust.
 
 What never happens: a refused or failed webhook call stopping the operator, or an object admitted
 earlier being refused later (UPDATEs of AgentRuns always pass; see `webhook.review`).
@@ -22,9 +22,7 @@ import contextlib
 import logging
 import os
 import ssl
-import tempfile
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +67,14 @@ class AppliedWebhookServer:
         return base64.b64decode((webhooks[0].get("clientConfig") or {}).get("caBundle") or "")
 
     async def apply(self) -> None:
-        """Server-side apply the configuration, keeping the other replicas' certificates in the bundle."""
+        """Server-side apply the configuration with the CA bundle of the certificate being served."""
         assert self.ca is not None
         kube = await Kube.connect(self.kubeconfig)
         try:
-            current = await self._current_bundle(kube) or b""
-            bundle = webhook_tls.merged_bundle(current, self.ca, datetime.now(UTC))
             status, answer = await kube.request(
                 "PATCH",
                 self.path,
-                webhook_configuration(self.settings, bundle),
+                webhook_configuration(self.settings, self.ca),
                 query={"fieldManager": FIELD_MANAGER, "force": "true"},
                 content_type="application/apply-patch+yaml",
             )
@@ -101,23 +97,44 @@ class AppliedWebhookServer:
             },
         )
 
-    async def keep_configured(self, every: float = RECHECK_SECONDS) -> None:
-        """Apply again when the configuration was deleted or lost our certificate (another replica
-        applied its bundle at the same moment). Runs until cancelled."""
+    async def check(self) -> str | None:
+        """Apply again when the configuration is missing or has another CA bundle; return why the
+        API server could not trust this replica's certificate (None: it can)."""
+        assert self.ca is not None
+        kube = await Kube.connect(self.kubeconfig)
+        try:
+            current = await self._current_bundle(kube)
+        finally:
+            await kube.close()
+        if current != self.ca:
+            await self.apply()
+        host = "127.0.0.1" if self.settings.address in ("0.0.0.0", "") else self.settings.address
+        try:
+            return await webhook_tls.handshake_problem(host, self.settings.port, self.ca)
+        except ssl.SSLError as exc:  # the bundle itself cannot be loaded
+            return f"the CA bundle cannot be read: {exc}"
+
+    async def keep_configured(self, every: float = RECHECK_SECONDS, first: float = 2.0) -> None:
+        """`check` soon after start, then every `every` seconds; a certificate problem is logged as an
+        error when it appears (and when it changes), and cleared when it is gone. Runs until cancelled."""
+        await asyncio.sleep(first)
+        reported: str | None = None
         while True:
-            await asyncio.sleep(every)
-            if self.ca is None:
-                continue
             try:
-                kube = await Kube.connect(self.kubeconfig)
-                try:
-                    current = await self._current_bundle(kube)
-                finally:
-                    await kube.close()
-                if current is None or not webhook_tls.contains(current, self.ca):
-                    await self.apply()
+                problem = await self.check() if self.ca is not None else reported
+                if problem != reported:
+                    if problem is not None:
+                        log.error(
+                            f"the API server cannot trust the webhook's certificate: {problem} "
+                            "(docs/operations.md#admission-webhook)",
+                            extra={"port": self.settings.port},
+                        )
+                    else:
+                        log.info("the webhook's certificate is trusted again")
+                    reported = problem
             except Exception:  # the next round retries
                 log.exception("cannot check the ValidatingWebhookConfiguration")
+            await asyncio.sleep(every)
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         while True:
@@ -135,18 +152,11 @@ class AppliedWebhookServer:
                 await asyncio.sleep(RESTART_SECONDS)
 
 
-def _server(settings: WebhookSettings) -> tuple[kopf.WebhookServer, webhook_tls.CertFiles, list[str] | None]:
-    """kopf's server with our certificate files, and the names a self-signed one is made for."""
-    if settings.cert_dir:
-        files = webhook_tls.mounted(Path(settings.cert_dir))
-        names = None
-    else:
-        names = [settings.host, "localhost", "127.0.0.1"]
-        if settings.service is not None:
-            namespace, name = settings.service
-            names = [f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local", *names]
-        files = webhook_tls.write_self_signed(Path(tempfile.mkdtemp(prefix="agentrun-webhook-")), names)
-    server = kopf.WebhookServer(
+def _server(settings: WebhookSettings) -> kopf.WebhookServer:
+    """kopf's server with the mounted certificate files, reloaded within 10 s of a change."""
+    assert settings.cert_dir is not None  # WebhookSettings.from_env requires it with a port
+    files = webhook_tls.mounted(Path(settings.cert_dir))
+    return kopf.WebhookServer(
         addr=settings.address,
         port=settings.port,
         host=settings.host,
@@ -155,7 +165,6 @@ def _server(settings: WebhookSettings) -> tuple[kopf.WebhookServer, webhook_tls.
         cafile=files.ca,
         file_check_interval=10.0,
     )
-    return server, files, names
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig: str | None) -> None:
@@ -183,16 +192,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig
 
     @kopf.on.startup(registry=registry)
     async def serve_webhook(settings: kopf.OperatorSettings, **_: Any) -> None:
-        server, files, names = _server(webhook)
-        applied = AppliedWebhookServer(server, webhook, kubeconfig)
+        applied = AppliedWebhookServer(_server(webhook), webhook, kubeconfig)
         settings.admission.server = applied
         settings.admission.managed = None  # we apply the configuration (see AppliedWebhookServer)
-        tasks.append(asyncio.create_task(webhook_tls.keep_fresh(files, names)))
         tasks.append(asyncio.create_task(applied.keep_configured()))
-        log.info(
-            "webhook serving",
-            extra={"address": webhook.address, "port": webhook.port, "self_signed": names is not None},
-        )
+        log.info("webhook serving", extra={"address": webhook.address, "port": webhook.port})
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhook(**_: Any) -> None:
