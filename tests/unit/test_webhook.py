@@ -234,3 +234,19 @@ def test_the_handlers_are_registered_with_kopf_only_when_a_port_is_set(
     admission.register(registry, CONFIG, None)
     ids = sorted(h.id for h in registry._webhooks.get_all_handlers())
     assert ids == sorted(f"validate-{p}" for p in KINDS)
+
+
+def test_an_internal_error_admits_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTS_WEBHOOK_PORT", "9443")
+    monkeypatch.setenv("AGENTS_WEBHOOK_CERT_DIR", "/etc/tls")
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(admission, "review", broken)
+    registry = kopf.OperatorRegistry()
+    admission.register(registry, CONFIG, None)
+    handler = next(h for h in registry._webhooks.get_all_handlers() if h.id == "validate-agentruns")
+    warnings: list[str] = []
+    handler.fn(body=base_manifest(), old=None, operation="CREATE", warnings=warnings)
+    assert warnings == [admission.UNCHECKED]

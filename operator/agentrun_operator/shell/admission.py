@@ -39,6 +39,10 @@ log = logging.getLogger("agentrun.webhook")
 FIELD_MANAGER = "agentrun-operator-webhook"
 RECHECK_SECONDS = 60.0
 """How often the operator checks that its configuration is in place with its certificate."""
+UNCHECKED = (
+    "not checked by the agentrun-operator webhook (an internal error, in the operator's log); "
+    "the operator checks it at its first reconcile"
+)
 RESTART_SECONDS = 5.0
 """Pause before serving again after the server failed (e.g. a certificate pair read mid-update)."""
 
@@ -183,7 +187,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig
             registry=registry,
         )
         def check(**kwargs: Any) -> None:  # a sync handler: kopf runs it in its thread pool
-            verdict = review(kwargs["body"], kwargs.get("old"), kwargs["operation"], config)
+            try:
+                verdict = review(kwargs["body"], kwargs.get("old"), kwargs["operation"], config)
+            except Exception:  # a bug of ours must not refuse the user's object: admit, say so
+                log.exception("the webhook could not check an object; admitted unchecked")
+                kwargs["warnings"].append(UNCHECKED)
+                return
             kwargs["warnings"].extend(verdict.warnings)
             if not verdict.allowed:
                 raise kopf.AdmissionError(verdict.message, code=422)
