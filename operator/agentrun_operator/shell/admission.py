@@ -118,14 +118,16 @@ class AppliedWebhookServer:
         except ssl.SSLError as exc:  # the bundle itself cannot be loaded
             return f"the CA bundle cannot be read: {exc}"
 
-    async def keep_configured(self, every: float = RECHECK_SECONDS, first: float = 2.0) -> None:
-        """`check` soon after start, then every `every` seconds; a certificate problem is logged as an
-        error when it appears (and when it changes), and cleared when it is gone. Runs until cancelled."""
-        await asyncio.sleep(first)
+    async def keep_configured(self, every: float = RECHECK_SECONDS, first: float = 1.0) -> None:
+        """`check` as soon as the server serves, then every `every` seconds; a certificate problem is
+        logged as an error when it appears (and when it changes), and when it is gone. Runs until
+        cancelled."""
+        while self.ca is None:  # until the server has started with its certificate
+            await asyncio.sleep(first)
         reported: str | None = None
         while True:
             try:
-                problem = await self.check() if self.ca is not None else reported
+                problem = await self.check()
                 if problem != reported:
                     if problem is not None:
                         log.error(
