@@ -23,6 +23,7 @@ import yaml
 from agentrun_operator.api import GROUP
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.validate import Problem, validate_manifest
+from agentrun_operator.webhook import problem_line
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,14 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
     checked = problems = 0
     for doc in documents:
         if not isinstance(doc.body, dict):
-            print(f"{path}: {_label(doc)}: {_not_an_object(doc).render()}", file=out)
+            print(f"{path}: {problem_line(_label(doc), _not_an_object(doc))}", file=out)
             problems += 1
             continue
         if not _is_ours(doc.body):
             continue
         checked += 1
         for problem in validate_manifest(doc.body, config):
-            print(f"{path}: {_label(doc)}: {problem.render()}", file=out)
+            print(f"{path}: {problem_line(_label(doc), problem)}", file=out)  # as the webhook says it
             problems += 1
     return checked, problems
 

@@ -8,6 +8,7 @@ tests run in file order on it, and the last one takes it down."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane
 from agentrun_devcluster.dev import SERVICES, component_rows
 from agentrun_devcluster.toolchain import bin_dir
 from tests.e2e.conftest import EXAMPLES
+from tests.fixtures.invalid_agentruns import OPERATOR_ONLY_AGENTRUNS
 from tests.support.polling import eventually
 from tests.support.processes import processes_with
 
@@ -136,6 +138,34 @@ def test_dev_up_is_idempotent_and_status_and_env_describe_it(dev: Dev) -> None:
     assert "customresourcedefinition.apiextensions.k8s.io/agentruns.agents.proompteng.ai" in shell.stdout, (
         shell.stderr
     )
+
+
+def test_dev_up_configures_the_admission_webhook(dev: Dev, tmp_path: Path) -> None:
+    """The operator on the host serves the webhook on loopback; `kubectl apply` of a run the CRD
+    admits but the operator refuses is refused with `agentrun validate`'s line
+    (docs/operations.md#admission-webhook)."""
+    out = dev.plane.kubectl("get", "validatingwebhookconfiguration", "agentrun-operator", "-o", "json")
+    webhooks = json.loads(out)["webhooks"]
+    assert {w["name"] for w in webhooks} >= {"agentruns.agents.proompteng.ai"}
+    assert all(w["clientConfig"]["url"].startswith("https://127.0.0.1:") for w in webhooks)
+    assert all(w["failurePolicy"] == "Ignore" for w in webhooks)
+    case, manifest, field = OPERATOR_ONLY_AGENTRUNS[0]
+    path = tmp_path / f"{case}.json"
+    path.write_text(json.dumps(manifest))
+    expected = agentrun(dev.home, "validate", str(path)).stdout.strip().removeprefix(f"{path}: ")
+    assert f": {field}: " in expected
+
+    def refused() -> str:
+        proc = subprocess.run(
+            [str(bin_dir() / "kubectl"), f"--kubeconfig={dev.home / 'kubeconfig'}", "apply", "-f", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.stderr if "denied the request" in proc.stderr else ""
+
+    stderr = eventually(refused, 60, "the webhook to refuse the run")
+    assert stderr.split("denied the request: ", 1)[1].strip() == expected
 
 
 def test_dev_run_follows_an_example_and_logs_show_its_containers(dev: Dev) -> None:

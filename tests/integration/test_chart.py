@@ -189,7 +189,12 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     peerings = [d for d in docs if d["kind"] == "KopfPeering"]
     assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(WATCHED)
-    assert not [d for d in docs if d["kind"].startswith("Cluster")], "namespaced install is not namespaced"
+    # Namespaced: nothing cluster-wide but the admission webhook's own configuration and its grant.
+    cluster_scoped = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
+    assert cluster_scoped == {
+        ("ClusterRole", "agentrun-agentrun-operator-webhook"),
+        ("ClusterRoleBinding", "agentrun-agentrun-operator-webhook"),
+    }, "namespaced install is not namespaced"
     # A single replica without peering must never run beside its successor.
     single = next(d for d in helm.render({}) if d["kind"] == "Deployment")
     assert single["spec"]["strategy"]["type"] == "Recreate"
@@ -350,8 +355,15 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
     }
 
 
+def _webhook_role(installed: Installed) -> dict[str, Any]:
+    return next(
+        d for d in installed.docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-webhook")
+    )
+
+
 def test_rbac_rules_are_exactly_the_documented_set(installed: Installed) -> None:
-    roles = [d for d in installed.docs if d["kind"] in ("Role", "ClusterRole")]
+    webhook = _webhook_role(installed)
+    roles = [d for d in installed.docs if d["kind"] in ("Role", "ClusterRole") and d is not webhook]
     assert len(roles) == 1
     assert roles[0]["kind"] == ("ClusterRole" if installed.cluster_wide else "Role")
     granted: dict[tuple[str, str], set[str]] = {}

@@ -111,4 +111,6 @@ def test_deployment_sets_only_variables_the_operator_reads() -> None:
     names = set(re.findall(r"- name: (AGENTS_[A-Z_]+)", template))
     config = (REPO / "operator" / "agentrun_operator" / "config.py").read_text()
     read = {PREFIXES[0] + n for n in re.findall(r'"((?:CONTROLLER|AGENT|REPORTER)_[A-Z_]+)"', config)}
+    webhook = (REPO / "operator" / "agentrun_operator" / "webhook.py").read_text()
+    read |= {PREFIXES[0] + n for n in re.findall(r'"(WEBHOOK_[A-Z_]+)"', webhook)}
     assert names == read, f"set but not read: {names - read}; read but not set: {read - names}"

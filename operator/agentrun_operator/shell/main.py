@@ -13,7 +13,7 @@ import uvloop
 from prometheus_client import start_http_server
 
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.shell import logs
+from agentrun_operator.shell import admission, logs
 from agentrun_operator.shell.handlers import OperatorState, register
 from agentrun_operator.shell.peering import PeeringIdentity
 
@@ -57,6 +57,7 @@ def run_operator(
     # peering gate (it decides whether this replica serves), so both agree.
     peering = None if standalone else PeeringIdentity.choose(os.environ)
     register(registry, OperatorState(config, kubeconfig, workers, peering))
+    admission.register(registry, config, kubeconfig)  # the admission webhook, when configured
     namespaces = list(config.watched_namespaces)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
     tune_gc()

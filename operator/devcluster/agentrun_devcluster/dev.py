@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster import processes, toolchain, webhookcert
 from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError, check_state_format
 from agentrun_devcluster.podrunner.adopt import stop_leftovers
 from agentrun_operator import naming
@@ -136,11 +136,24 @@ def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = (), runtime:
     _wait_healthy(plane.home, RUNNER, runner_healthy, proc)
 
 
+def webhook_env(home: Path) -> dict[str, str]:
+    """The admission webhook on the local default (docs/operations.md#admission-webhook): the operator
+    and the API server share the host's loopback, so the API server calls https://127.0.0.1:PORT with
+    the dev cluster's self-signed certificate (`webhookcert`); failurePolicy Ignore (a stopped
+    operator blocks nothing)."""
+    return {
+        "AGENTS_WEBHOOK_PORT": str(processes.free_port()),
+        "AGENTS_WEBHOOK_ADDRESS": "127.0.0.1",
+        "AGENTS_WEBHOOK_HOST": "127.0.0.1",
+        "AGENTS_WEBHOOK_CERT_DIR": str(webhookcert.ensure(home / "webhook")),
+    }
+
+
 def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None) -> None:
     port = processes.free_port()
     _operator_port_file(plane.home).parent.mkdir(parents=True, exist_ok=True)
     _operator_port_file(plane.home).write_text(json.dumps({"port": port}))
-    env = {**_service_env(), **RUN_LOOPS_ENV, **(extra_env or {})}
+    env = {**_service_env(), **RUN_LOOPS_ENV, **webhook_env(plane.home), **(extra_env or {})}
     argv = _cli_argv("operator", f"--kubeconfig={plane.kubeconfig}", f"--liveness-port={port}")
     proc = processes.start_process(plane.run_dir, OPERATOR, argv, plane.log_dir / f"{OPERATOR}.log", env=env)
     _wait_healthy(plane.home, OPERATOR, operator_healthy, proc)
