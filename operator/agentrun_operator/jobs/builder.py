@@ -49,6 +49,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
+from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.planner.resolution import (
     References,
     control_path,
@@ -479,6 +480,7 @@ def _pod_spec(
     attempt: PlannedAttempt,
     refs: References,
     config: OperatorConfig,
+    companions: list[dict[str, Any]],
 ) -> dict[str, Any]:
     workload = effective_workload(run.spec.workload, step.workload)
     path = attempt.control_path or control_path(step)
@@ -517,6 +519,16 @@ def _pod_spec(
         pod["nodeSelector"] = dict(workload.node_selector)
     if workload.tolerations:
         pod["tolerations"] = [t.to_dict() for t in workload.tolerations]
+    parts = PodParts(
+        pod,
+        pod["containers"][0],
+        pod["initContainers"][0],
+        pod["initContainers"][1],
+        owner_reference(run),
+        lambda path: volume_holding(path, workload.volumes or []),
+        resolved.source == "agent provider",
+    )
+    companions += extend_pod(parts, run, step, workload, refs, config)
     return pod
 
 
@@ -536,7 +548,19 @@ def build_iteration_job(
     refs: References,
     config: OperatorConfig,
 ) -> dict[str, Any]:
-    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod). Pure and deterministic.
+    """The Job manifest of one iteration attempt (`build_iteration_objects` without the objects to
+    create before it)."""
+    return build_iteration_objects(run, attempt, refs, config)[0]
+
+
+def build_iteration_objects(
+    run: AgentRun,
+    attempt: PlannedAttempt,
+    refs: References,
+    config: OperatorConfig,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod), and the objects to
+    create before it (the runner contract's ConfigMap, `jobs/pod_compat.py`). Pure and deterministic.
 
     `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the
@@ -545,6 +569,7 @@ def build_iteration_job(
     step = attempt.step if attempt.step is not None else effective_steps(run)[attempt.step_index - 1]
     run_name = str(run.metadata.get("name", ""))
     labels = job_labels(run_name, step, attempt)
+    companions: list[dict[str, Any]] = []
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
@@ -554,7 +579,7 @@ def build_iteration_job(
         "parallelism": 1,
         "template": {
             "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
-            "spec": _pod_spec(run, step, attempt, refs, config),
+            "spec": _pod_spec(run, step, attempt, refs, config, companions),
         },
     }
     timeout = step_timeout_seconds(step, refs)
@@ -569,4 +594,5 @@ def build_iteration_job(
     namespace = run.metadata.get("namespace")
     if namespace:
         metadata["namespace"] = str(namespace)
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+    return job, companions

@@ -92,6 +92,28 @@ def provider_name(
     return None
 
 
+def referenced_names(
+    run_spec: Mapping[str, Any],
+    implementations: Iterable[Mapping[str, Any]],
+    agent_spec: Mapping[str, Any] | None,
+) -> list[str]:
+    """Every VersionControlProvider a run may resolve (the shell looks each up), sorted."""
+    refs = [run_spec.get("vcsRef"), (agent_spec or {}).get("vcsRef")]
+    refs += [impl.get("vcsRef") for impl in implementations]
+    return sorted({str(r["name"]) for r in refs if isinstance(r, Mapping) and r.get("name")})
+
+
+def credential_secret(spec: Mapping[str, Any]) -> str | None:
+    """The Secret a provider's token or SSH key is in (the shell checks it before the first Job)."""
+    auth = spec.get("auth") or {}
+    method = auth_method(auth)
+    section = auth.get(method) or {}
+    ref = section.get("secretRef") if method == "token" else section.get("privateKeySecretRef")
+    if method in ("token", "ssh") and isinstance(ref, Mapping) and ref.get("name"):
+        return str(ref["name"])
+    return None
+
+
 def _skip(status: dict[str, Any] | None, warning: str) -> VcsResolution:
     return VcsResolution(status={**(status or {}), "mode": "none", "message": warning})
 

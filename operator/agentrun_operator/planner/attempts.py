@@ -10,7 +10,7 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import IterationRecord, JobRef, format_timestamp
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
-from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_job
+from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_objects
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
 from agentrun_operator.planner.budgets import account_usage, check_budget
@@ -155,10 +155,10 @@ def start_attempt(
         if ctx.ref_problems:
             end_step(ctx, step, "Failed", REASON_INVALID_SPEC, problems_message(list(ctx.ref_problems)))
             return False
-        manifest = build_iteration_job(
+        manifest, companions = build_iteration_objects(
             ctx.run, _planned_attempt(ctx, step, iteration, attempt), ctx.refs, ctx.config
         )
-        ctx.writes.append(CreateJob(manifest))
+        ctx.writes.append(CreateJob(manifest, tuple(companions)))
         _next_iteration_requested(ctx, step, iteration, attempt, name)
     _mark_attempt_started(ctx, step, iteration, attempt, name, existing)
     return existing is not None
@@ -319,7 +319,8 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
             return True
         if gate_clear(ctx, name) and not ctx.ref_problems:
             planned = _planned_attempt(ctx, step, step.iteration, st.attempt)
-            ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
+            manifest, companions = build_iteration_objects(ctx.run, planned, ctx.refs, ctx.config)
+            ctx.writes.append(CreateJob(manifest, tuple(companions)))
         ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS)
         return False
     return _record_failure(

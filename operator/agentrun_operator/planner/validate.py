@@ -42,6 +42,7 @@ from agentrun_operator.planner.problem import concepts as _concepts
 from agentrun_operator.planner.problem import format_value as format_value
 from agentrun_operator.planner.resolution import References, effective_workload, implementation_spec_refs
 from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.planner.validate_flow import flow_problems
 
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
@@ -298,7 +299,16 @@ def resolve_references(run: AgentRun, observed: Observed) -> ReferenceResolution
             p.missing == problem.missing and p.path == path for p in problems
         ):
             problems.append(problem)
-    return ReferenceResolution(References(agent, provider, impl_specs), tuple(problems))
+    refs = References(
+        agent,
+        provider,
+        impl_specs,
+        agent_name=run.spec.agent_ref.name if run.spec.agent_ref is not None else "",
+        provider_name=agent.provider_ref.name if agent is not None and agent.provider_ref is not None else "",
+        vcs_providers=observed.vcs_providers,
+        secret_keys=observed.secret_keys,
+    )
+    return ReferenceResolution(refs, tuple(problems))
 
 
 def _via_agent(problem: Problem, agent_name: str) -> Problem:
@@ -340,7 +350,9 @@ def validate_run(run: AgentRun, observed: Observed, config: OperatorConfig) -> l
     `missing` set; the planner gives those a grace period before calling the run invalid).
     """
     problems = _spec_problems(run, observed, config, check_flag=True)
-    problems.extend(resolve_references(run, observed).problems)
+    resolution = resolve_references(run, observed)
+    problems.extend(resolution.problems)
+    problems.extend(compat_problems(run, resolution.refs))
     return problems
 
 

@@ -1,0 +1,169 @@
+"""What the original controller's surface adds to an iteration pod (docs/api.md#runner-contract,
+docs/api.md#version-control, docs/api.md#output-artifacts): the Job builder calls `extend_pod` on the
+pod it built and gets back the objects to create before the Job (the runner contract's ConfigMap).
+
+- `spec.secrets`: each Secret is an `envFrom` of `main`;
+- version control (`jobs/vcs.py`): env, credential volumes; the reporter and `fingerprint` read the
+  commit the checkout is at (`--checkout`), when a volume of the pod holds it;
+- the runner contract (`jobs/runner_contract.py`), when the provider uses it;
+- output artifacts: the reporter stats and hashes each declared file (`--artifact name=path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun_operator.api import AgentRun, WorkflowStep, Workload, WorkloadVolume
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs.runner_contract import RunnerContract, RunnerInputs, runner_pod
+from agentrun_operator.jobs.vcs import VcsResolution, resolve_vcs
+from agentrun_operator.planner.resolution import References, effective_parameters
+
+
+def _manifest(model: Any) -> dict[str, Any]:
+    """A model in manifest form (camelCase), {} for None."""
+    return model.to_dict() if model is not None else {}
+
+
+def implementation_document(run: AgentRun, step: WorkflowStep, refs: References) -> dict[str, Any]:
+    """The resolved implementation in manifest form: the step's inline/ref, else the run's (the same
+    order as the task text, `builder.resolve_implementation`)."""
+    for inline, ref in (
+        (step.implementation, step.implementation_spec_ref),
+        (run.spec.implementation, run.spec.implementation_spec_ref),
+    ):
+        if inline is not None:
+            return _manifest(inline.inline)
+        if ref is not None:
+            return _manifest(refs.implementation_specs.get(ref.name))
+    return {}
+
+
+def run_vcs(run: AgentRun, step: WorkflowStep, refs: References) -> VcsResolution:
+    """Version control for the step's pods (its parameters and implementation may differ)."""
+    return resolve_vcs(
+        run.spec.to_dict(),
+        run.metadata,
+        implementation_document(run, step, refs),
+        _manifest(refs.agent) if refs.agent is not None else None,
+        effective_parameters(run, step),
+        refs.vcs_providers,
+        refs.secret_keys,
+    )
+
+
+def provider_contract(refs: References) -> RunnerContract | None:
+    return RunnerContract.of(_manifest(refs.provider)) if refs.provider is not None else None
+
+
+def _names(env: list[dict[str, Any]]) -> set[str]:
+    return {str(e["name"]) for e in env}
+
+
+def _add_below(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    """Add `env` where the container does not set the name already (a lower layer)."""
+    present = _names(container.setdefault("env", []))
+    container["env"] += [e for e in env if e["name"] not in present]
+
+
+def _add_over(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    """Add `env` in front, replacing the container's own of the same names (set by the operator)."""
+    names = _names(env)
+    container["env"] = list(env) + [e for e in container.get("env", []) if e["name"] not in names]
+
+
+def _mount_for(container: dict[str, Any], volume: WorkloadVolume) -> None:
+    """Mount a user volume into a helper container read-only, unless it is mounted there already."""
+    mounts = container.setdefault("volumeMounts", [])
+    if any(m["name"] == volume.name for m in mounts):
+        return
+    mounts.append({"name": volume.name, "mountPath": volume.mount_path, "readOnly": True})
+
+
+@dataclass(frozen=True)
+class PodParts:
+    """The parts of the built pod `extend_pod` changes, and what it needs of the builder."""
+
+    pod: dict[str, Any]
+    main: dict[str, Any]
+    reporter: dict[str, Any]
+    fingerprint: dict[str, Any]
+    owner: dict[str, Any]
+    holder_of: Callable[[str], WorkloadVolume | None]
+    """The user volume that holds a path in the pod (`builder.volume_holding`)."""
+    image_from_provider: bool
+    """`main`'s image is the provider's (no workload image), so the contract's image may replace it."""
+
+
+def extend_pod(
+    parts: PodParts, run: AgentRun, step: WorkflowStep, workload: Workload, refs: References, config: OperatorConfig
+) -> list[dict[str, Any]]:
+    """Add what the run's secrets, version control, runner contract and artifacts need to the pod;
+    return the objects to create before the Job (ordered, each created or adopted by name)."""
+    pod, main, reporter, fingerprint = parts.pod, parts.main, parts.reporter, parts.fingerprint
+    volume_holding = parts.holder_of
+    companions: list[dict[str, Any]] = []
+
+    secrets = getattr(run.spec, "secrets", None) or []
+    if secrets:
+        main["envFrom"] = [*main.get("envFrom", []), *({"secretRef": {"name": s}} for s in secrets)]
+
+    vcs = run_vcs(run, step, refs)
+    if vcs.env:
+        _add_below(main, list(vcs.env))
+    if vcs.volumes:
+        pod["volumes"] += list(vcs.volumes)
+        main.setdefault("volumeMounts", []).extend(vcs.mounts)
+    if vcs.checkout is not None:
+        holder = volume_holding(vcs.checkout)
+        if holder is not None:
+            for helper in (reporter, fingerprint):
+                _mount_for(helper, holder)
+                helper["args"] += ["--checkout", vcs.checkout]
+
+    contract = provider_contract(refs)
+    if contract is not None:
+        agent = _manifest(refs.agent)
+        inputs = RunnerInputs(
+            run_name=str(run.metadata.get("name", "")),
+            run_uid=str(run.metadata.get("uid", "")),
+            namespace=str(run.metadata.get("namespace", "")),
+            provider_name=refs.provider_name,
+            agent_name=refs.agent_name,
+            agent_config=agent.get("config") or {},
+            agent_env=agent.get("env") or [],
+            implementation=implementation_document(run, step, refs),
+            parameters=effective_parameters(run, step),
+            memory=None,
+            vcs=vcs.context,
+            extra=run_document_extras(run),
+        )
+        labels: dict[str, str] = {}
+        contract_pod = runner_pod(inputs, contract, parts.owner, labels)
+        if workload.command is None:
+            main["command"] = contract_pod.command
+            if workload.args is None:
+                main["args"] = contract_pod.args
+        if parts.image_from_provider:
+            main["image"] = contract.image or config.runner_image
+        _add_over(main, contract_pod.injected_env)
+        _add_below(main, contract_pod.provider_env)
+        pod["volumes"].append(contract_pod.volume)
+        main.setdefault("volumeMounts", []).extend(contract_pod.mounts)
+        companions.append(contract_pod.config_map)
+        for artifact in contract.output_artifacts:
+            path = artifact.file_path
+            holder = volume_holding(path) if path else None
+            if path is None or holder is None:
+                continue  # validation refuses an artifact path on no volume before any Job
+            _mount_for(reporter, holder)
+            reporter["args"] += ["--artifact", f"{artifact.name}={path}"]
+    return companions
+
+
+def run_document_extras(run: AgentRun) -> Mapping[str, Any]:
+    """Keys of run.json beyond the runner contract's own: the run's `goal` and its `secrets` names."""
+    spec = run.spec.to_dict()
+    return {key: spec[key] for key in ("goal",) if key in spec}
