@@ -25,6 +25,7 @@ CRD_NAMES = [
     "agents.agents.proompteng.ai",
     "agentproviders.agents.proompteng.ai",
     "implementationspecs.agents.proompteng.ai",
+    "versioncontrolproviders.agents.proompteng.ai",
 ]
 
 
@@ -46,7 +47,7 @@ def kubectl(plane: ControlPlane, *args: str, manifest: Any = None) -> subprocess
     )
 
 
-def test_all_four_crds_are_established(plane: ControlPlane) -> None:
+def test_all_five_crds_are_established(plane: ControlPlane) -> None:
     for name in CRD_NAMES:
         crd = json.loads(plane.kubectl("get", "crd", name, "-o", "json"))
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}

@@ -173,7 +173,9 @@ def resolve_container(
     if refs.provider is not None:
         command = workload.command if workload.command is not None else refs.provider.command
         args = workload.args if workload.args is not None else refs.provider.args
-        return ResolvedContainer(refs.provider.image, command, args, env, "agent provider")
+        provider_workload = refs.provider.workload
+        image = refs.provider.image or (provider_workload.image if provider_workload else None)
+        return ResolvedContainer(image or config.runner_image, command, args, env, "agent provider")
     return ResolvedContainer(config.runner_image, workload.command, workload.args, env, "operator default")
 
 
