@@ -528,9 +528,8 @@ def _pod_spec(
         pod["initContainers"][1],
         owner_reference(run),
         lambda path: volume_holding(path, workload.volumes or []),
-        resolved.source == "agent provider",
     )
-    companions += extend_pod(parts, run, step, workload, refs, config)
+    companions += extend_pod(parts, run, step, workload, refs)
     return pod
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun_operator.api import AgentRun, WorkflowStep, Workload, WorkloadVolume
-from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.runner_contract import RunnerContract, RunnerInputs, runner_pod
 from agentrun_operator.jobs.vcs import VcsResolution, resolve_vcs
 from agentrun_operator.planner.resolution import References, effective_parameters
@@ -93,12 +92,10 @@ class PodParts:
     owner: dict[str, Any]
     holder_of: Callable[[str], WorkloadVolume | None]
     """The user volume that holds a path in the pod (`builder.volume_holding`)."""
-    image_from_provider: bool
-    """`main`'s image is the provider's (no workload image), so the contract's image may replace it."""
 
 
 def extend_pod(
-    parts: PodParts, run: AgentRun, step: WorkflowStep, workload: Workload, refs: References, config: OperatorConfig
+    parts: PodParts, run: AgentRun, step: WorkflowStep, workload: Workload, refs: References
 ) -> list[dict[str, Any]]:
     """Add what the run's secrets, version control, runner contract and artifacts need to the pod;
     return the objects to create before the Job (ordered, each created or adopted by name)."""
@@ -146,8 +143,6 @@ def extend_pod(
             main["command"] = contract_pod.command
             if workload.args is None:
                 main["args"] = contract_pod.args
-        if parts.image_from_provider:
-            main["image"] = contract.image or config.runner_image
         _add_over(main, contract_pod.injected_env)
         _add_below(main, contract_pod.provider_env)
         pod["volumes"].append(contract_pod.volume)

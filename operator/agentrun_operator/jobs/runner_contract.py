@@ -1,10 +1,10 @@
 """The original controller's runner contract, beside our image/command/args provider form
 (docs/api.md#runner-contract). Pure: the Job builder calls `runner_pod` and merges what it returns.
 
-A provider uses the contract when it sets any of `binary`, `argsTemplate`, `envTemplate`,
-`inputFiles`, `secretEnv`, `outputArtifacts`, `adapter` or `workload`, or sets no `image` (our form
-needs one). Then `main` runs `binary` (default `/usr/local/bin/agent-runner`) with the rendered
-`argsTemplate` as its args and the rendered `envTemplate` as provider-level env; `secretEnv` becomes
+A provider uses the contract when it sets no `command` and either no `image` or any of `binary`,
+`argsTemplate`, `envTemplate`, `inputFiles`, `secretEnv`, `outputArtifacts`, `adapter`, `workload`.
+Then `main` runs `binary` (default `/usr/local/bin/agent-runner`) with the rendered `argsTemplate` as
+its args and the rendered `envTemplate` as provider-level env; `secretEnv` becomes
 env from Secrets; and the pod gets `AGENT_RUN_SPEC=/workspace/run.json`,
 `AGENT_RUNNER_SPEC_PATH=/workspace/agent-runner.json` and `AGENT_PROVIDER=<provider name>`.
 
@@ -82,7 +82,11 @@ class OutputArtifact:
         return posixpath.normpath(posixpath.join(ARTIFACT_ROOT, self.path))
 
     def to_dict(self) -> dict[str, str]:
-        return {k: v for k, v in (("name", self.name), ("path", self.path), ("key", self.key), ("url", self.url)) if v}
+        return {
+            k: v
+            for k, v in (("name", self.name), ("path", self.path), ("key", self.key), ("url", self.url))
+            if v
+        }
 
 
 @dataclass(frozen=True)
@@ -96,17 +100,14 @@ class RunnerContract:
     secret_env: tuple[SecretEnv, ...] = ()
     output_artifacts: tuple[OutputArtifact, ...] = ()
     adapter: Mapping[str, Any] = field(default_factory=dict)
-    image: str | None = None
-    """`workload.image`, else `image`, of the provider."""
 
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> RunnerContract | None:
         """The contract of a provider spec in manifest form (camelCase), or None for our own form."""
-        if spec is None:
+        if spec is None or spec.get("command") is not None:
             return None
         if not any(spec.get(key) is not None for key in _CONTRACT_FIELDS) and spec.get("image"):
             return None
-        workload = spec.get("workload") or {}
         return cls(
             binary=str(spec.get("binary") or DEFAULT_BINARY),
             args_template=tuple(str(a) for a in spec.get("argsTemplate") or ()),
@@ -123,7 +124,6 @@ class RunnerContract:
                 for a in spec.get("outputArtifacts") or ()
             ),
             adapter=dict(spec.get("adapter") or {}),
-            image=workload.get("image") or spec.get("image"),
         )
 
 
@@ -153,7 +153,11 @@ def template_context(inputs: RunnerInputs) -> dict[str, Any]:
     """The context `{{ dotted.path }}` is looked up in."""
     return {
         "agentRun": {"name": inputs.run_name, "uid": inputs.run_uid, "namespace": inputs.namespace},
-        "agent": {"name": inputs.agent_name, "config": dict(inputs.agent_config), "env": list(inputs.agent_env)},
+        "agent": {
+            "name": inputs.agent_name,
+            "config": dict(inputs.agent_config),
+            "env": list(inputs.agent_env),
+        },
         "implementation": dict(inputs.implementation),
         "parameters": dict(inputs.parameters),
         "inputs": dict(inputs.parameters),
@@ -289,7 +293,8 @@ def runner_pod(
         config_map=config_map,
         volume={"name": RUNNER_VOLUME, "configMap": {"name": name}},
         mounts=[
-            {"name": RUNNER_VOLUME, "mountPath": path, "subPath": key, "readOnly": True} for key, path in mounts
+            {"name": RUNNER_VOLUME, "mountPath": path, "subPath": key, "readOnly": True}
+            for key, path in mounts
         ],
     )
 

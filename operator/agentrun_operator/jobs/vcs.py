@@ -208,7 +208,9 @@ def resolve_vcs(
             )
     if mode == "none":
         return VcsResolution(status={**status, "mode": "none"})
-    return _credentials(run_spec, run_meta, spec, name, repository, parameters, mode, required, agent_spec, secrets)
+    return _credentials(
+        run_spec, run_meta, spec, name, repository, parameters, mode, required, agent_spec, secrets
+    )
 
 
 def _effective_mode(spec: Mapping[str, Any], mode: str) -> str:
@@ -283,12 +285,12 @@ def _credentials(
     base = str(parameters.get("base") or defaults.get("baseBranch") or "")
     head = str(parameters.get("head") or "")
     if not head and defaults.get("branchTemplate"):
-        context = {
+        branch_context = {
             **parameters,
             "agentRun": {"name": run_meta.get("name", ""), "namespace": run_meta.get("namespace", "")},
             "parameters": dict(parameters),
         }
-        head = render(str(defaults["branchTemplate"]), context)
+        head = render(str(defaults["branchTemplate"]), branch_context)
     env: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -297,7 +299,9 @@ def _credentials(
     write = mode == "read-write"
     if write and method in ("token", "ssh"):
         section = auth.get(method) or {}
-        secret_ref = (section.get("secretRef") if method == "token" else section.get("privateKeySecretRef")) or {}
+        secret_ref = (
+            section.get("secretRef") if method == "token" else section.get("privateKeySecretRef")
+        ) or {}
         secret = str(secret_ref.get("name") or "")
         key = str(secret_ref.get("key") or ("token" if method == "token" else "privateKey"))
         field_name = "token.secretRef" if method == "token" else "ssh.privateKeySecretRef"
@@ -326,7 +330,14 @@ def _credentials(
             env += [{"name": n, "valueFrom": token_ref} for n in names]
         else:
             volumes.append(
-                {"name": SSH_VOLUME, "secret": {"secretName": secret, "items": [{"key": key, "path": key}], "defaultMode": 0o400}}
+                {
+                    "name": SSH_VOLUME,
+                    "secret": {
+                        "secretName": secret,
+                        "items": [{"key": key, "path": key}],
+                        "defaultMode": 0o400,
+                    },
+                }
             )
             mounts.append({"name": SSH_VOLUME, "mountPath": SSH_DIR, "readOnly": True})
             key_path = posixpath.join(SSH_DIR, key)
@@ -336,7 +347,13 @@ def _credentials(
             if known.get("name"):
                 hosts_key = str(known.get("key") or "known_hosts")
                 volumes.append(
-                    {"name": KNOWN_HOSTS_VOLUME, "configMap": {"name": known["name"], "items": [{"key": hosts_key, "path": hosts_key}]}}
+                    {
+                        "name": KNOWN_HOSTS_VOLUME,
+                        "configMap": {
+                            "name": known["name"],
+                            "items": [{"key": hosts_key, "path": hosts_key}],
+                        },
+                    }
                 )
                 mounts.append({"name": KNOWN_HOSTS_VOLUME, "mountPath": KNOWN_HOSTS_DIR, "readOnly": True})
                 hosts_path = posixpath.join(KNOWN_HOSTS_DIR, hosts_key)
@@ -350,7 +367,10 @@ def _credentials(
     values: list[tuple[str, Any]] = [
         ("VCS_PROVIDER", kind),
         ("VCS_PROVIDER_NAME", name),
-        ("VCS_API_BASE_URL", spec.get("apiBaseUrl") or ("https://api.github.com" if kind == "github" else None)),
+        (
+            "VCS_API_BASE_URL",
+            spec.get("apiBaseUrl") or ("https://api.github.com" if kind == "github" else None),
+        ),
         ("VCS_CLONE_BASE_URL", spec.get("cloneBaseUrl")),
         ("VCS_WEB_BASE_URL", spec.get("webBaseUrl")),
         ("VCS_CLONE_PROTOCOL", spec.get("cloneProtocol")),
@@ -370,14 +390,17 @@ def _credentials(
         ("VCS_BRANCH_TEMPLATE", defaults.get("branchTemplate")),
         ("VCS_PR_TITLE_TEMPLATE", pr.get("titleTemplate")),
         ("VCS_PR_BODY_TEMPLATE", pr.get("bodyTemplate")),
-        ("VCS_USERNAME", (auth.get("username") or _DEFAULT_USERNAMES.get(kind)) if write and method == "token" else None),
+        (
+            "VCS_USERNAME",
+            (auth.get("username") or _DEFAULT_USERNAMES.get(kind)) if write and method == "token" else None,
+        ),
         ("VCS_MODE", mode),
         ("VCS_WRITE_ENABLED", "true" if write else "false"),
         ("VCS_PULL_REQUESTS_ENABLED", "true" if pull_requests else "false"),
         ("VCS_PR_DRAFT", "true" if pr.get("draft") is True else "false"),
     ]
     plain = [{"name": k, "value": str(v)} for k, v in values if v]
-    context = {
+    context: dict[str, Any] = {
         "provider": kind,
         "providerName": name,
         "repository": repository,
@@ -392,7 +415,13 @@ def _credentials(
         "commitAuthorName": defaults.get("commitAuthorName"),
         "commitAuthorEmail": defaults.get("commitAuthorEmail"),
     }
-    status = {"provider": name, "repository": repository, "baseBranch": base, "headBranch": head, "mode": mode}
+    status = {
+        "provider": name,
+        "repository": repository,
+        "baseBranch": base,
+        "headBranch": head,
+        "mode": mode,
+    }
     return VcsResolution(
         env=tuple(plain + env),
         volumes=tuple(volumes),

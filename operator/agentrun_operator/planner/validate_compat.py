@@ -49,7 +49,9 @@ def _vcs_problems(run: AgentRun, view: StepNode, refs: References) -> Iterator[P
     yield from run_vcs(run, view.step, refs).problems
 
 
-def _contract_problems(run: AgentRun, view: StepNode, refs: References, contract: RunnerContract) -> Iterator[Problem]:
+def _contract_problems(
+    run: AgentRun, view: StepNode, refs: References, contract: RunnerContract
+) -> Iterator[Problem]:
     workload = effective_workload(run.spec.workload, view.step.workload)
     volumes = list(workload.volumes or [])
     mounts = [v.mount_path for v in volumes] + [META_MOUNT]
@@ -93,19 +95,21 @@ def _contract_problems(run: AgentRun, view: StepNode, refs: References, contract
                 path,
                 f"{field} collides with {what} in the pod of step {view.path!r}",
                 f"give the input file a path of its own in {provider} (a file inside a volume is fine; "
-                "the volume's own mount path, a directory above a mount, run.json and agent-runner.json are not)",
+                "the volume's own mount path, a directory above a mount, run.json and agent-runner.json "
+                "are not)",
                 _api("runner-contract"),
             )
         seen.setdefault(norm, index)
     for index, artifact in enumerate(contract.output_artifacts):
-        path = artifact.file_path
-        if path is not None and volume_holding(path, volumes) is None:
+        file_path = artifact.file_path
+        if file_path is not None and volume_holding(file_path, volumes) is None:
             known = ", ".join(f"{v.name}: {v.mount_path}" for v in volumes) or "none"
             yield Problem(
                 _WHERE,
                 artifact.path,
-                f"{provider} outputArtifacts[{index}] ({artifact.name!r}) is at {path}, on no volume of "
+                f"{provider} outputArtifacts[{index}] ({artifact.name!r}) is at {file_path}, on no volume of "
                 f"step {view.path!r} (volumes: {known}), so nothing could report it after the pod ends",
-                "mount a volume (e.g. a pvc or emptyDir) at a directory holding the artifact, or change its path",
+                "mount a volume (e.g. a pvc or emptyDir) at a directory holding the artifact, "
+                "or change its path",
                 _api("output-artifacts"),
             )

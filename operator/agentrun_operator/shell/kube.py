@@ -405,7 +405,9 @@ class Kube:
         """Create a ConfigMap; True when created, False when one of that name exists (adopted as it
         is: the names the operator gives are hashes of the data, docs/api.md#runner-contract)."""
         ns = manifest["metadata"]["namespace"]
-        status, body = await self.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body=manifest, whole=False)
+        status, body = await self.request(
+            "POST", f"/api/v1/namespaces/{ns}/configmaps", body=manifest, whole=False
+        )
         if status in (200, 201):
             return True
         if status == 409:
@@ -414,7 +416,9 @@ class Kube:
 
     async def secret_keys(self, namespace: str, name: str) -> frozenset[str] | None:
         """The keys of a Secret (never its values); None when it does not exist."""
-        status, body = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}", whole=False)
+        status, body = await self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/secrets/{name}", whole=False
+        )
         if status == 404:
             return None
         if status != 200:

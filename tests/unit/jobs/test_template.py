@@ -23,7 +23,12 @@ CONTEXT = {
 
 
 def test_a_string_renders_as_itself_whatever_the_whitespace() -> None:
-    for template in ("{{agentRun.name}}", "{{ agentRun.name }}", "{{  agentRun . name  }}", "{{\tagentRun.name\n}}"):
+    for template in (
+        "{{agentRun.name}}",
+        "{{ agentRun.name }}",
+        "{{  agentRun . name  }}",
+        "{{\tagentRun.name\n}}",
+    ):
         assert render(template, CONTEXT) == "fix-1", template
 
 

@@ -60,9 +60,17 @@ def test_read_write_token_gives_the_token_and_the_coordinates() -> None:
     assert e["VCS_CLONE_URL"] == "https://github.com/acme/app"
     assert (e["VCS_BASE_BRANCH"], e["VCS_HEAD_BRANCH"]) == ("main", "agent/fix-1")
     assert (e["GIT_AUTHOR_NAME"], e["GIT_COMMITTER_EMAIL"]) == ("Agent", "agent@example.com")
-    assert (e["VCS_MODE"], e["VCS_WRITE_ENABLED"], e["VCS_USERNAME"]) == ("read-write", "true", "x-access-token")
+    assert (e["VCS_MODE"], e["VCS_WRITE_ENABLED"], e["VCS_USERNAME"]) == (
+        "read-write",
+        "true",
+        "x-access-token",
+    )
     assert r.status == {
-        "provider": "gh", "repository": "acme/app", "baseBranch": "main", "headBranch": "agent/fix-1", "mode": "read-write"
+        "provider": "gh",
+        "repository": "acme/app",
+        "baseBranch": "main",
+        "headBranch": "agent/fix-1",
+        "mode": "read-write",
     }
     assert r.secret_refs == (("gh-token", "token"),)
 
@@ -126,11 +134,19 @@ def test_repository_policy_deny_and_allow() -> None:
     policy = {**GITHUB, "repositoryPolicy": {"allow": ["acme/*"], "deny": ["acme/secret-*"]}}
     ok = resolve({"vcsRef": {"name": "p"}}, {"p": policy})
     assert not ok.problems
-    (denied,) = resolve({"vcsRef": {"name": "p"}}, {"p": policy}, parameters={"repository": "acme/secret-x"}).problems
+    (denied,) = resolve(
+        {"vcsRef": {"name": "p"}}, {"p": policy}, parameters={"repository": "acme/secret-x"}
+    ).problems
     assert denied.path == "spec.parameters.repository" and "denied" in denied.message
-    (outside,) = resolve({"vcsRef": {"name": "p"}}, {"p": policy}, parameters={"repository": "evil/app"}).problems
+    (outside,) = resolve(
+        {"vcsRef": {"name": "p"}}, {"p": policy}, parameters={"repository": "evil/app"}
+    ).problems
     assert "not in the allow list" in outside.message
-    none = resolve({"vcsRef": {"name": "p"}, "vcsPolicy": {"mode": "none"}}, {"p": policy}, parameters={"repository": "evil/app"})
+    none = resolve(
+        {"vcsRef": {"name": "p"}, "vcsPolicy": {"mode": "none"}},
+        {"p": policy},
+        parameters={"repository": "evil/app"},
+    )
     assert not none.problems
 
 
@@ -154,8 +170,13 @@ def test_capabilities_lower_the_mode_unless_required() -> None:
 
 
 def test_head_branch_from_the_template_when_no_head_parameter() -> None:
-    templated = {**GITHUB, "defaults": {"baseBranch": "develop", "branchTemplate": "agents/{{ agentRun.name }}-{{ ticket }}"}}
-    r = resolve({"vcsRef": {"name": "t"}}, {"t": templated}, parameters={"repository": "acme/app", "ticket": "42"})
+    templated = {
+        **GITHUB,
+        "defaults": {"baseBranch": "develop", "branchTemplate": "agents/{{ agentRun.name }}-{{ ticket }}"},
+    }
+    r = resolve(
+        {"vcsRef": {"name": "t"}}, {"t": templated}, parameters={"repository": "acme/app", "ticket": "42"}
+    )
     assert (env(r)["VCS_BASE_BRANCH"], env(r)["VCS_HEAD_BRANCH"]) == ("develop", "agents/fix-1-42")
 
 
