@@ -65,6 +65,11 @@ class ControlEnvelope(BaseModel):
     size: int | None = Field(default=None, ge=0)
     reason: str | None = None
     control: dict[str, Any] | None = None
+    commit: str | None = None
+    """The commit the pod's Git checkout is at, when the iteration moved it (docs/api.md#version-control)."""
+    artifacts: list[dict[str, Any]] | None = None
+    """The provider's output artifacts the pod left: name, path, size, digest
+    (docs/api.md#output-artifacts)."""
 
     @field_validator("path")
     @classmethod
@@ -107,7 +112,7 @@ def _dump(value: Any, *, ascii_only: bool = False) -> str:
 
 def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
     """The wire document, with a fixed key order (so sizes are predictable)."""
-    return {
+    doc: dict[str, Any] = {
         "v": env.v,
         "status": env.status,
         "path": env.path,
@@ -115,6 +120,35 @@ def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
         "reason": env.reason,
         "control": env.control,
     }
+    if env.commit is not None:
+        doc["commit"] = env.commit
+    if env.artifacts is not None:
+        doc["artifacts"] = env.artifacts
+    return doc
+
+
+def attach_extras(
+    env: ControlEnvelope, commit: str | None, artifacts: list[dict[str, Any]] | None
+) -> ControlEnvelope:
+    """`env` with the commit and the artifacts, as many as fit in the termination message: artifacts
+    are dropped from the end first, then the commit; the control envelope itself is never changed."""
+    env = fit_envelope(env)
+    kept = list(artifacts or [])
+    while True:
+        candidate = env.model_copy(
+            update={"commit": commit, "artifacts": kept if artifacts is not None else None}
+        )
+        try:
+            if len(_wire(candidate)) <= MAX_ENVELOPE_BYTES:
+                return candidate
+        except (ValueError, TypeError):
+            return env
+        if kept:
+            kept.pop()
+        elif commit is not None:
+            commit = None
+        else:
+            return env
 
 
 def _wire(env: ControlEnvelope) -> bytes:

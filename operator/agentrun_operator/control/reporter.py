@@ -204,9 +204,11 @@ def cmd_fingerprint(
     pod_uid: str = "",
     claim_volume: str = "",
     termination_log: str | None = None,
+    checkout: str | None = None,
 ) -> int:
-    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
-    exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead)."""
+    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``
+    (and, with ``checkout``, the commit the Git checkout is at before ``main``); exit 0 whatever
+    happens (a duplicate pod waits in `claim_or_wait` instead)."""
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
     if claim_dir:
@@ -216,6 +218,10 @@ def cmd_fingerprint(
     except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
         error = f"{type(exc).__name__}: {exc}"
         doc = {"v": FINGERPRINT_VERSION, "path": path, "exists": None, "error": error}
+    if checkout:
+        from agentrun_operator.control.extras import head_commit
+
+        doc["commit"] = head_commit(checkout)
     try:
         _write_atomically(out, json.dumps(doc, separators=(",", ":")))
     except Exception as exc:
@@ -294,12 +300,41 @@ def _fallback_text(path: str, reason: str) -> str:
     return '{"v":1,"status":"invalid","path":"","size":null,"reason":"reporter error","control":null}'
 
 
-def report_text(path: str, fingerprint_path: str | None) -> str:
+def extras(
+    fingerprint_path: str | None, path: str, checkout: str | None, artifacts: Sequence[str]
+) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(the checkout's commit when this iteration moved it, the artifacts' facts) for the envelope.
+
+    The commit is reported when it differs from the one `fingerprint` recorded before ``main`` ran
+    (or none was recorded): an iteration that committed nothing reports none."""
+    from agentrun_operator.control.extras import artifact_fact, head_commit
+
+    commit = None
+    if checkout:
+        commit = head_commit(checkout)
+        fingerprint, _ = _load_fingerprint(fingerprint_path, path)
+        if fingerprint is not None and commit is not None and fingerprint.get("commit") == commit:
+            commit = None
+    facts = None
+    if artifacts:
+        facts = [artifact_fact(*spec.split("=", 1)) for spec in artifacts if "=" in spec]
+    return commit, facts
+
+
+def report_text(
+    path: str, fingerprint_path: str | None, checkout: str | None = None, artifacts: Sequence[str] = ()
+) -> str:
     """The encoded envelope for the control file; any unexpected error becomes an ``invalid`` one."""
     try:
-        from agentrun_operator.control.envelope import encode_envelope
+        from agentrun_operator.control.envelope import attach_extras, encode_envelope
 
-        return encode_envelope(build_report(path, fingerprint_path))
+        envelope = build_report(path, fingerprint_path)
+        if checkout or artifacts:
+            try:
+                envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
+            except Exception as exc:  # the control report must not be lost for the extras
+                _log(f"cannot report the commit or artifacts: {type(exc).__name__}: {exc}")
+        return encode_envelope(envelope)
     except Exception as exc:
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
         reason = f"reporter failed: {type(exc).__name__}: {exc}"
@@ -331,6 +366,8 @@ def cmd_report(
     termination_log: str,
     wait: bool,
     ready_file: str | None,
+    checkout: str | None = None,
+    artifacts: Sequence[str] = (),
 ) -> int:
     """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens."""
     if wait:
@@ -347,7 +384,7 @@ def cmd_report(
             _log(f"cannot import the envelope module: {exc}")
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
-    text = report_text(path, fingerprint_path)
+    text = report_text(path, fingerprint_path, checkout, artifacts)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -395,6 +432,7 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the claim's outcome (JSON) here: the container's terminationMessagePath",
     )
+    fp.add_argument("--checkout", metavar="DIR", help="record the commit the Git checkout DIR is at")
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
     rep.add_argument("--path", required=True, help="the control file (absolute path)")
@@ -406,6 +444,16 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         help="sleep until SIGTERM (sent when the main container has ended), then report",
     )
     rep.add_argument("--ready-file", metavar="FILE", help="create FILE once SIGTERM can no longer be lost")
+    rep.add_argument(
+        "--checkout", metavar="DIR", help="report the commit the Git checkout DIR is at, when it moved"
+    )
+    rep.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="report the size and sha256 of an output artifact (repeatable)",
+    )
     return parser
 
 
@@ -426,9 +474,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pod_uid,
             args.claim_volume,
             args.termination_log,
+            args.checkout,
         )
     return cmd_report(
-        args.path, args.fingerprint, args.termination_log, args.wait_for_signal, args.ready_file
+        args.path,
+        args.fingerprint,
+        args.termination_log,
+        args.wait_for_signal,
+        args.ready_file,
+        args.checkout,
+        args.artifact,
     )
 
 

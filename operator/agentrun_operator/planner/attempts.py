@@ -32,6 +32,7 @@ from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
+from agentrun_operator.planner.reported import record_reported
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
@@ -475,6 +476,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     st = step.st
     control = envelope.control if envelope.status == "found" else None
     loop = step.loop
+    record_reported(ctx, step, envelope)
     retries = step_retries(step.spec, ctx.refs)
     tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
     if loop is None:
