@@ -347,6 +347,9 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "events"): {"create", "patch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
+        ("agents.proompteng.ai", "versioncontrolproviders"): {"get"},
+        ("", "secrets"): {"get"},
+        ("", "configmaps"): {"create"},
     }
 
 
@@ -376,7 +379,6 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
 @pytest.mark.parametrize(
     "request_args",
     [
-        ("get", "secrets"),
         ("list", "secrets"),
         ("watch", "secrets"),
         ("create", "pods", "--subresource=exec"),

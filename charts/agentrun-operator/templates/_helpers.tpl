@@ -104,6 +104,20 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+# The VersionControlProviders a run names (version control): read with get on each reconcile.
+- apiGroups: ["agents.proompteng.ai"]
+  resources: ["versioncontrolproviders"]
+  verbs: ["get"]
+# Before the first Job, a provider's credential Secret is read for its keys (a read-write run whose
+# token or SSH key is missing fails InvalidSpec); the values are never kept or logged.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# The runner contract's ConfigMap (run.json, agent-runner.json, input files): created before the
+# Job, owned by the run; one that exists by name is adopted (its name is a hash of its data).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create"]
 {{- if include "agentrun-operator.peering" $root }}
 # kopf peering: watch the peering object and patch this pod's keep-alive into it.
 - apiGroups: ["kopf.dev"]
