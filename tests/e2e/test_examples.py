@@ -140,6 +140,45 @@ def test_agent_provider_and_implementation_spec(local_default: LocalDefault) -> 
     assert all("write a haiku about loops" in line for line in lines)
 
 
+def test_git_loop_commits_once_per_iteration_through_a_version_control_provider(
+    local_default: LocalDefault,
+) -> None:
+    local_default.apply_example("git-loop.yaml")
+    run = local_default.wait_for_end("git-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    forge, work = run["status"]["workflow"]["steps"]
+    assert forge["phase"] == "Succeeded"
+    records = work["loop"]["iterations"]
+    commits = [r.get("commit") for r in records]
+    assert len(commits) == 3 and len(set(commits)) == 3, records
+    assert all(isinstance(c, str) and len(c) == 40 for c in commits), commits
+    vcs = run["status"]["vcs"]
+    assert vcs == {
+        "provider": "local-forge",
+        "repository": "demo/app.git",
+        "baseBranch": "main",
+        "headBranch": "agentrun/git-loop",
+        "mode": "read-write",
+        "commit": commits[-1],
+    }
+    bare = local_default.claim_dir("git-loop-forge") / "demo" / "app.git"
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "--git-dir", str(bare), *args], check=True, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    assert git("rev-parse", "agentrun/git-loop") == commits[-1]
+    assert git("log", "--format=%H", "-n", "3", "agentrun/git-loop").splitlines() == commits[::-1]
+    assert git("log", "--format=%an <%ae>", "-n", "1", "agentrun/git-loop") == (
+        "AgentRun Example <agentrun@example.invalid>"
+    )
+    assert git("show", "agentrun/git-loop:progress.md").splitlines() == [
+        f"iteration {k} of 3" for k in (1, 2, 3)
+    ]
+
+
 def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None:
     local_default.apply_example("plan-for-each.yaml")
     run = local_default.wait_for_end("plan-for-each")
