@@ -3,6 +3,7 @@ including the files its iterations leave on the PVC (state continuity across ite
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -176,6 +177,49 @@ def test_git_loop_commits_once_per_iteration_through_a_version_control_provider(
     )
     assert git("show", "agentrun/git-loop:progress.md").splitlines() == [
         f"iteration {k} of 3" for k in (1, 2, 3)
+    ]
+
+
+def test_runner_contract_provider(local_default: LocalDefault) -> None:
+    local_default.apply_example("runner-contract.yaml")
+    run = local_default.wait_for_end("runner-contract")
+    assert run["status"]["phase"] == "Succeeded", step_status(run).get("message")
+    assert step_status(run)["loop"]["completedIterations"] == 2
+    root = local_default.claim_dir("runner-contract-workspace")
+    seen = root / "seen"
+    assert (seen / "env.txt").read_text().splitlines() == [
+        "AGENT_PROVIDER=shell-runner",
+        f"RUN_NAMESPACE={local_default.namespace}",
+        "AGENT_DEPTH=2",
+        "TOPIC=loops",
+        "MISSING=",
+        "API_TOKEN=s3cret-token",
+        "EXTRA_SETTING=from-spec-secrets",
+        "args: runner-contract loops",
+    ]
+    assert (seen / "task.md").read_text() == "Summarise what the loop learned."
+    spec = json.loads((seen / "run.json").read_text())
+    assert spec["provider"] == "shell-runner"
+    assert spec["agentRun"]["name"] == "runner-contract" and spec["agentRun"]["uid"] == run["metadata"]["uid"]
+    assert spec["implementation"]["text"] == "Summarise what the loop learned."
+    assert spec["parameters"] == {"topic": "loops"}
+    assert spec["artifacts"] == [
+        {"name": "report", "path": "/workspace/out/report.md", "url": "https://artifacts.example/report.md"}
+    ]
+    runner = json.loads((seen / "agent-runner.json").read_text())
+    assert runner["provider"] == "shell-runner" and runner["adapter"] == {"mode": "demo"}
+    report = (root / "out" / "report.md").read_bytes()
+    assert report == b"report of iteration 2 for loops\n"
+    assert run["status"]["artifacts"] == [
+        {
+            "name": "report",
+            "path": "/workspace/out/report.md",
+            "url": "https://artifacts.example/report.md",
+            "size": len(report),
+            "digest": "sha256:" + hashlib.sha256(report).hexdigest(),
+            "step": "run",
+            "iteration": 2,
+        }
     ]
 
 
