@@ -254,6 +254,11 @@ def agentrun_env(
     env["AGENTRUN_IMPLEMENTATION_TEXT"] = task.text or ""
     env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = task.summary or ""
     env["AGENTRUN_ACCEPTANCE_CRITERIA"] = _json(list(task.acceptance_criteria))
+    goal = run.spec.goal
+    if goal is not None:  # docs/api.md#goal
+        env["AGENTRUN_GOAL_OBJECTIVE"] = goal.objective
+        if goal.token_budget is not None:
+            env["AGENTRUN_GOAL_TOKEN_BUDGET"] = str(goal.token_budget)
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -434,6 +439,13 @@ def main_container(
     return container
 
 
+def secrets_env_from(run: AgentRun) -> dict[str, Any]:
+    """`spec.secrets`: every Secret as `envFrom` of `main` (docs/api.md#secrets); empty without any."""
+    if not run.spec.secrets:
+        return {}
+    return {"envFrom": [{"secretRef": {"name": name}} for name in run.spec.secrets]}
+
+
 # ----------------------------------------------------------------------------------- the Job
 
 
@@ -505,6 +517,7 @@ def _pod_spec(
         ],
         "containers": [
             main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
+            | secrets_env_from(run)
         ],
         "volumes": volumes.volumes,
     }
