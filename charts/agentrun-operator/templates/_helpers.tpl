@@ -104,6 +104,12 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+# The ConfigMap an Agent's systemPromptRef names: read (its key names only) before the first Job, to
+# fail a missing one or key. A Secret-backed reference is checked only where rbac.extraRules grants
+# get on secrets.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 {{- if include "agentrun-operator.peering" $root }}
 # kopf peering: watch the peering object and patch this pod's keep-alive into it.
 - apiGroups: ["kopf.dev"]

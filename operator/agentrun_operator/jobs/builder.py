@@ -49,6 +49,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
+from agentrun_operator.jobs import system_prompt
 from agentrun_operator.planner.resolution import (
     References,
     control_path,
@@ -563,14 +564,14 @@ def build_iteration_job(
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
+    pod_annotations = dict(annotations)
+    pod = _pod_spec(run, step, attempt, refs, config)
+    system_prompt.add_to_pod(pod, pod_annotations, refs.agent)  # docs/api.md#system-prompt
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,
         "parallelism": 1,
-        "template": {
-            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
-            "spec": _pod_spec(run, step, attempt, refs, config),
-        },
+        "template": {"metadata": {"labels": dict(labels), "annotations": pod_annotations}, "spec": pod},
     }
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:

@@ -23,6 +23,7 @@ from agentrun_operator.api.agentrun import SUPPORTED_RUNTIMES
 from agentrun_operator.api.implementation import ImplementationFields
 from agentrun_operator.api.resources import AgentProviderSpec, AgentSecurity
 from agentrun_operator.planner.contract import contract_check
+from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.problem import Problem
 from agentrun_operator.planner.problem import api as _api
 from agentrun_operator.planner.resolution import References, effective_parameters, effective_workload
@@ -264,9 +265,43 @@ def _contract_problems(run: AgentRun, refs: References) -> Iterator[Problem]:
         )
 
 
-def reference_problems(run: AgentRun, refs: References) -> Iterator[Problem]:
-    """The rules that need the resolved Agent, provider and ImplementationSpecs."""
+def _system_prompt_problems(agent_name: str, refs: References, observed: Observed) -> Iterator[Problem]:
+    """The Agent's systemPromptRef names an existing ConfigMap or Secret with that key."""
+    defaults = refs.agent.defaults if refs.agent is not None else None
+    ref = defaults.system_prompt_ref if defaults is not None else None
+    if ref is None or f"{ref.kind}/{ref.name}" not in observed.object_keys:
+        return  # none, or not checked (no RBAC to read it)
+    keys = observed.object_keys[f"{ref.kind}/{ref.name}"]
+    path = f"Agent {agent_name} spec.defaults.systemPromptRef"
+    if keys is None:
+        yield Problem(
+            f"{path}.name",
+            ref.name,
+            f"{ref.kind} {ref.name!r} (the system prompt of Agent {agent_name!r}) does not exist in the "
+            "run's namespace",
+            f"create {ref.kind} {ref.name!r} with the key {ref.key!r}, or correct systemPromptRef",
+            _api("system-prompt"),
+            missing=f"{ref.kind}/{ref.name}",
+        )
+    elif ref.key not in keys:
+        yield Problem(
+            f"{path}.key",
+            ref.key,
+            f"{ref.kind} {ref.name!r} (the system prompt of Agent {agent_name!r}) has no key {ref.key!r} "
+            f"(it has {', '.join(sorted(keys)) or 'none'})",
+            f"add the key {ref.key!r} to {ref.kind} {ref.name!r}, or name an existing key",
+            _api("system-prompt"),
+        )
+
+
+def reference_problems(
+    run: AgentRun, refs: References, observed: Observed | None = None
+) -> Iterator[Problem]:
+    """The rules that need the resolved Agent, provider and ImplementationSpecs (and, for the
+    system prompt, the observed ConfigMap or Secret)."""
     agent_name = run.spec.agent_ref.name if run.spec.agent_ref is not None else ""
+    if observed is not None:
+        yield from _system_prompt_problems(agent_name, refs, observed)
     if refs.agent is not None:
         yield from _secret_problems(run, agent_name, refs.agent.security)
         yield from _service_account_problems(run, refs, agent_name)

@@ -346,7 +346,7 @@ def validate_run(run: AgentRun, observed: Observed, config: OperatorConfig) -> l
     resolution = resolve_references(run, observed)
     problems.extend(resolution.problems)
     if not resolution.problems:
-        problems.extend(compat.reference_problems(run, resolution.refs))
+        problems.extend(compat.reference_problems(run, resolution.refs, observed))
     return problems
 
 

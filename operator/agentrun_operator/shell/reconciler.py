@@ -293,6 +293,7 @@ class Reconciler:
                 found = {n: claim_phase(c) for n, c in zip(names, claims, strict=True) if c is not None}
                 pvc_names = frozenset(found)
                 pvc_unbound = {n: str(phase) for n, phase in found.items() if phase != "Bound"}
+        object_keys = await self._object_keys(ns, agents) if starting else {}
         return Observed(
             jobs=observed.jobs,
             pods=observed.pods,
@@ -303,7 +304,27 @@ class Reconciler:
             implementation_specs=impls,
             pvc_names=pvc_names,
             pvc_unbound=pvc_unbound,
+            object_keys=object_keys,
         )
+
+    async def _object_keys(
+        self, ns: str, agents: dict[str, dict[str, Any] | None]
+    ) -> dict[str, frozenset[str] | None]:
+        """The keys of the ConfigMap or Secret an Agent's systemPromptRef names, before the first Job
+        (a missing object or key is InvalidSpec, docs/api.md#system-prompt); unchecked without RBAC."""
+        found: dict[str, frozenset[str] | None] = {}
+        for agent in agents.values():
+            ref = ((agent or {}).get("defaults") or {}).get("systemPromptRef") or {}
+            kind, name = ref.get("kind"), ref.get("name")
+            if kind not in ("Secret", "ConfigMap") or not name or f"{kind}/{name}" in found:
+                continue
+            try:
+                found[f"{kind}/{name}"] = await self.kube.get_data_keys(ns, kind, name)
+            except KubeError as exc:
+                if exc.status != 403:
+                    raise
+                log.warning("cannot read %s %s (grant get on them): %s", kind, name, exc)
+        return found
 
     async def reconcile(self, namespace: str, name: str) -> ReconcileResult:
         """One reconcile, timed whichever way it ends (agentrun_reconcile_duration_seconds)."""
