@@ -1,11 +1,17 @@
 """`agentrun validate FILE…`: the operator's own validation, offline, with one actionable line per problem.
 
 Every YAML document of our API group is checked with its own model (AgentRun, Agent, AgentProvider,
-ImplementationSpec); AgentRuns also get every rule the operator applies before the first Job except
-those that need the cluster (referenced objects). Documents of other groups (a PVC next to the run,
-say) are skipped. Output, one line per problem:
+ImplementationSpec, VersionControlProvider); AgentRuns also get every rule the operator applies
+before the first Job except those that need the cluster (referenced objects). Documents of other
+groups (a PVC next to the run, say) are skipped. Output, one line per problem:
 
     FILE: AgentRun/NAME: field.path: message (value: …; fix: …; see docs/…#anchor)
+
+An AgentProvider's template paths (`{{ a.b.c }}`) that name nothing in the template context are
+warnings (they render as the empty string; docs/api.md#runner-templates), one line each, without
+changing the exit status:
+
+    FILE: AgentProvider/NAME: warning: field.path: template {{ … }} names nothing: …
 
 Exit status: 0 when everything is valid, 1 when any problem (or unreadable file) was found.
 """
@@ -19,9 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from pydantic import ValidationError
 
 from agentrun_operator.api import GROUP
+from agentrun_operator.api.resources import AgentProvider
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.template_paths import provider_template_warnings
 from agentrun_operator.planner.validate import Problem, validate_manifest
 
 
@@ -90,7 +99,20 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         for problem in validate_manifest(doc.body, config):
             print(f"{path}: {_label(doc)}: {problem.render()}", file=out)
             problems += 1
+        for field, warning in _warnings(doc.body):
+            print(f"{path}: {_label(doc)}: warning: {field}: {warning}", file=out)
     return checked, problems
+
+
+def _warnings(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Template paths of a (valid) AgentProvider that name nothing."""
+    if body.get("kind") != "AgentProvider":
+        return []
+    try:
+        provider = AgentProvider.model_validate(body)
+    except ValidationError:
+        return []
+    return list(provider_template_warnings(provider.spec))
 
 
 def main(paths: list[str], loops_enabled: bool = True, max_iterations: int | None = None) -> int:

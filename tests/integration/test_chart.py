@@ -349,7 +349,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "persistentvolumeclaims"): {"get"},
         ("agents.proompteng.ai", "versioncontrolproviders"): {"get"},
         ("", "secrets"): {"get"},
-        ("", "configmaps"): {"create"},
+        ("", "configmaps"): {"get", "create"},
     }
 
 
@@ -386,7 +386,7 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("create", "pods"),
         ("delete", "pods"),
         ("get", "pods", "--subresource=log"),
-        ("get", "configmaps"),
+        ("list", "configmaps"),
         ("create", "serviceaccounts", "--subresource=token"),
         ("create", "persistentvolumeclaims"),
         ("list", "persistentvolumeclaims"),

@@ -108,16 +108,18 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: ["agents.proompteng.ai"]
   resources: ["versioncontrolproviders"]
   verbs: ["get"]
-# Before the first Job, a provider's credential Secret is read for its keys (a read-write run whose
-# token or SSH key is missing fails InvalidSpec); the values are never kept or logged.
+# Secrets, by name, before the first Job, for their key names only (values are never kept or
+# logged): a read-write run's VersionControlProvider credential, and an Agent's Secret-backed
+# systemPromptRef; a missing one or key fails the run InvalidSpec.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
-# The runner contract's ConfigMap (run.json, agent-runner.json, input files): created before the
-# Job, owned by the run; one that exists by name is adopted (its name is a hash of its data).
+# ConfigMaps: get the one an Agent's systemPromptRef names (its key names only) before the first Job;
+# create the runner contract's (run.json, agent-runner.json, input files), owned by the run; one that
+# exists by name is adopted (its name is a hash of its data).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["create"]
+  verbs: ["get", "create"]
 {{- if include "agentrun-operator.peering" $root }}
 # kopf peering: watch the peering object and patch this pod's keep-alive into it.
 - apiGroups: ["kopf.dev"]

@@ -1,6 +1,6 @@
 """The task fields shared by an ImplementationSpec and a run's (or a step's) inline implementation.
 
-Names, types and limits follow the original v1alpha1 API (docs/migration.md#implementation): the same
+Names, types and limits follow the original v1alpha1 API (docs/migration.md#what-you-change): the same
 `text`, `summary`, `description`, `acceptanceCriteria`, `labels`, `source`, `vcsRef` and `contract`
 in both places, so a task moves between an ImplementationSpec and `implementation.inline` unchanged.
 """

@@ -49,6 +49,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
+from agentrun_operator.jobs import system_prompt
 from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.planner.resolution import (
     References,
@@ -255,6 +256,11 @@ def agentrun_env(
     env["AGENTRUN_IMPLEMENTATION_TEXT"] = task.text or ""
     env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = task.summary or ""
     env["AGENTRUN_ACCEPTANCE_CRITERIA"] = _json(list(task.acceptance_criteria))
+    goal = run.spec.goal
+    if goal is not None:  # docs/api.md#goal
+        env["AGENTRUN_GOAL_OBJECTIVE"] = goal.objective
+        if goal.token_budget is not None:
+            env["AGENTRUN_GOAL_TOKEN_BUDGET"] = str(goal.token_budget)
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -435,6 +441,13 @@ def main_container(
     return container
 
 
+def secrets_env_from(run: AgentRun) -> dict[str, Any]:
+    """`spec.secrets`: every Secret as `envFrom` of `main` (docs/api.md#secrets); empty without any."""
+    if not run.spec.secrets:
+        return {}
+    return {"envFrom": [{"secretRef": {"name": name}} for name in run.spec.secrets]}
+
+
 # ----------------------------------------------------------------------------------- the Job
 
 
@@ -507,6 +520,7 @@ def _pod_spec(
         ],
         "containers": [
             main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
+            | secrets_env_from(run)
         ],
         "volumes": volumes.volumes,
     }
@@ -574,14 +588,14 @@ def build_iteration_objects(
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
+    pod_annotations = dict(annotations)
+    pod = _pod_spec(run, step, attempt, refs, config, companions)
+    system_prompt.add_to_pod(pod, pod_annotations, refs.agent)  # docs/api.md#system-prompt
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,
         "parallelism": 1,
-        "template": {
-            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
-            "spec": _pod_spec(run, step, attempt, refs, config, companions),
-        },
+        "template": {"metadata": {"labels": dict(labels), "annotations": pod_annotations}, "spec": pod},
     }
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:

@@ -2,7 +2,6 @@
 docs/api.md#version-control, docs/api.md#output-artifacts): the Job builder calls `extend_pod` on the
 pod it built and gets back the objects to create before the Job (the runner contract's ConfigMap).
 
-- `spec.secrets`: each Secret is an `envFrom` of `main`;
 - version control (`jobs/vcs.py`): env, credential volumes; the reporter and `fingerprint` read the
   commit the checkout is at (`--checkout`), when a volume of the pod holds it;
 - the runner contract (`jobs/runner_contract.py`), when the provider uses it;
@@ -97,15 +96,11 @@ class PodParts:
 def extend_pod(
     parts: PodParts, run: AgentRun, step: WorkflowStep, workload: Workload, refs: References
 ) -> list[dict[str, Any]]:
-    """Add what the run's secrets, version control, runner contract and artifacts need to the pod;
+    """Add what the run's version control, runner contract and artifacts need to the pod;
     return the objects to create before the Job (ordered, each created or adopted by name)."""
     pod, main, reporter, fingerprint = parts.pod, parts.main, parts.reporter, parts.fingerprint
     volume_holding = parts.holder_of
     companions: list[dict[str, Any]] = []
-
-    secrets = getattr(run.spec, "secrets", None) or []
-    if secrets:
-        main["envFrom"] = [*main.get("envFrom", []), *({"secretRef": {"name": s}} for s in secrets)]
 
     vcs = run_vcs(run, step, refs)
     if vcs.env:

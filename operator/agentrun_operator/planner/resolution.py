@@ -111,6 +111,6 @@ def step_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int:
 
 
 def step_retries(step: WorkflowStep, refs: References) -> int:
-    """Retries per iteration: the step's, else the Agent's default, else 0."""
+    """Retries per iteration: the step's, else the Agent's default (retries or retryLimit), else 0."""
     defaults = refs.agent.defaults if refs.agent is not None else None
-    return step.effective_retries(defaults.retries if defaults else None)
+    return step.effective_retries(defaults.effective_retries if defaults else None)

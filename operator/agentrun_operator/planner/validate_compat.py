@@ -54,7 +54,6 @@ def _contract_problems(
 ) -> Iterator[Problem]:
     workload = effective_workload(run.spec.workload, view.step.workload)
     volumes = list(workload.volumes or [])
-    mounts = [v.mount_path for v in volumes] + [META_MOUNT]
     provider = f"AgentProvider {refs.provider_name!r}"
     inputs = RunnerInputs(
         run_name=str(run.metadata.get("name", "")),
@@ -68,38 +67,23 @@ def _contract_problems(
         parameters=effective_parameters(run, view.step),
     )
     rendered = input_files(contract, template_context(inputs))
-    seen: dict[str, int] = {}
     for index, (path, _) in enumerate(rendered):
-        field = f"{provider} inputFiles[{index}].path"
-        if not path.startswith("/"):
-            yield Problem(
-                _WHERE,
-                path,
-                f"{field} is relative: an input file is mounted at its path, which must be absolute",
-                f"make the path absolute in {provider} (e.g. /workspace/{path.lstrip('./')})",
-                _api("runner-contract"),
-            )
-            continue
+        # Relative paths, duplicates and the step's volume mounts: planner/compat.py (unrendered).
         norm = posixpath.normpath(path)
-        collision = file_collision(norm, mounts)
-        if collision is not None or norm in reserved_paths() or norm in seen:
-            what = (
-                f"the mount path {collision!r} of a volume"
-                if collision is not None
-                else "a file the runner contract mounts itself"
-                if norm in reserved_paths()
-                else f"inputFiles[{seen[norm]}]"
-            )
+        if not path.startswith("/"):
+            continue
+        clash = "a file the runner contract mounts itself" if norm in reserved_paths() else None
+        if file_collision(norm, [META_MOUNT]) is not None or norm.startswith(META_MOUNT + "/"):
+            clash = f"the operator's own mount {META_MOUNT!r}"
+        if clash is not None:
             yield Problem(
                 _WHERE,
                 path,
-                f"{field} collides with {what} in the pod of step {view.path!r}",
-                f"give the input file a path of its own in {provider} (a file inside a volume is fine; "
-                "the volume's own mount path, a directory above a mount, run.json and agent-runner.json "
-                "are not)",
+                f"{provider} inputFiles[{index}].path collides with {clash} in the pod of step {view.path!r}",
+                f"give the input file a path of its own in {provider} (not /workspace/run.json, "
+                f"/workspace/agent-runner.json or under {META_MOUNT})",
                 _api("runner-contract"),
             )
-        seen.setdefault(norm, index)
     for index, artifact in enumerate(contract.output_artifacts):
         file_path = artifact.file_path
         if file_path is not None and volume_holding(file_path, volumes) is None:

@@ -294,6 +294,7 @@ class Reconciler:
                 found = {n: claim_phase(c) for n, c in zip(names, claims, strict=True) if c is not None}
                 pvc_names = frozenset(found)
                 pvc_unbound = {n: str(phase) for n, phase in found.items() if phase != "Bound"}
+        object_keys = await self._object_keys(ns, agents) if starting else {}
         vcs_providers, secret_keys = await self._observe_vcs(ns, run, agents, impls, starting)
         return Observed(
             jobs=observed.jobs,
@@ -307,6 +308,7 @@ class Reconciler:
             pvc_unbound=pvc_unbound,
             vcs_providers=vcs_providers,
             secret_keys=secret_keys,
+            object_keys=object_keys,
         )
 
     async def _observe_vcs(
@@ -331,13 +333,32 @@ class Reconciler:
         if not starting or not secrets:
             return providers, None
         try:
-            keys = await asyncio.gather(*(self.kube.secret_keys(ns, s) for s in secrets))
+            keys = await asyncio.gather(*(self.kube.get_data_keys(ns, "Secret", s) for s in secrets))
         except KubeError as exc:
             if exc.status != 403:
                 raise
             log.warning("cannot read Secrets (grant get on them): %s", exc)
             return providers, None
         return providers, dict(zip(secrets, keys, strict=True))
+
+    async def _object_keys(
+        self, ns: str, agents: dict[str, dict[str, Any] | None]
+    ) -> dict[str, frozenset[str] | None]:
+        """The keys of the ConfigMap or Secret an Agent's systemPromptRef names, before the first Job
+        (a missing object or key is InvalidSpec, docs/api.md#system-prompt); unchecked without RBAC."""
+        found: dict[str, frozenset[str] | None] = {}
+        for agent in agents.values():
+            ref = ((agent or {}).get("defaults") or {}).get("systemPromptRef") or {}
+            kind, name = ref.get("kind"), ref.get("name")
+            if kind not in ("Secret", "ConfigMap") or not name or f"{kind}/{name}" in found:
+                continue
+            try:
+                found[f"{kind}/{name}"] = await self.kube.get_data_keys(ns, kind, name)
+            except KubeError as exc:
+                if exc.status != 403:
+                    raise
+                log.warning("cannot read %s %s (grant get on them): %s", kind, name, exc)
+        return found
 
     async def reconcile(self, namespace: str, name: str) -> ReconcileResult:
         """One reconcile, timed whichever way it ends (agentrun_reconcile_duration_seconds)."""

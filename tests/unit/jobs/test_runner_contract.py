@@ -170,21 +170,19 @@ def test_bad_input_files_and_artifacts_are_invalid_before_any_job() -> None:
     bad = {
         **PROVIDER,
         "inputFiles": [
-            {"path": "relative/file", "content": "x"},
-            {"path": "/workspace", "content": "x"},
             {"path": "/workspace/run.json", "content": "x"},
-            {"path": "/", "content": "x"},
+            {"path": "/agentrun-meta/x", "content": "x"},
+            {"path": "/workspace/fine.txt", "content": "x"},
         ],
         "outputArtifacts": [{"name": "lost", "path": "/tmp/out.txt"}, {"name": "rel", "path": "out/ok.txt"}],
     }
     problems = compat_problems(run_of(json.loads(json.dumps(SPEC))), refs(bad))
     messages = [p.message for p in problems]
-    assert len(problems) == 5, messages
-    assert "inputFiles[0].path is relative" in messages[0] and problems[0].path == "spec.agentRef.name"
-    assert "mount path '/workspace'" in messages[1]
-    assert "runner contract mounts itself" in messages[2]
-    assert "mount path '/workspace'" in messages[3]
-    assert "outputArtifacts[0] ('lost')" in messages[4] and problems[4].docs.endswith("#output-artifacts")
+    assert len(problems) == 3, messages
+    assert "inputFiles[0].path collides with a file the runner contract mounts itself" in messages[0]
+    assert problems[0].path == "spec.agentRef.name"
+    assert "the operator's own mount" in messages[1]
+    assert "outputArtifacts[0] ('lost')" in messages[2] and problems[2].docs.endswith("#output-artifacts")
     assert all(p.fix for p in problems)
 
 
