@@ -61,8 +61,8 @@ def record_reported(ctx: PlanContext, step: StepView, envelope: ControlEnvelope)
 
 def note_vcs(ctx: PlanContext) -> None:
     """`status.vcs` once: the provider, repository, branches and mode of the first workload step."""
-    if ctx.status.vcs is not None and ctx.status.vcs.provider is not None:
-        return
+    if not ctx.refs.vcs_providers or (ctx.status.vcs is not None and ctx.status.vcs.provider is not None):
+        return  # no VersionControlProvider named anywhere (the shell looks up every one named), or done
     step = next((s for s in ctx.steps if s.kind == "workload"), None)
     if step is None:
         return
