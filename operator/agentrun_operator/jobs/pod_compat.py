@@ -130,7 +130,7 @@ def extend_pod(
             parameters=effective_parameters(run, step),
             memory=None,
             vcs=vcs.context,
-            extra=run_document_extras(run),
+            extra=run_document_extras(run, refs),
         )
         labels: dict[str, str] = {}
         contract_pod = runner_pod(inputs, contract, parts.owner, labels)
@@ -153,7 +153,12 @@ def extend_pod(
     return companions
 
 
-def run_document_extras(run: AgentRun) -> Mapping[str, Any]:
-    """Keys of run.json beyond the runner contract's own: the run's `goal` and its `secrets` names."""
+def run_document_extras(run: AgentRun, refs: References) -> Mapping[str, Any]:
+    """Keys of run.json beyond the runner contract's own: the run's `goal`, and `memoryRef` (the
+    run's, else its Agent's: passed on, not interpreted, docs/api.md#memoryref)."""
     spec = run.spec.to_dict()
-    return {key: spec[key] for key in ("goal",) if key in spec}
+    extras = {key: spec[key] for key in ("goal", "memoryRef") if key in spec}
+    agent_memory = _manifest(refs.agent).get("memoryRef")
+    if "memoryRef" not in extras and agent_memory:
+        extras["memoryRef"] = agent_memory
+    return extras
