@@ -157,7 +157,7 @@ def run_document_extras(run: AgentRun, refs: References) -> Mapping[str, Any]:
     """Keys of run.json beyond the runner contract's own: the run's `goal`, and `memoryRef` (the
     run's, else its Agent's: passed on, not interpreted, docs/api.md#memoryref)."""
     spec = run.spec.to_dict()
-    extras = {key: spec[key] for key in ("goal", "memoryRef") if key in spec}
+    extras: dict[str, Any] = {key: spec[key] for key in ("goal", "memoryRef") if key in spec}
     agent_memory = _manifest(refs.agent).get("memoryRef")
     if "memoryRef" not in extras and agent_memory:
         extras["memoryRef"] = agent_memory
