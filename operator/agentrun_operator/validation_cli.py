@@ -7,6 +7,10 @@ groups (a PVC next to the run, say) are skipped. Output, one line per problem:
 
     FILE: AgentRun/NAME: field.path: message (value: …; fix: …; see docs/…#anchor)
 
+An AgentRun whose Agent (and its AgentProvider) and ImplementationSpecs are in the same file also
+gets the rules that need them (the Agent's allow lists, the task contract, the runner contract's
+task), as the operator applies them before the first Job.
+
 An AgentProvider's template paths (`{{ a.b.c }}`) that name nothing in the template context are
 warnings (they render as the empty string; docs/api.md#runner-templates), one line each, without
 changing the exit status:
@@ -27,11 +31,13 @@ from typing import Any, TextIO
 import yaml
 from pydantic import ValidationError
 
-from agentrun_operator.api import GROUP
+from agentrun_operator.api import GROUP, AgentRun
 from agentrun_operator.api.resources import AgentProvider
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner import compat
+from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.template_paths import provider_template_warnings
-from agentrun_operator.planner.validate import Problem, validate_manifest
+from agentrun_operator.planner.validate import Problem, resolve_references, validate_manifest
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         print(f"{path}: not valid YAML: {' '.join(str(exc).split())}", file=out)
         return 0, 1
     checked = problems = 0
+    neighbours = _objects_by_kind(documents)
     for doc in documents:
         if not isinstance(doc.body, dict):
             print(f"{path}: {_label(doc)}: {_not_an_object(doc).render()}", file=out)
@@ -96,12 +103,46 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         if not _is_ours(doc.body):
             continue
         checked += 1
-        for problem in validate_manifest(doc.body, config):
+        found = validate_manifest(doc.body, config)
+        if not found and doc.body.get("kind") == "AgentRun":
+            found = _reference_problems(doc.body, neighbours)
+        for problem in found:
             print(f"{path}: {_label(doc)}: {problem.render()}", file=out)
             problems += 1
         for field, warning in _warnings(doc.body):
             print(f"{path}: {_label(doc)}: warning: {field}: {warning}", file=out)
     return checked, problems
+
+
+def _objects_by_kind(documents: list[_Document]) -> dict[str, dict[str, dict[str, Any] | None]]:
+    """The specs of the file's Agents, AgentProviders and ImplementationSpecs, by kind and name."""
+    found: dict[str, dict[str, dict[str, Any] | None]] = {
+        "Agent": {},
+        "AgentProvider": {},
+        "ImplementationSpec": {},
+    }
+    for doc in documents:
+        body = doc.body if isinstance(doc.body, dict) and _is_ours(doc.body) else {}
+        name = (body.get("metadata") or {}).get("name")
+        if body.get("kind") in found and isinstance(name, str):
+            found[body["kind"]][name] = dict(body.get("spec") or {})
+    return found
+
+
+def _reference_problems(
+    body: dict[str, Any], neighbours: dict[str, dict[str, dict[str, Any] | None]]
+) -> list[Problem]:
+    """The operator's rules that need the referenced objects, when the file holds all of them."""
+    run = AgentRun.model_validate(body)
+    observed = Observed(
+        agents=neighbours["Agent"],
+        providers=neighbours["AgentProvider"],
+        implementation_specs=neighbours["ImplementationSpec"],
+    )
+    resolution = resolve_references(run, observed)
+    if resolution.problems:  # not all in this file: the operator checks them in the cluster
+        return []
+    return list(compat.reference_problems(run, resolution.refs))
 
 
 def _warnings(body: dict[str, Any]) -> list[tuple[str, str]]:

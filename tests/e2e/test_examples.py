@@ -223,6 +223,25 @@ def test_runner_contract_provider(local_default: LocalDefault) -> None:
     ]
 
 
+def test_original_manifests_run_unchanged(local_default: LocalDefault) -> None:
+    local_default.apply_example("original-manifests.yaml")
+    run = local_default.wait_for_end("original-manifests")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert step_status(run)["attempt"] == 2  # defaults.retryLimit: 1, retried at once
+    report = (local_default.claim_dir("original-manifests-workspace") / "report.txt").read_text()
+    assert report.splitlines() == [
+        "system prompt: You are a careful engineer.",
+        "goal: Make the failing test pass.",
+        "token: example-token",
+        "repo: example/repo base: main",
+        "task: Fix issue 7",
+        "attempt: 2",
+    ]
+    template = local_default.run("original-manifests-template")["status"]
+    assert (template["phase"], template["reason"]) == ("Pending", "Template"), template
+    assert "workflow" not in template or not template["workflow"].get("steps")
+
+
 def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None:
     local_default.apply_example("plan-for-each.yaml")
     run = local_default.wait_for_end("plan-for-each")

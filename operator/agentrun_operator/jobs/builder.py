@@ -192,15 +192,16 @@ class Task:
 def resolve_implementation(run: AgentRun, step: WorkflowStep, refs: References) -> Task:
     """The task: the step's inline/ref, else the run's inline/ref, else none.
 
-    All three parts come from the same source: inline text has no acceptance criteria, so a step's
-    inline text never carries the run's ImplementationSpec's criteria along.
+    All three parts come from the same source: a step's inline task never carries the run's
+    ImplementationSpec's criteria along (only its own `acceptanceCriteria`).
     """
     for inline, ref in (
         (step.implementation, step.implementation_spec_ref),
         (run.spec.implementation, run.spec.implementation_spec_ref),
     ):
         if inline is not None:
-            return Task(inline.inline.text, inline.inline.summary)
+            task = inline.inline
+            return Task(task.text, task.summary, tuple(task.acceptance_criteria or ()))
         if ref is not None:
             spec = refs.implementation_specs.get(ref.name)
             if spec is None:

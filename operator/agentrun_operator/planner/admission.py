@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun, AgentRunStatus, Condition, format_validation_error
 from agentrun_operator.api.base import DOCS_API
-from agentrun_operator.planner import compat, conditions, volumes
+from agentrun_operator.planner import compat, compat_status, conditions, volumes
 from agentrun_operator.planner.actions import ClaimIdempotencyKey
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
@@ -60,6 +60,7 @@ def admit(ctx: PlanContext) -> bool:
     if spec.cancel is not None:
         finish_run(ctx, "Cancelled", REASON_CANCELLED, f"cancelled ({spec.cancel}) before any Job started")
         return False
+    compat_status.record(ctx)
     problems = validate_run(ctx.run, ctx.observed, ctx.config)
     if problems:
         waiting = _reference_wait_seconds(ctx, problems)

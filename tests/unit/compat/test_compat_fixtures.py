@@ -107,3 +107,22 @@ def test_refused_fixture_passes_the_schema_and_is_refused_before_any_job(path: P
     problems = validate_manifest(doc, CONFIG)
     assert [p.path for p in problems] == [field]
     assert fragment in problems[0].render()
+
+
+def test_agentrun_validate_checks_references_held_in_the_same_file(tmp_path: Path) -> None:
+    agent, provider, run = (
+        documents(COMPAT / "valid" / name)[0]
+        for name in ("agent.yaml", "agentprovider-runner.yaml", "agentrun-job.yaml")
+    )
+    run["spec"]["secrets"] = ["compat-github-token", "not-allowed"]
+    together = tmp_path / "together.yaml"
+    together.write_text(yaml.safe_dump_all([provider, agent, run]), encoding="utf-8")
+    out = io.StringIO()
+    assert check_file(str(together), CONFIG, out) == (3, 1)
+    assert (
+        "AgentRun/compat-run-job: spec.secrets[1]: Secret 'not-allowed' is not allowed by Agent"
+        in out.getvalue()
+    )
+    alone = tmp_path / "alone.yaml"  # without its Agent the rule needs the cluster: not checked offline
+    alone.write_text(yaml.safe_dump(run), encoding="utf-8")
+    assert check_file(str(alone), CONFIG, io.StringIO()) == (1, 0)

@@ -4,6 +4,7 @@ the runner contract's need of a task, input files, retryLimit, goal.tokenBudget,
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -442,3 +443,31 @@ def test_an_unchecked_system_prompt_ref_runs() -> None:
     world = _prompt_world(None, checked=False)  # no RBAC to read it: the pod finds out
     world.plan()
     assert world.created
+
+
+# ------------------------------------------------------------------------------ status of the original
+
+
+def test_spec_and_system_prompt_hashes_and_the_contract_are_recorded() -> None:
+    impl = {"text": "t", "contract": {"requiredKeys": ["repository", "base"]}}
+    m = manifest(implementationSpecRef={"name": "impl"}, parameters={"repo": "a/b", "base": "main"})
+    world = world_with(m, agent={"defaults": {"systemPrompt": "p"}}, impl=impl)
+    world.plan()
+    status = world.status
+    assert status is not None and world.created
+    assert status.spec_hash is not None and status.spec_hash.startswith("sha256:")
+    assert status.system_prompt_hash == "sha256:" + hashlib.sha256(b"p").hexdigest()
+    assert status.contract is not None
+    assert (status.contract.required_keys, status.contract.missing_keys) == (["repository", "base"], None)
+    first = status.spec_hash
+    world.plan()
+    assert world.status is not None and world.status.spec_hash == first
+
+
+def test_missing_keys_are_in_the_status_of_the_refused_run() -> None:
+    impl = {"text": "t", "contract": {"requiredKeys": ["repository", "stage"]}}
+    m = manifest(implementationSpecRef={"name": "impl"}, parameters={"repo": "a/b"})
+    world = world_with(m, impl=impl)
+    _invalid(world)
+    assert world.status is not None and world.status.contract is not None
+    assert world.status.contract.missing_keys == ["stage"]
