@@ -38,6 +38,7 @@ from agentrun_operator.planner import compat
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.template_paths import provider_template_warnings
 from agentrun_operator.planner.validate import Problem, resolve_references, validate_manifest
+from agentrun_operator.planner.validate_compat import compat_problems
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,13 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
 
 
 def _objects_by_kind(documents: list[_Document]) -> dict[str, dict[str, dict[str, Any] | None]]:
-    """The specs of the file's Agents, AgentProviders and ImplementationSpecs, by kind and name."""
+    """The specs of the file's Agents, AgentProviders, ImplementationSpecs and VersionControlProviders,
+    by kind and name."""
     found: dict[str, dict[str, dict[str, Any] | None]] = {
         "Agent": {},
         "AgentProvider": {},
         "ImplementationSpec": {},
+        "VersionControlProvider": {},
     }
     for doc in documents:
         body = doc.body if isinstance(doc.body, dict) and _is_ours(doc.body) else {}
@@ -138,11 +141,15 @@ def _reference_problems(
         agents=neighbours["Agent"],
         providers=neighbours["AgentProvider"],
         implementation_specs=neighbours["ImplementationSpec"],
+        vcs_providers=neighbours["VersionControlProvider"],
     )
     resolution = resolve_references(run, observed)
     if resolution.problems:  # not all in this file: the operator checks them in the cluster
         return []
-    return list(compat.reference_problems(run, resolution.refs))
+    # The runner contract's files and artifacts, and version control (Secrets are not checked
+    # offline; a VersionControlProvider not in this file is the cluster's to check).
+    runner = [p for p in compat_problems(run, resolution.refs) if p.missing is None]
+    return [*compat.reference_problems(run, resolution.refs), *runner]
 
 
 def _warnings(body: dict[str, Any]) -> list[tuple[str, str]]:

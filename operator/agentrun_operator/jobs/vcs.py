@@ -202,7 +202,7 @@ def resolve_vcs(
             return _problem(
                 "spec.parameters.repository",
                 repository,
-                f"repository {repository!r} is {why} VersionControlProvider {name!r}'s repositoryPolicy "
+                f"repository {repository!r} is {why} the repositoryPolicy of VersionControlProvider {name!r} "
                 f"(allow: {allow or 'any'}, deny: {deny or 'none'})",
                 "use a repository the policy allows, or set vcsPolicy.mode: none",
             )
