@@ -274,6 +274,8 @@ def test_version_control_and_artifacts_are_checked_when_the_file_holds_the_objec
     assert "AgentRun/git-loop: spec.parameters.repository: repository 'demo/app.git' is denied" in out
     assert "docs/api.md#version-control" in out
     contract = (Path(__file__).resolve().parents[2] / "examples" / "runner-contract.yaml").read_text()
-    lost = contract.replace("path: /workspace/out/report.md", "path: /elsewhere/report.md")
+    lost = contract.replace("path: /workspace/out/report.md", "path: /report.md")
     assert main([write(tmp_path, "lost.yaml", lost)]) == 1
-    assert "outputArtifacts[0] ('report') is at /elsewhere/report.md, on no volume" in capsys.readouterr().out
+    assert "outputArtifacts[0] ('report') is at /report.md, on no volume" in capsys.readouterr().out
+    homed = contract.replace("path: /workspace/out/report.md", "path: /elsewhere/report.md")
+    assert main([write(tmp_path, "homed.yaml", homed)]) == 0  # an emptyDir holds it

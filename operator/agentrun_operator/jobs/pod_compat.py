@@ -10,6 +10,7 @@ pod it built and gets back the objects to create before the Job (the runner cont
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -143,14 +144,54 @@ def extend_pod(
         pod["volumes"].append(contract_pod.volume)
         main.setdefault("volumeMounts", []).extend(contract_pod.mounts)
         companions.append(contract_pod.config_map)
-        for artifact in contract.output_artifacts:
-            path = artifact.file_path
-            holder = volume_holding(path) if path else None
-            if path is None or holder is None:
-                continue  # validation refuses an artifact path on no volume before any Job
-            _mount_for(reporter, holder)
-            reporter["args"] += ["--artifact", f"{artifact.name}={path}"]
+        _report_artifacts(parts, contract)
     return companions
+
+
+ARTIFACTS_VOLUME = "agentrun-artifacts"
+
+
+def _plain_mount_holding(path: str, mounts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The whole-volume mount of `main` (no subPath) whose mountPath is the longest prefix of `path`."""
+    best: dict[str, Any] | None = None
+    for mount in mounts:
+        root = str(mount["mountPath"]).rstrip("/") or "/"
+        inside = root == "/" or path == root or path.startswith(root + "/")
+        if inside and not mount.get("subPath") and (best is None or len(root) > len(best["mountPath"])):
+            best = mount
+    return best
+
+
+def _report_artifacts(parts: PodParts, contract: RunnerContract) -> None:
+    """The reporter records each artifact (`--artifact name=path`) from the volume holding it, mounted
+    read-only. An artifact on no volume of the pod gets one: an `emptyDir` at its directory in `main`
+    and the reporter (as the original's providers write to /workspace without declaring a volume),
+    one per outermost such directory (docs/api.md#output-artifacts)."""
+    main, reporter = parts.main, parts.reporter
+    paths = [(a.name, a.file_path) for a in contract.output_artifacts if a.file_path]
+    homeless = sorted(
+        {
+            posixpath.dirname(p)
+            for _, p in paths
+            if _plain_mount_holding(p, main.get("volumeMounts", [])) is None
+        }
+    )
+    outermost = [
+        d for d in homeless if not any(o != d and (d + "/").startswith(o.rstrip("/") + "/") for o in homeless)
+    ]
+    for index, directory in enumerate(outermost):
+        name = f"{ARTIFACTS_VOLUME}-{index}"
+        parts.pod["volumes"].append({"name": name, "emptyDir": {}})
+        main.setdefault("volumeMounts", []).append({"name": name, "mountPath": directory})
+    for name, path in paths:
+        holder = _plain_mount_holding(path, main.get("volumeMounts", []))
+        if holder is None:  # pragma: no cover - every path has a home by now
+            continue
+        if not any(m["name"] == holder["name"] for m in reporter.setdefault("volumeMounts", [])):
+            reporter["volumeMounts"].append(
+                {"name": holder["name"], "mountPath": holder["mountPath"], "readOnly": True}
+            )
+        reporter["args"] += ["--artifact", f"{name}={path}"]
 
 
 def run_document_extras(run: AgentRun, refs: References) -> Mapping[str, Any]:

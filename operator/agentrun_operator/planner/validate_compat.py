@@ -86,14 +86,20 @@ def _contract_problems(
             )
     for index, artifact in enumerate(contract.output_artifacts):
         file_path = artifact.file_path
-        if file_path is not None and volume_holding(file_path, volumes) is None:
-            known = ", ".join(f"{v.name}: {v.mount_path}" for v in volumes) or "none"
+        if file_path is None or volume_holding(file_path, volumes) is not None:
+            continue
+        directory = posixpath.dirname(file_path)
+        if (
+            directory == "/"
+            or file_collision(directory, [META_MOUNT])
+            or directory.startswith(META_MOUNT + "/")
+        ):
             yield Problem(
                 _WHERE,
                 artifact.path,
                 f"{provider} outputArtifacts[{index}] ({artifact.name!r}) is at {file_path}, on no volume of "
-                f"step {view.path!r} (volumes: {known}), so nothing could report it after the pod ends",
-                "mount a volume (e.g. a pvc or emptyDir) at a directory holding the artifact, "
-                "or change its path",
+                f"step {view.path!r}, and the operator cannot give its directory {directory!r} one "
+                "(it mounts an emptyDir at an artifact's directory otherwise), so nothing could report it",
+                "put the artifact in a directory of its own (e.g. /workspace/out/), or mount a volume there",
                 _api("output-artifacts"),
             )

@@ -174,7 +174,11 @@ def test_bad_input_files_and_artifacts_are_invalid_before_any_job() -> None:
             {"path": "/agentrun-meta/x", "content": "x"},
             {"path": "/workspace/fine.txt", "content": "x"},
         ],
-        "outputArtifacts": [{"name": "lost", "path": "/tmp/out.txt"}, {"name": "rel", "path": "out/ok.txt"}],
+        "outputArtifacts": [
+            {"name": "lost", "path": "/out.txt"},
+            {"name": "rel", "path": "out/ok.txt"},
+            {"name": "homed", "path": "/tmp/out/x.txt"},
+        ],
     }
     problems = compat_problems(run_of(json.loads(json.dumps(SPEC))), refs(bad))
     messages = [p.message for p in problems]
@@ -182,7 +186,8 @@ def test_bad_input_files_and_artifacts_are_invalid_before_any_job() -> None:
     assert "inputFiles[0].path collides with a file the runner contract mounts itself" in messages[0]
     assert problems[0].path == "spec.agentRef.name"
     assert "the operator's own mount" in messages[1]
-    assert "outputArtifacts[0] ('lost')" in messages[2] and problems[2].docs.endswith("#output-artifacts")
+    assert "outputArtifacts[0] ('lost') is at /out.txt" in messages[2] and "'/'" in messages[2]
+    assert problems[2].docs.endswith("#output-artifacts")
     assert all(p.fix for p in problems)
 
 
@@ -193,3 +198,29 @@ def test_vcs_problems_are_invalid_before_any_job() -> None:
     (problem,) = compat_problems(run_of(json.loads(json.dumps(SPEC))), refs(vcs_providers={"gh": denied}))
     assert problem.path == "spec.parameters.repository"
     assert not compat_problems(run_of(json.loads(json.dumps(SPEC))), refs())
+
+
+def test_an_artifact_on_no_volume_gets_an_empty_dir_in_main_and_the_reporter() -> None:
+    provider = {
+        **PROVIDER,
+        "outputArtifacts": [
+            {"name": "log", "path": "/var/agent/run.log"},
+            {"name": "deep", "path": "/var/agent/sub/deep.txt"},
+            {"name": "report", "path": "/workspace/out/report.md"},
+        ],
+    }
+    job, _ = build(references=refs(provider))
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "agentrun-artifacts-0", "emptyDir": {}} in pod["volumes"]
+    assert not any(v["name"] == "agentrun-artifacts-1" for v in pod["volumes"])  # /var/agent holds both
+    assert {"name": "agentrun-artifacts-0", "mountPath": "/var/agent"} in main(job)["volumeMounts"]
+    reporter = next(c for c in pod["initContainers"] if c["name"] == "reporter")
+    assert {"name": "agentrun-artifacts-0", "mountPath": "/var/agent", "readOnly": True} in reporter[
+        "volumeMounts"
+    ]
+    assert [a for a in reporter["args"] if "=" in a and a.startswith(("log", "deep", "report"))] == [
+        "log=/var/agent/run.log",
+        "deep=/var/agent/sub/deep.txt",
+        "report=/workspace/out/report.md",
+    ]
+    assert not compat_problems(run_of(json.loads(json.dumps(SPEC))), refs(provider))
