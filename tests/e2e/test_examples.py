@@ -204,7 +204,8 @@ def test_runner_contract_provider(local_default: LocalDefault) -> None:
     assert spec["implementation"]["text"] == "Summarise what the loop learned."
     assert spec["parameters"] == {"topic": "loops"}
     assert spec["artifacts"] == [
-        {"name": "report", "path": "/workspace/out/report.md", "url": "https://artifacts.example/report.md"}
+        {"name": "report", "path": "/workspace/out/report.md", "url": "https://artifacts.example/report.md"},
+        {"name": "runner-log", "path": "/tmp/agent/runner.log"},
     ]
     runner = json.loads((seen / "agent-runner.json").read_text())
     assert runner["provider"] == "shell-runner" and runner["adapter"] == {"mode": "demo"}
@@ -219,7 +220,15 @@ def test_runner_contract_provider(local_default: LocalDefault) -> None:
             "digest": "sha256:" + hashlib.sha256(report).hexdigest(),
             "step": "run",
             "iteration": 2,
-        }
+        },
+        {
+            "name": "runner-log",
+            "path": "/tmp/agent/runner.log",
+            "size": len(b"runner log of iteration 2\n"),
+            "digest": "sha256:" + hashlib.sha256(b"runner log of iteration 2\n").hexdigest(),
+            "step": "run",
+            "iteration": 2,
+        },
     ]
 
 
