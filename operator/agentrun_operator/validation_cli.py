@@ -1,11 +1,21 @@
 """`agentrun validate FILE…`: the operator's own validation, offline, with one actionable line per problem.
 
 Every YAML document of our API group is checked with its own model (AgentRun, Agent, AgentProvider,
-ImplementationSpec); AgentRuns also get every rule the operator applies before the first Job except
-those that need the cluster (referenced objects). Documents of other groups (a PVC next to the run,
-say) are skipped. Output, one line per problem:
+ImplementationSpec, VersionControlProvider); AgentRuns also get every rule the operator applies
+before the first Job except those that need the cluster (referenced objects). Documents of other
+groups (a PVC next to the run, say) are skipped. Output, one line per problem:
 
     FILE: AgentRun/NAME: field.path: message (value: …; fix: …; see docs/…#anchor)
+
+An AgentRun whose Agent (and its AgentProvider) and ImplementationSpecs are in the same file also
+gets the rules that need them (the Agent's allow lists, the task contract, the runner contract's
+task), as the operator applies them before the first Job.
+
+An AgentProvider's template paths (`{{ a.b.c }}`) that name nothing in the template context are
+warnings (they render as the empty string; docs/api.md#runner-templates), one line each, without
+changing the exit status:
+
+    FILE: AgentProvider/NAME: warning: field.path: template {{ … }} names nothing: …
 
 Exit status: 0 when everything is valid, 1 when any problem (or unreadable file) was found.
 """
@@ -19,10 +29,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from pydantic import ValidationError
 
-from agentrun_operator.api import GROUP
+from agentrun_operator.api import GROUP, AgentRun
+from agentrun_operator.api.resources import AgentProvider
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.planner.validate import Problem, validate_manifest
+from agentrun_operator.planner import compat
+from agentrun_operator.planner.observed import Observed
+from agentrun_operator.planner.template_paths import provider_template_warnings
+from agentrun_operator.planner.validate import Problem, resolve_references, validate_manifest
+from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.webhook import problem_line
 
 
@@ -80,6 +96,7 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         print(f"{path}: not valid YAML: {' '.join(str(exc).split())}", file=out)
         return 0, 1
     checked = problems = 0
+    neighbours = _objects_by_kind(documents)
     for doc in documents:
         if not isinstance(doc.body, dict):
             print(f"{path}: {problem_line(_label(doc), _not_an_object(doc))}", file=out)
@@ -88,10 +105,63 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         if not _is_ours(doc.body):
             continue
         checked += 1
-        for problem in validate_manifest(doc.body, config):
+        found = validate_manifest(doc.body, config)
+        if not found and doc.body.get("kind") == "AgentRun":
+            found = _reference_problems(doc.body, neighbours)
+        for problem in found:
             print(f"{path}: {problem_line(_label(doc), problem)}", file=out)  # as the webhook says it
             problems += 1
+        for field, warning in _warnings(doc.body):
+            print(f"{path}: {_label(doc)}: warning: {field}: {warning}", file=out)
     return checked, problems
+
+
+def _objects_by_kind(documents: list[_Document]) -> dict[str, dict[str, dict[str, Any] | None]]:
+    """The specs of the file's Agents, AgentProviders, ImplementationSpecs and VersionControlProviders,
+    by kind and name."""
+    found: dict[str, dict[str, dict[str, Any] | None]] = {
+        "Agent": {},
+        "AgentProvider": {},
+        "ImplementationSpec": {},
+        "VersionControlProvider": {},
+    }
+    for doc in documents:
+        body = doc.body if isinstance(doc.body, dict) and _is_ours(doc.body) else {}
+        name = (body.get("metadata") or {}).get("name")
+        if body.get("kind") in found and isinstance(name, str):
+            found[body["kind"]][name] = dict(body.get("spec") or {})
+    return found
+
+
+def _reference_problems(
+    body: dict[str, Any], neighbours: dict[str, dict[str, dict[str, Any] | None]]
+) -> list[Problem]:
+    """The operator's rules that need the referenced objects, when the file holds all of them."""
+    run = AgentRun.model_validate(body)
+    observed = Observed(
+        agents=neighbours["Agent"],
+        providers=neighbours["AgentProvider"],
+        implementation_specs=neighbours["ImplementationSpec"],
+        vcs_providers=neighbours["VersionControlProvider"],
+    )
+    resolution = resolve_references(run, observed)
+    if resolution.problems:  # not all in this file: the operator checks them in the cluster
+        return []
+    # The runner contract's files and artifacts, and version control (Secrets are not checked
+    # offline; a VersionControlProvider not in this file is the cluster's to check).
+    runner = [p for p in compat_problems(run, resolution.refs) if p.missing is None]
+    return [*compat.reference_problems(run, resolution.refs), *runner]
+
+
+def _warnings(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """Template paths of a (valid) AgentProvider that name nothing."""
+    if body.get("kind") != "AgentProvider":
+        return []
+    try:
+        provider = AgentProvider.model_validate(body)
+    except ValidationError:
+        return []
+    return list(provider_template_warnings(provider.spec))
 
 
 def main(paths: list[str], loops_enabled: bool = True, max_iterations: int | None = None) -> int:

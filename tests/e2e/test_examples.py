@@ -3,6 +3,7 @@ including the files its iterations leave on the PVC (state continuity across ite
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -138,6 +139,116 @@ def test_agent_provider_and_implementation_spec(local_default: LocalDefault) -> 
     lines = (root / "agent.log").read_text().splitlines()
     assert [line.split(":")[0] for line in lines] == ["shell-agent iteration 1", "shell-agent iteration 2"]
     assert all("write a haiku about loops" in line for line in lines)
+
+
+def test_git_loop_commits_once_per_iteration_through_a_version_control_provider(
+    local_default: LocalDefault,
+) -> None:
+    local_default.apply_example("git-loop.yaml")
+    run = local_default.wait_for_end("git-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    forge, work = run["status"]["workflow"]["steps"]
+    assert forge["phase"] == "Succeeded"
+    records = work["loop"]["iterations"]
+    commits = [r.get("commit") for r in records]
+    assert len(commits) == 3 and len(set(commits)) == 3, records
+    assert all(isinstance(c, str) and len(c) == 40 for c in commits), commits
+    vcs = run["status"]["vcs"]
+    assert vcs == {
+        "provider": "local-forge",
+        "repository": "demo/app.git",
+        "baseBranch": "main",
+        "headBranch": "agentrun/git-loop",
+        "mode": "read-write",
+        "commit": commits[-1],
+    }
+    bare = local_default.claim_dir("git-loop-forge") / "demo" / "app.git"
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "--git-dir", str(bare), *args], check=True, capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    assert git("rev-parse", "agentrun/git-loop") == commits[-1]
+    assert git("log", "--format=%H", "-n", "3", "agentrun/git-loop").splitlines() == commits[::-1]
+    assert git("log", "--format=%an <%ae>", "-n", "1", "agentrun/git-loop") == (
+        "AgentRun Example <agentrun@example.invalid>"
+    )
+    assert git("show", "agentrun/git-loop:progress.md").splitlines() == [
+        f"iteration {k} of 3" for k in (1, 2, 3)
+    ]
+
+
+def test_runner_contract_provider(local_default: LocalDefault) -> None:
+    local_default.apply_example("runner-contract.yaml")
+    run = local_default.wait_for_end("runner-contract")
+    assert run["status"]["phase"] == "Succeeded", step_status(run).get("message")
+    assert step_status(run)["loop"]["completedIterations"] == 2
+    root = local_default.claim_dir("runner-contract-workspace")
+    seen = root / "seen"
+    assert (seen / "env.txt").read_text().splitlines() == [
+        "AGENT_PROVIDER=shell-runner",
+        f"RUN_NAMESPACE={local_default.namespace}",
+        "AGENT_DEPTH=2",
+        "TOPIC=loops",
+        "MISSING=",
+        "API_TOKEN=s3cret-token",
+        "EXTRA_SETTING=from-spec-secrets",
+        "args: runner-contract loops",
+    ]
+    assert (seen / "task.md").read_text() == "Summarise what the loop learned."
+    spec = json.loads((seen / "run.json").read_text())
+    assert spec["provider"] == "shell-runner"
+    assert spec["agentRun"]["name"] == "runner-contract" and spec["agentRun"]["uid"] == run["metadata"]["uid"]
+    assert spec["implementation"]["text"] == "Summarise what the loop learned."
+    assert spec["parameters"] == {"topic": "loops"}
+    assert spec["artifacts"] == [
+        {"name": "report", "path": "/workspace/out/report.md", "url": "https://artifacts.example/report.md"},
+        {"name": "runner-log", "path": "/tmp/agent/runner.log"},
+    ]
+    runner = json.loads((seen / "agent-runner.json").read_text())
+    assert runner["provider"] == "shell-runner" and runner["adapter"] == {"mode": "demo"}
+    report = (root / "out" / "report.md").read_bytes()
+    assert report == b"report of iteration 2 for loops\n"
+    assert run["status"]["artifacts"] == [
+        {
+            "name": "report",
+            "path": "/workspace/out/report.md",
+            "url": "https://artifacts.example/report.md",
+            "size": len(report),
+            "digest": "sha256:" + hashlib.sha256(report).hexdigest(),
+            "step": "run",
+            "iteration": 2,
+        },
+        {
+            "name": "runner-log",
+            "path": "/tmp/agent/runner.log",
+            "size": len(b"runner log of iteration 2\n"),
+            "digest": "sha256:" + hashlib.sha256(b"runner log of iteration 2\n").hexdigest(),
+            "step": "run",
+            "iteration": 2,
+        },
+    ]
+
+
+def test_original_manifests_run_unchanged(local_default: LocalDefault) -> None:
+    local_default.apply_example("original-manifests.yaml")
+    run = local_default.wait_for_end("original-manifests")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert step_status(run)["attempt"] == 2  # defaults.retryLimit: 1, retried at once
+    report = (local_default.claim_dir("original-manifests-workspace") / "report.txt").read_text()
+    assert report.splitlines() == [
+        "system prompt: You are a careful engineer.",
+        "goal: Make the failing test pass.",
+        "token: example-token",
+        "repo: example/repo base: main",
+        "task: Fix issue 7",
+        "attempt: 2",
+    ]
+    template = local_default.run("original-manifests-template")["status"]
+    assert (template["phase"], template["reason"]) == ("Pending", "Template"), template
+    assert "workflow" not in template or not template["workflow"].get("steps")
 
 
 def test_plan_step_outputs_drive_a_for_each(local_default: LocalDefault) -> None:

@@ -352,6 +352,9 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("", "events"): {"create", "patch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
+        ("agents.proompteng.ai", "versioncontrolproviders"): {"get"},
+        ("", "secrets"): {"get"},
+        ("", "configmaps"): {"get", "create"},
     }
 
 
@@ -388,7 +391,6 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
 @pytest.mark.parametrize(
     "request_args",
     [
-        ("get", "secrets"),
         ("list", "secrets"),
         ("watch", "secrets"),
         ("create", "pods", "--subresource=exec"),
@@ -396,7 +398,7 @@ def test_token_is_granted_what_the_operator_uses(installed: Installed) -> None:
         ("create", "pods"),
         ("delete", "pods"),
         ("get", "pods", "--subresource=log"),
-        ("get", "configmaps"),
+        ("list", "configmaps"),
         ("create", "serviceaccounts", "--subresource=token"),
         ("create", "persistentvolumeclaims"),
         ("list", "persistentvolumeclaims"),

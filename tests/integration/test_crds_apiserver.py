@@ -25,6 +25,7 @@ CRD_NAMES = [
     "agents.agents.proompteng.ai",
     "agentproviders.agents.proompteng.ai",
     "implementationspecs.agents.proompteng.ai",
+    "versioncontrolproviders.agents.proompteng.ai",
 ]
 
 
@@ -46,7 +47,7 @@ def kubectl(plane: ControlPlane, *args: str, manifest: Any = None) -> subprocess
     )
 
 
-def test_all_four_crds_are_established(plane: ControlPlane) -> None:
+def test_all_five_crds_are_established(plane: ControlPlane) -> None:
     for name in CRD_NAMES:
         crd = json.loads(plane.kubectl("get", "crd", name, "-o", "json"))
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
@@ -131,6 +132,16 @@ def test_printer_columns(plane: ControlPlane) -> None:
                 "currentStep": "implement",
                 "iteration": "3/8",
                 "reason": "Looping",
+                "startedAt": "2026-11-23T10:00:00Z",
+                "conditions": [
+                    {
+                        "type": "Succeeded",
+                        "status": "Unknown",
+                        "reason": "Looping",
+                        "message": "iteration 3/8",
+                        "lastTransitionTime": "2026-11-23T10:00:00Z",
+                    }
+                ],
             }
         }
         patch = kubectl(
@@ -147,8 +158,24 @@ def test_printer_columns(plane: ControlPlane) -> None:
         table = kubectl(plane, "get", "ar", "columns")
         assert table.returncode == 0, table.stderr
         header, row = table.stdout.strip().splitlines()
-        assert header.split() == ["NAME", "PHASE", "STEP", "ITERATION", "REASON", "AGE"]
-        assert row.split()[:5] == ["columns", "Running", "implement", "3/8", "Looping"]
+        # The original API's columns (dashboards read them), then ours.
+        assert header.split() == [
+            "NAME",
+            "PHASE",
+            "AGENT",
+            "SUCCEEDED",
+            "REASON",
+            "STARTTIME",
+            "COMPLETIONTIME",
+            "RUNTIME",
+            "STEP",
+            "ITERATION",
+            "AGE",
+        ]
+        cells = row.split()
+        assert cells[:5] == ["columns", "Running", "codex-agent", "Unknown", "Looping"]
+        # StartTime is an age; an empty date column (CompletionTime) prints nothing at all.
+        assert cells[-4:-1] == ["workflow", "implement", "3/8"]
         # The category works too: `kubectl get agents` lists AgentRuns among the agents kinds.
         listing = kubectl(plane, "get", "agents")
         assert "columns" in listing.stdout, listing.stdout + listing.stderr

@@ -44,6 +44,7 @@ EXPECTED_FILES = {
     "agents.proompteng.ai_agents.yaml",
     "agents.proompteng.ai_agentproviders.yaml",
     "agents.proompteng.ai_implementationspecs.yaml",
+    "agents.proompteng.ai_versioncontrolproviders.yaml",
 }
 
 
@@ -89,7 +90,7 @@ def test_generation_is_deterministic() -> None:
 
 def test_names_and_printer_columns() -> None:
     crds = {c["spec"]["names"]["kind"]: c for c in crd_documents()}
-    assert set(crds) == {"AgentRun", "Agent", "AgentProvider", "ImplementationSpec"}
+    assert set(crds) == {"AgentRun", "Agent", "AgentProvider", "ImplementationSpec", "VersionControlProvider"}
     builtin_short_names = {
         "po",
         "svc",
@@ -121,11 +122,17 @@ def test_names_and_printer_columns() -> None:
     assert crds["AgentRun"]["spec"]["names"]["shortNames"] == ["ar"]
     assert len(set(all_short)) == len(all_short) and not set(all_short) & builtin_short_names
     columns = crds["AgentRun"]["spec"]["versions"][0]["additionalPrinterColumns"]
+    # The original API's columns (same names, paths and types), then ours.
     assert [(c["name"], c["jsonPath"], c["type"]) for c in columns] == [
         ("Phase", ".status.phase", "string"),
+        ("Agent", ".spec.agentRef.name", "string"),
+        ("Succeeded", '.status.conditions[?(@.type=="Succeeded")].status', "string"),
+        ("Reason", '.status.conditions[?(@.type=="Succeeded")].reason', "string"),
+        ("StartTime", ".status.startedAt", "date"),
+        ("CompletionTime", ".status.finishedAt", "date"),
+        ("Runtime", ".spec.runtime.type", "string"),
         ("Step", ".status.currentStep", "string"),
         ("Iteration", ".status.iteration", "string"),
-        ("Reason", ".status.reason", "string"),
         ("Age", ".metadata.creationTimestamp", "date"),
     ]
 

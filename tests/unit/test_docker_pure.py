@@ -169,6 +169,13 @@ def test_python_recipe_changes_with_its_inputs(tmp_path: Path, monkeypatch: pyte
     assert first != baseimages.python_recipe("http://a/debian", [ca])
 
 
+def test_git_recipe_names_the_mirror_and_packages() -> None:
+    first = baseimages.git_recipe("http://a/debian")
+    assert first == baseimages.git_recipe("http://a/debian") != baseimages.git_recipe("http://b/debian")
+    assert first != baseimages.python_recipe("http://a/debian", [])
+    assert "git" in baseimages.GIT_PACKAGES
+
+
 def test_busybox_rootfs_layout(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "busybox").write_text("")

@@ -261,3 +261,21 @@ def test_control_flow_problems_are_one_actionable_line_each(
     lines = [line for line in capsys.readouterr().out.splitlines() if LINE.match(line)]
     assert any("NestingTooDeep" in line and "d1/d2/d3/d4" in line for line in lines), lines
     assert any("outputs.later" in line and "#collected-outputs" in line for line in lines), lines
+
+
+def test_version_control_and_artifacts_are_checked_when_the_file_holds_the_objects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    git_loop = (Path(__file__).resolve().parents[2] / "examples" / "git-loop.yaml").read_text()
+    assert main([write(tmp_path, "ok.yaml", git_loop)]) == 0
+    denied = git_loop.replace('allow: ["demo/*"]', 'deny: ["demo/*"]')
+    assert main([write(tmp_path, "denied.yaml", denied)]) == 1
+    out = capsys.readouterr().out
+    assert "AgentRun/git-loop: spec.parameters.repository: repository 'demo/app.git' is denied" in out
+    assert "docs/api.md#version-control" in out
+    contract = (Path(__file__).resolve().parents[2] / "examples" / "runner-contract.yaml").read_text()
+    lost = contract.replace("path: /workspace/out/report.md", "path: /report.md")
+    assert main([write(tmp_path, "lost.yaml", lost)]) == 1
+    assert "outputArtifacts[0] ('report') is at /report.md, on no volume" in capsys.readouterr().out
+    homed = contract.replace("path: /workspace/out/report.md", "path: /elsewhere/report.md")
+    assert main([write(tmp_path, "homed.yaml", homed)]) == 0  # an emptyDir holds it

@@ -104,6 +104,22 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
+# The VersionControlProviders a run names (version control): read with get on each reconcile.
+- apiGroups: ["agents.proompteng.ai"]
+  resources: ["versioncontrolproviders"]
+  verbs: ["get"]
+# Secrets, by name, before the first Job, for their key names only (values are never kept or
+# logged): a read-write run's VersionControlProvider credential, and an Agent's Secret-backed
+# systemPromptRef; a missing one or key fails the run InvalidSpec.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# ConfigMaps: get the one an Agent's systemPromptRef names (its key names only) before the first Job;
+# create the runner contract's (run.json, agent-runner.json, input files), owned by the run; one that
+# exists by name is adopted (its name is a hash of its data).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create"]
 {{- if include "agentrun-operator.peering" $root }}
 # kopf peering: watch the peering object and patch this pod's keep-alive into it.
 - apiGroups: ["kopf.dev"]

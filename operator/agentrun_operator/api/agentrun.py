@@ -20,22 +20,29 @@ from .base import (
     DNS_LABEL_MAX,
     DNS_LABEL_PATTERN,
     MAX_CEL_LENGTH,
-    MAX_IMPLEMENTATION_TEXT,
+    MAX_NAME_LIST,
     MAX_PARAMETERS,
     MAX_STEPS,
     NAME_MAX,
     ApiModel,
     ApiVersion,
 )
-from .common import ObjectRef
+from .common import ObjectRef, SystemPromptRef
 from .errors import format_validation_error
+from .implementation import ImplementationFields
 from .loop import StepLoop
 from .status import AgentRunStatus
 from .workload import Workload
 
 _DNS_LABEL_RE: Final = re.compile(DNS_LABEL_PATTERN)
 
-RuntimeType = Literal["workflow", "job"]
+RuntimeType = Literal["workflow", "job", "temporal", "custom"]
+SUPPORTED_RUNTIMES: Final = ("workflow", "job")
+"""The runtime types this operator runs; temporal and custom are accepted by the schema (the original
+API has them) and refused with InvalidSpec (docs/api.md#runtime-type)."""
+VcsMode = Literal["read-write", "read-only", "none"]
+MAX_SYSTEM_PROMPT: Final = 16384
+MAX_GOAL_OBJECTIVE: Final = 8192
 CancelMode = Literal["Graceful", "Immediate"]
 DEFAULT_NESTING_DEPTH: Final = 5
 MAX_NESTING_DEPTH: Final = 10
@@ -49,30 +56,33 @@ Parameters = dict[str, str]
 
 
 def _check_parameters(value: Parameters | None) -> Parameters | None:
-    """Shared by run and step parameters: the bound keeps env and CEL contexts small."""
+    """Shared by run and step parameters: the bound keeps env and CEL contexts small, and `prompt` is
+    refused as by the original API (the task text belongs in the implementation)."""
     if value is not None and len(value) > MAX_PARAMETERS:
         raise ValueError(rules.PARAMETERS_MAX.message)
+    if value is not None and "prompt" in value:
+        raise ValueError(rules.PARAMETERS_NO_PROMPT.message)
     return value
 
 
-# Only maxProperties in the CRD: the apiserver skips all CEL rules of an object that breaks a
-# schema limit, so a CEL twin of this bound could never report; the models give the human message.
-_PARAMETERS_SCHEMA: dict[str, Any] = {"maxProperties": MAX_PARAMETERS}
+# maxProperties in the CRD has no CEL twin: the apiserver skips all CEL rules of an object that breaks
+# a schema limit, so a CEL twin of this bound could never report; the models give the human message.
+_PARAMETERS_SCHEMA: dict[str, Any] = {
+    "maxProperties": MAX_PARAMETERS,
+    **rules.validations(rules.PARAMETERS_NO_PROMPT),
+}
 
 
-class InlineImplementation(ApiModel):
-    """Task text given directly in the run."""
-
-    text: str = Field(
-        max_length=MAX_IMPLEMENTATION_TEXT, description="The task for the agent (at most 128 KiB)."
-    )
-    summary: str | None = Field(default=None, max_length=1024, description="One-line summary of the task.")
+class InlineImplementation(ImplementationFields):
+    """Task given directly in the run (or a step): the fields of an ImplementationSpec's spec."""
 
 
 class Implementation(ApiModel):
     """Task text given in the run instead of an ImplementationSpec."""
 
-    inline: InlineImplementation = Field(description="The task text and an optional summary.")
+    inline: InlineImplementation = Field(
+        description="The task: text plus optional summary, description, criteria, labels, source, contract."
+    )
 
 
 class Runtime(ApiModel):
@@ -80,7 +90,10 @@ class Runtime(ApiModel):
 
     type: RuntimeType = Field(
         default="workflow",
-        description="workflow (ordered steps, loops allowed) or job (single Job, no loops).",
+        description=(
+            "workflow (ordered steps, loops allowed) or job (single Job, no loops); temporal and custom "
+            "are accepted and refused as not supported by this operator (InvalidSpec)."
+        ),
     )
     config: dict[str, Any] | None = Field(
         default=None, description="Free-form runtime settings, passed through unchanged."
@@ -215,7 +228,10 @@ class WorkflowStep(ApiModel):
         description="Extra attempts per iteration after a failure; default Agent defaults.retries, else 0.",
     )
     retry_backoff_seconds: int = Field(
-        default=10, ge=0, le=86400, description="Seconds to wait before a retry attempt."
+        default=0,
+        ge=0,
+        le=86400,
+        description="Seconds to wait before a retry attempt (default 0: retry at once, as the original API).",
     )
     timeout_seconds: int | None = Field(
         default=None,
@@ -377,11 +393,45 @@ class Workflow(ApiModel):
         return value
 
 
+class Goal(ApiModel):
+    """The run's objective, and a token budget for the whole run."""
+
+    objective: str = Field(
+        min_length=1,
+        max_length=MAX_GOAL_OBJECTIVE,
+        description="What the run is for, in words; given to every pod (AGENTRUN_GOAL_OBJECTIVE).",
+    )
+    token_budget: int | None = Field(
+        default=None,
+        ge=1,
+        json_schema_extra={"format": "int64"},
+        description=(
+            "Tokens (input + output, from the pods' reported usage) the whole run may use; when spent "
+            "the run stops with GoalTokenBudgetExhausted."
+        ),
+    )
+
+
+class VcsPolicy(ApiModel):
+    """Whether the run needs a repository, and what access its pods get."""
+
+    required: bool | None = Field(
+        default=None,
+        description="When true, a run with no usable VersionControlProvider is InvalidSpec (default false).",
+    )
+    mode: VcsMode | None = Field(
+        default=None,
+        description="read-write (default), read-only (no write credential) or none (no repository access).",
+    )
+
+
 class AgentRunSpec(ApiModel):
     """Desired state of an AgentRun; immutable after creation except `cancel` and `approvals` (appended)."""
 
     model_config = ConfigDict(
-        json_schema_extra=rules.validations(rules.LOOPS_NEED_WORKFLOW_RUNTIME, rules.IMPLEMENTATION_ONE_OF)
+        json_schema_extra=rules.validations(
+            rules.LOOPS_NEED_WORKFLOW_RUNTIME, rules.IMPLEMENTATION_ONE_OF, rules.RUN_SYSTEM_PROMPT
+        )
     )
 
     agent_ref: ObjectRef | None = Field(
@@ -418,6 +468,35 @@ class AgentRunSpec(ApiModel):
         default=None,
         description="Graceful (finish the current iteration) or Immediate; may be set after creation.",
     )
+    goal: Goal | None = Field(
+        default=None, description="The run's objective (to every pod) and a run-wide token budget."
+    )
+    secrets: list[str] | None = Field(
+        default=None,
+        max_length=MAX_NAME_LIST,
+        description=(
+            "Secrets given to every pod of the run as envFrom; each must be listed in the Agent's "
+            "security.allowedSecrets."
+        ),
+    )
+    memory_ref: ObjectRef | None = Field(
+        default=None, description="A Memory; accepted and passed on, not interpreted (docs/api.md#memoryref)."
+    )
+    vcs_ref: ObjectRef | None = Field(
+        default=None, description="The VersionControlProvider of the run's repository (before the Agent's)."
+    )
+    vcs_policy: VcsPolicy | None = Field(
+        default=None, description="Whether a repository is required, and the pods' access mode."
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        max_length=MAX_SYSTEM_PROMPT,
+        description="Not allowed on an AgentRun (as in the original); set Agent.spec.defaults.systemPrompt.",
+    )
+    system_prompt_ref: SystemPromptRef | None = Field(
+        default=None,
+        description="Not allowed on an AgentRun; set Agent.spec.defaults.systemPromptRef.",
+    )
     approvals: list[ApprovalDecision] | None = Field(
         default=None,
         max_length=MAX_APPROVALS,
@@ -441,6 +520,8 @@ class AgentRunSpec(ApiModel):
             raise ValueError(rules.IMPLEMENTATION_ONE_OF.message)
         if self.runtime.type != "workflow" and self.has_loops():
             raise ValueError(rules.LOOPS_NEED_WORKFLOW_RUNTIME.message)
+        if self.system_prompt is not None or self.system_prompt_ref is not None:
+            raise ValueError(rules.RUN_SYSTEM_PROMPT.message)
         return self
 
     def has_loops(self) -> bool:

@@ -44,6 +44,9 @@ MAX_ACCEPTANCE_CRITERIA: Final = 100
 MAX_IMPLEMENTATION_TEXT: Final = 128 * 1024
 MAX_CEL_LENGTH: Final = 4096
 MAX_PATH_LENGTH: Final = 4096
+MAX_NAME_LIST: Final = 256
+"""Bound of the lists of names the original API left unbounded (secrets, labels, allow lists): a schema
+needs one for the apiserver's CEL cost estimate, and no real manifest comes near it."""
 DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_LABEL_MAX: Final = 63
 NAME_MAX: Final = 253

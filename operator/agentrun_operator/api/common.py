@@ -39,3 +39,25 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(
         default=None, description="metadata.generation the condition is for."
     )
+
+
+class SystemPromptRef(ApiModel):
+    """A key of a Secret or ConfigMap holding a system prompt."""
+
+    kind: Literal["Secret", "ConfigMap"] = Field(description="Secret or ConfigMap.")
+    name: str = Field(min_length=1, max_length=NAME_MAX, description="Its name, in the run's namespace.")
+    key: str = Field(min_length=1, max_length=NAME_MAX, description="The key holding the prompt text.")
+
+
+class SecretKeyRef(ApiModel):
+    """A Secret (and optionally one of its keys) in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=NAME_MAX, description="Secret name.")
+    key: str | None = Field(default=None, max_length=NAME_MAX, description="The key to read.")
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A ConfigMap (and optionally one of its keys) in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=NAME_MAX, description="ConfigMap name.")
+    key: str | None = Field(default=None, max_length=NAME_MAX, description="The key to read.")

@@ -1,4 +1,4 @@
-"""Generate the four CustomResourceDefinitions from the pydantic models (the single source of truth).
+"""Generate the five CustomResourceDefinitions from the pydantic models (the single source of truth).
 
 pydantic's JSON Schema is turned into a Kubernetes *structural* schema: `$ref`s are inlined,
 `Optional[X]` (anyOf with null) collapses to X, `const` becomes `enum`, titles are dropped, and
@@ -25,6 +25,7 @@ from .agentrun import AgentRunSpec
 from .base import GROUP, VERSION
 from .resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec, SimpleStatus
 from .status import AgentRunStatus
+from .vcs import VersionControlProviderSpec, VersionControlProviderStatus
 
 HEADER: Final = (
     "# Generated from the pydantic models in agentrun_operator.api; do not edit by hand.\n"
@@ -111,16 +112,17 @@ def _referenced_kind(
     description: str,
     spec_model: type[BaseModel],
     column: dict[str, str],
+    status_model: type[BaseModel] = SimpleStatus,
 ) -> KindInfo:
-    """A kind that runs only name (Agent, AgentProvider, ImplementationSpec): a spec, no status of
-    its own, one column of its own before the age."""
+    """A kind that runs only name (Agent, AgentProvider, ImplementationSpec, VersionControlProvider):
+    a spec, a reserved status, one column of its own before the age."""
     return KindInfo(
         kind=kind,
         plural=plural,
         short_names=(short_name,),
         description=description,
         spec_model=spec_model,
-        status_model=SimpleStatus,
+        status_model=status_model,
         printer_columns=(column, _AGE),
     )
 
@@ -136,8 +138,25 @@ KINDS: Final[tuple[KindInfo, ...]] = (
         ),
         spec_model=AgentRunSpec,
         status_model=AgentRunStatus,
+        # The original API's columns first (dashboards and scripts read them), then ours.
         printer_columns=(
             _column("Phase", "string", ".status.phase", "Phase of the run."),
+            _column("Agent", "string", ".spec.agentRef.name", "The Agent the run uses."),
+            _column(
+                "Succeeded",
+                "string",
+                '.status.conditions[?(@.type=="Succeeded")].status',
+                "The Succeeded condition: True, False or Unknown (still running).",
+            ),
+            _column(
+                "Reason",
+                "string",
+                '.status.conditions[?(@.type=="Succeeded")].reason',
+                "Reason of the phase, e.g. InvalidSpec.",
+            ),
+            _column("StartTime", "date", ".status.startedAt", "When the first Job was created."),
+            _column("CompletionTime", "date", ".status.finishedAt", "When the run finished."),
+            _column("Runtime", "string", ".spec.runtime.type", "workflow or job."),
             _column("Step", "string", ".status.currentStep", "Active step, or the last one run."),
             _column(
                 "Iteration",
@@ -145,7 +164,6 @@ KINDS: Final[tuple[KindInfo, ...]] = (
                 ".status.iteration",
                 "Iteration of the current looped step, current/max.",
             ),
-            _column("Reason", "string", ".status.reason", "Reason of the phase, e.g. InvalidSpec."),
             _AGE,
         ),
         immutable_spec_except=("cancel", "approvals"),
@@ -163,7 +181,8 @@ KINDS: Final[tuple[KindInfo, ...]] = (
         "AgentProvider",
         "agentproviders",
         "agp",
-        "AgentProvider says how to launch an agent CLI: image, command, args and environment.",
+        "AgentProvider says how to launch an agent: image, command, args and environment, or the "
+        "runner contract (binary, argsTemplate, envTemplate, inputFiles, outputArtifacts, secretEnv).",
         AgentProviderSpec,
         _column("Image", "string", ".spec.image", "Container image."),
     ),
@@ -174,6 +193,15 @@ KINDS: Final[tuple[KindInfo, ...]] = (
         "ImplementationSpec holds a reusable task text (at most 128 KiB) and its checks.",
         ImplementationSpecSpec,
         _column("Summary", "string", ".spec.summary", "Task summary."),
+    ),
+    _referenced_kind(
+        "VersionControlProvider",
+        "versioncontrolproviders",
+        "vcp",
+        "VersionControlProvider says where a run's repository lives and how its pods reach it.",
+        VersionControlProviderSpec,
+        _column("Provider", "string", ".spec.provider", "github, gitlab, bitbucket, gitea or generic."),
+        VersionControlProviderStatus,
     ),
 )
 
@@ -364,7 +392,7 @@ def _crd_documents() -> tuple[dict[str, Any], ...]:
 
 
 def crd_documents() -> list[dict[str, Any]]:
-    """The four CRDs, AgentRun first. Fresh copies: callers may mutate them."""
+    """The five CRDs, AgentRun first. Fresh copies: callers may mutate them."""
     return copy.deepcopy(list(_crd_documents()))
 
 
@@ -394,7 +422,7 @@ def render_crd_yaml(crd: dict[str, Any]) -> str:
 
 
 def render_crds_yaml() -> str:
-    """All four CRDs as one multi-document YAML stream (what `agentrun crds` prints)."""
+    """All five CRDs as one multi-document YAML stream (what `agentrun crds` prints)."""
     return "".join(f"---\n{render_crd_yaml(crd)}" for crd in crd_documents())
 
 

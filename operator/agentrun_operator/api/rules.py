@@ -188,6 +188,48 @@ VOLUME_MOUNT_PATH: Final = Rule(
     field_path=".mountPath",
 )
 
+PARAMETERS_NO_PROMPT: Final = Rule(
+    anchor="parameters",
+    rule="!('prompt' in self)",
+    text=(
+        "parameters.prompt is not allowed (as in the original API); put the task text in "
+        "ImplementationSpec.spec.text or implementation.inline.text."
+    ),
+)
+
+RUN_SYSTEM_PROMPT: Final = Rule(
+    anchor="system-prompt",
+    rule="!has(self.systemPrompt) && !has(self.systemPromptRef)",
+    text=(
+        "AgentRun-level systemPrompt/systemPromptRef overrides are not allowed; configure "
+        "Agent.spec.defaults instead (defaults.systemPrompt or defaults.systemPromptRef)."
+    ),
+)
+
+DEFAULTS_SYSTEM_PROMPT_ONE_OF: Final = Rule(
+    anchor="system-prompt",
+    rule="!(has(self.systemPrompt) && has(self.systemPromptRef))",
+    text="Only one of systemPrompt or systemPromptRef may be set in Agent.spec.defaults; remove one of them.",
+)
+
+DEFAULTS_RETRIES_ONE_OF: Final = Rule(
+    anchor="agent-defaults",
+    rule="!(has(self.retries) && has(self.retryLimit))",
+    text=(
+        "Agent.spec.defaults.retries and defaults.retryLimit mean the same (retryLimit is the original "
+        "API's name); set only one of them."
+    ),
+)
+
+PROVIDER_COMMAND_OR_BINARY: Final = Rule(
+    anchor="agentprovider",
+    rule="!(has(self.command) && has(self.binary))",
+    text=(
+        "an AgentProvider runs either command (with image, args, env) or binary (the runner contract, "
+        "with argsTemplate, envTemplate); remove one of command and binary."
+    ),
+)
+
 CANCEL_STICKY: Final = Rule(
     anchor="immutability",
     rule="!has(oldSelf.cancel) || has(self.cancel)",
@@ -409,8 +451,17 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     APPROVAL_INPUTS_UNIQUE,
     APPROVAL_TIMEOUT_APPROVE,
     REJECT_NEEDS_REASON,
+    PARAMETERS_NO_PROMPT,
+    RUN_SYSTEM_PROMPT,
 )
-"""Rules that need only the new object (the models enforce these too)."""
+"""AgentRun rules that need only the new object (the models enforce these too)."""
+
+OTHER_KIND_RULES: Final[tuple[Rule, ...]] = (
+    DEFAULTS_SYSTEM_PROMPT_ONE_OF,
+    DEFAULTS_RETRIES_ONE_OF,
+    PROVIDER_COMMAND_OR_BINARY,
+)
+"""Rules of the Agent and AgentProvider schemas (the models enforce these too)."""
 
 TRANSITION_RULES: Final[tuple[Rule, ...]] = (CANCEL_STICKY, APPROVALS_STICKY, APPROVALS_APPEND_ONLY)
 """Fixed transition rules (the per-field immutability rules are generated from the spec's fields)."""

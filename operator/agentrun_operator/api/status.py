@@ -53,6 +53,10 @@ class IterationRecord(StatusModel):
         default=None,
         description="For a loop body (a looped group): the phase each child ended this iteration with.",
     )
+    commit: str | None = Field(
+        default=None,
+        description="The commit the iteration left the repository checkout at, when it made a new one.",
+    )
 
 
 class LoopStatus(StatusModel):
@@ -205,6 +209,40 @@ class WorkflowStatus(StatusModel):
     )
 
 
+class ArtifactStatus(StatusModel):
+    """An output artifact the run's pods left (AgentProvider outputArtifacts)."""
+
+    name: str = Field(description="The artifact's name.")
+    path: str | None = Field(default=None, description="Its path in the container.")
+    key: str | None = Field(default=None, description="Storage key, from the provider.")
+    url: str | None = Field(default=None, description="Where it can be fetched, from the provider.")
+    size: int | None = Field(default=None, ge=0, description="Size in bytes, when the file was found.")
+    digest: str | None = Field(default=None, description="sha256:<hex> of the file, when it was found.")
+    step: str | None = Field(default=None, description="The step (path) whose pod left it.")
+    iteration: int | None = Field(default=None, ge=1, description="The iteration that left it, for loops.")
+
+
+class VcsStatus(StatusModel):
+    """The run's repository, as resolved from its VersionControlProvider."""
+
+    provider: str | None = Field(default=None, description="The VersionControlProvider's name.")
+    repository: str | None = Field(default=None, description="owner/name of the repository.")
+    base_branch: str | None = Field(default=None, description="Branch the work starts from.")
+    head_branch: str | None = Field(default=None, description="Branch the work is pushed to.")
+    mode: str | None = Field(default=None, description="read-write, read-only or none.")
+    commit: str | None = Field(default=None, description="The newest commit an iteration reported.")
+
+
+class ContractStatus(StatusModel):
+    """The task contract's keys, as checked against the run's parameters."""
+
+    required_keys: list[str] | None = Field(default=None, description="Keys the contract requires.")
+    missing_keys: list[str] | None = Field(default=None, description="Required keys the parameters lack.")
+
+
+_FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+
+
 class AgentRunStatus(StatusModel):
     """Observed state of an AgentRun, written by the operator only."""
 
@@ -228,4 +266,24 @@ class AgentRunStatus(StatusModel):
     iteration: str | None = Field(
         default=None,
         description="Iteration of the current looped step, current/max, e.g. 3/8 (printer column Iteration).",
+    )
+    updated_at: Timestamp | None = Field(default=None, description="When the status was last written.")
+    artifacts: list[ArtifactStatus] | None = Field(
+        default=None, description="Output artifacts the pods left (name, path, size, digest)."
+    )
+    vcs: VcsStatus | None = Field(default=None, description="The run's repository and its newest commit.")
+    spec_hash: str | None = Field(default=None, description="sha256 of the spec the run was started with.")
+    system_prompt_hash: str | None = Field(
+        default=None, description="sha256 of the system prompt given to the pods."
+    )
+    runner: dict[str, Any] | None = Field(
+        default=None, description="The runner contract in use (free-form).", json_schema_extra=_FREE_FORM
+    )
+    runtime_ref: dict[str, Any] | None = Field(
+        default=None,
+        description="Reference to the runtime's own object (free-form).",
+        json_schema_extra=_FREE_FORM,
+    )
+    contract: ContractStatus | None = Field(
+        default=None, description="The task contract's required and missing keys."
     )

@@ -69,6 +69,11 @@ class ControlEnvelope(BaseModel):
     """The Job claim's outcome (`control/claim.py` report) when it is news: unavailable, or taken by
     another pod. Rides along only when it fits beside everything else (it never shrinks the
     control's budget); older operators ignore it."""
+    commit: str | None = None
+    """The commit the pod's Git checkout is at, when the iteration moved it (docs/api.md#version-control)."""
+    artifacts: list[dict[str, Any]] | None = None
+    """The provider's output artifacts the pod left: name, path, size, digest
+    (docs/api.md#output-artifacts)."""
 
     @field_validator("path")
     @classmethod
@@ -111,14 +116,45 @@ def _dump(value: Any, *, ascii_only: bool = False) -> str:
 
 def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
     """The wire document, with a fixed key order (so sizes are predictable)."""
-    return {
+    doc: dict[str, Any] = {
         "v": env.v,
         "status": env.status,
         "path": env.path,
         "size": env.size,
         "reason": env.reason,
         "control": env.control,
-    } | ({"claim": env.claim} if env.claim is not None else {})
+    }
+    if env.claim is not None:
+        doc["claim"] = env.claim
+    if env.commit is not None:
+        doc["commit"] = env.commit
+    if env.artifacts is not None:
+        doc["artifacts"] = env.artifacts
+    return doc
+
+
+def attach_extras(
+    env: ControlEnvelope, commit: str | None, artifacts: list[dict[str, Any]] | None
+) -> ControlEnvelope:
+    """`env` with the commit and the artifacts, as many as fit in the termination message: artifacts
+    are dropped from the end first, then the commit; the control envelope itself is never changed."""
+    env = fit_envelope(env)
+    kept = list(artifacts or [])
+    while True:
+        candidate = env.model_copy(
+            update={"commit": commit, "artifacts": kept if artifacts is not None else None}
+        )
+        try:
+            if len(_wire(candidate)) <= MAX_ENVELOPE_BYTES:
+                return candidate
+        except (ValueError, TypeError):
+            return env
+        if kept:
+            kept.pop()
+        elif commit is not None:
+            commit = None
+        else:
+            return env
 
 
 def _wire(env: ControlEnvelope) -> bytes:

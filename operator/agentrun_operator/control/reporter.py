@@ -213,13 +213,18 @@ def claim_or_wait(
         time.sleep(3600)
 
 
-def record_fingerprint(path: str, out: str) -> None:
-    """Record what the control file looks like now into ``out`` (never raises)."""
+def record_fingerprint(path: str, out: str, checkout: str | None = None) -> None:
+    """Record what the control file looks like now into ``out`` (and, with ``checkout``, the commit
+    the Git checkout is at); never raises."""
     try:
         doc = fingerprint_of(path, observe(path))
     except Exception as exc:  # pragma: no cover - observe() handles OS errors itself
         error = f"{type(exc).__name__}: {exc}"
         doc = {"v": FINGERPRINT_VERSION, "path": path, "exists": None, "error": error}
+    if checkout:
+        from agentrun_operator.control.extras import head_commit
+
+        doc["commit"] = head_commit(checkout)
     try:
         _write_atomically(out, json.dumps(doc, separators=(",", ":")))
     except Exception as exc:
@@ -239,20 +244,27 @@ def cmd_fingerprint(
     pod_uid: str = "",
     claim_volume: str = "",
     termination_log: str | None = None,
+    checkout: str | None = None,
 ) -> int:
-    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``;
-    exit 0 whatever happens (a duplicate pod waits in `claim_or_wait` instead). The init container
-    of pods made before the reporter did this itself (`prepare_for_main`)."""
+    """Claim the Job (with ``claim_dir``), then record the control file's fingerprint into ``out``
+    (and, with ``checkout``, the commit the Git checkout is at before ``main``); exit 0 whatever
+    happens (a duplicate pod waits in `claim_or_wait` instead). The init container of pods made
+    before the reporter did this itself (`prepare_for_main`)."""
     if reporter_ready and not _wait_for_file(reporter_ready, ready_timeout):
         _log(f"the reporter did not become ready within {ready_timeout:g}s ({reporter_ready}); going on")
     if claim_dir:
         claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, termination_log)
-    record_fingerprint(path, out)
+    record_fingerprint(path, out, checkout)
     return 0
 
 
 def prepare_for_main(
-    path: str, fingerprint: str, claim_dir: str | None, claim_volume: str, claim_report: str | None
+    path: str,
+    fingerprint: str,
+    claim_dir: str | None,
+    claim_volume: str,
+    claim_report: str | None,
+    checkout: str | None = None,
 ) -> bool:
     """What must happen before `main` starts, done by the reporter itself: claim the Job for this pod
     (uids from the downward API in its environment), then fingerprint the control file. False when
@@ -266,7 +278,7 @@ def prepare_for_main(
     if os.path.exists(fingerprint):
         _log(f"keeping the fingerprint taken before main started ({fingerprint})")
     else:
-        record_fingerprint(path, fingerprint)
+        record_fingerprint(path, fingerprint, checkout)
     return True
 
 
@@ -353,16 +365,48 @@ def _fallback_text(path: str, reason: str) -> str:
     return '{"v":1,"status":"invalid","path":"","size":null,"reason":"reporter error","control":null}'
 
 
-def report_text(path: str, fingerprint_path: str | None, claim_report: str | None = None) -> str:
-    """The encoded envelope for the control file (with the claim's outcome when it is news); any
-    unexpected error becomes an ``invalid`` one."""
+def extras(
+    fingerprint_path: str | None, path: str, checkout: str | None, artifacts: Sequence[str]
+) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(the checkout's commit when this iteration moved it, the artifacts' facts) for the envelope.
+
+    The commit is reported when it differs from the one `fingerprint` recorded before ``main`` ran
+    (or none was recorded): an iteration that committed nothing reports none."""
+    from agentrun_operator.control.extras import artifact_fact, head_commit
+
+    commit = None
+    if checkout:
+        commit = head_commit(checkout)
+        fingerprint, _ = _load_fingerprint(fingerprint_path, path)
+        if fingerprint is not None and commit is not None and fingerprint.get("commit") == commit:
+            commit = None
+    facts = None
+    if artifacts:
+        facts = [artifact_fact(*spec.split("=", 1)) for spec in artifacts if "=" in spec]
+    return commit, facts
+
+
+def report_text(
+    path: str,
+    fingerprint_path: str | None,
+    claim_report: str | None = None,
+    checkout: str | None = None,
+    artifacts: Sequence[str] = (),
+) -> str:
+    """The encoded envelope for the control file (with the claim's outcome when it is news, the
+    commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
     try:
-        from agentrun_operator.control.envelope import encode_envelope
+        from agentrun_operator.control.envelope import attach_extras, encode_envelope
 
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
             envelope = envelope.model_copy(update={"claim": claim})
+        if checkout or artifacts:
+            try:
+                envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
+            except Exception as exc:  # the control report must not be lost for the extras
+                _log(f"cannot report the commit or artifacts: {type(exc).__name__}: {exc}")
         return encode_envelope(envelope)
     except Exception as exc:
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
@@ -399,6 +443,8 @@ def cmd_report(
     before_main: bool = False,
     claim_dir: str | None = None,
     claim_volume: str = "",
+    checkout: str | None = None,
+    artifacts: Sequence[str] = (),
 ) -> int:
     """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens.
 
@@ -408,7 +454,7 @@ def cmd_report(
     if wait:
         block_wait_signals()  # main() did this already; repeating it is harmless
     prepared = not (before_main and fingerprint_path) or prepare_for_main(
-        path, fingerprint_path, claim_dir, claim_volume, claim_report
+        path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
     )
     ready = str(os.getpid()) if prepared else TAKEN
     if ready_file:
@@ -423,7 +469,7 @@ def cmd_report(
             _log(f"cannot import the envelope module: {exc}")
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
-    text = report_text(path, fingerprint_path, claim_report)
+    text = report_text(path, fingerprint_path, claim_report, checkout, artifacts)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -471,6 +517,7 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the claim's outcome (JSON) here: a terminationMessagePath, or --claim-report's file",
     )
+    fp.add_argument("--checkout", metavar="DIR", help="record the commit the Git checkout DIR is at")
 
     rep = sub.add_parser("report", help="sidecar: write the control envelope to the termination message")
     rep.add_argument("--path", required=True, help="the control file (absolute path)")
@@ -486,7 +533,7 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         "--before-main",
         action="store_true",
         help="first claim the Job (with --claim-dir) and write the fingerprint (--fingerprint); the "
-        "ready file then says ready, or taken in a duplicate pod",
+        "ready file then holds the reporter's pid, or taken in a duplicate pod",
     )
     rep.add_argument("--claim-dir", metavar="DIR", help="claim the Job for this pod in DIR (--before-main)")
     rep.add_argument("--claim-volume", default="", help="the pod volume's name of --claim-dir (for reports)")
@@ -494,6 +541,19 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         "--claim-report",
         metavar="FILE",
         help="where the claim's outcome is kept; put in the envelope when it is news",
+    )
+    rep.add_argument(
+        "--checkout",
+        metavar="DIR",
+        help="record the commit the Git checkout DIR is at before main (--before-main), and report "
+        "it after main when it moved",
+    )
+    rep.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="report the size and sha256 of an output artifact (repeatable)",
     )
     return parser
 
@@ -515,6 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pod_uid,
             args.claim_volume,
             args.termination_log,
+            args.checkout,
         )
     return cmd_report(
         args.path,
@@ -526,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.before_main,
         args.claim_dir,
         args.claim_volume,
+        args.checkout,
+        args.artifact,
     )
 
 

@@ -51,6 +51,8 @@ from agentrun_operator.api import (
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
+from agentrun_operator.jobs import system_prompt
+from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.planner.resolution import (
     References,
     control_path,
@@ -180,7 +182,9 @@ def resolve_container(
     if refs.provider is not None:
         command = workload.command if workload.command is not None else refs.provider.command
         args = workload.args if workload.args is not None else refs.provider.args
-        return ResolvedContainer(refs.provider.image, command, args, env, "agent provider")
+        provider_workload = refs.provider.workload
+        image = refs.provider.image or (provider_workload.image if provider_workload else None)
+        return ResolvedContainer(image or config.runner_image, command, args, env, "agent provider")
     return ResolvedContainer(config.runner_image, workload.command, workload.args, env, "operator default")
 
 
@@ -196,15 +200,16 @@ class Task:
 def resolve_implementation(run: AgentRun, step: WorkflowStep, refs: References) -> Task:
     """The task: the step's inline/ref, else the run's inline/ref, else none.
 
-    All three parts come from the same source: inline text has no acceptance criteria, so a step's
-    inline text never carries the run's ImplementationSpec's criteria along.
+    All three parts come from the same source: a step's inline task never carries the run's
+    ImplementationSpec's criteria along (only its own `acceptanceCriteria`).
     """
     for inline, ref in (
         (step.implementation, step.implementation_spec_ref),
         (run.spec.implementation, run.spec.implementation_spec_ref),
     ):
         if inline is not None:
-            return Task(inline.inline.text, inline.inline.summary)
+            task = inline.inline
+            return Task(task.text, task.summary, tuple(task.acceptance_criteria or ()))
         if ref is not None:
             spec = refs.implementation_specs.get(ref.name)
             if spec is None:
@@ -260,6 +265,11 @@ def agentrun_env(
     env["AGENTRUN_IMPLEMENTATION_TEXT"] = task.text or ""
     env["AGENTRUN_IMPLEMENTATION_SUMMARY"] = task.summary or ""
     env["AGENTRUN_ACCEPTANCE_CRITERIA"] = _json(list(task.acceptance_criteria))
+    goal = run.spec.goal
+    if goal is not None:  # docs/api.md#goal
+        env["AGENTRUN_GOAL_OBJECTIVE"] = goal.objective
+        if goal.token_budget is not None:
+            env["AGENTRUN_GOAL_TOKEN_BUDGET"] = str(goal.token_budget)
     return [{"name": name, "value": value} for name, value in env.items()]
 
 
@@ -459,6 +469,13 @@ def main_container(
     return container
 
 
+def secrets_env_from(run: AgentRun) -> dict[str, Any]:
+    """`spec.secrets`: every Secret as `envFrom` of `main` (docs/api.md#secrets); empty without any."""
+    if not run.spec.secrets:
+        return {}
+    return {"envFrom": [{"secretRef": {"name": name}} for name in run.spec.secrets]}
+
+
 # ----------------------------------------------------------------------------------- the Job
 
 
@@ -506,6 +523,7 @@ def _pod_spec(
     attempt: PlannedAttempt,
     refs: References,
     config: OperatorConfig,
+    companions: list[dict[str, Any]],
 ) -> dict[str, Any]:
     workload = effective_workload(run.spec.workload, step.workload)
     path = attempt.control_path or control_path(step)
@@ -529,6 +547,7 @@ def _pod_spec(
         ],
         "containers": [
             main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
+            | secrets_env_from(run)
         ],
         "volumes": volumes.volumes,
     }
@@ -546,6 +565,14 @@ def _pod_spec(
     affinity = same_node_affinity(attempt.prefer_node, volumes.claim_volume)
     if affinity is not None:
         pod["affinity"] = affinity
+    parts = PodParts(
+        pod,
+        pod["containers"][0],
+        pod["initContainers"][0],
+        owner_reference(run),
+        lambda path: volume_holding(path, workload.volumes or []),
+    )
+    companions += extend_pod(parts, run, step, workload, refs)
     return pod
 
 
@@ -578,7 +605,19 @@ def build_iteration_job(
     refs: References,
     config: OperatorConfig,
 ) -> dict[str, Any]:
-    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod). Pure and deterministic.
+    """The Job manifest of one iteration attempt (`build_iteration_objects` without the objects to
+    create before it)."""
+    return build_iteration_objects(run, attempt, refs, config)[0]
+
+
+def build_iteration_objects(
+    run: AgentRun,
+    attempt: PlannedAttempt,
+    refs: References,
+    config: OperatorConfig,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The Job manifest of one iteration attempt (docs/concepts.md#iteration-pod), and the objects to
+    create before it (the runner contract's ConfigMap, `jobs/pod_compat.py`). Pure and deterministic.
 
     `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the
@@ -587,17 +626,18 @@ def build_iteration_job(
     step = attempt.step if attempt.step is not None else effective_steps(run)[attempt.step_index - 1]
     run_name = str(run.metadata.get("name", ""))
     labels = job_labels(run_name, step, attempt)
+    companions: list[dict[str, Any]] = []
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
+    pod_annotations = dict(annotations)
+    pod = _pod_spec(run, step, attempt, refs, config, companions)
+    system_prompt.add_to_pod(pod, pod_annotations, refs.agent)  # docs/api.md#system-prompt
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,
         "parallelism": 1,
-        "template": {
-            "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
-            "spec": _pod_spec(run, step, attempt, refs, config),
-        },
+        "template": {"metadata": {"labels": dict(labels), "annotations": pod_annotations}, "spec": pod},
     }
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
@@ -611,4 +651,5 @@ def build_iteration_job(
     namespace = run.metadata.get("namespace")
     if namespace:
         metadata["namespace"] = str(namespace)
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
+    return job, companions

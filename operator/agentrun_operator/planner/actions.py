@@ -26,9 +26,13 @@ class Where:
 
 @dataclass(frozen=True)
 class CreateJob:
-    """Create this Job; if it already exists (same deterministic name) adopt it."""
+    """Create this Job; if it already exists (same deterministic name) adopt it.
+
+    `companions` are created first, each adopted when it exists by name (the runner contract's
+    ConfigMap, whose name is a hash of its data: docs/api.md#runner-contract)."""
 
     manifest: dict[str, Any]
+    companions: tuple[dict[str, Any], ...] = ()
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun, AgentRunStatus, Condition, format_validation_error
 from agentrun_operator.api.base import DOCS_API
-from agentrun_operator.planner import conditions, volumes
+from agentrun_operator.planner import compat, compat_status, conditions, volumes
 from agentrun_operator.planner.actions import ClaimIdempotencyKey
 from agentrun_operator.planner.context import (
     MAX_MESSAGE_CHARS,
@@ -46,12 +46,21 @@ REASON_KEY_COMPLETED: Final = "IdempotencyKeyCompleted"
 
 
 def admit(ctx: PlanContext) -> bool:
-    """Before the first Job: cancel, validation (with the reference grace), bound claims, the
-    idempotency claim."""
+    """Before the first Job: templates (never run), cancel, validation (with the reference grace),
+    bound claims, the idempotency claim."""
     spec = ctx.run.spec
+    if compat.is_template(ctx.run):
+        set_pending(
+            ctx,
+            compat.REASON_TEMPLATE,
+            f'this AgentRun is a template ({compat.TEMPLATE_ANNOTATION}: "true"): it never runs; '
+            "create a copy without the annotation to run it",
+        )
+        return False
     if spec.cancel is not None:
         finish_run(ctx, "Cancelled", REASON_CANCELLED, f"cancelled ({spec.cancel}) before any Job started")
         return False
+    compat_status.record(ctx)
     problems = validate_run(ctx.run, ctx.observed, ctx.config)
     if problems:
         waiting = _reference_wait_seconds(ctx, problems)

@@ -10,7 +10,7 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import IterationRecord, JobRef, format_timestamp
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
-from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_job
+from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_objects
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
 from agentrun_operator.planner.budgets import account_usage, check_budget
@@ -33,6 +33,7 @@ from agentrun_operator.planner.loops import collected_outputs, decide_next, with
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.placement import preferred_node
+from agentrun_operator.planner.reported import record_reported
 from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
@@ -157,10 +158,10 @@ def start_attempt(
         if ctx.ref_problems:
             end_step(ctx, step, "Failed", REASON_INVALID_SPEC, problems_message(list(ctx.ref_problems)))
             return False
-        manifest = build_iteration_job(
+        manifest, companions = build_iteration_objects(
             ctx.run, _planned_attempt(ctx, step, iteration, attempt), ctx.refs, ctx.config
         )
-        ctx.writes.append(CreateJob(manifest))
+        ctx.writes.append(CreateJob(manifest, tuple(companions)))
         _next_iteration_requested(ctx, step, iteration, attempt, name)
     _mark_attempt_started(ctx, step, iteration, attempt, name, existing)
     return existing is not None
@@ -321,7 +322,8 @@ def _handle_missing_job(ctx: PlanContext, step: StepView, name: str) -> bool:
             return True
         if gate_clear(ctx, name) and not ctx.ref_problems:
             planned = _planned_attempt(ctx, step, step.iteration, st.attempt)
-            ctx.writes.append(CreateJob(build_iteration_job(ctx.run, planned, ctx.refs, ctx.config)))
+            manifest, companions = build_iteration_objects(ctx.run, planned, ctx.refs, ctx.config)
+            ctx.writes.append(CreateJob(manifest, tuple(companions)))
         ctx.requeue(JOB_VISIBILITY_GRACE_SECONDS)
         return False
     return _record_failure(
@@ -476,6 +478,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     st = step.st
     control = envelope.control if envelope.status == "found" else None
     loop = step.loop
+    record_reported(ctx, step, envelope)
     retries = step_retries(step.spec, ctx.refs)
     tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
     if loop is None:

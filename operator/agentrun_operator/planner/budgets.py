@@ -15,6 +15,7 @@ from typing import Any, Final
 from agentrun_operator.api import Usage
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.facts import UsageReported
+from agentrun_operator.planner.goal import goal_budget_spent
 from agentrun_operator.planner.loops import stop_on_invalid
 from agentrun_operator.planner.state import StepView, end_step
 
@@ -60,6 +61,8 @@ def account_usage(ctx: PlanContext, step: StepView, control: dict[str, Any] | No
     if workflow is not None:
         workflow.usage = (workflow.usage or Usage()).plus(usage)
     ctx.facts.append(UsageReported(step.path, usage.tokens, usage.cost_usd))
+    if ctx.stopping is None and goal_budget_spent(ctx) is not None:
+        ctx.stopping = "budget"  # nothing further starts in this pass either (docs/api.md#goal)
     return True
 
 

@@ -27,7 +27,7 @@ REASON_CANCELLED: Final = "Cancelled"
 
 REASON_STEP_FAILED: Final = "StepFailed"
 
-StopMode = Literal["Graceful", "Immediate", "timeout"]
+StopMode = Literal["Graceful", "Immediate", "timeout", "budget"]
 
 
 @dataclass(frozen=True)

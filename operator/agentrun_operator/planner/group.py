@@ -120,7 +120,7 @@ def _end_halted_pass(ctx: PlanContext, view: StepView) -> None:
         record.steps = {child.name: child.st.phase for child in children}
     _add_pass_usage(view, children)
     message = stop_message(ctx, view)
-    if view.loop is not None and view.iteration and ctx.stopping != "timeout":
+    if view.loop is not None and view.iteration and ctx.stopping in ("Graceful", "Immediate"):
         ran = sum(1 for child in children if child.st.phase not in ("Pending", "Skipped"))
         message = (
             f"cancelled ({ctx.stopping}) during iteration {view.iteration} after {ran} of "

@@ -200,10 +200,17 @@ class Observed:
     agents: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # VersionControlProviders by name (raw spec dicts; None when looked up and not found).
+    vcs_providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # The keys of the Secrets version control reads, by name (None: not found); None: not checked.
+    secret_keys: dict[str, frozenset[str] | None] | None = None
     # PVC claim names that exist in the namespace (None: not checked).
     pvc_names: frozenset[str] | None = None
     # Of those, the claims not bound to a volume yet, with their phase (e.g. {"ws": "Pending"}).
     pvc_unbound: dict[str, str] = field(default_factory=dict)
+    # Keys of the ConfigMaps and Secrets the run's Agent refers to (its systemPromptRef), by
+    # `ConfigMap/name` or `Secret/name`; None when looked up and not found, absent when not checked.
+    object_keys: dict[str, frozenset[str] | None] = field(default_factory=dict)
     # Writes of this reconcile the API server refused for good (the shell re-plans with them).
     refusals: tuple[Refusal, ...] = ()
 

@@ -32,6 +32,7 @@ from agentrun_operator.planner.compaction import compact, compact_history, fit_t
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
 from agentrun_operator.planner.observed import Observed
+from agentrun_operator.planner.reported import note_vcs
 from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
@@ -97,6 +98,7 @@ def _execute(ctx: PlanContext) -> None:
     align_step_statuses(ctx)
     resolution = resolve_references(ctx.run, ctx.observed)
     ctx.refs, ctx.ref_problems = resolution.refs, resolution.problems
+    note_vcs(ctx)
     ctx.stopping = stop_request(ctx)
     plan_top(ctx, step_views(ctx))
     judge_rest(ctx)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, LoopCondition, WorkflowStep, Workload
 from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
@@ -27,6 +27,12 @@ class References:
     agent: AgentSpec | None = None
     provider: AgentProviderSpec | None = None
     implementation_specs: Mapping[str, ImplementationSpecSpec] = field(default_factory=dict)
+    agent_name: str = ""
+    provider_name: str = ""
+    vcs_providers: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    """VersionControlProvider specs (manifest form) by name; None: looked up and not found."""
+    secret_keys: Mapping[str, frozenset[str] | None] | None = None
+    """The keys of each Secret the run's version control reads (None: not found); None: not checked."""
 
 
 def effective_steps(run: AgentRun) -> list[WorkflowStep]:
@@ -105,6 +111,6 @@ def step_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int:
 
 
 def step_retries(step: WorkflowStep, refs: References) -> int:
-    """Retries per iteration: the step's, else the Agent's default, else 0."""
+    """Retries per iteration: the step's, else the Agent's default (retries or retryLimit), else 0."""
     defaults = refs.agent.defaults if refs.agent is not None else None
-    return step.effective_retries(defaults.retries if defaults else None)
+    return step.effective_retries(defaults.effective_retries if defaults else None)

@@ -18,6 +18,11 @@ from agentrun_operator.planner.context import (
     clip,
 )
 from agentrun_operator.planner.gating import delete_strays, set_job_ttls
+from agentrun_operator.planner.goal import (
+    REASON_GOAL_BUDGET_EXHAUSTED,
+    goal_budget_message,
+    goal_budget_spent,
+)
 from agentrun_operator.planner.observed import Refusal
 from agentrun_operator.planner.state import StepView, all_views, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
@@ -91,10 +96,13 @@ def align_step_statuses(ctx: PlanContext) -> None:
 
 
 def stop_request(ctx: PlanContext) -> StopMode | None:
-    """Cancellation wins over the workflow timeout; the timeout asks for a requeue at its deadline."""
+    """Cancellation wins over the goal's token budget, which wins over the workflow timeout; the
+    timeout asks for a requeue at its deadline."""
     spec = ctx.run.spec
     if spec.cancel is not None:
         return spec.cancel
+    if goal_budget_spent(ctx) is not None:
+        return "budget"
     timeout = spec.workflow.timeout_seconds if spec.workflow is not None else 0
     started = ctx.status.started_at
     if timeout > 0 and started is not None:
@@ -119,6 +127,10 @@ def conclude(ctx: PlanContext, views: list[StepView] | None = None) -> None:
     if ctx.halted or any(s.st.phase == "Cancelled" for s in steps):
         if ctx.stopping == "timeout":
             finish_run(ctx, "Failed", REASON_TIMED_OUT, _timeout_message(ctx))
+        elif ctx.stopping == "budget":
+            message = goal_budget_message(ctx)
+            set_condition(ctx, REASON_GOAL_BUDGET_EXHAUSTED, "True", REASON_GOAL_BUDGET_EXHAUSTED, message)
+            finish_run(ctx, "Failed", REASON_GOAL_BUDGET_EXHAUSTED, message)
         else:
             finish_run(ctx, "Cancelled", REASON_CANCELLED, f"cancelled ({ctx.run.spec.cancel or 'Graceful'})")
         return
@@ -234,5 +246,7 @@ def plan_finished_run(ctx: PlanContext) -> None:
 def stop_message(ctx: PlanContext, step: StepView) -> str:
     if ctx.stopping == "timeout":
         return f"{_timeout_message(ctx)}; no further iteration or attempt was started"
+    if ctx.stopping == "budget":
+        return f"{goal_budget_message(ctx)}; no further iteration or attempt was started"
     done = f" after iteration {step.iteration}" if step.loop is not None and step.iteration else ""
     return f"cancelled ({ctx.stopping}){done}; no further iteration or attempt was started"

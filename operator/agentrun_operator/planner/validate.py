@@ -32,8 +32,10 @@ from agentrun_operator.api.resources import (
     ImplementationSpec,
     ImplementationSpecSpec,
 )
+from agentrun_operator.api.vcs import VersionControlProvider
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
+from agentrun_operator.planner import compat
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.problem import REASON_INVALID_SPEC as REASON_INVALID_SPEC
 from agentrun_operator.planner.problem import Problem as Problem
@@ -42,6 +44,7 @@ from agentrun_operator.planner.problem import concepts as _concepts
 from agentrun_operator.planner.problem import format_value as format_value
 from agentrun_operator.planner.resolution import References, effective_workload, implementation_spec_refs
 from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.planner.validate_flow import flow_problems
 
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
@@ -298,7 +301,16 @@ def resolve_references(run: AgentRun, observed: Observed) -> ReferenceResolution
             p.missing == problem.missing and p.path == path for p in problems
         ):
             problems.append(problem)
-    return ReferenceResolution(References(agent, provider, impl_specs), tuple(problems))
+    refs = References(
+        agent,
+        provider,
+        impl_specs,
+        agent_name=run.spec.agent_ref.name if run.spec.agent_ref is not None else "",
+        provider_name=agent.provider_ref.name if agent is not None and agent.provider_ref is not None else "",
+        vcs_providers=observed.vcs_providers,
+        secret_keys=observed.secret_keys,
+    )
+    return ReferenceResolution(refs, tuple(problems))
 
 
 def _via_agent(problem: Problem, agent_name: str) -> Problem:
@@ -329,6 +341,7 @@ def _spec_problems(
         problems.extend(_loop_problems(run, view, config))
     problems.extend(_volume_problems(run, observed))
     problems.extend(flow_problems(run))
+    problems.extend(compat.static_problems(run))
     return problems
 
 
@@ -340,7 +353,11 @@ def validate_run(run: AgentRun, observed: Observed, config: OperatorConfig) -> l
     `missing` set; the planner gives those a grace period before calling the run invalid).
     """
     problems = _spec_problems(run, observed, config, check_flag=True)
-    problems.extend(resolve_references(run, observed).problems)
+    resolution = resolve_references(run, observed)
+    problems.extend(resolution.problems)
+    if not resolution.problems:
+        problems.extend(compat.reference_problems(run, resolution.refs, observed))
+    problems.extend(compat_problems(run, resolution.refs))
     return problems
 
 
@@ -354,12 +371,14 @@ _KIND_MODELS: Final[dict[str, type[BaseModel]]] = {
     "Agent": Agent,
     "AgentProvider": AgentProvider,
     "ImplementationSpec": ImplementationSpec,
+    "VersionControlProvider": VersionControlProvider,
 }
 
 
 def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Problem]:
     """Offline validation of one manifest of any of our kinds (AgentRun, Agent, AgentProvider,
-    ImplementationSpec). Parse errors become problems with their field path; references are skipped.
+    ImplementationSpec, VersionControlProvider). Parse errors become problems with their field path;
+    references are skipped.
     """
     kind = obj.get("kind")
     model = _KIND_MODELS.get(kind) if isinstance(kind, str) else None
@@ -380,6 +399,8 @@ def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Probl
         return [_problem_from_error(item, docs) for item in err.errors()]
     if isinstance(parsed, AgentRun):
         return validate_static(parsed, config)
+    if isinstance(parsed, AgentProvider):
+        return list(compat.provider_problems(parsed.spec))
     return []
 
 

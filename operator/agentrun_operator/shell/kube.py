@@ -401,6 +401,19 @@ class Kube:
                 return False, existing
         raise KubeError(status, body, f"create job {manifest['metadata']['name']}")
 
+    async def create_config_map(self, manifest: dict[str, Any]) -> bool:
+        """Create a ConfigMap; True when created, False when one of that name exists (adopted as it
+        is: the names the operator gives are hashes of the data, docs/api.md#runner-contract)."""
+        ns = manifest["metadata"]["namespace"]
+        status, body = await self.request(
+            "POST", f"/api/v1/namespaces/{ns}/configmaps", body=manifest, whole=False
+        )
+        if status in (200, 201):
+            return True
+        if status == 409:
+            return False
+        raise KubeError(status, body, f"create configmap {manifest['metadata']['name']}")
+
     async def delete_job(self, namespace: str, name: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
@@ -429,6 +442,18 @@ class Kube:
         if status != 200:
             raise KubeError(status, body, f"get persistentvolumeclaim {name}")
         return body
+
+    # -- ConfigMaps and Secrets (read only: the keys a system prompt reference names) -------------
+    async def get_data_keys(self, namespace: str, kind: str, name: str) -> frozenset[str] | None:
+        """The keys of a ConfigMap or Secret (`data` and `binaryData`); None when it does not exist.
+        Only the key names leave this method, never a value."""
+        plural = "secrets" if kind == "Secret" else "configmaps"
+        status, body = await self.request("GET", f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(status, body, f"get {kind.lower()} {name}")
+        return frozenset([*(body.get("data") or {}), *(body.get("binaryData") or {})])
 
     # -- Leases (idempotency claims) -----------------------------------------------------------
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

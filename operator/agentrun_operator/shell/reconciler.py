@@ -29,6 +29,7 @@ from agentrun_operator.api import (
     parse_agentrun,
 )
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.jobs import vcs
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.actions import (
     Action,
@@ -293,6 +294,8 @@ class Reconciler:
                 found = {n: claim_phase(c) for n, c in zip(names, claims, strict=True) if c is not None}
                 pvc_names = frozenset(found)
                 pvc_unbound = {n: str(phase) for n, phase in found.items() if phase != "Bound"}
+        object_keys = await self._object_keys(ns, agents) if starting else {}
+        vcs_providers, secret_keys = await self._observe_vcs(ns, run, agents, impls, starting)
         return Observed(
             jobs=observed.jobs,
             pods=observed.pods,
@@ -303,7 +306,59 @@ class Reconciler:
             implementation_specs=impls,
             pvc_names=pvc_names,
             pvc_unbound=pvc_unbound,
+            vcs_providers=vcs_providers,
+            secret_keys=secret_keys,
+            object_keys=object_keys,
         )
+
+    async def _observe_vcs(
+        self,
+        ns: str,
+        run: AgentRun,
+        agents: dict[str, dict[str, Any] | None],
+        impls: dict[str, dict[str, Any] | None],
+        starting: bool,
+    ) -> tuple[dict[str, dict[str, Any] | None], dict[str, frozenset[str] | None] | None]:
+        """The VersionControlProviders the run may use (read with a GET: docs/api.md#version-control),
+        and, before the first Job, the keys of their credential Secrets (never the values)."""
+        spec = run.spec.to_dict()
+        inline = [(spec.get("implementation") or {}).get("inline") or {}]
+        agent = next(iter(agents.values()), None)
+        names = vcs.referenced_names(spec, [*inline, *(i for i in impls.values() if i)], agent)
+        providers: dict[str, dict[str, Any] | None] = {}
+        for vcs_name in names:
+            obj = await self.kube.get_custom(ns, "versioncontrolproviders", vcs_name)
+            providers[vcs_name] = dict(obj.get("spec") or {}) if obj is not None else None
+        secrets = sorted({s for p in providers.values() if p for s in [vcs.credential_secret(p)] if s})
+        if not starting or not secrets:
+            return providers, None
+        try:
+            keys = await asyncio.gather(*(self.kube.get_data_keys(ns, "Secret", s) for s in secrets))
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            log.warning("cannot read Secrets (grant get on them): %s", exc)
+            return providers, None
+        return providers, dict(zip(secrets, keys, strict=True))
+
+    async def _object_keys(
+        self, ns: str, agents: dict[str, dict[str, Any] | None]
+    ) -> dict[str, frozenset[str] | None]:
+        """The keys of the ConfigMap or Secret an Agent's systemPromptRef names, before the first Job
+        (a missing object or key is InvalidSpec, docs/api.md#system-prompt); unchecked without RBAC."""
+        found: dict[str, frozenset[str] | None] = {}
+        for agent in agents.values():
+            ref = ((agent or {}).get("defaults") or {}).get("systemPromptRef") or {}
+            kind, name = ref.get("kind"), ref.get("name")
+            if kind not in ("Secret", "ConfigMap") or not name or f"{kind}/{name}" in found:
+                continue
+            try:
+                found[f"{kind}/{name}"] = await self.kube.get_data_keys(ns, kind, name)
+            except KubeError as exc:
+                if exc.status != 403:
+                    raise
+                log.warning("cannot read %s %s (grant get on them): %s", kind, name, exc)
+        return found
 
     async def reconcile(self, namespace: str, name: str) -> ReconcileResult:
         """One reconcile, timed whichever way it ends (agentrun_reconcile_duration_seconds)."""
@@ -380,6 +435,8 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, CreateJob):
                 try:
+                    for companion in action.companions:
+                        await self.kube.create_config_map(companion)
                     with self.cache.jobs.writing(namespace, action.name):
                         created, job = await self.kube.create_job(action.manifest)
                 except KubeError as exc:

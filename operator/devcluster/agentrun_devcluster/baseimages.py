@@ -4,7 +4,9 @@
   python3 (3.11), pip, venv and `python` (python-is-python3); the Dockerfile's
   `--build-arg PYTHON_IMAGE=` takes it in place of the pinned python:3.11-slim-bookworm.
 - `busybox:1.36`: Debian's `busybox-static` with its applet links, so the examples' `busybox:1.36`
-  runs in the docker runtime unchanged. (Debian bookworm ships busybox 1.35; the tag is the one the
+  runs in the docker runtime unchanged.
+- `agentrun-local/git:bookworm`: Debian bookworm (minbase) with git, the image of
+  examples/git-loop.yaml. (Debian bookworm ships busybox 1.35; the tag is the one the
   examples name.) An existing `busybox:1.36` (e.g. pulled from a registry) is never replaced.
 
 Packages come from the host's configured Debian mirror. The Python base also trusts the host's own
@@ -32,6 +34,8 @@ PYTHON_BASE = "agentrun-local/python:3.11-bookworm"
 BUSYBOX = "busybox:1.36"
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+GIT_IMAGE = "agentrun-local/git:bookworm"
+GIT_PACKAGES = ("git", "ca-certificates")
 PYTHON_PACKAGES = ("python3", "python3-pip", "python3-venv", "python-is-python3", "ca-certificates")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RECIPE_VERSION = 1
@@ -172,6 +176,53 @@ def ensure_python_base(progress: Progress | None = None) -> str:
             [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["python3"]'],
         )
     return PYTHON_BASE
+
+
+def git_recipe(mirror: str) -> str:
+    """The hash that names the git image's recipe (suite, mirror, packages, version)."""
+    doc = {"v": RECIPE_VERSION, "suite": SUITE, "mirror": mirror, "packages": GIT_PACKAGES}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ensure_git_image(progress: Progress | None = None) -> str:
+    """`agentrun-local/git:bookworm`: Debian bookworm (minbase) with git, for examples/git-loop.yaml
+    on a real node (built once per recipe, like the Python base); returns its tag."""
+    say = progress or (lambda _m: None)
+    engine.ensure_engine(say)
+    mirror = host_mirror()
+    recipe_tag = f"{GIT_IMAGE}-{git_recipe(mirror)}"
+    if engine.image_exists(recipe_tag):
+        if not engine.image_exists(GIT_IMAGE):
+            _run([engine.docker_cli(), "tag", recipe_tag, GIT_IMAGE], f"docker tag {GIT_IMAGE}")
+        say(f"base {GIT_IMAGE}: cached ({recipe_tag})")
+        return GIT_IMAGE
+    _need_root(GIT_IMAGE)
+    if shutil.which("debootstrap") is None:
+        engine.apt_install(["debootstrap"], f"making {GIT_IMAGE}", say)
+    with tempfile.TemporaryDirectory(prefix="agentrun-git-", dir=engine.state_dir()) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        say(f"base {GIT_IMAGE}: debootstrap {SUITE} from {mirror} (a few minutes)")
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(GIT_PACKAGES)}",
+                SUITE,
+                str(rootfs),
+                mirror,
+            ],
+            f"debootstrap {SUITE} from {mirror}",
+        )
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (rootfs / junk).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        shutil.rmtree(rootfs / "debootstrap", ignore_errors=True)
+        say(f"base {GIT_IMAGE}: docker import")
+        _import(
+            rootfs, [recipe_tag, GIT_IMAGE], [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["sh"]']
+        )
+    return GIT_IMAGE
 
 
 def busybox_rootfs(rootfs: Path, applets: Iterable[str]) -> None:

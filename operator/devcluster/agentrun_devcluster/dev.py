@@ -283,7 +283,7 @@ def up(operator: bool = True, runtime: str | None = None) -> int:
 def node_images() -> list[str]:
     """The images a real node needs (no registry): busybox for the examples and the operator image
     for the reporter, built with the local Docker engine (cached), then imported into containerd."""
-    from agentrun_devcluster import imagebuild
+    from agentrun_devcluster import baseimages, imagebuild
     from agentrun_devcluster.baseimages import BUSYBOX
     from agentrun_devcluster.dockerengine import EngineUnavailable
     from agentrun_devcluster.node.host import NodeUnavailable
@@ -294,7 +294,12 @@ def node_images() -> list[str]:
         raise NodeUnavailable(
             f"--runtime kubelet needs the operator image and busybox:1.36, made with a Docker engine: {exc}"
         ) from None
-    return [BUSYBOX, built.tag]
+    images = [BUSYBOX, built.tag]
+    try:  # only examples/git-loop.yaml needs it: a node without it still comes up
+        images.append(baseimages.ensure_git_image(_say))
+    except EngineUnavailable as exc:
+        _say(f"warning: no {baseimages.GIT_IMAGE} (examples/git-loop.yaml needs it): {exc}")
+    return images
 
 
 def _up_real_node(plane: ControlPlane, images: list[str], operator: bool, server: str | None) -> int:
@@ -469,11 +474,13 @@ def engine(stop: bool = False) -> int:
 
 
 def base_images() -> int:
-    """`agentrun dev base-images`: the local Python base and busybox:1.36 from Debian packages."""
+    """`agentrun dev base-images`: the local Python base, busybox:1.36 and the git image from Debian
+    packages."""
     from agentrun_devcluster import baseimages
 
     print(baseimages.ensure_python_base(_say))
     print(baseimages.ensure_busybox(_say))
+    print(baseimages.ensure_git_image(_say))
     return 0
 
 

@@ -67,7 +67,7 @@ FIXED_EXPECTED: dict[str, Any] = {
             "steps": [
                 {
                     "name": "implement",
-                    "retryBackoffSeconds": 10,
+                    "retryBackoffSeconds": 0,
                     "loop": {
                         "maxIterations": 3,
                         "onMaxIterations": "Succeed",
@@ -102,7 +102,7 @@ CONDITIONAL_EXPECTED: dict[str, Any] = {
                 {
                     "name": "implement",
                     "implementationSpecRef": {"name": "torghut-impl"},
-                    "retryBackoffSeconds": 10,
+                    "retryBackoffSeconds": 0,
                     "loop": {
                         "maxIterations": 8,
                         "condition": {
@@ -161,7 +161,7 @@ def test_defaults_of_a_minimal_loop() -> None:
     assert spec.runtime.type == "workflow"
     assert spec.workflow is not None
     step = spec.workflow.steps[0]
-    assert step.retry_backoff_seconds == 10
+    assert step.retry_backoff_seconds == 0
     assert step.retries is None and step.effective_retries() == 0 and step.effective_retries(3) == 3
     assert step.timeout_seconds is None and step.effective_timeout_seconds() == 0
     assert step.effective_timeout_seconds(600) == 600

@@ -283,6 +283,9 @@ def test_acceptance_criteria_reach_the_pod_as_a_json_list() -> None:
         "workflow": {"steps": [{"name": "work", "implementation": {"inline": {"text": "inline"}}}]},
     }
     assert env(build(step_inline, refs=refs))["AGENTRUN_ACCEPTANCE_CRITERIA"] == "[]"
+    # An inline task's own criteria (the original API's inline fields).
+    step_inline["workflow"]["steps"][0]["implementation"]["inline"]["acceptanceCriteria"] = ["inline check"]
+    assert json.loads(env(build(step_inline, refs=refs))["AGENTRUN_ACCEPTANCE_CRITERIA"]) == ["inline check"]
     step_bare = {
         "workload": {"image": "img"},
         "implementationSpecRef": {"name": "run-task"},

@@ -107,7 +107,7 @@ def test_a_pod_evicted_after_it_reported_keeps_its_recorded_result() -> None:
 
 
 def test_a_pod_evicted_before_its_report_is_a_lost_pod_retried() -> None:
-    world, first = looping(retries=1)
+    world, first = looping(retries=1, retryBackoffSeconds=10)
     set_pod(
         world,
         first,

@@ -120,6 +120,8 @@ class PlannerWorld:
     implementation_specs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pvc_names: frozenset[str] | None = None
     pvc_unbound: dict[str, str] = field(default_factory=dict)
+    object_keys: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    vcs_providers: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     claim: IdempotencyClaim | None = None
     claim_checked: bool = True
     events: list[EmitEvent] = field(default_factory=list)
@@ -152,6 +154,8 @@ class PlannerWorld:
             implementation_specs=self.implementation_specs,
             pvc_names=self.pvc_names,
             pvc_unbound=self.pvc_unbound,
+            object_keys=self.object_keys,
+            vcs_providers=self.vcs_providers,
         )
 
     def plan(self, *, persist: bool = True, apply: bool = True) -> Plan:

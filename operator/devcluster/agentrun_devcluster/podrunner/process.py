@@ -275,8 +275,7 @@ def place_mounts(
     expand: dict[str, list[HostEntry]] = {}
     placed: dict[str, str] = {"/tmp": "/tmp", "/dev": "/dev"}
 
-    def place(bind: Bind, is_file: bool) -> Bind:
-        what = "terminationMessagePath" if is_file else "mountPath"
+    def place(bind: Bind, is_file: bool, what: str = "mountPath") -> Bind:
         problem = S.mount_target_problem(bind.target)
         if problem:
             raise S.StartError(f"bad {what} {bind.target!r}: {problem}")
@@ -306,6 +305,9 @@ def place_mounts(
             expand.setdefault(directory, host_root_entries(directory))
         return replace(bind, target=canonical)
 
-    placed_binds = [place(b, False) for b in sorted(binds, key=lambda b: b.target.count("/"))]
-    placed_files = [place(f, True) for f in files]
+    # A volume's mount point is a directory; a subPath that is a file (a key of a configMap or
+    # secret volume) is mounted on a file, as the kubelet does.
+    ordered = sorted(binds, key=lambda b: b.target.count("/"))
+    placed_binds = [place(b, os.path.isfile(b.source)) for b in ordered]
+    placed_files = [place(f, True, "terminationMessagePath") for f in files]
     return placed_binds, placed_files, sorted(expand.items())

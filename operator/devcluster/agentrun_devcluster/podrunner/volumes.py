@@ -193,7 +193,8 @@ def source_files(
 def binds(
     container: Mapping[str, Any], volumes: Mapping[str, S.Volume], dirs: Mapping[str, Path]
 ) -> list[Bind]:
-    """A container's `volumeMounts` as bind mounts (a subPath made if missing, as the kubelet does)."""
+    """A container's `volumeMounts` as bind mounts (a subPath made, as a directory, if missing, as the
+    kubelet does; one that is a file, e.g. a key of a configMap volume, is bound as that file)."""
     out = []
     for mount in container.get("volumeMounts") or []:
         source = dirs[str(mount["name"])]
@@ -202,7 +203,8 @@ def binds(
             if S.normalise_mount_path("/" + sub) is None or sub.startswith("/"):
                 raise S.StartError(f"subPath {sub!r} must be a relative path without '..'")
             source = source / sub
-            source.mkdir(parents=True, exist_ok=True)
+            if not source.exists():  # a file of a configMap or secret volume is bound as it is
+                source.mkdir(parents=True, exist_ok=True)
         volume = volumes[str(mount["name"])]
         read_only = (
             bool(mount.get("readOnly"))
