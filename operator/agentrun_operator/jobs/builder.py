@@ -49,7 +49,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
-from agentrun_operator.planner.resolution import (
+from agentrun_operator.resolution import (
     References,
     control_path,
     effective_parameters,

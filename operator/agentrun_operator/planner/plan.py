@@ -32,7 +32,6 @@ from agentrun_operator.planner.compaction import compact, compact_history, fit_t
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanContext, working_copy
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
 from agentrun_operator.planner.observed import Observed
-from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
     conclude,
@@ -44,6 +43,7 @@ from agentrun_operator.planner.run import (
 from agentrun_operator.planner.state import all_views, step_views
 from agentrun_operator.planner.validate import resolve_references
 from agentrun_operator.planner.walk import plan_top
+from agentrun_operator.resolution import effective_steps
 
 __all__ = ["Plan", "compact_history", "plan", "result_recorded"]
 

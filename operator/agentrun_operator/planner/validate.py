@@ -40,9 +40,9 @@ from agentrun_operator.planner.problem import Problem as Problem
 from agentrun_operator.planner.problem import api as _api
 from agentrun_operator.planner.problem import concepts as _concepts
 from agentrun_operator.planner.problem import format_value as format_value
-from agentrun_operator.planner.resolution import References, effective_workload, implementation_spec_refs
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.planner.validate_flow import flow_problems
+from agentrun_operator.resolution import References, effective_workload, implementation_spec_refs
 
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 
