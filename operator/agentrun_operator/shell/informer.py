@@ -1,13 +1,13 @@
 """A small informer: LIST, then WATCH from the list's resourceVersion, into the watch cache.
 
-AgentRuns, Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration
-causes some five pod events (created, bound, started, finished, its Job's finalizer removed), about
-as many Job events (created, started, ready, completed, TTL set) and the echo of its status write,
-and in the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its
-logging — cost more than everything the operator does with them. Here an event costs at most one
-JSON decode of what is read (`decode`) and one cache update, and the echo of an object the cache
-already holds at that version (our own write, written through) is not decoded at all (`head`); the
-run is enqueued only when what its planner sees changed.
+Jobs and Pods are watched without kopf (docs/design.md#handlers): an iteration causes some five pod
+events (created, bound, started, finished, its Job's finalizer removed) and about as many Job events
+(created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery — a
+worker per object, handler bookkeeping, its logging — cost more than everything the operator does
+with them. AgentRuns, about one event an iteration, come through kopf (shell/handlers.py).
+Here an event costs at most one JSON decode of what is read (`decode`) and one cache update, and
+the echo of an object the cache already holds at that version (our own write, written through) is
+not decoded at all (`head`); the run is enqueued only when what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
@@ -29,7 +29,7 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
-from agentrun_operator.shell.kube import Kube, KubeError, decode_json, decode_object_json
+from agentrun_operator.shell.kube import Kube, KubeError, decode_object_json
 
 log = logging.getLogger("agentrun.informer")
 
@@ -59,33 +59,6 @@ def builtin_head(line: bytes) -> Identity | None:
         return None
     name, namespace, uid, version = match.groups()
     return namespace.decode(), name.decode(), uid.decode(), int(version)
-
-
-_SPEC_AFTER_METADATA = b'},"spec":{'
-
-
-def custom_head(line: bytes) -> Identity | None:
-    """The identity of a custom object's ADDED/MODIFIED event, from its metadata alone.
-
-    A custom resource is written from a map, keys in sorted order: apiVersion, kind, metadata,
-    spec, status. Only the text up to the end of metadata is decoded: `},"spec":{` first closes it
-    (a `"` inside a string is always escaped, so the sequence is markup; metadata holds no key
-    `spec` whose value is an object)."""
-    end = line.find(_SPEC_AFTER_METADATA)
-    if end < 0 or not line.startswith(b'{"type":"'):
-        return None
-    try:
-        event = decode_json(line[: end + 1] + b"}}")
-    except ValueError:
-        return None
-    obj = (event.get("object") or {}) if isinstance(event, dict) else {}
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if event.get("type") not in ("ADDED", "MODIFIED") or not isinstance(meta, dict):
-        return None
-    version = resource_version(obj)
-    if version is None:
-        return None
-    return str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""), version
 
 
 class Informer:

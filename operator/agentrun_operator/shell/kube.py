@@ -328,10 +328,6 @@ class Kube:
             raise KubeError(status, body, f"get {plural}/{name}")
         return body
 
-    async def list_custom(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        path = self._custom(namespace, plural) if namespace else f"/apis/{GROUP}/{VERSION}/{plural}"
-        return list((await self._ok("GET", path, f"list {plural}")).get("items", []))
-
     async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
         """PUT the status subresource; the object's resourceVersion makes it optimistic (409 on race)."""
         meta = run["metadata"]
@@ -345,16 +341,6 @@ class Kube:
             raise KubeError(status, resp, f"delete agentrun {name}")
 
     # -- Jobs & Pods ---------------------------------------------------------------------------
-    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
-        body = await self._ok("GET", path, "list jobs", query={"labelSelector": selector})
-        return list(body.get("items", []))
-
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        path = f"/api/v1/namespaces/{namespace}/pods"
-        body = await self._ok("GET", path, "list pods", query={"labelSelector": selector})
-        return list(body.get("items", []))
-
     async def list_with_version(
         self,
         prefix: str,

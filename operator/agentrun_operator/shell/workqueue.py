@@ -112,9 +112,6 @@ class WorkQueue:
 
         self._timers[key] = (deadline, loop.call_at(deadline, fire))
 
-    def idle(self) -> bool:
-        return not self._queued and not self._active
-
     async def _work(self) -> None:
         if self._ready is not None:
             await self._ready.wait()
