@@ -25,7 +25,7 @@ from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
-from agentrun_operator.shell import metrics
+from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache, Store, relist
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Informer, builtin_head
@@ -228,6 +228,16 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         """AgentRuns reach the reconciler through kopf: its watch (paused with its peering), our
         cache and work queue. kopf writes nothing for an event handler (no finalizer, no progress)."""
         state.agentrun_event(event)
+
+    @kopf.on.probe(id="operator", registry=registry, errors=kopf.ErrorsMode.PERMANENT)
+    async def probe(**_: Any) -> dict[str, int]:
+        """`/healthz` fails (500) when an informer stopped receiving or the work queue stopped
+        draining (shell/health.py); else it reports the cache's sizes."""
+        found = health.problems(state.informers, state.queue, time.monotonic())
+        if found:
+            log.error("unhealthy: %s", "; ".join(found))
+            raise kopf.PermanentError("; ".join(found))
+        return state.cache.sizes()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

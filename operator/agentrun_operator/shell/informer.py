@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -99,9 +100,18 @@ class Informer:
         # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
         self._resume: dict[str | None, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._received_at = time.monotonic()  # the last LIST, watch response or event
         cache.add_gate(self.gate)
 
+    def silent_for(self, now: float) -> float | None:
+        """Seconds since the API server last answered this informer; None once a task of it has
+        died (shell/health.py)."""
+        if any(task.done() for task in self._tasks):
+            return None
+        return max(now - self._received_at, 0.0)
+
     def start(self) -> None:
+        self._received_at = time.monotonic()
         for scope in self.scopes:
             self._tasks.append(asyncio.create_task(self._run(scope), name=f"informer-{self.plural}-{scope}"))
 
@@ -137,6 +147,7 @@ class Informer:
 
     async def _list(self, scope: str | None) -> int | None:
         items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
+        self._received_at = time.monotonic()
         for key in self.store.relist(items, version, {scope} if scope else None):
             self.on_change(key)
         self._mark_listed(scope)
@@ -168,10 +179,12 @@ class Informer:
             if raw.status != 200:
                 self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
+            self._received_at = time.monotonic()
             # One event per line. Lines are split here from whatever arrived, not read with
             # `readline`, whose per-line bookkeeping cost more than a third of a small event's decoding.
             rest = b""
             async for chunk in raw.content.iter_any():
+                self._received_at = time.monotonic()
                 lines = (rest + chunk if rest else chunk).split(b"\n")
                 rest = lines.pop()
                 for line in lines:
