@@ -1,12 +1,13 @@
-"""kopf wiring: kopf runs the operator; AgentRuns, Jobs, Pods and the rest come through our informers.
+"""kopf wiring: kopf runs the operator and delivers AgentRuns; Jobs, Pods and the rest come through our
+informers.
 
-kopf is the framework: login, startup and cleanup, peering keep-alives, liveness. It has no resource
-handlers, so it never writes to our objects (no finalizers, no progress annotations) and never
-processes a watch event of ours: the reconciler is the one writer of status, and the informers
-(shell/informer.py) fill the cache (docs/operator.md#cache) and enqueue a run only when what its
-planner can see changed (level-triggered); a periodic resync relists everything, catching whatever a
-watch may have missed. With `--peering`, kopf's peering pauses a standby, and the work queue with
-it (shell/peering.py). Settings are documented in docs/operator.md#reconcile.
+kopf is the framework: login, startup and cleanup, peering, liveness and its probes. Its one
+resource handler is an event handler for AgentRuns (`agentrun_event`), so it never writes to our
+objects (no finalizers, no progress annotations): the reconciler is the one writer of status. The
+handler and the informers (shell/informer.py) fill the cache (docs/operator.md#cache) and enqueue a
+run only when what its planner can see changed (level-triggered); a periodic resync relists
+everything, catching whatever a watch may have missed. With `--peering`, kopf's peering pauses a
+standby, and the work queue with it (shell/peering.py). Settings: docs/operator.md#reconcile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -131,13 +132,30 @@ class OperatorState:
             await self.events.flush_due(self.cache.run_namespaces_by_uid())
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, not kept: it serves change handlers (`on.create`/`on.update`), and the operator
+    has only an event handler. kopf's default builds it anew for every event, a deep copy of the whole
+    AgentRun (its status included) and a diff: the larger part of kopf's cost per event
+    (docs/design.md#handlers). Nothing is read, built or written."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 API_ERROR_BACKOFFS: tuple[float, ...] = (1, 2, 4, 8, 15, *(30,) * 18)
-"""kopf's delays between attempts of one API request that failed with a 5xx, a timeout or a refused
-connection (then it gives up, and a watch that gives up stops the operator). kopf's default (about
-a minute in all) is shorter than an API server takes to come back on a loaded machine: after a
-restart it answers 503 ("before all known HTTP paths have been installed") until its CRD paths are
-served. These wait up to 30 s apart, about 10 minutes in all, longer than `agentrun dev up` waits
-for an API server to start (300 s)."""
+"""kopf's delays between attempts of one of kopf's own API requests (its AgentRun and peering watches,
+its keep-alives; not the operator's informers or writes) that failed with a 5xx, a timeout or a
+refused connection (then it gives up, and a watch of kopf's that gives up stops the operator).
+kopf's default (about a minute in all) is shorter than an API server takes to come back on a
+loaded machine: after a restart it answers 503 ("before all known HTTP paths have been installed")
+until its CRD paths are served. These wait up to 30 s apart, about 10 minutes in all, longer than
+`agentrun dev up` waits for an API server to start (300 s)."""
 
 
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
@@ -164,6 +182,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # not have; namespaced RBAC refuses that, and nothing of ours needs it.
         settings.scanning.disabled = True
         settings.posting.level = logging.WARNING  # kopf's own Events only for its problems
+        settings.persistence.diffbase_storage = NoDiffBase()
         # Not a line per AgentRun event ("Handler ... succeeded"): kopf's warnings and errors only.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         state.kube = await Kube.connect(state.kubeconfig)
