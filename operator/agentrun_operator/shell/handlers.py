@@ -28,9 +28,10 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.codec import builtin_head, decode_job_event, decode_pod_event
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.informer import Informer, builtin_head
-from agentrun_operator.shell.kube import Kube, decode_job_event, decode_pod_event, in_cluster_server
+from agentrun_operator.shell.informer import Informer
+from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.peering import KopfPause
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue

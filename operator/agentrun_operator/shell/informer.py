@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,8 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
-from agentrun_operator.shell.kube import Kube, KubeError, decode_object_json
+from agentrun_operator.shell.codec import Head, decode_object_json
+from agentrun_operator.shell.kube import Kube, KubeError
 
 log = logging.getLogger("agentrun.informer")
 
@@ -38,28 +38,6 @@ WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
 SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
-
-Identity = tuple[str, str, str, int]  # namespace, name, uid, resourceVersion
-Head = Callable[[bytes], Identity | None]
-
-_BUILTIN_HEAD = re.compile(
-    rb'\{"type":"(?:ADDED|MODIFIED)","object":\{"kind":"[^"\\]*","apiVersion":"[^"\\]*",'
-    rb'"metadata":\{"name":"([^"\\]*)",(?:"generateName":"[^"\\]*",)?"namespace":"([^"\\]*)",'
-    rb'"uid":"([^"\\]*)","resourceVersion":"(\d+)"'
-)
-
-
-def builtin_head(line: bytes) -> Identity | None:
-    """The identity of a built-in object's ADDED/MODIFIED event, read from the start of its text.
-
-    kube-apiserver writes built-in kinds (Jobs, Pods) from Go structs, so their fields come in a
-    fixed order: kind, apiVersion, then metadata's name, generateName, namespace, uid,
-    resourceVersion. Text of any other shape gives None (the event is decoded as usual)."""
-    match = _BUILTIN_HEAD.match(line)
-    if match is None:
-        return None
-    name, namespace, uid, version = match.groups()
-    return namespace.decode(), name.decode(), uid.decode(), int(version)
 
 
 class Informer:

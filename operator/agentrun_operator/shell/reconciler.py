@@ -48,8 +48,9 @@ from agentrun_operator.planner.plan import plan
 from agentrun_operator.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
+from agentrun_operator.shell.codec import encode_json
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.kube import Kube, KubeError, encode_json
+from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
 
 log = logging.getLogger("agentrun.reconciler")

@@ -13,7 +13,7 @@ from hypothesis import event as event_label
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun_operator.shell.kube import (
+from agentrun_operator.shell.codec import (
     decode_job_event,
     decode_json,
     decode_object_json,

@@ -10,8 +10,9 @@ import pytest
 
 from agentrun_operator import naming
 from agentrun_operator.shell.cache import RunCache
-from agentrun_operator.shell.informer import Informer, builtin_head
-from agentrun_operator.shell.kube import Kube, decode_object_json
+from agentrun_operator.shell.codec import builtin_head, decode_object_json
+from agentrun_operator.shell.informer import Informer
+from agentrun_operator.shell.kube import Kube
 
 
 def _line(event: dict[str, Any]) -> bytes:
