@@ -190,6 +190,13 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     peerings = [d for d in docs if d["kind"] == "KopfPeering"]
     assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(WATCHED)
+    # The peering object is named for the release (never kopf's shared `default`), and the operator
+    # is told that name.
+    assert {p["metadata"]["name"] for p in peerings} == {deployment["metadata"]["name"]}
+    assert f"--peering-name={deployment['metadata']['name']}" in container["args"]
+    named = {"replicas": 2, "peering": {"name": "ours"}}
+    named_docs = helm.render(named)
+    assert {d["metadata"]["name"] for d in named_docs if d["kind"].endswith("KopfPeering")} == {"ours"}
     assert not [d for d in docs if d["kind"].startswith("Cluster")], "namespaced install is not namespaced"
     # A single replica without peering must never run beside its successor.
     single = next(d for d in helm.render({}) if d["kind"] == "Deployment")
