@@ -102,7 +102,9 @@ async def test_standby_until_kopf_reads_the_peering_object_then_serves_without_a
 
 
 @in_loop
-async def test_an_unparseable_entry_changes_nothing_so_a_standby_never_starts_serving() -> None:
+async def test_an_unparseable_entry_fails_kopfs_decision_and_never_starts_a_standby() -> None:
+    """kopf's decision raises and turns no toggle (kopf then stops the whole operator, which
+    tests/integration/test_chart.py shows): a standby never starts serving on it."""
     (kopf_,), pause = await _kopf()
     try:
         for garbage in ({"priority": "high"}, "not a mapping", {"lifetime": "long"}, {"lastseen": "x"}):
