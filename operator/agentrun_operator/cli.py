@@ -110,6 +110,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             log_format=args.log_format,
             workers=args.workers,
             standalone=not args.peering,
+            peering_name=args.peering_name,
         )
     except ConfigError as exc:
         print(f"agentrun operator: invalid configuration: {exc}", file=sys.stderr)
@@ -225,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--log-format", choices=["json", "text"], default="json")
     op.add_argument("--workers", type=int, default=32, help="concurrent reconciles (one per run at a time)")
     op.add_argument("--peering", action="store_true", help="use kopf peering (hot standby replicas)")
+    op.add_argument(
+        "--peering-name",
+        default="agentrun-operator",
+        help="the kopf peering object of this operator's replicas (with --peering)",
+    )
     op.set_defaults(func=_cmd_operator)
 
     rep = sub.add_parser("reporter", help="the in-pod reporter of the loop-control file", add_help=False)

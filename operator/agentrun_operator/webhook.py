@@ -21,8 +21,8 @@ from typing import Any, Final, Literal
 
 from agentrun_operator.api import API_VERSION, GROUP, VERSION
 from agentrun_operator.config import PREFIXES, ConfigError, OperatorConfig
-from agentrun_operator.planner.problem import Problem
 from agentrun_operator.planner.validate import REASON_LOOPS_DISABLED, validate_manifest
+from agentrun_operator.problem import Problem
 
 KINDS: Final[dict[str, str]] = {
     "agentruns": "AgentRun",

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import re
 import subprocess
@@ -189,6 +190,13 @@ def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     peerings = [d for d in docs if d["kind"] == "KopfPeering"]
     assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(WATCHED)
+    # The peering object is named for the release (never kopf's shared `default`), and the operator
+    # is told that name.
+    assert {p["metadata"]["name"] for p in peerings} == {deployment["metadata"]["name"]}
+    assert f"--peering-name={deployment['metadata']['name']}" in container["args"]
+    named = {"replicas": 2, "peering": {"name": "ours"}}
+    named_docs = helm.render(named)
+    assert {d["metadata"]["name"] for d in named_docs if d["kind"].endswith("KopfPeering")} == {"ours"}
     # Namespaced: nothing cluster-wide but the admission webhook's own configuration and its grant.
     cluster_scoped = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
     assert cluster_scoped == {
@@ -715,6 +723,9 @@ def test_without_list_and_watch_on_references_runs_still_succeed_reading_them_wi
 
 
 # -- HA: replicas > 1 with kopf peering ------------------------------------------------------------
+PEERING_NAME = "rbac-peering-agentrun-operator"  # the chart's default: the release's full name
+
+
 @dataclass
 class Peered:
     running: Running
@@ -731,7 +742,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
     values: dict[str, Any] = {"watchNamespaces": [run_ns], "replicas": 2, "loops": {"enabled": True}}
     docs = _install_identity(plane, helm, tmp, "rbac-peering", release_ns, values)
     peering = [d for d in helm.render(values, "rbac-peering", release_ns) if d["kind"] == "KopfPeering"]
-    assert [p["metadata"]["namespace"] for p in peering] == [run_ns]
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peering] == [(run_ns, PEERING_NAME)]
     plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(peering[0]))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
@@ -753,7 +764,7 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
                 "AGENTS_CONTROLLER_RESYNC_SECONDS": "3600",
                 "POD_ID": f"agentrun-operator-{pod}",  # what the Deployment sets from metadata.name
             },
-            args=(f"--kubeconfig={kubeconfig}", "--peering"),
+            args=(f"--kubeconfig={kubeconfig}", "--peering", f"--peering-name={PEERING_NAME}"),
         ).start()
         for pod in ("a", "b")
     ]
@@ -766,20 +777,69 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
         _delete(plane, docs + peering)
 
 
+def _peering_path(namespace: str) -> str:
+    return f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/{PEERING_NAME}"
+
+
 def _peers(plane: ControlPlane, namespace: str) -> set[str]:
-    code, data = plane.api_get(f"/apis/kopf.dev/v1/namespaces/{namespace}/kopfpeerings/default")
+    code, data = plane.api_get(_peering_path(namespace))
     return set((json.loads(data).get("status") or {}) if code == 200 else {})
 
 
 def _gate(op: OperatorProcess) -> str:
-    """The last decision of a replica's peering gate, from its log."""
-    last = ""
-    for line in op.logs().splitlines():
-        if "serving: no live peer of higher or equal priority" in line:
+    """Whether a replica serves or stands by, as kopf's peering last decided (its current log); a
+    replica that logged neither has not served; "stopped" once its process has exited."""
+    if op.proc is None or op.proc.poll() is not None:
+        return "stopped"
+    last = "standby"
+    for line in op.log_text().splitlines():
+        if "serving: kopf's peering resumed this replica" in line:
             last = "serving"
-        elif "standing by: a peer of higher or equal priority serves" in line:
+        elif "standing by: kopf's peering paused this replica" in line:
             last = "standby"
     return last
+
+
+def _patch_peering_status(plane: ControlPlane, namespace: str, status: dict[str, Any]) -> None:
+    patch = json.dumps({"status": status})
+    plane.kubectl("patch", "kopfpeering", PEERING_NAME, "-n", namespace, "--type=merge", "-p", patch)
+
+
+def _one_serves(peered: Peered) -> bool:
+    return sorted(_gate(op) for op in peered.operators) == ["serving", "standby"]
+
+
+def test_ha_a_foreign_peer_of_higher_priority_pauses_both(peered: Peered) -> None:
+    plane, ns = peered.running.plane, peered.running.ns
+    eventually(lambda: _one_serves(peered), 120, "one replica serving and the other standing by")
+    # A live peer of higher priority under our name (what `kopf freeze` writes): both stand by.
+    seen = datetime.datetime.now(datetime.UTC).isoformat()
+    _patch_peering_status(plane, ns, {"someone-else": {"priority": 2**31, "lifetime": 60, "lastseen": seen}})
+    eventually(
+        lambda: [_gate(op) for op in peered.operators] == ["standby", "standby"],
+        60,
+        "both replicas standing by for the foreign peer",
+    )
+    _patch_peering_status(plane, ns, {"someone-else": None})
+    eventually(lambda: _one_serves(peered), 90, "one replica serving again once the foreign peer left")
+
+
+def test_ha_an_unparseable_peer_entry_stops_every_replica_never_lets_both_serve(peered: Peered) -> None:
+    plane, ns = peered.running.plane, peered.running.ns
+    eventually(lambda: _one_serves(peered), 120, "one replica serving and the other standing by")
+    # kopf cannot read the entry: it stops the operator "to prevent damage" (in a cluster the pod
+    # restarts and stops again until the entry is removed; docs/operations.md#ha). Neither serves.
+    _patch_peering_status(plane, ns, {"odd": {"priority": "high", "lifetime": "long"}})
+    eventually(
+        lambda: [_gate(op) for op in peered.operators] == ["stopped", "stopped"],
+        60,
+        "both replicas stopped by kopf",
+    )
+    assert all("unrecoverable error" in op.log_text() for op in peered.operators)
+    _patch_peering_status(plane, ns, {"odd": None})
+    for op in peered.operators:
+        op.start()
+    eventually(lambda: _one_serves(peered), 120, "one replica serving once the entry is gone")
 
 
 def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> None:
@@ -790,12 +850,8 @@ def test_ha_replicas_with_peering_serve_runs_and_fail_over(peered: Peered) -> No
         90,
         "both replicas in the KopfPeering",
     )
-    # Exactly one serves, the other stands by (each logs its gate's decision when it changes).
-    eventually(
-        lambda: sorted(_gate(op) for op in peered.operators) == ["serving", "standby"],
-        90,
-        "one replica serving and the other standing by",
-    )
+    # Exactly one serves, the other stands by (each logs kopf's decision when it changes).
+    eventually(lambda: _one_serves(peered), 90, "one replica serving and the other standing by")
     serving = next(op for op in peered.operators if _gate(op) == "serving")
     standby = next(op for op in peered.operators if _gate(op) == "standby")
     running.create(workflow_run("ha-first", {"loop": {"maxIterations": 2}}))

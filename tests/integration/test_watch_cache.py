@@ -245,7 +245,7 @@ def test_a_stale_cached_run_gets_409_and_is_replanned_from_a_fresh_read(env: Any
         second = await reconciler.reconcile(NAMESPACE, name)
         assert second.wrote_status
         # The Job the first attempt created is in the cache (written through): not created twice.
-        assert len(cache.jobs_of(NAMESPACE, name)) == 1
+        assert len(cache.jobs.get((NAMESPACE, name))) == 1
 
     _in_process(plane, body)
     assert len(_jobs(plane, name)) == 1

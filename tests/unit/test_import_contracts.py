@@ -34,6 +34,15 @@ def planner_violations(root: Path) -> list[list[Import]]:
     )
 
 
+def builder_violations(root: Path) -> list[list[Import]]:
+    """The Job builder sits under the planner: the planner builds Jobs with it, so it never imports
+    the planner back (the two packages would be a cycle)."""
+    graph = import_graph(root, PACKAGE)
+    builder = [m for m in graph if _under(m, f"{PACKAGE}.jobs")]
+    assert builder, "no builder modules found: the contract would pass vacuously"
+    return violations(graph, builder, lambda target: _under(target, f"{PACKAGE}.planner", f"{PACKAGE}.shell"))
+
+
 def devcluster_violations(root: Path) -> list[list[Import]]:
     graph = import_graph(root, PACKAGE)
     product = list(graph)
@@ -47,6 +56,18 @@ def devcluster_violations(root: Path) -> list[list[Import]]:
 
 def test_the_planner_imports_no_shell_kopf_client_or_dev_cluster() -> None:
     assert planner_violations(ROOT) == [], render(planner_violations(ROOT))
+
+
+def test_the_job_builder_imports_no_planner_so_the_two_are_no_cycle() -> None:
+    assert builder_violations(ROOT) == [], render(builder_violations(ROOT))
+
+
+def test_a_planner_import_added_to_the_builder_breaks_the_contract(tmp_path: Path) -> None:
+    root = copy_of_package(tmp_path)
+    builder = root / PACKAGE / "jobs" / "builder.py"
+    builder.write_text(builder.read_text() + "\nfrom agentrun_operator.planner.context import Context\n")
+    chains = builder_violations(root)
+    assert chains and {c[-1].importer for c in chains} == {f"{PACKAGE}.jobs.builder"}
 
 
 def test_product_modules_never_import_the_dev_cluster() -> None:

@@ -58,7 +58,7 @@ def test_a_new_object_and_a_visible_change_replan_the_run() -> None:
     cache = RunCache()
     assert cache.jobs.upsert(_job("j", 1)) == (NS, "r")
     assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
-    assert cache.jobs_of(NS, "r")[0]["metadata"]["resourceVersion"] == "2"
+    assert cache.jobs.get((NS, "r"))[0]["metadata"]["resourceVersion"] == "2"
 
 
 def test_a_change_the_planner_cannot_see_does_not_replan() -> None:
@@ -67,7 +67,7 @@ def test_a_change_the_planner_cannot_see_does_not_replan() -> None:
     touched = _job("j", 2)
     touched["metadata"]["annotations"] = {"unrelated": "x"}
     assert cache.jobs.upsert(touched) is None
-    assert cache.jobs_of(NS, "r")[0]["metadata"]["resourceVersion"] == "2"  # still the newest stored
+    assert cache.jobs.get((NS, "r"))[0]["metadata"]["resourceVersion"] == "2"  # still the newest stored
 
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:
@@ -88,9 +88,9 @@ def test_delete_forgets_only_the_same_object() -> None:
     cache = RunCache()
     cache.jobs.upsert(_job("j", 3, uid="new"))
     assert cache.jobs.delete(_job("j", 2, uid="old")) is None  # a namesake's late DELETED
-    assert len(cache.jobs_of(NS, "r")) == 1
+    assert len(cache.jobs.get((NS, "r"))) == 1
     assert cache.jobs.delete(_job("j", 4, uid="new")) == (NS, "r")
-    assert cache.jobs_of(NS, "r") == []
+    assert cache.jobs.get((NS, "r")) == []
 
 
 def test_an_orphaned_object_leaves_its_run() -> None:
@@ -99,7 +99,7 @@ def test_an_orphaned_object_leaves_its_run() -> None:
     orphan = _job("j", 2)
     orphan["metadata"]["ownerReferences"] = []
     assert cache.jobs.upsert(orphan) == (NS, "r")
-    assert cache.jobs_of(NS, "r") == []
+    assert cache.jobs.get((NS, "r")) == []
 
 
 def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_is_newer_than_the_list() -> None:
@@ -111,7 +111,7 @@ def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_is_newer_than_the_
         [_job("changed", 9, uid="c", complete=True), _job("missed", 8, uid="d")], 10, {NS}
     )
     assert changed == {(NS, "r")}
-    names = sorted(j["metadata"]["name"] for j in cache.jobs_of(NS, "r"))
+    names = sorted(j["metadata"]["name"] for j in cache.jobs.get((NS, "r")))
     assert names == ["arrived-after-the-list", "changed", "missed"]
 
 
@@ -121,7 +121,7 @@ def test_relist_of_one_namespace_leaves_the_others_alone() -> None:
     other["metadata"]["namespace"] = "elsewhere"
     cache.jobs.upsert(other)
     assert cache.jobs.relist([], 10, {NS}) == set()
-    assert len(cache.jobs_of("elsewhere", "r")) == 1
+    assert len(cache.jobs.get(("elsewhere", "r"))) == 1
 
 
 def test_merge_keeps_every_message_and_the_most_telling_reason() -> None:
@@ -267,7 +267,7 @@ def test_a_metadata_only_list_names_what_to_read_in_full_and_drops_the_gone() ->
     fetch, changed = cache.jobs.compare([_meta_only(j) for j in listed], 10, {NS})
     assert fetch == [(NS, "changed"), (NS, "missed")]
     assert changed == {(NS, "r")}
-    names = sorted(j["metadata"]["name"] for j in cache.jobs_of(NS, "r"))
+    names = sorted(j["metadata"]["name"] for j in cache.jobs.get((NS, "r")))
     assert names == ["arrived-after-the-list", "changed", "same"]
     replaced = _job("same", 3, uid="other")  # a namesake at an equal version is still another object
     assert cache.jobs.compare([_meta_only(replaced)], 13, {NS})[0] == [(NS, "same")]
@@ -321,7 +321,7 @@ def test_a_job_ending_while_its_result_is_settled_does_not_replan_but_is_stored(
         with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
         assert cache.jobs.upsert(with_ttl) is None  # the TTL patch's answer, written through
     assert cache.jobs.view_of((NS, "r"), "j")[1][0].ttl_seconds_after_finished == 300
-    assert [j["metadata"]["resourceVersion"] for j in cache.jobs_of(NS, "r")] == ["3", "2"]
+    assert [j["metadata"]["resourceVersion"] for j in cache.jobs.get((NS, "r"))] == ["3", "2"]
     assert cache.jobs.delete(_job("j", 4)) == (NS, "r")  # its deletion is still news
 
 

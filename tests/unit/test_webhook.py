@@ -19,7 +19,7 @@ from cryptography import x509
 
 from agentrun_devcluster import webhookcert
 from agentrun_operator.config import ConfigError, OperatorConfig
-from agentrun_operator.planner.problem import Problem
+from agentrun_operator.problem import Problem
 from agentrun_operator.shell import admission, webhook_tls
 from agentrun_operator.validation_cli import check_file
 from agentrun_operator.webhook import (

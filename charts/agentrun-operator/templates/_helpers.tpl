@@ -52,6 +52,11 @@ app.kubernetes.io/part-of: agentrun
 {{- if or .Values.peering.enabled (gt (int .Values.replicas) 1) -}}true{{- end -}}
 {{- end -}}
 
+{{/* The kopf peering object of this release's replicas. */}}
+{{- define "agentrun-operator.peeringName" -}}
+{{- default (include "agentrun-operator.fullname" .) .Values.peering.name -}}
+{{- end -}}
+
 {{- define "agentrun-operator.clusterWide" -}}
 {{- if not .Values.watchNamespaces -}}true{{- end -}}
 {{- end -}}

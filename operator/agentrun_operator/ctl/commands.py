@@ -23,9 +23,9 @@ from agentrun_operator.api.approval import Decision
 from agentrun_operator.ctl import render
 from agentrun_operator.ctl.connect import CtlError, Target
 from agentrun_operator.planner.approval import DOCS, Gate, decision_problems, find_gate, why_not_waiting
-from agentrun_operator.planner.problem import Problem
-from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.tree import walk
+from agentrun_operator.problem import Problem
+from agentrun_operator.resolution import effective_steps
 from agentrun_operator.shell.kube import Kube
 
 WATCH_CHUNK_SECONDS = 240

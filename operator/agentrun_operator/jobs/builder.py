@@ -53,7 +53,7 @@ from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
 from agentrun_operator.jobs import system_prompt
 from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
-from agentrun_operator.planner.resolution import (
+from agentrun_operator.resolution import (
     References,
     control_path,
     effective_parameters,

@@ -18,7 +18,7 @@ from typing import Any
 from agentrun_operator.api import AgentRun, WorkflowStep, Workload, WorkloadVolume
 from agentrun_operator.jobs.runner_contract import RunnerContract, RunnerInputs, runner_pod
 from agentrun_operator.jobs.vcs import VcsResolution, resolve_vcs
-from agentrun_operator.planner.resolution import References, effective_parameters
+from agentrun_operator.resolution import References, effective_parameters
 
 
 def _manifest(model: Any) -> dict[str, Any]:

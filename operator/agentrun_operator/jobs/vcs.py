@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from agentrun_operator.jobs.template import render
-from agentrun_operator.planner.problem import Problem
-from agentrun_operator.planner.problem import api as _api
+from agentrun_operator.problem import Problem
+from agentrun_operator.problem import api as _api
 
 Mode = Literal["read-write", "read-only", "none"]
 MODES: Final = ("read-write", "read-only", "none")

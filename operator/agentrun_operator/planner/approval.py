@@ -29,9 +29,9 @@ from agentrun_operator.planner.context import TERMINAL_STEP_PHASES, PlanContext,
 from agentrun_operator.planner.facts import ApprovalDecided, ApprovalRequested
 from agentrun_operator.planner.loops import start_step
 from agentrun_operator.planner.outcome import Outcome
-from agentrun_operator.planner.problem import Problem, concepts
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.state import StepView, end_step
+from agentrun_operator.problem import Problem, concepts
 
 PHASE_AWAITING: Final = "AwaitingApproval"
 REASON_APPROVED: Final = "Approved"

@@ -34,12 +34,12 @@ from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.outputs import collect_output, declared_outputs
 from agentrun_operator.planner.placement import preferred_node
 from agentrun_operator.planner.reported import record_reported
-from agentrun_operator.planner.resolution import control_path, step_retries, step_timeout_seconds
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
+from agentrun_operator.resolution import control_path, step_retries, step_timeout_seconds
 
 JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""

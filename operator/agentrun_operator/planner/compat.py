@@ -24,10 +24,10 @@ from agentrun_operator.api.implementation import ImplementationFields
 from agentrun_operator.api.resources import AgentProviderSpec, AgentSecurity
 from agentrun_operator.planner.contract import contract_check
 from agentrun_operator.planner.observed import Observed
-from agentrun_operator.planner.problem import Problem
-from agentrun_operator.planner.problem import api as _api
-from agentrun_operator.planner.resolution import References, effective_parameters, effective_workload
 from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.problem import Problem
+from agentrun_operator.problem import api as _api
+from agentrun_operator.resolution import References, effective_parameters, effective_workload
 
 TEMPLATE_ANNOTATION: Final = "agents.proompteng.ai/template"
 REASON_TEMPLATE: Final = "Template"

@@ -11,8 +11,8 @@ from agentrun_operator.api.status import ContractStatus
 from agentrun_operator.planner.compat import step_tasks
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.contract import contract_check
-from agentrun_operator.planner.resolution import effective_parameters
 from agentrun_operator.planner.validate import resolve_references
+from agentrun_operator.resolution import effective_parameters
 
 
 def _sha256(text: str) -> str:

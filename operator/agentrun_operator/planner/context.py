@@ -12,8 +12,8 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import Action, EmitEvent, Requeue, Where
 from agentrun_operator.planner.facts import Fact, RunPhaseChanged
 from agentrun_operator.planner.observed import Observed
-from agentrun_operator.planner.resolution import References
 from agentrun_operator.planner.validate import Problem
+from agentrun_operator.resolution import References
 
 TERMINAL_RUN_PHASES: Final = frozenset({"Succeeded", "Failed", "Cancelled"})
 

@@ -24,10 +24,10 @@ from agentrun_operator.planner.facts import IterationFinished
 from agentrun_operator.planner.loops import control_of, decide_next, start_step
 from agentrun_operator.planner.outcome import Outcome, PlanChildren
 from agentrun_operator.planner.outputs import collect_output
-from agentrun_operator.planner.resolution import control_path
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
+from agentrun_operator.resolution import control_path
 
 _MAX_PASSES: Final = 10_000  # a guard: every pass of one plan ends a loop iteration, at most 1000
 

@@ -18,8 +18,8 @@ from agentrun_operator.celeval import (
 )
 from agentrun_operator.control.envelope import ControlEnvelope, effective_status
 from agentrun_operator.planner.context import PlanContext, clip
-from agentrun_operator.planner.resolution import condition_cel, control_path, effective_parameters
 from agentrun_operator.planner.state import StepView, end_step, step_ended
+from agentrun_operator.resolution import condition_cel, control_path, effective_parameters
 
 MAX_ITEMS_JSON_BYTES: Final = 8 * 1024
 

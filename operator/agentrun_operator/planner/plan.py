@@ -33,7 +33,6 @@ from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan, PlanCon
 from agentrun_operator.planner.gating import active_job_name, delete_strays, result_recorded, set_job_ttls
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.reported import note_vcs
-from agentrun_operator.planner.resolution import effective_steps
 from agentrun_operator.planner.run import (
     align_step_statuses,
     conclude,
@@ -45,6 +44,7 @@ from agentrun_operator.planner.run import (
 from agentrun_operator.planner.state import all_views, step_views
 from agentrun_operator.planner.validate import resolve_references
 from agentrun_operator.planner.walk import plan_top
+from agentrun_operator.resolution import effective_steps
 
 __all__ = ["Plan", "compact_history", "plan", "result_recorded"]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agentrun_operator.api import AgentRun, WorkflowStep
-from agentrun_operator.planner.resolution import effective_steps
+from agentrun_operator.resolution import effective_steps
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,15 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
 from agentrun_operator.planner import compat
 from agentrun_operator.planner.observed import Observed
-from agentrun_operator.planner.problem import REASON_INVALID_SPEC as REASON_INVALID_SPEC
-from agentrun_operator.planner.problem import Problem as Problem
-from agentrun_operator.planner.problem import api as _api
-from agentrun_operator.planner.problem import concepts as _concepts
-from agentrun_operator.planner.problem import format_value as format_value
-from agentrun_operator.planner.resolution import References, effective_workload, implementation_spec_refs
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.planner.validate_flow import flow_problems
+from agentrun_operator.problem import REASON_INVALID_SPEC as REASON_INVALID_SPEC
+from agentrun_operator.problem import Problem as Problem
+from agentrun_operator.problem import api as _api
+from agentrun_operator.problem import concepts as _concepts
+from agentrun_operator.problem import format_value as format_value
+from agentrun_operator.resolution import References, effective_workload, implementation_spec_refs
 
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 

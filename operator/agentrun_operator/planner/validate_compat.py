@@ -22,10 +22,10 @@ from agentrun_operator.jobs.runner_contract import (
     reserved_paths,
     template_context,
 )
-from agentrun_operator.planner.problem import Problem
-from agentrun_operator.planner.problem import api as _api
-from agentrun_operator.planner.resolution import References, effective_parameters, effective_workload
 from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.problem import Problem
+from agentrun_operator.problem import api as _api
+from agentrun_operator.resolution import References, effective_parameters, effective_workload
 
 _WHERE = "spec.agentRef.name"
 """Problems in the provider are reported on the run's field that leads to it (as a missing provider is)."""

@@ -13,9 +13,9 @@ from typing import Final
 from agentrun_operator.api import AgentRun
 from agentrun_operator.api.agentrun import DEFAULT_NESTING_DEPTH
 from agentrun_operator.celeval import CelCompileError, compile_expression
-from agentrun_operator.planner.problem import Problem, concepts
-from agentrun_operator.planner.resolution import condition_cel
 from agentrun_operator.planner.tree import StepNode, walk
+from agentrun_operator.problem import Problem, concepts
+from agentrun_operator.resolution import condition_cel
 
 REASON_NESTING_TOO_DEEP: Final = "NestingTooDeep"
 

@@ -405,12 +405,6 @@ class RunCache:
         found, view = self.references[plural].view_of((namespace, NAMESPACE_WIDE), name)
         return found, view
 
-    def jobs_of(self, namespace: str, name: str) -> list[Obj]:
-        return self.jobs.get((namespace, name))
-
-    def pods_of(self, namespace: str, name: str) -> list[Obj]:
-        return self.pods.get((namespace, name))
-
     def run_namespaces_by_uid(self) -> dict[str, str]:
         """uid -> namespace of every cached AgentRun (the Event series are kept by uid)."""
         out: dict[str, str] = {}

@@ -1,12 +1,13 @@
-"""kopf wiring: kopf runs the operator; AgentRuns, Jobs, Pods and the rest come through our informers.
+"""kopf wiring: kopf runs the operator and delivers AgentRuns; Jobs, Pods and the rest come through our
+informers.
 
-kopf is the framework: login, startup and cleanup, peering keep-alives, liveness. It has no resource
-handlers, so it never writes to our objects (no finalizers, no progress annotations) and never
-processes a watch event of ours: the reconciler is the one writer of status, and the informers
-(shell/informer.py) fill the cache (docs/operator.md#cache) and enqueue a run only when what its
-planner can see changed (level-triggered); a periodic resync relists everything, catching whatever a
-watch may have missed. With `--peering`, the peering gate (shell/peering.py) holds the work queue
-while a peer serves. Settings are documented in docs/operator.md#reconcile.
+kopf is the framework: login, startup and cleanup, peering, liveness and its probes. Its one
+resource handler is an event handler for AgentRuns (`agentrun_event`), so it never writes to our
+objects (no finalizers, no progress annotations): the reconciler is the one writer of status. The
+handler and the informers (shell/informer.py) fill the cache (docs/operator.md#cache) and enqueue a
+run only when what its planner can see changed (level-triggered); a periodic resync relists
+everything, catching whatever a watch may have missed. With `--peering`, kopf's peering pauses a
+standby, and the work queue with it (shell/peering.py). Settings: docs/operator.md#reconcile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -25,18 +26,13 @@ from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
-from agentrun_operator.shell import metrics
+from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.codec import builtin_head, decode_job_event, decode_pod_event
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.informer import Informer, builtin_head, custom_head
-from agentrun_operator.shell.kube import (
-    Kube,
-    decode_job_event,
-    decode_object_json,
-    decode_pod_event,
-    in_cluster_server,
-)
-from agentrun_operator.shell.peering import PeeringGate, PeeringIdentity, peering_kind, peering_store
+from agentrun_operator.shell.informer import Informer
+from agentrun_operator.shell.kube import Kube, in_cluster_server
+from agentrun_operator.shell.peering import KopfPause
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
@@ -51,11 +47,10 @@ class OperatorState:
         config: OperatorConfig,
         kubeconfig: str | None,
         workers: int,
-        peering: PeeringIdentity | None = None,
+        pause: KopfPause | None = None,
     ) -> None:
         self.config = config
-        self.peering = peering  # None: standalone (serves at once)
-        self.gate: PeeringGate | None = None
+        self.pause = pause  # None: standalone (serves at once)
         self.kubeconfig = kubeconfig
         self.workers = workers
         self.kube: Kube | None = None
@@ -72,6 +67,13 @@ class OperatorState:
         if key is not None and self.queue is not None:
             self.queue.enqueue(key, background=background)
 
+    def agentrun_event(self, event: kopf.RawEvent) -> None:
+        """An AgentRun's watch event, from kopf: into the cache; the run is enqueued when what its
+        planner reads changed (the echo of our own status write is not news)."""
+        obj = dict(event["object"])
+        key = self.cache.runs.delete(obj) if event["type"] == "DELETED" else self.cache.runs.upsert(obj)
+        self.enqueue(key)
+
     def enqueue_namespace(self, key: Key) -> None:
         """Something runs refer to changed: re-plan the unfinished runs of its namespace."""
         for run_key in self.cache.runs.run_keys():
@@ -82,8 +84,6 @@ class OperatorState:
     async def announce_ready(self) -> None:
         await self.cache.ready.wait()
         log.info("watch cache filled", extra=self.cache.sizes())
-        if self.gate is not None:
-            self.gate.decide()  # the peering objects are listed: serve, or stand by
 
     async def reconcile(self, key: Key) -> float | None:
         assert self.reconciler is not None
@@ -133,13 +133,30 @@ class OperatorState:
             await self.events.flush_due(self.cache.run_namespaces_by_uid())
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, not kept: it serves change handlers (`on.create`/`on.update`), and the operator
+    has only an event handler. kopf's default builds it anew for every event, a deep copy of the whole
+    AgentRun (its status included) and a diff: the larger part of kopf's cost per event
+    (docs/design.md#handlers). Nothing is read, built or written."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 API_ERROR_BACKOFFS: tuple[float, ...] = (1, 2, 4, 8, 15, *(30,) * 18)
-"""kopf's delays between attempts of one API request that failed with a 5xx, a timeout or a refused
-connection (then it gives up, and a watch that gives up stops the operator). kopf's default (about
-a minute in all) is shorter than an API server takes to come back on a loaded machine: after a
-restart it answers 503 ("before all known HTTP paths have been installed") until its CRD paths are
-served. These wait up to 30 s apart, about 10 minutes in all, longer than `agentrun dev up` waits
-for an API server to start (300 s)."""
+"""kopf's delays between attempts of one of kopf's own API requests (its AgentRun and peering watches,
+its keep-alives; not the operator's informers or writes) that failed with a 5xx, a timeout or a
+refused connection (then it gives up, and a watch of kopf's that gives up stops the operator).
+kopf's default (about a minute in all) is shorter than an API server takes to come back on a
+loaded machine: after a restart it answers 503 ("before all known HTTP paths have been installed")
+until its CRD paths are served. These wait up to 30 s apart, about 10 minutes in all, longer than
+`agentrun dev up` waits for an API server to start (300 s)."""
 
 
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
@@ -166,45 +183,28 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # not have; namespaced RBAC refuses that, and nothing of ours needs it.
         settings.scanning.disabled = True
         settings.posting.level = logging.WARNING  # kopf's own Events only for its problems
+        settings.persistence.diffbase_storage = NoDiffBase()
+        # Not a line per AgentRun event ("Handler ... succeeded"): kopf's warnings and errors only.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         state.kube = await Kube.connect(state.kubeconfig)
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
         namespaces = state.config.watched_namespaces
         kube, cache = state.kube, state.cache
+        ours = f"/apis/{GROUP}/{VERSION}"
 
         def watch(store: Store, prefix: str, plural: str, selector: str | None, **how: Any) -> None:
             state.informers.append(Informer(kube, cache, store, prefix, plural, selector, namespaces, **how))
 
-        serving = None
-        # Standalone serves; with peering the gate decides (0 until it does).
-        metrics.SERVING.set(1 if state.peering is None else 0)
-        if state.peering is not None:
-            state.gate = PeeringGate(state.peering, peering_store())
-            serving = state.gate.serving
-            prefix, plural = peering_kind(namespaces)
-            watch(
-                state.gate.store,
-                prefix,
-                plural,
-                None,
-                on_change=state.gate.changed,
-                optional=True,
-                unlisted="serving without a peer's word",
-            )
+        # Standalone serves; with peering kopf decides (0 until it does).
+        if state.pause is None:
+            metrics.SERVING.set(1)
+        serving = state.pause.serving if state.pause is not None else None
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=cache.ready, serving=serving)
-        # AgentRuns, Jobs and Pods through our own informers, Jobs and Pods filtered by label on the
-        # server: kopf's per-event machinery cost more than our use of each event. Of Jobs and Pods
-        # only what the planner reads is decoded; the echo of our own write is not decoded at all.
-        ours = f"/apis/{GROUP}/{VERSION}"
-        watch(
-            cache.runs,
-            ours,
-            "agentruns",
-            None,
-            on_change=state.enqueue,
-            decode=decode_object_json,
-            head=custom_head,
-        )
+        # Jobs and Pods through our own informers, filtered by label on the server: an iteration
+        # causes about ten of their events, and kopf's per-event machinery cost more than our use of
+        # each (docs/design.md#handlers). Of them only what the planner reads is decoded; the echo of
+        # our own write is not decoded at all. AgentRuns come through kopf (`agentrun_event`).
         watch(
             cache.jobs,
             "/apis/batch/v1",
@@ -239,9 +239,25 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 "max_iterations_cap": state.config.loop_max_iterations,
                 "history_limit": state.config.loop_status_history_limit,
                 "namespaces": ",".join(namespaces) or "*",
-                "peering": state.peering.identity if state.peering is not None else None,
+                "peering": state.pause is not None,
             },
         )
+
+    @kopf.on.event(GROUP, VERSION, "agentruns", registry=registry)
+    async def agentrun_event(event: kopf.RawEvent, **_: Any) -> None:
+        """AgentRuns reach the reconciler through kopf: its watch (paused with its peering), our
+        cache and work queue. kopf writes nothing for an event handler (no finalizer, no progress)."""
+        state.agentrun_event(event)
+
+    @kopf.on.probe(id="operator", registry=registry, errors=kopf.ErrorsMode.PERMANENT)
+    async def probe(**_: Any) -> dict[str, int]:
+        """`/healthz` fails (500) when an informer stopped receiving or the work queue stopped
+        draining (shell/health.py); else it reports the cache's sizes."""
+        found = health.problems(state.informers, state.queue, time.monotonic())
+        if found:
+            log.error("unhealthy: %s", "; ".join(found))
+            raise kopf.PermanentError("; ".join(found))
+        return state.cache.sizes()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -254,8 +270,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             await informer.stop()
         if state.queue is not None:
             await state.queue.stop()
-        if state.gate is not None:
-            state.gate.stop()
+        if state.pause is not None:
+            state.pause.uninstall()
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out

@@ -1,13 +1,13 @@
 """A small informer: LIST, then WATCH from the list's resourceVersion, into the watch cache.
 
-AgentRuns, Jobs and Pods are watched without kopf (docs/operator.md#performance): an iteration
-causes some five pod events (created, bound, started, finished, its Job's finalizer removed), about
-as many Job events (created, started, ready, completed, TTL set) and the echo of its status write,
-and in the profile kopf's per-event machinery — a worker per object, handler bookkeeping, its
-logging — cost more than everything the operator does with them. Here an event costs at most one
-JSON decode of what is read (`decode`) and one cache update, and the echo of an object the cache
-already holds at that version (our own write, written through) is not decoded at all (`head`); the
-run is enqueued only when what its planner sees changed.
+Jobs and Pods are watched without kopf (docs/design.md#handlers): an iteration causes some five pod
+events (created, bound, started, finished, its Job's finalizer removed) and about as many Job events
+(created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery — a
+worker per object, handler bookkeeping, its logging — cost more than everything the operator does
+with them. AgentRuns, about one event an iteration, come through kopf (shell/handlers.py).
+Here an event costs at most one JSON decode of what is read (`decode`) and one cache update, and
+the echo of an object the cache already holds at that version (our own write, written through) is
+not decoded at all (`head`); the run is enqueued only when what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +29,8 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
-from agentrun_operator.shell.kube import Kube, KubeError, decode_json, decode_object_json
+from agentrun_operator.shell.codec import Head, decode_object_json
+from agentrun_operator.shell.kube import Kube, KubeError
 
 log = logging.getLogger("agentrun.informer")
 
@@ -37,55 +38,6 @@ WATCH_SECONDS = 270  # renewed before load balancers cut an idle stream
 SILENT_SECONDS = 70  # a stream silent this long is taken for dead (as kopf's): list again
 RETRY_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
-
-Identity = tuple[str, str, str, int]  # namespace, name, uid, resourceVersion
-Head = Callable[[bytes], Identity | None]
-
-_BUILTIN_HEAD = re.compile(
-    rb'\{"type":"(?:ADDED|MODIFIED)","object":\{"kind":"[^"\\]*","apiVersion":"[^"\\]*",'
-    rb'"metadata":\{"name":"([^"\\]*)",(?:"generateName":"[^"\\]*",)?"namespace":"([^"\\]*)",'
-    rb'"uid":"([^"\\]*)","resourceVersion":"(\d+)"'
-)
-
-
-def builtin_head(line: bytes) -> Identity | None:
-    """The identity of a built-in object's ADDED/MODIFIED event, read from the start of its text.
-
-    kube-apiserver writes built-in kinds (Jobs, Pods) from Go structs, so their fields come in a
-    fixed order: kind, apiVersion, then metadata's name, generateName, namespace, uid,
-    resourceVersion. Text of any other shape gives None (the event is decoded as usual)."""
-    match = _BUILTIN_HEAD.match(line)
-    if match is None:
-        return None
-    name, namespace, uid, version = match.groups()
-    return namespace.decode(), name.decode(), uid.decode(), int(version)
-
-
-_SPEC_AFTER_METADATA = b'},"spec":{'
-
-
-def custom_head(line: bytes) -> Identity | None:
-    """The identity of a custom object's ADDED/MODIFIED event, from its metadata alone.
-
-    A custom resource is written from a map, keys in sorted order: apiVersion, kind, metadata,
-    spec, status. Only the text up to the end of metadata is decoded: `},"spec":{` first closes it
-    (a `"` inside a string is always escaped, so the sequence is markup; metadata holds no key
-    `spec` whose value is an object)."""
-    end = line.find(_SPEC_AFTER_METADATA)
-    if end < 0 or not line.startswith(b'{"type":"'):
-        return None
-    try:
-        event = decode_json(line[: end + 1] + b"}}")
-    except ValueError:
-        return None
-    obj = (event.get("object") or {}) if isinstance(event, dict) else {}
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if event.get("type") not in ("ADDED", "MODIFIED") or not isinstance(meta, dict):
-        return None
-    version = resource_version(obj)
-    if version is None:
-        return None
-    return str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""), version
 
 
 class Informer:
@@ -126,9 +78,18 @@ class Informer:
         # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
         self._resume: dict[str | None, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._received_at = time.monotonic()  # the last LIST, watch response or event
         cache.add_gate(self.gate)
 
+    def silent_for(self, now: float) -> float | None:
+        """Seconds since the API server last answered this informer; None once a task of it has
+        died (shell/health.py)."""
+        if any(task.done() for task in self._tasks):
+            return None
+        return max(now - self._received_at, 0.0)
+
     def start(self) -> None:
+        self._received_at = time.monotonic()
         for scope in self.scopes:
             self._tasks.append(asyncio.create_task(self._run(scope), name=f"informer-{self.plural}-{scope}"))
 
@@ -164,6 +125,7 @@ class Informer:
 
     async def _list(self, scope: str | None) -> int | None:
         items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
+        self._received_at = time.monotonic()
         for key in self.store.relist(items, version, {scope} if scope else None):
             self.on_change(key)
         self._mark_listed(scope)
@@ -195,10 +157,12 @@ class Informer:
             if raw.status != 200:
                 self._resume.pop(scope, None)  # e.g. 410 Gone: list afresh
                 raise RuntimeError(f"watch {self.plural}: HTTP {raw.status}")
+            self._received_at = time.monotonic()
             # One event per line. Lines are split here from whatever arrived, not read with
             # `readline`, whose per-line bookkeeping cost more than a third of a small event's decoding.
             rest = b""
             async for chunk in raw.content.iter_any():
+                self._received_at = time.monotonic()
                 lines = (rest + chunk if rest else chunk).split(b"\n")
                 rest = lines.pop()
                 for line in lines:

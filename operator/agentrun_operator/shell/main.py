@@ -6,7 +6,6 @@ import asyncio
 import gc
 import logging
 import os
-from typing import Any, cast
 
 import kopf
 import uvloop
@@ -15,7 +14,7 @@ from prometheus_client import start_http_server
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.shell import admission, logs
 from agentrun_operator.shell.handlers import OperatorState, register
-from agentrun_operator.shell.peering import PeeringIdentity
+from agentrun_operator.shell.peering import DEFAULT_PEERING_NAME, KopfPause, choose_priority
 
 log = logging.getLogger("agentrun.main")
 
@@ -45,6 +44,7 @@ def run_operator(
     log_format: str = "json",
     workers: int = 32,
     standalone: bool = True,
+    peering_name: str = DEFAULT_PEERING_NAME,
 ) -> int:
     logs.configure(log_format)
     config = OperatorConfig.from_env()
@@ -53,12 +53,13 @@ def run_operator(
     if metrics_port:
         start_http_server(metrics_port, addr="0.0.0.0")
     registry = kopf.OperatorRegistry()
-    # With peering: our identity and priority go to kopf (it writes the keep-alives) and to the
-    # peering gate (it decides whether this replica serves), so both agree.
-    peering = None if standalone else PeeringIdentity.choose(os.environ)
-    register(registry, OperatorState(config, kubeconfig, workers, peering))
-    admission.register(registry, config, kubeconfig)  # the admission webhook, when configured
     namespaces = list(config.watched_namespaces)
+    # With peering, kopf decides which replica serves; the work queue pauses when kopf pauses.
+    pause = None if standalone else KopfPause(peering_objects=len(namespaces) or 1)
+    if pause is not None:
+        pause.install()
+    register(registry, OperatorState(config, kubeconfig, workers, pause))
+    admission.register(registry, config, kubeconfig)  # the admission webhook, when configured
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
     tune_gc()
     # uvloop (kopf's `uvloop` extra; kopf's own CLI uses it the same way): the event loop and its TLS
@@ -69,11 +70,11 @@ def run_operator(
             kopf.operator(
                 registry=registry,
                 standalone=standalone,
+                peering_name=None if standalone else peering_name,  # mandatory: no peering object, no serving
+                priority=None if standalone else choose_priority(),
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=liveness,
-                identity=cast(Any, peering.identity) if peering is not None else None,
-                priority=peering.priority if peering is not None else None,
             )
         )
     return 0

@@ -17,8 +17,8 @@ from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
 from agentrun_operator.jobs.builder import FINGERPRINT_CONTAINER, MAIN_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
-from agentrun_operator.planner.resolution import effective_steps, effective_workload
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
+from agentrun_operator.resolution import effective_steps, effective_workload
 
 
 def parse_time(value: Any) -> datetime | None:

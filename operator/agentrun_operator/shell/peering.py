@@ -1,172 +1,78 @@
-"""Hot standby with kopf peering: which replica serves (docs/operations.md#ha).
+"""Hot standby with kopf's own peering: the work queue pauses when kopf pauses (docs/operations.md#ha).
 
-kopf keeps the peering object (a `KopfPeering` per watched namespace, or the `ClusterKopfPeering`,
-named `default`): each replica writes its identity, priority and a keep-alive into its `status`.
-kopf pauses only the watches *it* runs, and the operator watches AgentRuns, Jobs and Pods with its
-own informers (docs/operator.md#reconcile), so the pause is decided here, by the same rule kopf
-applies: a replica stands by while the peering object shows a live peer of higher or equal
-priority (kopf pauses every operator that sees an equal one; each replica draws a random priority,
-so one serves). A standby keeps its caches filled and queues its work; `PeeringGate.serving` holds
-the work queue's workers until it serves.
+kopf decides which replica serves: every replica writes its identity, priority and a keep-alive
+into the peering object named for this operator (`--peering-name`, the chart's `peering.name`), and
+kopf pauses a replica that sees a live peer of higher or equal priority. Its peering is mandatory
+here, so a replica starts paused and serves only after kopf has read the peering object and found
+no such peer; an entry kopf cannot parse makes kopf's own decision fail, which changes nothing (a
+standby stays a standby). kopf pauses its own watches (the AgentRuns' handlers, shell/handlers.py);
+the operator's Job and Pod informers and its work queue are its own, so they must pause with it.
+
+kopf has no public query of its pause state. Each peering object's decision is a toggle inside kopf,
+and kopf logs every change of one, exactly once, on its peering logger: "Pausing ..." when it turns
+on, "Resuming ..." when it turns off. `KopfPause` counts them: every toggle starts on (mandatory
+peering), there is one per peering object (one cluster-wide, else one per watched namespace), and
+this replica serves while none is on. A kopf release that words them otherwise keeps every replica
+paused (fails closed); tests/unit/shell/test_peering.py drives kopf's own decision function, so such
+a release fails the tests first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import getpass
 import logging
 import random
-import socket
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import Key, Store
-from agentrun_operator.shell.observe import parse_time
 
 log = logging.getLogger("agentrun.peering")
 
-PEERING_NAME = "default"
-"""kopf's default peering object name (the operator does not set another)."""
-
-DEFAULT_LIFETIME_SECONDS = 60  # kopf's, for an entry that does not say
-
-
-@dataclass(frozen=True)
-class PeeringIdentity:
-    """Who this replica is in the peering object, and its priority: both handed to kopf, which
-    writes the keep-alives, and both read here to find the peers that outrank it."""
-
-    identity: str
-    priority: int
-
-    @classmethod
-    def choose(cls, env: Mapping[str, str], rng: random.Random | None = None) -> PeeringIdentity:
-        """The pod's name (`POD_ID`, as kopf reads it), else kopf's own form for an operator run
-        by hand: user@host/start time/random. A random priority, so that no two replicas tie."""
-        draw = rng or random.Random()
-        identity = env.get("POD_ID")
-        if not identity:
-            now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
-            identity = f"{getpass.getuser()}@{socket.gethostname()}/{now}/{draw.randrange(16**3):03x}"
-        return cls(identity=identity, priority=draw.randint(1, 2**30))
+KOPF_PEERING_LOGGER = "kopf._core.engines.peering"
+PAUSING = ("Pausing operations in favour of", "Pausing all operators, including self")
+RESUMING = "Resuming operations after the pause"
+DEFAULT_PEERING_NAME = "agentrun-operator"
+"""Not kopf's `default`: a peering object shared with another kopf operator makes it a peer."""
 
 
-@dataclass(frozen=True)
-class Peer:
-    identity: str
-    priority: int
-    deadline: datetime.datetime  # its last keep-alive plus its lifetime
+def choose_priority(rng: random.Random | None = None) -> int:
+    """A random priority per replica: kopf pauses every replica that sees an equal one, so that no
+    two tie; the highest serves, the others stand by."""
+    return (rng or random.Random()).randint(1, 2**30)
 
 
-def _lastseen(value: Any, now: datetime.datetime) -> datetime.datetime:
-    """A peer's keep-alive time (`parse_time`), as kopf reads it: missing or unreadable is now, one
-    without a zone is UTC."""
-    parsed = parse_time(value) if isinstance(value, str) else None
-    if parsed is None:
-        return now
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+class KopfPause(logging.Handler):
+    """`serving` is set while kopf's peering lets this replica serve, cleared while it pauses it."""
 
-
-def parse_peers(status: Mapping[str, Any], now: datetime.datetime) -> list[Peer]:
-    """The peers of a peering object's `status` (identity -> priority, lifetime, lastseen).
-
-    Read as kopf reads them: a missing `lastseen` counts as now, a missing lifetime as 60 s. An entry
-    that is not of that shape is skipped (a peer that writes garbage cannot stop us from serving)."""
-    peers: list[Peer] = []
-    for identity, info in status.items():
-        if not isinstance(info, Mapping):
-            continue
-        try:
-            priority = int(info.get("priority", 0))
-            lifetime = int(info.get("lifetime", DEFAULT_LIFETIME_SECONDS))
-        except (TypeError, ValueError):
-            continue
-        lastseen = _lastseen(info.get("lastseen"), now)
-        peers.append(Peer(str(identity), priority, lastseen + datetime.timedelta(seconds=lifetime)))
-    return peers
-
-
-def blocking_peers(peers: Iterable[Peer], own: PeeringIdentity, now: datetime.datetime) -> list[Peer]:
-    """The live peers (keep-alive not expired) other than us with a priority not below ours."""
-    return [
-        p for p in peers if p.deadline > now and p.identity != own.identity and p.priority >= own.priority
-    ]
-
-
-def peering_store() -> Store:
-    """Peering objects by (namespace, name), each kept as its `status` alone."""
-    return Store(
-        lambda obj: str((obj.get("metadata") or {}).get("name") or ""),
-        lambda obj: dict(obj.get("status") or {}),
-        keep_body=False,
-    )
-
-
-class PeeringGate:
-    """`serving` is set while no live peer outranks this replica, cleared while one does."""
-
-    def __init__(self, own: PeeringIdentity, store: Store) -> None:
-        self.own = own
-        self.store = store
+    def __init__(self, peering_objects: int) -> None:
+        super().__init__(level=logging.INFO)
+        self.paused = max(peering_objects, 1)  # kopf's mandatory peering starts every one paused
         self.serving = asyncio.Event()
-        self._decided: bool | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        metrics.SERVING.set(0)
 
-    def changed(self, _key: Key) -> None:
-        """A peering object changed (the informer's callback)."""
-        self.decide()
+    def install(self) -> None:
+        kopf_log = logging.getLogger(KOPF_PEERING_LOGGER)
+        if kopf_log.getEffectiveLevel() > logging.INFO:
+            kopf_log.setLevel(logging.INFO)  # the decisions are INFO and WARNING
+        kopf_log.addHandler(self)
 
-    def blockers(self, now: datetime.datetime) -> list[Peer]:
-        out: list[Peer] = []
-        for key in self.store.run_keys():
-            if key[1] != PEERING_NAME:
-                continue
-            found, status = self.store.view_of(key, PEERING_NAME)
-            if found and isinstance(status, Mapping):
-                out += blocking_peers(parse_peers(status, now), self.own, now)
-        return out
+    def uninstall(self) -> None:
+        logging.getLogger(KOPF_PEERING_LOGGER).removeHandler(self)
 
-    def decide(self) -> None:
-        """Serve or stand by, from the peering objects as last seen; while standing by, decide again
-        when the first blocking peer's keep-alive expires (a peer killed outright writes nothing)."""
-        now = datetime.datetime.now(datetime.UTC)
-        blockers = self.blockers(now)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        serve = not blockers
-        if blockers:
-            wait = min(p.deadline for p in blockers) - now
-            self._timer = asyncio.get_running_loop().call_later(wait.total_seconds() + 0.1, self.decide)
-        if serve == self._decided:
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(PAUSING):
+            self.paused += 1
+        elif message.startswith(RESUMING):
+            self.paused = max(self.paused - 1, 0)
+        else:
             return
-        self._decided = serve
+        serve = self.paused == 0
+        if serve == self.serving.is_set():
+            return
         metrics.SERVING.set(1 if serve else 0)
         if serve:
-            log.info(
-                "serving: no live peer of higher or equal priority", extra={"identity": self.own.identity}
-            )
+            log.info("serving: kopf's peering resumed this replica")
             self.serving.set()
         else:
-            log.info(
-                "standing by: a peer of higher or equal priority serves",
-                extra={
-                    "identity": self.own.identity,
-                    "priority": self.own.priority,
-                    "peers": ",".join(sorted(p.identity for p in blockers)),
-                },
-            )
+            log.info("standing by: kopf's peering paused this replica", extra={"paused": self.paused})
             self.serving.clear()
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-def peering_kind(namespaces: tuple[str, ...]) -> tuple[str, str]:
-    """(API prefix, plural) of the peering objects kopf uses: namespaced when namespaces are listed."""
-    return ("/apis/kopf.dev/v1", "kopfpeerings" if namespaces else "clusterkopfpeerings")

@@ -46,11 +46,12 @@ from agentrun_operator.planner.admission import unparseable_status
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, Plan
 from agentrun_operator.planner.observed import IdempotencyClaim, Observed, Refusal, permanent_refusal
 from agentrun_operator.planner.plan import plan
-from agentrun_operator.planner.resolution import implementation_spec_refs
+from agentrun_operator.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
+from agentrun_operator.shell.codec import encode_json
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.kube import Kube, KubeError, encode_json
+from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
 
 log = logging.getLogger("agentrun.reconciler")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -67,6 +68,18 @@ class WorkQueue:
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[Key, int] = {}
+        self._progress_at = time.monotonic()  # a reconcile finished, or work arrived at an idle queue
+
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds keys have waited while no reconcile finished (0 while idle, paused or not yet
+        ready); None when a worker has died (shell/health.py)."""
+        if any(task.done() for task in self._tasks):
+            return None
+        paused = self._serving is not None and not self._serving.is_set()
+        unready = self._ready is not None and not self._ready.is_set()
+        if not self._queued or paused or unready:
+            return 0.0
+        return max(now - self._progress_at, 0.0)
 
     def start(self) -> None:
         for i in range(self._workers):
@@ -86,6 +99,8 @@ class WorkQueue:
         if key in self._active:
             self._dirty.add(key)
             return
+        if not self._queued and not self._active:
+            self._progress_at = time.monotonic()  # the wait starts now, not at the last reconcile
         lane = BACKGROUND if background else FRONT
         if key in self._queued and self._queued[key] <= lane:
             return
@@ -112,9 +127,6 @@ class WorkQueue:
 
         self._timers[key] = (deadline, loop.call_at(deadline, fire))
 
-    def idle(self) -> bool:
-        return not self._queued and not self._active
-
     async def _work(self) -> None:
         if self._ready is not None:
             await self._ready.wait()
@@ -122,6 +134,7 @@ class WorkQueue:
             lane, _, key = await self._queue.get()
             if self._serving is not None and not self._serving.is_set():
                 await self._serving.wait()
+                self._progress_at = time.monotonic()  # resumed: the wait starts now
             if self._queued.get(key) != lane:  # taken already, or moved to the front lane
                 self._queue.task_done()
                 continue
@@ -153,6 +166,7 @@ class WorkQueue:
             finally:
                 self._active.discard(key)
                 self._queue.task_done()
+                self._progress_at = time.monotonic()
             if key in self._dirty and not failed:  # a failure waits out its backoff regardless
                 self._dirty.discard(key)
                 self.enqueue(key)

@@ -16,9 +16,9 @@ from agentrun_operator.api.resources import AgentDefaults, AgentProviderSpec
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import compat
 from agentrun_operator.planner.contract import contract_check, task_metadata
-from agentrun_operator.planner.resolution import References, step_retries
 from agentrun_operator.planner.template_paths import provider_template_warnings, unknown_reason
 from agentrun_operator.planner.validate import validate_static
+from agentrun_operator.resolution import References, step_retries
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 PROVIDER = {"image": "busybox", "command": ["sh", "-c", "true"]}

@@ -19,7 +19,7 @@ from agentrun_operator.jobs import (
     PlannedAttempt,
     build_iteration_job,
 )
-from agentrun_operator.planner.resolution import References
+from agentrun_operator.resolution import References
 from tests.support.manifests import agentrun
 
 CONFIG = OperatorConfig(runner_image="runner:1", reporter_image="operator:1")

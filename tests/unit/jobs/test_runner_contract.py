@@ -10,8 +10,8 @@ from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, Implem
 from agentrun_operator.jobs import PlannedAttempt
 from agentrun_operator.jobs.builder import build_iteration_objects
 from agentrun_operator.jobs.runner_contract import RunnerContract, config_map_name
-from agentrun_operator.planner.resolution import References
 from agentrun_operator.planner.validate_compat import compat_problems
+from agentrun_operator.resolution import References
 from tests.unit.jobs.test_builder import CONFIG, PVC, run_of
 
 PROVIDER = {

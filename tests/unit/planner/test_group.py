@@ -293,7 +293,7 @@ def test_a_budget_on_a_body_counts_the_usage_of_its_children() -> None:
 
 def test_implementation_specs_of_nested_steps_are_looked_up_and_used() -> None:
     from agentrun_operator.api import parse_agentrun
-    from agentrun_operator.planner.resolution import implementation_spec_refs
+    from agentrun_operator.resolution import implementation_spec_refs
 
     switch = {
         "expression": "'x'",

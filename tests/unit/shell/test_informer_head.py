@@ -8,9 +8,11 @@ from typing import Any, cast
 
 import pytest
 
+from agentrun_operator import naming
 from agentrun_operator.shell.cache import RunCache
-from agentrun_operator.shell.informer import Informer, builtin_head, custom_head
-from agentrun_operator.shell.kube import Kube, decode_object_json
+from agentrun_operator.shell.codec import builtin_head, decode_object_json
+from agentrun_operator.shell.informer import Informer
+from agentrun_operator.shell.kube import Kube
 
 
 def _line(event: dict[str, Any]) -> bytes:
@@ -25,30 +27,11 @@ def _pod(version: int, generate: bool = True) -> dict[str, Any]:
         "namespace": "ns",
         "uid": "u-1",
         "resourceVersion": str(version),
-        "labels": {"name": "decoy", "job-name": "j"},
+        "labels": {"name": "decoy", "job-name": "j", naming.LABEL_RUN: "r"},
     }
     # Built-in kinds are written from Go structs: kind, apiVersion, metadata (name, generateName,
     # namespace, uid, resourceVersion, ...), spec, status.
     return {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": {}, "status": {"phase": "Running"}}
-
-
-def _run(version: int) -> dict[str, Any]:
-    # Custom resources are written from maps: keys sorted, at every level.
-    meta = {
-        "annotations": {"x": '"},"spec":{'},
-        "generation": 1,
-        "labels": {"name": "decoy"},
-        "name": "r",
-        "namespace": "ns",
-        "resourceVersion": str(version),
-        "uid": "u-r",
-    }
-    return {
-        "apiVersion": "agents.proompteng.ai/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": meta,
-        "spec": {"a": 1},
-    }
 
 
 @pytest.mark.parametrize("generate", [True, False])
@@ -68,15 +51,6 @@ def test_builtin_head_refuses_text_of_another_shape() -> None:
     assert builtin_head(b"not json") is None
 
 
-def test_custom_head_reads_the_metadata_alone() -> None:
-    assert custom_head(_line({"type": "MODIFIED", "object": _run(7)})) == ("ns", "r", "u-r", 7)
-    assert custom_head(_line({"type": "DELETED", "object": _run(7)})) is None
-    no_spec = _run(7)
-    del no_spec["spec"]
-    assert custom_head(_line({"type": "MODIFIED", "object": no_spec})) is None
-    assert custom_head(b'{"type":"MODIFIED","object":{"metadata":{"name":1},"spec":{') is None
-
-
 class _Decodes:
     def __init__(self) -> None:
         self.calls = 0
@@ -93,26 +67,25 @@ def test_the_echo_of_what_the_cache_holds_is_not_decoded_and_anything_newer_is()
     informer = Informer(
         cast(Kube, None),
         cache,
-        cache.runs,
-        "/apis/x/v1",
-        "agentruns",
-        None,
+        cache.pods,
+        "/api/v1",
+        "pods",
+        naming.LABEL_RUN,
         (),
         changed.append,
         decode=decode,
-        head=custom_head,
+        head=builtin_head,
     )
-    cache.runs.upsert(_run(7))  # our status write's answer, written through
-    assert informer._event(None, _line({"type": "MODIFIED", "object": _run(7)}))
+    cache.pods.upsert(_pod(7))  # e.g. what a write's answer put in the cache
+    assert informer._event(None, _line({"type": "MODIFIED", "object": _pod(7)}))
     assert decode.calls == 0 and changed == []
     assert informer._resume[None] == 7  # the watch resumes after it all the same
-    newer = _run(8)
-    newer["metadata"]["labels"] = {"changed": "yes"}
+    newer = _pod(8)
+    newer["status"] = {"phase": "Succeeded"}
     assert informer._event(None, _line({"type": "MODIFIED", "object": newer}))
     assert decode.calls == 1 and changed == [("ns", "r")]
-    assert (cache.run("ns", "r") or {})["metadata"]["labels"] == {"changed": "yes"}
     # A namesake (another uid) at an old version is decoded: it is another object.
-    other = _run(3)
+    other = _pod(3)
     other["metadata"]["uid"] = "u-other"
     informer._event(None, _line({"type": "MODIFIED", "object": other}))
     assert decode.calls == 2

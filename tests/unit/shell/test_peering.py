@@ -1,147 +1,158 @@
-"""The peering gate: which replica serves, decided from kopf's peering object as kopf decides it."""
+"""The work queue pauses when kopf's own peering pauses: `KopfPause` follows kopf's decision, driven
+here through kopf's own decision function (so a kopf release that changes it fails these tests)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+import functools
 import random
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+import kopf
+import pytest
+from kopf._cogs.aiokits import aiotoggles
+from kopf._core.engines import peering as kopf_peering
 from prometheus_client import REGISTRY
 
-from agentrun_operator.shell.peering import (
-    PEERING_NAME,
-    PeeringGate,
-    PeeringIdentity,
-    blocking_peers,
-    parse_peers,
-    peering_kind,
-    peering_store,
-)
+from agentrun_operator.shell.peering import DEFAULT_PEERING_NAME, KopfPause, choose_priority
 
-NOW = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
-ME = PeeringIdentity("me", 100)
+ME = "agentrun-operator-a"
+MY_PRIORITY = 100
 
 
-def _seen(seconds_ago: float) -> str:
-    return (NOW - datetime.timedelta(seconds=seconds_ago)).isoformat()
+def _event(status: dict[str, Any], name: str = DEFAULT_PEERING_NAME) -> dict[str, Any]:
+    return {"type": "MODIFIED", "object": {"metadata": {"name": name}, "status": status}}
 
 
-def test_identity_is_the_pod_name_or_kopfs_form_and_priorities_differ() -> None:
-    assert PeeringIdentity.choose({"POD_ID": "op-7f9c"}).identity == "op-7f9c"
-    manual = PeeringIdentity.choose({}, random.Random(1)).identity
-    assert "@" in manual and manual.count("/") == 2
-    drawn = {PeeringIdentity.choose({"POD_ID": "x"}, random.Random(seed)).priority for seed in range(50)}
+def _live(priority: Any, seconds_ago: float = 0) -> dict[str, Any]:
+    seen = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
+    return {"priority": priority, "lifetime": 60, "lastseen": seen.isoformat()}
+
+
+class Kopf:
+    """kopf's peering decision for one peering object, as its orchestrator wires it: a toggle of the
+    operator's pause set, mandatory peering (it starts on), kopf's `process_peering_event`."""
+
+    def __init__(self, toggles: aiotoggles.ToggleSet, toggle: aiotoggles.Toggle) -> None:
+        self.toggles, self.toggle = toggles, toggle
+        self.settings = kopf.OperatorSettings()
+        self.settings.peering.name = DEFAULT_PEERING_NAME
+        self.settings.peering.priority = MY_PRIORITY
+
+    async def sees(self, status: dict[str, Any], name: str = DEFAULT_PEERING_NAME) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                kopf_peering.process_peering_event(
+                    raw_event=_event(status, name),  # type: ignore[arg-type]
+                    namespace=None,
+                    resource=None,  # type: ignore[arg-type]
+                    identity=kopf_peering.Identity(ME),
+                    settings=self.settings,
+                    autoclean=False,
+                    conflicts_found=self.toggle,
+                ),
+                timeout=0.2,  # it then sleeps until a blocking peer's keep-alive expires
+            )
+
+    @property
+    def paused(self) -> bool:
+        return self.toggles.is_on()
+
+
+async def _kopf(objects: int = 1) -> tuple[list[Kopf], KopfPause]:
+    pause = KopfPause(peering_objects=objects)
+    pause.install()
+    toggles = aiotoggles.ToggleSet(any)
+    return [Kopf(toggles, await toggles.make_toggle(True, name=f"p{i}")) for i in range(objects)], pause
+
+
+def in_loop(scenario: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    @functools.wraps(scenario)
+    def test() -> None:
+        asyncio.run(scenario())
+
+    return test
+
+
+def _serving_metric() -> float | None:
+    return REGISTRY.get_sample_value("agentrun_serving")
+
+
+@in_loop
+async def test_standby_until_kopf_reads_the_peering_object_then_serves_without_a_higher_peer() -> None:
+    (kopf_,), pause = await _kopf()
+    try:
+        assert kopf_.paused and not pause.serving.is_set() and _serving_metric() == 0
+        await kopf_.sees({ME: _live(MY_PRIORITY), "lower": _live(MY_PRIORITY - 1)})
+        assert not kopf_.paused and pause.serving.is_set() and _serving_metric() == 1
+        # A higher peer appears (a `kopf freeze`, a foreign operator under our name): both pause.
+        await kopf_.sees({ME: _live(MY_PRIORITY), "higher": _live(MY_PRIORITY + 1)})
+        assert kopf_.paused and not pause.serving.is_set() and _serving_metric() == 0
+        # An equal peer pauses too (kopf pauses all of them).
+        await kopf_.sees({ME: _live(MY_PRIORITY), "equal": _live(MY_PRIORITY)})
+        assert kopf_.paused and not pause.serving.is_set()
+        # Its keep-alive expired (a peer killed outright): serve again.
+        await kopf_.sees({ME: _live(MY_PRIORITY), "higher": _live(MY_PRIORITY + 1, seconds_ago=120)})
+        assert not kopf_.paused and pause.serving.is_set()
+    finally:
+        pause.uninstall()
+
+
+@in_loop
+async def test_an_unparseable_entry_fails_kopfs_decision_and_never_starts_a_standby() -> None:
+    """kopf's decision raises and turns no toggle (kopf then stops the whole operator, which
+    tests/integration/test_chart.py shows): a standby never starts serving on it."""
+    (kopf_,), pause = await _kopf()
+    try:
+        for garbage in ({"priority": "high"}, "not a mapping", {"lifetime": "long"}, {"lastseen": "x"}):
+            with pytest.raises(Exception):  # noqa: B017 - kopf's decision fails: its toggle, and ours, stay
+                await kopf_.sees({ME: _live(MY_PRIORITY), "odd": garbage})
+            assert kopf_.paused and not pause.serving.is_set(), garbage
+        await kopf_.sees({ME: _live(MY_PRIORITY)})
+        assert pause.serving.is_set()
+        for garbage in ({"priority": "high"}, "not a mapping"):
+            with pytest.raises(Exception):  # noqa: B017
+                await kopf_.sees({ME: _live(MY_PRIORITY), "odd": garbage})
+            assert not kopf_.paused and pause.serving.is_set()  # and a server stays the server
+    finally:
+        pause.uninstall()
+
+
+@in_loop
+async def test_another_operators_peering_object_is_not_ours() -> None:
+    (kopf_,), pause = await _kopf()
+    try:
+        await kopf_.sees({"other-operator": _live(MY_PRIORITY + 1)}, name="default")
+        assert kopf_.paused and not pause.serving.is_set()  # not read at all: still unresolved
+        await kopf_.sees({ME: _live(MY_PRIORITY)})
+        await kopf_.sees({"other-operator": _live(MY_PRIORITY + 1)}, name="default")
+        assert pause.serving.is_set()
+    finally:
+        pause.uninstall()
+
+
+@in_loop
+async def test_with_one_peering_object_per_namespace_it_serves_only_while_none_pauses_it() -> None:
+    (first, second), pause = await _kopf(objects=2)
+    try:
+        await first.sees({ME: _live(MY_PRIORITY)})
+        assert not pause.serving.is_set()  # the other namespace's object is not read yet
+        await second.sees({ME: _live(MY_PRIORITY)})
+        assert pause.serving.is_set()
+        await second.sees({ME: _live(MY_PRIORITY), "higher": _live(MY_PRIORITY + 1)})
+        assert not pause.serving.is_set() and first.paused
+        await first.sees({ME: _live(MY_PRIORITY), "higher": _live(MY_PRIORITY + 1)})
+        await second.sees({ME: _live(MY_PRIORITY)})
+        assert not pause.serving.is_set()
+        await first.sees({ME: _live(MY_PRIORITY)})
+        assert pause.serving.is_set()
+    finally:
+        pause.uninstall()
+
+
+def test_priorities_are_drawn_so_that_replicas_do_not_tie() -> None:
+    drawn = {choose_priority(random.Random(seed)) for seed in range(50)}
     assert len(drawn) == 50 and all(1 <= p <= 2**30 for p in drawn)
-
-
-def test_peers_are_read_as_kopf_writes_them_and_garbage_is_skipped() -> None:
-    status: dict[str, Any] = {
-        "a": {"priority": 5, "lifetime": 60, "lastseen": _seen(10)},
-        "b": {"priority": "7"},  # no lastseen: now; no lifetime: 60 s
-        "c": "not a peer",
-        "d": {"priority": "high"},
-        "e": {"priority": 1, "lastseen": "yesterday"},
-    }
-    peers = {p.identity: p for p in parse_peers(status, NOW)}
-    assert set(peers) == {"a", "b", "e"}
-    assert peers["a"].deadline == NOW + datetime.timedelta(seconds=50)
-    assert peers["b"].priority == 7 and peers["b"].deadline == NOW + datetime.timedelta(seconds=60)
-
-
-def test_only_live_others_of_higher_or_equal_priority_block() -> None:
-    status = {
-        "me": {"priority": 100, "lastseen": _seen(1)},
-        "higher": {"priority": 200, "lastseen": _seen(1)},
-        "equal": {"priority": 100, "lastseen": _seen(1)},
-        "lower": {"priority": 99, "lastseen": _seen(1)},
-        "dead": {"priority": 300, "lifetime": 60, "lastseen": _seen(61)},
-    }
-    blockers = blocking_peers(parse_peers(status, NOW), ME, NOW)
-    assert sorted(p.identity for p in blockers) == ["equal", "higher"]
-
-
-@settings(deadline=None, max_examples=200)  # pure, but datetime parsing varies on a loaded machine
-@given(
-    st.dictionaries(
-        st.text(min_size=1, max_size=8),
-        st.tuples(st.integers(0, 10**9), st.integers(1, 120), st.integers(-100, 200)),
-        max_size=6,
-    )
-)
-def test_a_replica_blocks_exactly_when_kopf_would_pause_it(peers: dict[str, tuple[int, int, int]]) -> None:
-    status = {
-        name: {"priority": prio, "lifetime": life, "lastseen": _seen(ago)}
-        for name, (prio, life, ago) in peers.items()
-    }
-    blockers = {p.identity for p in blocking_peers(parse_peers(status, NOW), ME, NOW)}
-    expected = {
-        name
-        for name, (prio, life, ago) in peers.items()
-        if name != ME.identity and prio >= ME.priority and ago < life
-    }
-    assert blockers == expected
-
-
-def _peering(
-    namespace: str, status: dict[str, Any], version: int, name: str = PEERING_NAME
-) -> dict[str, Any]:
-    meta = {
-        "name": name,
-        "namespace": namespace,
-        "uid": f"u-{namespace}-{name}",
-        "resourceVersion": str(version),
-    }
-    return {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": meta, "status": status}
-
-
-def test_gate_serves_stands_by_and_takes_over_when_the_server_stops() -> None:
-    async def scenario() -> list[bool]:
-        store = peering_store()
-        gate = PeeringGate(PeeringIdentity("me", 100), store)
-        states: list[bool] = []
-        gate.decide()  # nothing listed: no one outranks us
-        states.append(gate.serving.is_set())
-        assert REGISTRY.get_sample_value("agentrun_serving") == 1
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        gate.changed(
-            store.upsert(_peering("ns", {"other": {"priority": 500, "lastseen": now}}, 1)) or ("", "")
-        )
-        states.append(gate.serving.is_set())
-        assert REGISTRY.get_sample_value("agentrun_serving") == 0
-        # Another object's peers, or another name, change nothing.
-        store.upsert(_peering("ns", {"x": {"priority": 900, "lastseen": now}}, 2, name="someone-else"))
-        gate.decide()
-        states.append(gate.serving.is_set())
-        # The serving peer leaves cleanly (kopf removes its entry): we take over.
-        gate.changed(store.upsert(_peering("ns", {"me": {"priority": 100, "lastseen": now}}, 3)) or ("", ""))
-        states.append(gate.serving.is_set())
-        gate.stop()
-        return states
-
-    assert asyncio.run(scenario()) == [True, False, False, True]
-
-
-def test_a_peer_killed_outright_is_outlived_by_its_lifetime() -> None:
-    async def scenario() -> tuple[bool, bool]:
-        store = peering_store()
-        gate = PeeringGate(PeeringIdentity("me", 100), store)
-        # A peer whose keep-alive ends a moment from now, and which never writes again.
-        lastseen = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=59.8)
-        store.upsert(
-            _peering("ns", {"killed": {"priority": 500, "lifetime": 60, "lastseen": lastseen.isoformat()}}, 1)
-        )
-        gate.decide()
-        before = gate.serving.is_set()
-        await asyncio.wait_for(gate.serving.wait(), timeout=30)  # the gate's own timer re-decides
-        gate.stop()
-        return before, gate.serving.is_set()
-
-    assert asyncio.run(scenario()) == (False, True)
-
-
-def test_peering_kind_follows_the_operators_scope() -> None:
-    assert peering_kind(("a", "b")) == ("/apis/kopf.dev/v1", "kopfpeerings")
-    assert peering_kind(()) == ("/apis/kopf.dev/v1", "clusterkopfpeerings")

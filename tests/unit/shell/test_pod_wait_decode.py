@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agentrun_operator.planner.observed import PodWait
-from agentrun_operator.shell.kube import decode_pod_event
+from agentrun_operator.shell.codec import decode_pod_event
 from agentrun_operator.shell.observe import pod_from_k8s, pod_wait
 
 

@@ -68,14 +68,6 @@ class RecordingKube:
             else None
         )
 
-    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        self.calls.append(("list", "jobs"))
-        return []
-
-    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        self.calls.append(("list", "pods"))
-        return []
-
     async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("get", f"persistentvolumeclaims/{name}"))
         volume = {"volumeName": f"pv-{name}"}

@@ -1,0 +1,82 @@
+"""AgentRuns reach the reconciler through a kopf handler: registered in kopf's registry, it feeds the
+watch cache and the work queue, and asks kopf for nothing that writes to the object."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import kopf
+
+from agentrun_operator.api import GROUP, VERSION
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.shell.handlers import OperatorState, register
+from agentrun_operator.shell.workqueue import Key
+
+
+def _registered() -> tuple[kopf.OperatorRegistry, OperatorState]:
+    registry = kopf.OperatorRegistry()
+    state = OperatorState(OperatorConfig(), None, workers=1)
+    register(registry, state)
+    return registry, state
+
+
+def test_the_agentrun_handler_is_in_kopfs_registry_and_needs_no_finalizer() -> None:
+    registry, _ = _registered()
+    watching = registry._watching.get_all_handlers()
+    selectors = [
+        (h.selector.group, h.selector.version, h.selector.plural or h.selector.any_name)
+        for h in watching
+        if h.selector
+    ]
+    assert selectors == [(GROUP, VERSION, "agentruns")]
+    # Nothing that makes kopf write to an AgentRun: no change handlers (their progress annotations),
+    # no daemons or timers (their finalizer); an event handler never needs one.
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
+
+
+def _run(version: int, phase: str | None = None, generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentRun",
+        "metadata": {
+            "name": "r",
+            "namespace": "ns",
+            "uid": "u",
+            "resourceVersion": str(version),
+            "generation": generation,
+        },
+        "spec": {},
+        "status": {"phase": phase} if phase else {},
+    }
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.keys: list[Key] = []
+
+    def enqueue(self, key: Key, background: bool = False) -> None:
+        self.keys.append(key)
+
+
+def test_an_agentrun_event_fills_the_cache_and_enqueues_only_what_the_planner_reads() -> None:
+    registry, state = _registered()
+    (handler,) = registry._watching.get_all_handlers()
+    queue = Queue()
+    state.queue = queue  # type: ignore[assignment]
+
+    def deliver(kind: str | None, obj: dict[str, Any]) -> None:
+        asyncio.run(cast(Any, handler.fn)(event={"type": kind, "object": obj}))
+
+    deliver(None, _run(1))  # kopf's initial listing
+    assert queue.keys == [("ns", "r")] and state.cache.run("ns", "r") is not None
+    deliver("MODIFIED", _run(1))  # the same version again: no news
+    assert queue.keys == [("ns", "r")]
+    deliver("MODIFIED", _run(2, phase="Running"))
+    assert queue.keys == [("ns", "r")] * 2
+    deliver("MODIFIED", _run(1, phase="Pending"))  # older than what the cache holds: ignored
+    assert queue.keys == [("ns", "r")] * 2
+    assert state.cache.run("ns", "r")["status"] == {"phase": "Running"}  # type: ignore[index]
+    deliver("DELETED", _run(3, phase="Running"))
+    assert queue.keys == [("ns", "r")] * 3 and state.cache.run("ns", "r") is None
