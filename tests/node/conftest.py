@@ -27,24 +27,25 @@ REPO = Path(__file__).resolve().parent.parent.parent
 @pytest.fixture(scope="session")
 def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of its own with the real node (kubelet, containerd, kube-scheduler) on it."""
-    from agentrun_devcluster.baseimages import BUSYBOX
     from agentrun_devcluster.node.host import host_problem
     from agentrun_devcluster.node.node import HOST_LOCK
 
     problem = host_problem()
     if problem is not None:
         pytest.skip(f"no real node here: {problem}")
-    from agentrun_devcluster import dockerengine, imagebuild
+    from agentrun_devcluster import dev, dockerengine
 
     try:
         dockerengine.ensure_engine(print)
     except dockerengine.EngineUnavailable as exc:
         pytest.skip(f"no real node here: its images are made with a Docker engine, and none can run: {exc}")
-    built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
+    # The images `agentrun dev up --runtime kubelet` imports: busybox, the operator's, and the git
+    # image of examples/git-loop.yaml (made from Debian packages once, then cached).
+    images = dev.node_images()
     plane = ControlPlane(tmp_path_factory.mktemp("real-node"), toolchain.ensure_tools(print), progress=print)
     # One real node per host: another session's (or a developer's by-hand) run waits its turn.
     with processes.exclusive(HOST_LOCK):
-        yield from _node_on(plane, [BUSYBOX, built.tag])
+        yield from _node_on(plane, images)
 
 
 def _node_on(plane: ControlPlane, images: list[str]) -> Iterator[ControlPlane]:
