@@ -3,10 +3,7 @@
 from .builder import (
     ANNOTATION_RUN_NAME,
     CONTROL_FALLBACK_VOLUME,
-    FINGERPRINT_CONTAINER,
     MAIN_CONTAINER,
-    META_VOLUME,
-    REPORTER_CONTAINER,
     PlannedAttempt,
     ResolvedContainer,
     Task,
@@ -16,6 +13,7 @@ from .builder import (
     resolve_implementation,
     volume_holding,
 )
+from .reporter_container import FINGERPRINT_CONTAINER, META_VOLUME, REPORTER_CONTAINER
 
 __all__ = [
     "ANNOTATION_RUN_NAME",

@@ -12,8 +12,9 @@ import posixpath
 from collections.abc import Iterator
 
 from agentrun_operator.api import AgentRun
-from agentrun_operator.jobs.builder import META_MOUNT, volume_holding
+from agentrun_operator.jobs.builder import volume_holding
 from agentrun_operator.jobs.pod_compat import implementation_document, provider_contract, run_vcs
+from agentrun_operator.jobs.reporter_container import META_MOUNT
 from agentrun_operator.jobs.runner_contract import (
     RunnerContract,
     RunnerInputs,

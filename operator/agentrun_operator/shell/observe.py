@@ -15,7 +15,8 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
-from agentrun_operator.jobs.builder import FINGERPRINT_CONTAINER, MAIN_CONTAINER, REPORTER_CONTAINER
+from agentrun_operator.jobs.builder import MAIN_CONTAINER
+from agentrun_operator.jobs.reporter_container import FINGERPRINT_CONTAINER, REPORTER_CONTAINER
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
 from agentrun_operator.resolution import effective_steps, effective_workload

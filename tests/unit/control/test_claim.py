@@ -28,7 +28,7 @@ from agentrun_operator.control.claim import (
     read_report,
     report_text,
 )
-from agentrun_operator.jobs.builder import ready_hook
+from agentrun_operator.jobs.reporter_container import ready_hook
 
 MODULE = "agentrun_operator.control.reporter"
 
