@@ -23,9 +23,6 @@ from agentrun_operator.api import (
     API_VERSION,
     AgentRun,
     AgentRunStatus,
-    IterationRecord,
-    JobRef,
-    StepStatus,
     parse_agentrun,
 )
 from agentrun_operator.config import OperatorConfig
@@ -90,50 +87,6 @@ def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
 
 def status_dict(run: AgentRun) -> dict[str, Any]:
     return status_dict_of(run.status)
-
-
-def _filled_ref(ref: JobRef | None, uids: dict[str, str]) -> JobRef | None:
-    if ref is not None and not ref.uid and uids.get(ref.name):
-        return ref.model_copy(update={"uid": uids[ref.name]})
-    return ref
-
-
-def _filled_iteration(record: IterationRecord, uids: dict[str, str]) -> IterationRecord:
-    ref = _filled_ref(record.job_ref, uids)
-    return record if ref is record.job_ref else record.model_copy(update={"job_ref": ref})
-
-
-def _filled_step(step: StepStatus, uids: dict[str, str]) -> StepStatus:
-    update: dict[str, Any] = {}
-    ref = _filled_ref(step.job_ref, uids)
-    if ref is not step.job_ref:
-        update["job_ref"] = ref
-    if step.loop is not None:
-        records = [_filled_iteration(r, uids) for r in step.loop.iterations]
-        if any(a is not b for a, b in zip(records, step.loop.iterations, strict=True)):
-            update["loop"] = step.loop.model_copy(update={"iterations": records})
-    if step.steps:
-        children = [_filled_step(child, uids) for child in step.steps]
-        if any(a is not b for a, b in zip(children, step.steps, strict=True)):
-            update["steps"] = children
-    return step.model_copy(update=update) if update else step
-
-
-def fill_job_uids(status: AgentRunStatus, uids: dict[str, str]) -> AgentRunStatus:
-    """The status with the uid the API server gave each Job we just created filled into the
-    references that name it (and have none yet): a copy; the planner's status is never mutated.
-
-    The planner cannot know the uid; writing it now saves a second status write per iteration (the
-    planner would otherwise record it on its next look at the Job). Done on the model, not on the
-    dumped dict, so the written status needs no validation to be remembered (`_remember`).
-    """
-    workflow = status.workflow
-    if workflow is None or not uids:
-        return status
-    steps = [_filled_step(step, uids) for step in workflow.steps]
-    if all(a is b for a, b in zip(steps, workflow.steps, strict=True)):
-        return status
-    return status.model_copy(update={"workflow": workflow.model_copy(update={"steps": steps})})
 
 
 def _where(where: Where | None) -> dict[str, Any]:
@@ -493,9 +446,10 @@ class Reconciler:
             else:
                 after_status.append(action)
 
-        # Most reconciles change nothing: comparing the models is far cheaper than serializing the
-        # whole status (its history grows with every iteration) to compare the dicts.
-        status_model = fill_job_uids(decision.status, job_uids)
+        # The uids of the Jobs just created go into the planner's rule for the status to write
+        # (planner/job_uids.py). Most reconciles change nothing: comparing the models is far cheaper
+        # than serializing the whole status (its history grows with every iteration) to compare.
+        status_model = decision.status_after(job_uids)
         unchanged = status_model == run.status
         new_status = {} if unchanged else status_dict_of(status_model)
         if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
