@@ -50,6 +50,7 @@ from agentrun_operator.shell.codec import encode_json
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
+from agentrun_operator.shell.writes import Writes
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -71,11 +72,6 @@ class ReconcileResult:
     requeue_after: float | None = None
     wrote_status: bool = False
     actions: list[Action] = field(default_factory=list)
-
-
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("uid") == uid for r in refs)
 
 
 def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
@@ -113,6 +109,7 @@ class Reconciler:
         self.cache = cache
         self.instance = instance
         self.events = events or EventRecorder(kube, instance)
+        self.writes = Writes(kube, cache)  # every write the cache must know of goes through it
         # The last parse of each run, by (uid, resourceVersion): between two writes a run is
         # reconciled several times unchanged, and validating it was the costliest step of a reconcile.
         self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, dict[str, Any]]] = {}
@@ -364,16 +361,13 @@ class Reconciler:
     async def _apply(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
     ) -> ReconcileResult:
-        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Store.settling`).
+        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Writes.applying`).
 
         The Job controller marks an ended Job complete while this reconcile records its result: that
         event would re-plan the run once more for nothing (this plan already used the pod's end, and
         a Job with its TTL set is never read again). Should a write here fail, this reconcile is
         retried or re-planned anyway."""
-        settle = [a.name for a in decision.actions if isinstance(a, SetJobTTL)]
-        if not settle:
-            return await self._apply_in_order(raw, run, decision, corr)
-        with self.cache.jobs.settling(raw["metadata"]["namespace"], settle):
+        with self.writes.applying(raw["metadata"]["namespace"], decision.actions):
             return await self._apply_in_order(raw, run, decision, corr)
 
     async def _apply_in_order(
@@ -391,13 +385,14 @@ class Reconciler:
                 try:
                     for companion in action.companions:
                         await self.kube.create_config_map(companion)
-                    with self.cache.jobs.writing(namespace, action.name):
-                        created, job = await self.kube.create_job(action.manifest)
+                    created, job, ours = await self.writes.create_job(
+                        namespace, action.name, action.manifest, meta["uid"]
+                    )
                 except KubeError as exc:
                     if permanent_refusal(exc.status):
                         raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
                     raise
-                if not created and not _owned_by(job, meta["uid"]):
+                if not ours:
                     # Left by an earlier AgentRun of the same name (its owner is gone): never adopt it.
                     await self.kube.delete_job(namespace, action.name)
                     log.info(
@@ -411,7 +406,6 @@ class Reconciler:
                     )
                     result.requeue_after = 1.0
                     continue
-                self.cache.jobs.upsert(job)  # write-through: the watch may deliver it later
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
                 if created:
                     jobs_created[action.name] = datetime.now(UTC)
@@ -456,17 +450,13 @@ class Reconciler:
             body = dict(raw)
             body["status"] = new_status
             try:
-                with self.cache.runs.writing(namespace, name, body):
-                    answer = await self.kube.replace_run_status(body)
-                self.cache.runs.upsert(answer)
+                answer = await self.writes.replace_run_status(body)
                 self._remember(raw, run, answer, status_model, new_status)
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(encode_json(new_status)))
             except KubeError as exc:
                 if exc.status == 409:  # the cached run is stale: fetch it, re-plan from the fresh one
-                    fresh = await self.kube.get_custom(namespace, "agentruns", name)
-                    if fresh is not None:
-                        self.cache.runs.upsert(fresh)
+                    await self.writes.refresh_run(namespace, name)
                     result.requeue_after = 0.0
                     return result
                 if exc.status == 404:  # the run is gone
@@ -478,9 +468,7 @@ class Reconciler:
         events: list[EmitEvent] = []
         for action in after_status:
             if isinstance(action, SetJobTTL):
-                patched = await self.kube.set_job_ttl(namespace, action.name, action.seconds)
-                if patched is not None:
-                    self.cache.jobs.upsert(patched)
+                await self.writes.set_job_ttl(namespace, action.name, action.seconds)
                 log.info(
                     f"job ttl set to {action.seconds}s (its result is recorded)",
                     extra={**corr, **_where(action.where), "job": action.name, "decision": "set-job-ttl"},
@@ -536,6 +524,6 @@ class Reconciler:
         body = dict(raw)
         body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
-            self.cache.runs.upsert(await self.kube.replace_run_status(body))
+            await self.writes.replace_run_status(body)
         except KubeError as exc:
             log.warning("could not record invalid spec: %s", exc)
