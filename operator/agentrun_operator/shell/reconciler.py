@@ -55,16 +55,13 @@ from agentrun_operator.shell.writes import Writes
 log = logging.getLogger("agentrun.reconciler")
 
 
-MAX_REFUSALS_PER_RECONCILE: Final = 3
-"""Re-plans after refused writes in one reconcile (a Job refused, then its status refused, …)."""
-
-
-class _Refused(Exception):
-    """A write the API server refused for good, carried from `_apply` back to the re-plan."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(f"{refusal.what} {refusal.name}: HTTP {refusal.code}: {refusal.message}")
-        self.refusal = refusal
+MAX_PLANS_PER_RECONCILE: Final = 4
+"""Plans in one reconcile: the first, and one more after each write the API server refuses for good
+(docs/design.md#refused-writes). A re-plan knows every refusal so far and never asks for a refused
+write again (a refused Job fails its step, a refused status ends the run on its persisted status),
+so each re-plan either applies or is refused on a write not refused before; a refusal repeated
+stops the reconcile at once. The cap bounds the longest chain: a Job refused, then the Job of an
+`alwaysRun` step refused, then the status recording both refused, then the last plan."""
 
 
 @dataclass
@@ -332,35 +329,36 @@ class Reconciler:
             return ReconcileResult()
         observed = await self._observe(raw, run)
         corr = {"correlation_id": raw["metadata"].get("uid"), "run": f"{namespace}/{name}"}
-        for _ in range(MAX_REFUSALS_PER_RECONCILE + 1):
+        for _ in range(MAX_PLANS_PER_RECONCILE):
             planned_at = time.perf_counter()
             decision = plan(run, observed, datetime.now(UTC), self.config)
             metrics.PLAN_SECONDS.observe(time.perf_counter() - planned_at)
-            try:
-                result = await self._apply(raw, run, decision, corr)
-            except _Refused as refused:
-                # Sending it again would get the same answer: the planner decides what follows.
-                log.warning(
-                    "write refused by the API server",
-                    extra={
-                        **corr,
-                        "refused": f"{refused.refusal.what} {refused.refusal.name}",
-                        "http_status": refused.refusal.code,
-                        "api_message": refused.refusal.message,
-                        "decision": "re-plan",
-                    },
-                )
-                observed = dataclasses.replace(observed, refusals=(*observed.refusals, refused.refusal))
-                continue
-            return result
-        # Not even the status that records the refusals was accepted: stop here; the next watch
-        # event or resync tries again (never a hot loop).
+            outcome = await self._apply(raw, run, decision, corr)
+            if isinstance(outcome, ReconcileResult):
+                return outcome
+            # Sending it again would get the same answer: the planner decides what follows.
+            again = outcome in observed.refusals
+            log.warning(
+                "write refused by the API server",
+                extra={
+                    **corr,
+                    "refused": f"{outcome.what} {outcome.name}",
+                    "http_status": outcome.code,
+                    "api_message": outcome.message,
+                    "decision": "give-up" if again else "re-plan",
+                },
+            )
+            if again:
+                break
+            observed = dataclasses.replace(observed, refusals=(*observed.refusals, outcome))
+        # Not even the status that records the refusals was accepted (or a refused write was asked
+        # for again): stop here; the next watch event or resync tries again (never a hot loop).
         log.error("writes refused after re-planning; giving up this reconcile", extra=corr)
         return ReconcileResult()
 
     async def _apply(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
-    ) -> ReconcileResult:
+    ) -> ReconcileResult | Refusal:
         """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Writes.applying`).
 
         The Job controller marks an ended Job complete while this reconcile records its result: that
@@ -372,8 +370,9 @@ class Reconciler:
 
     async def _apply_in_order(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
-    ) -> ReconcileResult:
-        """Apply one plan in restart-safe order; a write refused for good raises `_Refused`."""
+    ) -> ReconcileResult | Refusal:
+        """Apply one plan in restart-safe order. A write refused for good (`permanent_refusal`) ends
+        it there, before anything that must follow that write: the refusal, for the re-plan."""
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         result = ReconcileResult(actions=list(decision.actions))
@@ -390,7 +389,7 @@ class Reconciler:
                     )
                 except KubeError as exc:
                     if permanent_refusal(exc.status):
-                        raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
+                        return Refusal("Job", action.name, exc.status, exc.reason)
                     raise
                 if not ours:
                     # Left by an earlier AgentRun of the same name (its owner is gone): never adopt it.
@@ -462,7 +461,7 @@ class Reconciler:
                 if exc.status == 404:  # the run is gone
                     return result
                 if permanent_refusal(exc.status):
-                    raise _Refused(Refusal("Status", name, exc.status, exc.reason)) from exc
+                    return Refusal("Status", name, exc.status, exc.reason)
                 raise
 
         events: list[EmitEvent] = []
