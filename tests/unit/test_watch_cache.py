@@ -193,7 +193,7 @@ def _pod(phase: str, rv: int) -> dict[str, Any]:
 
 
 def test_a_pod_appearing_starting_or_a_job_getting_its_start_time_does_not_replan() -> None:
-    """None can change a plan (ObservedPod.arrival_can_change_a_plan, ObservedPod/ObservedJob.plan_relevant);
+    """None can change a plan (shell/relevance.py);
     a pod's end does, and so does a pod first seen already ended."""
     cache = RunCache()
     assert cache.pods.upsert(_pod("Pending", 1)) is None

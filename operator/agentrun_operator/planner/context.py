@@ -3,6 +3,7 @@ constants and helpers every concern of the planner shares."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Literal
@@ -11,6 +12,7 @@ from agentrun_operator.api import AgentRun, AgentRunStatus, StepStatus, Workflow
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import Action, EmitEvent, Requeue, Where
 from agentrun_operator.planner.facts import Fact, RunPhaseChanged
+from agentrun_operator.planner.job_uids import status_with_job_uids
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.validate import Problem
 from agentrun_operator.resolution import References
@@ -38,6 +40,12 @@ class Plan:
     status: AgentRunStatus
     actions: tuple[Action, ...]
     facts: tuple[Fact, ...] = ()
+
+    def status_after(self, job_uids: Mapping[str, str]) -> AgentRunStatus:
+        """The status to write once this plan's `CreateJob` actions are applied: `job_uids` (Job name
+        -> the uid the API server answered with) recorded in the references to those Jobs
+        (planner/job_uids.py). The plan itself is never edited."""
+        return status_with_job_uids(self.status, job_uids)
 
 
 @dataclass

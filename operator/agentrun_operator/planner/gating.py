@@ -60,7 +60,7 @@ def set_job_ttls(ctx: PlanContext) -> None:
     records a result also sets its Job's TTL -- no second reconcile and write per iteration for it.
     An attempt that succeeded by its pod counts as ended (`succeeded_by_pod`): the TTL only starts
     once the Job controller finishes the Job. A `settling` Job (decided, its pods maybe still
-    stopping) gets none yet: its end must stay news for the gate (`ObservedJob.plan_relevant`)."""
+    stopping) gets none yet: its end opens the one-Job gate."""
     for job in ctx.observed.jobs:
         ended = job.settled or succeeded_by_pod(ctx, job) is not None
         fresh = ended and not job.deleting and job.ttl_seconds_after_finished is None

@@ -6,7 +6,7 @@ object, so every rule can be unit-tested with literals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -100,33 +100,6 @@ class ObservedPod:
         code 0, and the reporter's envelope in the status (docs/design.md#early-result)."""
         return self.containers_ended and self.main_exit_code == 0 and self.reporter_message is not None
 
-    def plan_relevant(self) -> ObservedPod:
-        """What of this pod can change a plan: Pending and Running are alike to every rule (only
-        how a pod ends, that it is deleted, or why it waits, matters), so the shell need not re-plan
-        between them; a change of `waiting` (a new reason, or the wait over) does re-plan.
-        The claim's outcome (known once `fingerprint` ends, before `main` starts) is read when the
-        pod ends: it only adds a warning (planner/claims.py), so it re-plans nothing on its own.
-        A `reported` pod is recorded by its report, so its phase turning `Succeeded` afterwards (the
-        kubelet's teardown done) re-plans nothing either. Its node matters only once it has stopped
-        (the next pod's placement), so being scheduled re-plans nothing."""
-        if self.reported and self.phase in ("Running", "Succeeded"):
-            return replace(self, phase="Succeeded")  # its report decided; the phase adds nothing
-        if self.terminal:
-            return self
-        running = "Running" if self.phase == "Pending" else self.phase
-        if self.containers_ended:  # stopped: its node is news for the next pod's placement
-            return replace(self, phase=running, claim_message=None)
-        return replace(self, phase=running, claim_message=None, node_name=None)
-
-    def arrival_can_change_a_plan(self, others: tuple[ObservedPod, ...]) -> bool:
-        """Whether a plan made before this pod was seen (beside `others`, the run's other pods) may
-        now be wrong. The first pod of a Job, not yet ended, can only hold the planner back (the
-        one-Job gate, waiting for its report), never make it act, so the shell need not re-plan when
-        it appears: the next plan, for any reason, sees it. A further pod of a Job can: a Job taken
-        for succeeded by its one pod is live again with two; and so can one that already waits for
-        good (the step's message says why)."""
-        return self.stopped or self.waiting is not None or any(p.job_name == self.job_name for p in others)
-
 
 @dataclass(frozen=True)
 class ObservedJob:
@@ -159,20 +132,6 @@ class ObservedJob:
     def settled(self) -> bool:
         """Decided and marked `Complete`/`Failed`: the Job controller saw every pod of it terminate."""
         return self.finished and not self.settling
-
-    def plan_relevant(self) -> ObservedJob:
-        """What of this Job can change a plan: `started_at` only refines a deadline timer, which a
-        plan made without it arms earlier (from the attempt's request), never later; a TTL, once
-        set, only keeps the planner from setting it (a plan that has not seen it sets it once more,
-        the same value: an idempotent write). And a Job with its TTL set is done with: the planner
-        sets it only once the Job has ended and a committed status records its result, after which
-        its outcome is never read again (`gating.result_recorded`) -- so the Job controller marking
-        it complete re-plans nothing; only its deletion does. A `settling` Job gets no TTL
-        (`gating.set_job_ttls`), so its end, which opens the one-Job gate, stays news."""
-        relevant = replace(self, started_at=None, ttl_seconds_after_finished=None)
-        if self.ttl_seconds_after_finished is not None:
-            return replace(relevant, outcome="Succeeded", finished_at=None, message=None, settling=False)
-        return relevant
 
 
 @dataclass(frozen=True)

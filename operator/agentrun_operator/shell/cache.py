@@ -31,6 +31,7 @@ from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+from agentrun_operator.shell.relevance import job_change, job_settled, pod_arrival, pod_change
 
 Key = tuple[str, str]  # (namespace, run name)
 Obj = dict[str, Any]
@@ -86,38 +87,8 @@ def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
     return (job_from_k8s(job), owner_uids(job))
 
 
-def job_change(view: Any) -> Any:
-    """What of a Job's view can change a plan: a change of anything else needs no reconcile."""
-    job, owners = view
-    return (job.plan_relevant() if job is not None else None, owners)
-
-
-def job_settled(view: Any) -> bool:
-    """A Job the Job controller has marked ended (Complete or Failed, not just decided: a `settling`
-    Job's end opens the one-Job gate, so it is news), or one with its TTL set, not
-    being deleted: while the reconcile recording its iteration's result is settling it
-    (`Store.settling`), neither is news -- the plan already used the pod's result, and once its TTL
-    is set the Job's outcome is never read again (`ObservedJob.plan_relevant`); the echo of that TTL
-    patch may arrive before its answer. Its deletion still is news."""
-    job, _owners = view
-    if job is None or job.deleting:
-        return False
-    return bool(job.settled or job.ttl_seconds_after_finished is not None)
-
-
 def pod_view(pod: Obj) -> ObservedPod | None:
     return pod_from_k8s(pod)
-
-
-def pod_change(view: Any) -> Any:
-    return view.plan_relevant() if view is not None else None
-
-
-def pod_arrival(view: Any, others: list[Any]) -> bool:
-    """A new pod re-plans its run only when it could change a plan (`arrival_can_change_a_plan`): the
-    pod every iteration starts with, still pending, does not."""
-    known = tuple(other for other in others if other is not None)
-    return view is not None and bool(view.arrival_can_change_a_plan(known))
 
 
 def run_view(run: Obj) -> tuple[Any, ...]:

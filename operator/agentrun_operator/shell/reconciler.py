@@ -23,9 +23,6 @@ from agentrun_operator.api import (
     API_VERSION,
     AgentRun,
     AgentRunStatus,
-    IterationRecord,
-    JobRef,
-    StepStatus,
     parse_agentrun,
 )
 from agentrun_operator.config import OperatorConfig
@@ -53,20 +50,18 @@ from agentrun_operator.shell.codec import encode_json
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
+from agentrun_operator.shell.writes import Writes
 
 log = logging.getLogger("agentrun.reconciler")
 
 
-MAX_REFUSALS_PER_RECONCILE: Final = 3
-"""Re-plans after refused writes in one reconcile (a Job refused, then its status refused, …)."""
-
-
-class _Refused(Exception):
-    """A write the API server refused for good, carried from `_apply` back to the re-plan."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(f"{refusal.what} {refusal.name}: HTTP {refusal.code}: {refusal.message}")
-        self.refusal = refusal
+MAX_PLANS_PER_RECONCILE: Final = 4
+"""Plans in one reconcile: the first, and one more after each write the API server refuses for good
+(docs/design.md#refused-writes). A re-plan knows every refusal so far and never asks for a refused
+write again (a refused Job fails its step, a refused status ends the run on its persisted status),
+so each re-plan either applies or is refused on a write not refused before; a refusal repeated
+stops the reconcile at once. The cap bounds the longest chain: a Job refused, then the Job of an
+`alwaysRun` step refused, then the status recording both refused, then the last plan."""
 
 
 @dataclass
@@ -74,11 +69,6 @@ class ReconcileResult:
     requeue_after: float | None = None
     wrote_status: bool = False
     actions: list[Action] = field(default_factory=list)
-
-
-def _owned_by(obj: dict[str, Any], uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("uid") == uid for r in refs)
 
 
 def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
@@ -90,50 +80,6 @@ def status_dict_of(status: AgentRunStatus | None) -> dict[str, Any]:
 
 def status_dict(run: AgentRun) -> dict[str, Any]:
     return status_dict_of(run.status)
-
-
-def _filled_ref(ref: JobRef | None, uids: dict[str, str]) -> JobRef | None:
-    if ref is not None and not ref.uid and uids.get(ref.name):
-        return ref.model_copy(update={"uid": uids[ref.name]})
-    return ref
-
-
-def _filled_iteration(record: IterationRecord, uids: dict[str, str]) -> IterationRecord:
-    ref = _filled_ref(record.job_ref, uids)
-    return record if ref is record.job_ref else record.model_copy(update={"job_ref": ref})
-
-
-def _filled_step(step: StepStatus, uids: dict[str, str]) -> StepStatus:
-    update: dict[str, Any] = {}
-    ref = _filled_ref(step.job_ref, uids)
-    if ref is not step.job_ref:
-        update["job_ref"] = ref
-    if step.loop is not None:
-        records = [_filled_iteration(r, uids) for r in step.loop.iterations]
-        if any(a is not b for a, b in zip(records, step.loop.iterations, strict=True)):
-            update["loop"] = step.loop.model_copy(update={"iterations": records})
-    if step.steps:
-        children = [_filled_step(child, uids) for child in step.steps]
-        if any(a is not b for a, b in zip(children, step.steps, strict=True)):
-            update["steps"] = children
-    return step.model_copy(update=update) if update else step
-
-
-def fill_job_uids(status: AgentRunStatus, uids: dict[str, str]) -> AgentRunStatus:
-    """The status with the uid the API server gave each Job we just created filled into the
-    references that name it (and have none yet): a copy; the planner's status is never mutated.
-
-    The planner cannot know the uid; writing it now saves a second status write per iteration (the
-    planner would otherwise record it on its next look at the Job). Done on the model, not on the
-    dumped dict, so the written status needs no validation to be remembered (`_remember`).
-    """
-    workflow = status.workflow
-    if workflow is None or not uids:
-        return status
-    steps = [_filled_step(step, uids) for step in workflow.steps]
-    if all(a is b for a, b in zip(steps, workflow.steps, strict=True)):
-        return status
-    return status.model_copy(update={"workflow": workflow.model_copy(update={"steps": steps})})
 
 
 def _where(where: Where | None) -> dict[str, Any]:
@@ -160,6 +106,7 @@ class Reconciler:
         self.cache = cache
         self.instance = instance
         self.events = events or EventRecorder(kube, instance)
+        self.writes = Writes(kube, cache)  # every write the cache must know of goes through it
         # The last parse of each run, by (uid, resourceVersion): between two writes a run is
         # reconciled several times unchanged, and validating it was the costliest step of a reconcile.
         self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, dict[str, Any]]] = {}
@@ -382,51 +329,50 @@ class Reconciler:
             return ReconcileResult()
         observed = await self._observe(raw, run)
         corr = {"correlation_id": raw["metadata"].get("uid"), "run": f"{namespace}/{name}"}
-        for _ in range(MAX_REFUSALS_PER_RECONCILE + 1):
+        for _ in range(MAX_PLANS_PER_RECONCILE):
             planned_at = time.perf_counter()
             decision = plan(run, observed, datetime.now(UTC), self.config)
             metrics.PLAN_SECONDS.observe(time.perf_counter() - planned_at)
-            try:
-                result = await self._apply(raw, run, decision, corr)
-            except _Refused as refused:
-                # Sending it again would get the same answer: the planner decides what follows.
-                log.warning(
-                    "write refused by the API server",
-                    extra={
-                        **corr,
-                        "refused": f"{refused.refusal.what} {refused.refusal.name}",
-                        "http_status": refused.refusal.code,
-                        "api_message": refused.refusal.message,
-                        "decision": "re-plan",
-                    },
-                )
-                observed = dataclasses.replace(observed, refusals=(*observed.refusals, refused.refusal))
-                continue
-            return result
-        # Not even the status that records the refusals was accepted: stop here; the next watch
-        # event or resync tries again (never a hot loop).
+            outcome = await self._apply(raw, run, decision, corr)
+            if isinstance(outcome, ReconcileResult):
+                return outcome
+            # Sending it again would get the same answer: the planner decides what follows.
+            again = outcome in observed.refusals
+            log.warning(
+                "write refused by the API server",
+                extra={
+                    **corr,
+                    "refused": f"{outcome.what} {outcome.name}",
+                    "http_status": outcome.code,
+                    "api_message": outcome.message,
+                    "decision": "give-up" if again else "re-plan",
+                },
+            )
+            if again:
+                break
+            observed = dataclasses.replace(observed, refusals=(*observed.refusals, outcome))
+        # Not even the status that records the refusals was accepted (or a refused write was asked
+        # for again): stop here; the next watch event or resync tries again (never a hot loop).
         log.error("writes refused after re-planning; giving up this reconcile", extra=corr)
         return ReconcileResult()
 
     async def _apply(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
-    ) -> ReconcileResult:
-        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Store.settling`).
+    ) -> ReconcileResult | Refusal:
+        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Writes.applying`).
 
         The Job controller marks an ended Job complete while this reconcile records its result: that
         event would re-plan the run once more for nothing (this plan already used the pod's end, and
         a Job with its TTL set is never read again). Should a write here fail, this reconcile is
         retried or re-planned anyway."""
-        settle = [a.name for a in decision.actions if isinstance(a, SetJobTTL)]
-        if not settle:
-            return await self._apply_in_order(raw, run, decision, corr)
-        with self.cache.jobs.settling(raw["metadata"]["namespace"], settle):
+        with self.writes.applying(raw["metadata"]["namespace"], decision.actions):
             return await self._apply_in_order(raw, run, decision, corr)
 
     async def _apply_in_order(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
-    ) -> ReconcileResult:
-        """Apply one plan in restart-safe order; a write refused for good raises `_Refused`."""
+    ) -> ReconcileResult | Refusal:
+        """Apply one plan in restart-safe order. A write refused for good (`permanent_refusal`) ends
+        it there, before anything that must follow that write: the refusal, for the re-plan."""
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         result = ReconcileResult(actions=list(decision.actions))
@@ -438,13 +384,14 @@ class Reconciler:
                 try:
                     for companion in action.companions:
                         await self.kube.create_config_map(companion)
-                    with self.cache.jobs.writing(namespace, action.name):
-                        created, job = await self.kube.create_job(action.manifest)
+                    created, job, ours = await self.writes.create_job(
+                        namespace, action.name, action.manifest, meta["uid"]
+                    )
                 except KubeError as exc:
                     if permanent_refusal(exc.status):
-                        raise _Refused(Refusal("Job", action.name, exc.status, exc.reason)) from exc
+                        return Refusal("Job", action.name, exc.status, exc.reason)
                     raise
-                if not created and not _owned_by(job, meta["uid"]):
+                if not ours:
                     # Left by an earlier AgentRun of the same name (its owner is gone): never adopt it.
                     await self.kube.delete_job(namespace, action.name)
                     log.info(
@@ -458,7 +405,6 @@ class Reconciler:
                     )
                     result.requeue_after = 1.0
                     continue
-                self.cache.jobs.upsert(job)  # write-through: the watch may deliver it later
                 job_uids[action.name] = str(job.get("metadata", {}).get("uid", ""))
                 if created:
                     jobs_created[action.name] = datetime.now(UTC)
@@ -493,40 +439,35 @@ class Reconciler:
             else:
                 after_status.append(action)
 
-        # Most reconciles change nothing: comparing the models is far cheaper than serializing the
-        # whole status (its history grows with every iteration) to compare the dicts.
-        status_model = fill_job_uids(decision.status, job_uids)
+        # The uids of the Jobs just created go into the planner's rule for the status to write
+        # (planner/job_uids.py). Most reconciles change nothing: comparing the models is far cheaper
+        # than serializing the whole status (its history grows with every iteration) to compare.
+        status_model = decision.status_after(job_uids)
         unchanged = status_model == run.status
         new_status = {} if unchanged else status_dict_of(status_model)
         if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
             body = dict(raw)
             body["status"] = new_status
             try:
-                with self.cache.runs.writing(namespace, name, body):
-                    answer = await self.kube.replace_run_status(body)
-                self.cache.runs.upsert(answer)
+                answer = await self.writes.replace_run_status(body)
                 self._remember(raw, run, answer, status_model, new_status)
                 result.wrote_status = True
                 metrics.STATUS_BYTES.observe(len(encode_json(new_status)))
             except KubeError as exc:
                 if exc.status == 409:  # the cached run is stale: fetch it, re-plan from the fresh one
-                    fresh = await self.kube.get_custom(namespace, "agentruns", name)
-                    if fresh is not None:
-                        self.cache.runs.upsert(fresh)
+                    await self.writes.refresh_run(namespace, name)
                     result.requeue_after = 0.0
                     return result
                 if exc.status == 404:  # the run is gone
                     return result
                 if permanent_refusal(exc.status):
-                    raise _Refused(Refusal("Status", name, exc.status, exc.reason)) from exc
+                    return Refusal("Status", name, exc.status, exc.reason)
                 raise
 
         events: list[EmitEvent] = []
         for action in after_status:
             if isinstance(action, SetJobTTL):
-                patched = await self.kube.set_job_ttl(namespace, action.name, action.seconds)
-                if patched is not None:
-                    self.cache.jobs.upsert(patched)
+                await self.writes.set_job_ttl(namespace, action.name, action.seconds)
                 log.info(
                     f"job ttl set to {action.seconds}s (its result is recorded)",
                     extra={**corr, **_where(action.where), "job": action.name, "decision": "set-job-ttl"},
@@ -582,6 +523,6 @@ class Reconciler:
         body = dict(raw)
         body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
         try:
-            self.cache.runs.upsert(await self.kube.replace_run_status(body))
+            await self.writes.replace_run_status(body)
         except KubeError as exc:
             log.warning("could not record invalid spec: %s", exc)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from agentrun_operator.control.claim import Claim, report_text
 from agentrun_operator.planner.claims import JOB_CLAIM_UNAVAILABLE, claim_want
 from agentrun_operator.planner.observed import ObservedPod
+from agentrun_operator.shell.relevance import pod_relevant
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 UNAVAILABLE = report_text(
@@ -54,6 +55,6 @@ def test_the_warning_is_posted_once_and_the_condition_stays() -> None:
 def test_a_running_pod_s_claim_outcome_does_not_re_plan_on_its_own() -> None:
     """The outcome arrives when `fingerprint` ends; it is read when the pod ends (plan relevance)."""
     running = pod(phase="Running")
-    assert running.plan_relevant() == replace(running, claim_message=None).plan_relevant()
+    assert pod_relevant(running) == pod_relevant(replace(running, claim_message=None))
     ended = pod()
-    assert ended.plan_relevant().claim_message == UNAVAILABLE
+    assert pod_relevant(ended).claim_message == UNAVAILABLE

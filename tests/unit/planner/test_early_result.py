@@ -11,6 +11,7 @@ from typing import Any
 
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.observed import ObservedPod
+from agentrun_operator.shell.relevance import pod_arrival_relevant, pod_relevant
 from tests.unit.planner.world import PlannerWorld, envelope_found, loop_step, manifest
 
 
@@ -169,9 +170,9 @@ def test_what_re_plans() -> None:
     running = ObservedPod("p", "j", "Running", main_exit_code=0)
     reported = replace(running, reporter_message="{}", containers_ended=True)
     assert reported.reported and reported.stopped
-    assert reported.plan_relevant() == replace(reported, phase="Succeeded").plan_relevant()
-    assert running.plan_relevant() != reported.plan_relevant()
+    assert pod_relevant(reported) == pod_relevant(replace(reported, phase="Succeeded"))
+    assert pod_relevant(running) != pod_relevant(reported)
     ended_silent = replace(running, containers_ended=True)
     assert ended_silent.stopped and not ended_silent.reported
-    assert ended_silent.plan_relevant() != replace(ended_silent, phase="Succeeded").plan_relevant()
-    assert reported.arrival_can_change_a_plan(())
+    assert pod_relevant(ended_silent) != pod_relevant(replace(ended_silent, phase="Succeeded"))
+    assert pod_arrival_relevant(reported, ())

@@ -20,7 +20,7 @@ from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.gating import gate_clear, holds_volume
 from agentrun_operator.planner.observed import JobOutcome, Observed, ObservedJob, ObservedPod
-from agentrun_operator.shell.cache import job_settled
+from agentrun_operator.shell.relevance import job_relevant, job_settled
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 DEADLINE_MESSAGE = "timed out after 10s (activeDeadlineSeconds)"
@@ -246,10 +246,10 @@ def test_gate_rule(
 def test_settling_is_news_until_a_ttl_is_set() -> None:
     decided = ObservedJob("j", "u", 1, 1, 1, "DeadlineExceeded", settling=True)
     ended = replace(decided, settling=False)
-    assert decided.plan_relevant() != ended.plan_relevant()
+    assert job_relevant(decided) != job_relevant(ended)
     assert not decided.settled and ended.settled and decided.finished
     with_ttl = replace(decided, ttl_seconds_after_finished=5)
-    assert with_ttl.plan_relevant() == replace(ended, ttl_seconds_after_finished=5).plan_relevant()
+    assert job_relevant(with_ttl) == job_relevant(replace(ended, ttl_seconds_after_finished=5))
 
 
 def test_a_settling_job_is_no_settled_echo_for_the_cache() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.observed import ObservedPod
 from agentrun_operator.planner.placement import preferred_node
+from agentrun_operator.shell.relevance import pod_relevant
 from tests.unit.planner.world import PlannerWorld, envelope_found, loop_step, manifest
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -84,6 +85,6 @@ def test_a_pod_without_a_pvc_has_nothing_to_stay_near() -> None:
 
 def test_being_scheduled_re_plans_nothing_but_a_stopped_pod_s_node_does() -> None:
     running = pod("a", None)
-    assert running.plan_relevant() == replace(running, node_name="n1").plan_relevant()
+    assert pod_relevant(running) == pod_relevant(replace(running, node_name="n1"))
     stopped = pod("a", "n1", ended=1)
-    assert stopped.plan_relevant().node_name == "n1"
+    assert pod_relevant(stopped).node_name == "n1"

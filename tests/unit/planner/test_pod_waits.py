@@ -10,6 +10,7 @@ import pytest
 
 from agentrun_operator.planner.observed import ObservedPod, PodWait
 from agentrun_operator.planner.waiting import REASON_WAITING, describe, headline, waited_for
+from agentrun_operator.shell.relevance import pod_arrival_relevant, pod_relevant
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 NEVER_PULL = PodWait(
@@ -144,10 +145,10 @@ def test_a_pod_being_deleted_or_ended_is_not_a_wait() -> None:
 
 def test_a_waiting_pod_re_plans_while_pending_and_running_stay_alike() -> None:
     pod = ObservedPod("p", "j", "Pending")
-    assert pod.plan_relevant() == replace(pod, phase="Running").plan_relevant()
-    assert replace(pod, waiting=NEVER_PULL).plan_relevant() != pod.plan_relevant()
-    assert replace(pod, waiting=NEVER_PULL).arrival_can_change_a_plan(())
-    assert not pod.arrival_can_change_a_plan(())
+    assert pod_relevant(pod) == pod_relevant(replace(pod, phase="Running"))
+    assert pod_relevant(replace(pod, waiting=NEVER_PULL)) != pod_relevant(pod)
+    assert pod_arrival_relevant(replace(pod, waiting=NEVER_PULL), ())
+    assert not pod_arrival_relevant(pod, ())
 
 
 def test_headline_is_stable_across_reasons_and_describe_clips_the_kubelets_words() -> None:

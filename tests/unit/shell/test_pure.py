@@ -1,14 +1,12 @@
-"""The shell's pure helpers: Kubernetes objects to observed values, and the Job uid fill-in."""
+"""The shell's pure helpers: Kubernetes objects to observed values."""
 
 from __future__ import annotations
 
 import json
 
 from agentrun_operator import naming
-from agentrun_operator.api import AgentRunStatus
 from agentrun_operator.shell.kube import _resource_of
 from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
-from agentrun_operator.shell.reconciler import fill_job_uids
 
 LABELS = {naming.LABEL_STEP_INDEX: "1", naming.LABEL_ITERATION: "2", naming.LABEL_ATTEMPT: "3"}
 
@@ -154,45 +152,6 @@ def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
     assert (pod.main_exit_code, pod.main_reason) == (137, "OOMKilled")
     assert pod.finished_at is not None and pod.finished_at.second == 5
     assert pod_from_k8s({"metadata": {"name": "p", "labels": {}}}) is None
-
-
-def test_created_job_uids_fill_only_matching_refs_without_uid() -> None:
-    status = AgentRunStatus.model_validate(
-        {
-            "workflow": {
-                "steps": [
-                    {
-                        "name": "outer",
-                        "jobRef": {"name": "new"},
-                        "loop": {
-                            "iterations": [
-                                {"index": 1, "phase": "Running", "jobRef": {"name": "new"}},
-                                {"index": 2, "phase": "Running", "jobRef": {"name": "old", "uid": "o"}},
-                            ]
-                        },
-                        "steps": [{"name": "child", "jobRef": {"name": "new"}}],
-                    },
-                    {"name": "untouched", "jobRef": {"name": "elsewhere"}},
-                ]
-            }
-        }
-    )
-    before = status.model_dump(by_alias=True, exclude_none=True)
-    filled = fill_job_uids(status, {"new": "n-uid", "old": "other"})
-    assert filled.workflow is not None and status.workflow is not None
-    step = filled.workflow.steps[0]
-    assert step.job_ref is not None and step.job_ref.uid == "n-uid"
-    assert step.loop is not None
-    assert [r.job_ref.uid for r in step.loop.iterations if r.job_ref] == ["n-uid", "o"]
-    assert step.steps is not None and step.steps[0].job_ref is not None
-    assert step.steps[0].job_ref.uid == "n-uid"
-    assert filled.workflow.steps[1] is status.workflow.steps[1]  # nothing to fill: not copied
-    assert status.model_dump(by_alias=True, exclude_none=True) == before  # the planner's is untouched
-    # What is written validates back to the same model (it is remembered without a parse).
-    dumped = filled.model_dump(by_alias=True, exclude_none=True, mode="json")
-    assert AgentRunStatus.model_validate(dumped) == filled
-    assert fill_job_uids(status, {}) is status
-    assert fill_job_uids(status, {"nothing": "x"}) is status
 
 
 def test_api_metric_label_is_the_resource() -> None:

@@ -244,3 +244,41 @@ def test_the_idempotency_claim_and_volume_claims_are_read_only_before_the_first_
     after = RecordingKube(started)
     reconcile(after)
     assert [c for c in after.calls if c[0] == "get"] == []
+
+
+class RefusingKube(RecordingKube):
+    """Refuses (HTTP 422) the create of every Job."""
+
+    async def create_job(self, manifest: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        self.calls.append(("create", f"jobs/{manifest['metadata']['name']}"))
+        raise KubeError(422, {"message": "refused"}, "create job")
+
+
+def counted_plans(monkeypatch: pytest.MonkeyPatch, job_of: Any) -> list[int]:
+    """Plans that each create the Job `job_of(refusals so far)` and change the status; their count."""
+    made: list[int] = []
+
+    def planned(run: Any, observed: Any, now: Any, config: Any) -> Plan:
+        made.append(len(observed.refusals))
+        status = run.status.model_copy(update={"message": f"plan {len(made)}"})
+        return Plan(status, (CreateJob({"metadata": {"name": job_of(len(observed.refusals))}}),))
+
+    monkeypatch.setattr(reconciler_module, "plan", planned)
+    return made
+
+
+def test_each_new_refusal_is_re_planned_once_up_to_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan asking for a new Job after each refusal: one plan per refusal, and no more than the
+    bound (docs/design.md#refused-writes)."""
+    made = counted_plans(monkeypatch, lambda refused: f"job-{refused}")
+    result = reconcile(RefusingKube(running_run()))
+    assert made == list(range(reconciler_module.MAX_PLANS_PER_RECONCILE))
+    assert not result.wrote_status and result.requeue_after is None
+
+
+def test_a_refused_write_asked_for_again_stops_the_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = counted_plans(monkeypatch, lambda refused: "same-job")
+    kube = RefusingKube(running_run())
+    reconcile(kube)
+    assert made == [0, 1]  # the re-plan asked for the refused Job again: no third plan
+    assert writes(kube) == [("create", "jobs/same-job")] * 2

@@ -1,6 +1,7 @@
-"""What the shell may skip re-planning for (ObservedPod.arrival_can_change_a_plan, ObservedJob and
-ObservedPod.plan_relevant): at every point of a looped run, seeing such a change makes the planner
-act no more than not seeing it -- the same status, and no write it would not make anyway."""
+"""What the shell's relevance filter lets it skip re-planning for (shell/relevance.py:
+`pod_arrival_relevant`, `job_relevant`, `pod_relevant`): at every point of a looped run, seeing
+such a change makes the planner act no more than not seeing it -- the same status, and no write it
+would not make anyway."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 from agentrun_operator.planner.actions import ClaimIdempotencyKey, CreateJob, DeleteJob, DeleteRun, SetJobTTL
 from agentrun_operator.planner.observed import Observed, ObservedPod
 from agentrun_operator.planner.plan import Plan, plan
+from agentrun_operator.shell.relevance import job_relevant, pod_arrival_relevant
 from tests.unit.planner.world import LOOPS_ON, PlannerWorld, loop_step, manifest
 
 WRITES = (CreateJob, DeleteJob, SetJobTTL, DeleteRun, ClaimIdempotencyKey)
@@ -59,7 +61,7 @@ def test_the_first_pod_of_a_job_appearing_not_yet_ended_changes_no_plan_for_the_
             before = replace(observed, pods=others)  # the Job's pod not seen yet
             for phase in ("Pending", "Running"):
                 newcomer = ObservedPod(name=f"{job.name}-pod", job_name=job.name, phase=phase)
-                assert not newcomer.arrival_can_change_a_plan(others)
+                assert not pod_arrival_relevant(newcomer, others)
                 _same_or_less(world, before, replace(before, pods=(*others, newcomer)))
 
 
@@ -67,9 +69,9 @@ def test_a_second_pod_of_a_job_or_an_ended_pod_may_change_a_plan() -> None:
     """A Job taken for succeeded by its one pod is live again with two (e.g. a replaced pod): the
     planner deletes it if it is not the active attempt. So such an arrival re-plans."""
     first = ObservedPod(name="j-1", job_name="j", phase="Succeeded")
-    assert ObservedPod(name="j-2", job_name="j", phase="Pending").arrival_can_change_a_plan((first,))
-    assert ObservedPod(name="k-1", job_name="k", phase="Failed").arrival_can_change_a_plan(())
-    assert not ObservedPod(name="k-1", job_name="k", phase="Pending").arrival_can_change_a_plan((first,))
+    assert pod_arrival_relevant(ObservedPod(name="j-2", job_name="j", phase="Pending"), (first,))
+    assert pod_arrival_relevant(ObservedPod(name="k-1", job_name="k", phase="Failed"), ())
+    assert not pod_arrival_relevant(ObservedPod(name="k-1", job_name="k", phase="Pending"), (first,))
 
 
 def test_a_job_getting_its_ttl_or_start_time_changes_no_plan_for_the_worse() -> None:
@@ -83,7 +85,7 @@ def test_a_job_getting_its_ttl_or_start_time_changes_no_plan_for_the_worse() -> 
 def test_a_job_with_its_ttl_set_ending_changes_no_plan_for_the_worse() -> None:
     """The planner sets a TTL once the Job has ended by its pod and a committed status records its
     result; the Job controller then marking it complete (or failed, past a deadline) re-plans
-    nothing (ObservedJob.plan_relevant). Walked at each point of a 3-iteration loop where a Job has
+    nothing (`job_relevant`). Walked at each point of a 3-iteration loop where a Job has
     its TTL and has not ended yet (between the plan that recorded it and the Job controller)."""
     world = PlannerWorld(manifest([loop_step("a", 3)]), config=LOOPS_ON)
     checked = 0
@@ -106,7 +108,7 @@ def test_a_job_with_its_ttl_set_ending_changes_no_plan_for_the_worse() -> None:
             for outcome in ("Succeeded", "Failed", "DeadlineExceeded"):
                 jobs = list(observed.jobs)
                 jobs[index] = replace(job, outcome=outcome, finished_at=world.now, message="ended")
-                assert jobs[index].plan_relevant() == job.plan_relevant()
+                assert job_relevant(jobs[index]) == job_relevant(job)
                 _same_or_less(world, observed, replace(observed, jobs=tuple(jobs)))
                 checked += 1
         world.succeed(job_name)
