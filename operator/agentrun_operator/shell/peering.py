@@ -54,6 +54,7 @@ class KopfPause(logging.Handler):
         if kopf_log.getEffectiveLevel() > logging.INFO:
             kopf_log.setLevel(logging.INFO)  # the decisions are INFO and WARNING
         kopf_log.addHandler(self)
+        log.info("standing by: kopf's peering decides whether this replica serves")
 
     def uninstall(self) -> None:
         logging.getLogger(KOPF_PEERING_LOGGER).removeHandler(self)
