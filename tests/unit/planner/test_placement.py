@@ -49,19 +49,24 @@ def affinity(result: Any) -> Any:
     return created[0].manifest["spec"]["template"]["spec"].get("affinity")
 
 
+def reported_on(world: PlannerWorld, job: str, node: str) -> None:
+    """The Job's pod ended with its report, on `node`."""
+    world.pods[f"{job}-pod"] = replace(
+        world.pods[f"{job}-pod"],
+        main_exit_code=0,
+        reporter_message=envelope_found({"n": 1}),
+        containers_ended=True,
+        finished_at=world.now,
+        node_name=node,
+    )
+
+
 def test_the_next_iteration_s_job_prefers_the_node_the_last_pod_ran_on() -> None:
     world = PlannerWorld(manifest([loop_step(max_iterations=3)]))
     first_plan = world.plan()
     assert affinity(first_plan) is None  # nothing ran yet
     first = world.active()
-    world.pods[f"{first}-pod"] = replace(
-        world.pods[f"{first}-pod"],
-        main_exit_code=0,
-        reporter_message=envelope_found({"n": 1}),
-        containers_ended=True,
-        finished_at=world.now,
-        node_name="node-7",
-    )
+    reported_on(world, first, "node-7")
     term = affinity(world.plan())["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["preference"] == {
         "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-7"]}]
@@ -72,14 +77,7 @@ def test_a_pod_without_a_pvc_has_nothing_to_stay_near() -> None:
     world = PlannerWorld(manifest([loop_step(max_iterations=3)], volumes=[]))
     world.plan()
     first = world.active()
-    world.pods[f"{first}-pod"] = replace(
-        world.pods[f"{first}-pod"],
-        main_exit_code=0,
-        reporter_message=envelope_found({"n": 1}),
-        containers_ended=True,
-        finished_at=world.now,
-        node_name="node-7",
-    )
+    reported_on(world, first, "node-7")
     assert affinity(world.plan()) is None
 
 
