@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,8 +145,14 @@ def test_dev_up_configures_the_admission_webhook(dev: Dev, tmp_path: Path) -> No
     """The operator on the host serves the webhook on loopback; `kubectl apply` of a run the CRD
     admits but the operator refuses is refused with `agentrun validate`'s line
     (docs/operations.md#admission-webhook)."""
-    out = dev.plane.kubectl("get", "validatingwebhookconfiguration", "agentrun-operator", "-o", "json")
-    webhooks = json.loads(out)["webhooks"]
+
+    def configured() -> list[dict[str, Any]] | None:  # the operator writes it just after it starts
+        out = dev.plane.kubectl(
+            "get", "validatingwebhookconfiguration", "agentrun-operator", "-o", "json", check=False
+        )
+        return (json.loads(out).get("webhooks") or None) if out.strip() else None
+
+    webhooks = eventually(configured, timeout=60, what="the webhook configuration")
     assert {w["name"] for w in webhooks} >= {"agentruns.agents.proompteng.ai"}
     assert all(w["clientConfig"]["url"].startswith("https://127.0.0.1:") for w in webhooks)
     assert all(w["failurePolicy"] == "Ignore" for w in webhooks)

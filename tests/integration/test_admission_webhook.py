@@ -84,7 +84,8 @@ def _configured(plane: ControlPlane, port: int, policy: str, configuration: str 
     out = plane.kubectl("get", "validatingwebhookconfiguration", configuration, "-o", "json", check=False)
     if not out.strip():
         return False
-    webhooks = json.loads(out)["webhooks"]
+    # The chart creates it empty (no `webhooks` yet); the operator fills it in once it serves.
+    webhooks = json.loads(out).get("webhooks") or []
     return bool(webhooks) and all(
         f":{port}/" in w["clientConfig"]["url"] and w["failurePolicy"] == policy for w in webhooks
     )
