@@ -34,6 +34,7 @@ from agentrun_operator.validation_cli import check_file
 from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AGENTRUNS, base_manifest
 from tests.integration.helm import Helm
 from tests.integration.test_chart import _can_i, _token, _token_kubeconfig
+from tests.support.api import kubectl_in
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 
@@ -65,13 +66,7 @@ def _env(
 
 
 def kubectl(plane: ControlPlane, *args: str, manifest: Any = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(plane.bin_dir / "kubectl"), f"--kubeconfig={plane.kubeconfig}", "-n", NAMESPACE, *args],
-        input=None if manifest is None else json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return kubectl_in(plane, NAMESPACE, *args, manifest=manifest)
 
 
 def _named(manifest: dict[str, Any], name: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import yaml
 
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.support import api
+from tests.support.api import kubectl_in
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
 from tests.unit.compat.test_compat_fixtures import INVALID, REFUSED, VALID, documents, expectation
@@ -38,13 +39,7 @@ def plane(control_plane: ControlPlane) -> ControlPlane:
 
 
 def kubectl(plane: ControlPlane, *args: str, manifest: Any = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(plane.bin_dir / "kubectl"), f"--kubeconfig={plane.kubeconfig}", "-n", NAMESPACE, *args],
-        input=None if manifest is None else json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return kubectl_in(plane, NAMESPACE, *args, manifest=manifest)
 
 
 def _missing(given: Any, stored: Any, path: str = "spec") -> list[str]:

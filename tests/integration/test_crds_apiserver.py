@@ -17,6 +17,7 @@ from tests.fixtures.invalid_agentruns import (
     RULE_MESSAGES,
     VALID_UPDATES,
 )
+from tests.support.api import kubectl_in
 
 REFERENCE = Path(__file__).resolve().parent.parent / "fixtures" / "reference"
 NAMESPACE = "crd-tests"
@@ -38,13 +39,7 @@ def plane(control_plane: ControlPlane) -> ControlPlane:
 
 
 def kubectl(plane: ControlPlane, *args: str, manifest: Any = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(plane.bin_dir / "kubectl"), f"--kubeconfig={plane.kubeconfig}", "-n", NAMESPACE, *args],
-        input=None if manifest is None else json.dumps(manifest),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return kubectl_in(plane, NAMESPACE, *args, manifest=manifest)
 
 
 def test_all_five_crds_are_established(plane: ControlPlane) -> None:

@@ -4,6 +4,7 @@ start and ~80 ms of CPU, which a loop polling every 0.1 s takes from the system 
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 from urllib.parse import quote
 
@@ -37,3 +38,17 @@ def items(
 def jobs_of_run(plane: ControlPlane, namespace: str, run: str) -> list[dict[str, Any]]:
     """The Jobs the operator made for the run `run`."""
     return items(plane, "/apis/batch/v1", namespace, "jobs", f"{naming.LABEL_RUN}={run}")
+
+
+def kubectl_in(
+    plane: ControlPlane, namespace: str, *args: str, manifest: Any = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl -n namespace args…` with `manifest` (JSON) on stdin, its exit code and both streams
+    kept for the test to read (a refusal is an answer, not an error)."""
+    return subprocess.run(
+        [str(plane.bin_dir / "kubectl"), f"--kubeconfig={plane.kubeconfig}", "-n", namespace, *args],
+        input=None if manifest is None else json.dumps(manifest),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
