@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from agentrun_devcluster import dockerengine as engine
@@ -129,6 +129,56 @@ def _need_root(what: str) -> None:
         raise BaseImageError(f"making {what} needs root (debootstrap/chroot and dpkg); run as root")
 
 
+def _cached(image: str, recipe_tag: str, say: Progress) -> bool:
+    """Whether the image of this recipe was made already (then `image` is tagged to it)."""
+    if not engine.image_exists(recipe_tag):
+        return False
+    if not engine.image_exists(image):
+        _run([engine.docker_cli(), "tag", recipe_tag, image], f"docker tag {image}")
+    say(f"base {image}: cached ({recipe_tag})")
+    return True
+
+
+def _debootstrap_image(
+    image: str,
+    recipe_tag: str,
+    packages: Iterable[str],
+    mirror: str,
+    cmd: str,
+    prefix: str,
+    say: Progress,
+    customize: Callable[[Path], None] | None = None,
+) -> None:
+    """Make `image` (and `recipe_tag`) from a Debian minbase with `packages`, `customize`d, without
+    apt's caches: the local bases' one recipe (root, debootstrap from Debian's packages)."""
+    _need_root(image)
+    if shutil.which("debootstrap") is None:
+        engine.apt_install(["debootstrap"], f"making {image}", say)
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=engine.state_dir()) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        say(f"base {image}: debootstrap {SUITE} from {mirror} (a few minutes)")
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                SUITE,
+                str(rootfs),
+                mirror,
+            ],
+            f"debootstrap {SUITE} from {mirror}",
+        )
+        if customize is not None:
+            customize(rootfs)
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (rootfs / junk).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        shutil.rmtree(rootfs / "debootstrap", ignore_errors=True)
+        say(f"base {image}: docker import")
+        _import(rootfs, [recipe_tag, image], [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", f"CMD {cmd}"])
+
+
 def ensure_python_base(progress: Progress | None = None) -> str:
     """The local Python base (built once per recipe); returns its tag."""
     say = progress or (lambda _m: None)
@@ -136,45 +186,21 @@ def ensure_python_base(progress: Progress | None = None) -> str:
     mirror = host_mirror()
     ca_files = host_ca_files()
     recipe_tag = f"{PYTHON_BASE}-{python_recipe(mirror, ca_files)}"
-    if engine.image_exists(recipe_tag):
-        if not engine.image_exists(PYTHON_BASE):
-            _run([engine.docker_cli(), "tag", recipe_tag, PYTHON_BASE], f"docker tag {PYTHON_BASE}")
-        say(f"base {PYTHON_BASE}: cached ({recipe_tag})")
+    if _cached(PYTHON_BASE, recipe_tag, say):
         return PYTHON_BASE
-    _need_root(PYTHON_BASE)
-    if shutil.which("debootstrap") is None:
-        engine.apt_install(["debootstrap"], f"making {PYTHON_BASE}", say)
-    with tempfile.TemporaryDirectory(prefix="agentrun-base-", dir=engine.state_dir()) as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        say(f"base {PYTHON_BASE}: debootstrap {SUITE} from {mirror} (a few minutes)")
-        _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(PYTHON_PACKAGES)}",
-                SUITE,
-                str(rootfs),
-                mirror,
-            ],
-            f"debootstrap {SUITE} from {mirror}",
-        )
-        if ca_files:
-            for ca in ca_files:
-                target = rootfs / "usr/local/share/ca-certificates" / ca.relative_to(HOST_CA_DIR)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(ca, target)
-            _run(["chroot", str(rootfs), "update-ca-certificates"], "update-ca-certificates in the base")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for entry in (rootfs / junk).glob("*"):
-                if entry.is_file():
-                    entry.unlink()
-        shutil.rmtree(rootfs / "debootstrap", ignore_errors=True)
-        say(f"base {PYTHON_BASE}: docker import")
-        _import(
-            rootfs,
-            [recipe_tag, PYTHON_BASE],
-            [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["python3"]'],
-        )
+
+    def add_host_cas(rootfs: Path) -> None:
+        if not ca_files:
+            return
+        for ca in ca_files:
+            target = rootfs / "usr/local/share/ca-certificates" / ca.relative_to(HOST_CA_DIR)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ca, target)
+        _run(["chroot", str(rootfs), "update-ca-certificates"], "update-ca-certificates in the base")
+
+    _debootstrap_image(
+        PYTHON_BASE, recipe_tag, PYTHON_PACKAGES, mirror, '["python3"]', "agentrun-base-", say, add_host_cas
+    )
     return PYTHON_BASE
 
 
@@ -191,37 +217,8 @@ def ensure_git_image(progress: Progress | None = None) -> str:
     engine.ensure_engine(say)
     mirror = host_mirror()
     recipe_tag = f"{GIT_IMAGE}-{git_recipe(mirror)}"
-    if engine.image_exists(recipe_tag):
-        if not engine.image_exists(GIT_IMAGE):
-            _run([engine.docker_cli(), "tag", recipe_tag, GIT_IMAGE], f"docker tag {GIT_IMAGE}")
-        say(f"base {GIT_IMAGE}: cached ({recipe_tag})")
-        return GIT_IMAGE
-    _need_root(GIT_IMAGE)
-    if shutil.which("debootstrap") is None:
-        engine.apt_install(["debootstrap"], f"making {GIT_IMAGE}", say)
-    with tempfile.TemporaryDirectory(prefix="agentrun-git-", dir=engine.state_dir()) as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        say(f"base {GIT_IMAGE}: debootstrap {SUITE} from {mirror} (a few minutes)")
-        _run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                f"--include={','.join(GIT_PACKAGES)}",
-                SUITE,
-                str(rootfs),
-                mirror,
-            ],
-            f"debootstrap {SUITE} from {mirror}",
-        )
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for entry in (rootfs / junk).glob("*"):
-                if entry.is_file():
-                    entry.unlink()
-        shutil.rmtree(rootfs / "debootstrap", ignore_errors=True)
-        say(f"base {GIT_IMAGE}: docker import")
-        _import(
-            rootfs, [recipe_tag, GIT_IMAGE], [f"ENV PATH={SYSTEM_PATH}", "ENV LANG=C.UTF-8", 'CMD ["sh"]']
-        )
+    if not _cached(GIT_IMAGE, recipe_tag, say):
+        _debootstrap_image(GIT_IMAGE, recipe_tag, GIT_PACKAGES, mirror, '["sh"]', "agentrun-git-", say)
     return GIT_IMAGE
 
 
