@@ -322,3 +322,170 @@ def test_termination_messages_keep_the_files_end_within_the_pods_budget(local_de
     assert messages[1] == "a" * 1000 + "z" * 100
     assert messages[2] == "a" * 1000 + "z" * 2000
     assert messages[3] == "a" * 1000 + "z" * 10
+
+
+_WATCH = (
+    # No fork between the two reads of /proc/loadavg (`read` and `[` are builtins), so the last-pid
+    # field can grow only by the other container's processes; then the other container's shell is
+    # found by the marker in its cmdline (built here, so this script's own cmdline lacks it).
+    "read -r a b c d first rest < /proc/loadavg; i=0; "
+    "while [ ! -f /shared/started ] && [ $i -lt 30000000 ]; do i=$((i+1)); done; "
+    "read -r a b c d after rest < /proc/loadavg; m=agentrun-marker; m=$m-7793; seen=none; n=0; "
+    "while [ $seen = none ] && [ $n -lt 300 ]; do n=$((n+1)); "
+    '  for d in /proc/[0-9]*; do if tr "\\0" " " < $d/cmdline 2>/dev/null | grep -q $m; then '
+    "    seen=${d#/proc/}; state=$(cut -d' ' -f3 $d/stat); fi; done; "
+    "  [ $seen = none ] && sleep 0.1; done; "
+    'echo "first=${first#*/} after=${after#*/} seen=$seen state=$state uid=$(id -u)" > /dev/termination-log; '
+    "touch /shared/seen; [ $seen != none ]"
+)
+_TARGET = "touch /shared/started; while [ ! -f /shared/seen ]; do sleep 0.1; done"
+
+
+def test_containers_of_a_pod_sharing_its_process_namespace_see_each_others_processes(
+    local_default: LocalDefault,
+) -> None:
+    """`shareProcessNamespace: true` (the iteration pod's reporter watches `main` this way): one PID
+    namespace for the pod, so a container (here running as a non-root user) lists the other
+    container's process in /proc, reads its stat and cmdline, and the last-pid field of
+    /proc/loadavg (per the reader's namespace) grows when the other container starts."""
+    shared = [{"name": "shared", "mountPath": "/shared"}]
+    create_pod(
+        local_default,
+        "pidns",
+        {
+            "shareProcessNamespace": True,
+            "terminationGracePeriodSeconds": 3,
+            "containers": [
+                {
+                    "name": "watcher",
+                    "image": IMAGE,
+                    "securityContext": {"runAsUser": 10001},
+                    "command": ["sh", "-c", _WATCH],
+                    "volumeMounts": shared,
+                },
+                {
+                    "name": "target",
+                    "image": IMAGE,
+                    "command": ["sh", "-c", _TARGET, "agentrun-marker-7793"],
+                    "volumeMounts": shared,
+                },
+            ],
+            "volumes": [{"name": "shared", "emptyDir": {}}],
+        },
+    )
+    pod = wait_terminal(local_default, "pidns")
+    watched = container(pod, "watcher")["state"]["terminated"]
+    fields = dict(part.split("=", 1) for part in (watched.get("message") or "").split())
+    assert pod["status"]["phase"] == "Succeeded", (pod["status"], fields)
+    assert fields["seen"].isdigit() and int(fields["seen"]) > 1, fields  # not the pause process
+    assert fields["state"] in ("S", "R"), fields  # its stat was readable
+    assert int(fields["after"]) > int(fields["first"]), fields  # the other container's pids count
+    assert container(pod, "target")["state"]["terminated"]["exitCode"] == 0
+
+
+def _regular(name: str, command: str, hook: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "image": IMAGE,
+        "command": ["sh", "-c", command],
+        "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    }
+    if hook is not None:
+        spec["lifecycle"] = {"postStart": {"exec": {"command": ["sh", "-c", hook]}}}
+    return spec
+
+
+def test_regular_containers_start_in_order_each_after_its_post_start_hook(
+    local_default: LocalDefault,
+) -> None:
+    """Regular containers start one after another, in their order, and the kubelet runs each one's
+    postStart hook to completion before it starts the next (the iteration pod's reporter, listed
+    before `main`, relies on it); a hook that fails kills its container, and the next one still
+    starts."""
+    waiting = "trap 'exit 0' TERM; while [ ! -f /shared/done ]; do sleep 0.2; done"
+    second = (
+        "if [ -f /shared/x ]; then echo found; else echo missing; fi > /dev/termination-log; "
+        "touch /shared/done"
+    )
+    for name, hook in (("ordered", "sleep 1; touch /shared/x"), ("hook-refused", "touch /shared/x; exit 1")):
+        create_pod(
+            local_default,
+            name,
+            {
+                "shareProcessNamespace": True,
+                "terminationGracePeriodSeconds": 3,
+                "containers": [_regular("first", waiting, hook), _regular("second", second)],
+                "volumes": [{"name": "shared", "emptyDir": {}}],
+            },
+        )
+    ordered = wait_terminal(local_default, "ordered")
+    assert ordered["status"]["phase"] == "Succeeded", ordered["status"]
+    assert container(ordered, "second")["state"]["terminated"]["message"] == "found\n"
+    refused = wait_terminal(local_default, "hook-refused")
+    first = container(refused, "first")["state"]["terminated"]
+    assert first["startedAt"], first  # it ran, then its failed hook ended it
+    second_state = container(refused, "second")["state"]["terminated"]
+    assert second_state["exitCode"] == 0 and second_state["message"] == "found\n", second_state
+
+
+def test_a_subpath_leaving_its_volume_keeps_the_container_waiting_until_fixed(
+    local_default: LocalDefault,
+) -> None:
+    """The duplicate pod's gate: a subPath that, symlinks evaluated, is not within its volume (here
+    a symlink to `/`, made by the first container's postStart hook in a shared emptyDir) is refused
+    by the kubelet's PrepareSafeSubpath; the container waits with `CreateContainerConfigError` and
+    the kubelet's message, retried, and starts once the path is a directory again. A subPath that
+    does not exist is made as a directory."""
+    fix = (
+        "trap 'exit 0' TERM; sleep 8; rm /meta/gate; mkdir /meta/gate; "
+        "while [ ! -f /meta/gate/ran ]; do sleep 0.2; done; "
+        "if [ -d /meta/made/here ]; then echo dir; else echo no-dir; fi > /dev/termination-log"
+    )
+    create_pod(
+        local_default,
+        "gated",
+        {
+            "shareProcessNamespace": True,
+            "terminationGracePeriodSeconds": 3,
+            "containers": [
+                {
+                    "name": "reporter",
+                    "image": IMAGE,
+                    "command": ["sh", "-c", fix],
+                    "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "ln -s / /meta/gate"]}}},
+                    "volumeMounts": [{"name": "agentrun-meta", "mountPath": "/meta"}],
+                },
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": [
+                        "sh",
+                        "-c",
+                        "touch /gate/ran; [ -d /made ] && echo made > /dev/termination-log",
+                    ],
+                    "volumeMounts": [
+                        {"name": "agentrun-meta", "mountPath": "/gate", "subPath": "gate"},
+                        {"name": "agentrun-meta", "mountPath": "/made", "subPath": "made/here"},
+                    ],
+                },
+            ],
+            "volumes": [{"name": "agentrun-meta", "emptyDir": {}}],
+        },
+    )
+
+    def gated() -> dict[str, Any] | None:
+        pod = get_pod(local_default, "gated") or {}
+        try:
+            waiting = (container(pod, "main").get("state") or {}).get("waiting")
+        except KeyError:
+            return None
+        return waiting if waiting and waiting.get("reason") == "CreateContainerConfigError" else None
+
+    waiting = eventually(gated, timeout=60, what="main waiting at the gate")
+    assert (
+        waiting["message"] == 'failed to prepare subPath for volumeMount "agentrun-meta" of container "main"'
+    )
+    pod = wait_terminal(local_default, "gated")
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    assert container(pod, "main")["state"]["terminated"]["message"] == "made\n"
+    assert container(pod, "reporter")["state"]["terminated"]["message"] == "dir\n"

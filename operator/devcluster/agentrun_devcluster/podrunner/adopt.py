@@ -34,12 +34,21 @@ from typing import Any
 LAUNCH_RECORD = "launch.json"
 NETWORK_RECORD = "network.json"
 _SHIM = '"$@"; code=$?; echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"; exit "$code"'
+_SHIM_GROUP = (
+    'setsid "$@" & pid=$!; wait "$pid"; code=$?; kill -KILL -"$pid" 2>/dev/null; '
+    'echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"; exit "$code"'
+)
+"""The shim of a container in a pod's shared PID namespace (pidns.py): the sandbox is a process group
+(and session) of its own, killed when its command has ended, as a runtime kills a container's
+leftover processes (without a PID namespace of its own, the kernel no longer does it); the other
+containers' processes are untouched."""
 _POLL_SECONDS = 0.5
 
 
-def shim_argv(argv: list[str], exit_file: Path) -> list[str]:
-    """`argv` under `/bin/sh`, which records the exit code in `exit_file` when it ends."""
-    return ["/bin/sh", "-c", _SHIM, str(exit_file), *argv]
+def shim_argv(argv: list[str], exit_file: Path, group: bool = False) -> list[str]:
+    """`argv` under `/bin/sh`, which records the exit code in `exit_file` when it ends; `group`: in
+    a process group of its own, killed when `argv` has ended (`_SHIM_GROUP`)."""
+    return ["/bin/sh", "-c", _SHIM_GROUP if group else _SHIM, str(exit_file), *argv]
 
 
 def exit_file(pod_dir: Path, name: str, restart: int) -> Path:
@@ -131,7 +140,7 @@ def _shims_under(root: Path) -> dict[Path, int]:
     execs the command, so its child may briefly show the same command line: the shim is the one
     whose parent is not a match."""
     prefix = (str(root) + "/").encode()
-    head = [b"/bin/sh", b"-c", _SHIM.encode()]
+    heads = ([b"/bin/sh", b"-c", _SHIM.encode()], [b"/bin/sh", b"-c", _SHIM_GROUP.encode()])
     matches: dict[int, tuple[Path, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -141,7 +150,7 @@ def _shims_under(root: Path) -> dict[Path, int]:
             stat = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
         except OSError:
             continue
-        ours = argv[:3] == head and len(argv) > 3 and argv[3].startswith(prefix)
+        ours = argv[:3] in heads and len(argv) > 3 and argv[3].startswith(prefix)
         if ours and stat[0] != "Z":
             matches[int(entry.name)] = (Path(argv[3].decode(errors="replace")), int(stat[1]))
     return {path: pid for pid, (path, parent) in matches.items() if parent not in matches}
@@ -260,6 +269,10 @@ def _kill_tree(record: LaunchRecord) -> None:
     if not record.alive():
         return
     init, _command = _sandbox_pids(record.pid)
+    for sandbox in children(record.pid):  # a sandbox in a group of its own (`_SHIM_GROUP`) with all it left
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(sandbox) == sandbox:
+                os.killpg(sandbox, signal.SIGKILL)
     if init is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(init, signal.SIGKILL)  # PID 1 of the namespace: everything in it dies
@@ -374,4 +387,8 @@ def stop_leftovers(state_dir: Path) -> int:
         network = read_network(path.parent)
         if network is not None:
             stop_network(network)
+    from agentrun_devcluster.podrunner import pidns
+
+    for path in pods.glob(f"*/*/*/{pidns.RECORD}"):
+        pidns.stop_recorded(path.parent)
     return stopped

@@ -4,9 +4,10 @@
 `agentrun dev logs`), with the pod's volumes bind-mounted (the same host directories the process
 runtime uses), the termination-message file bind-mounted at its path and read back by the runner
 when it ends, the securityContext's user, groups and read-only root filesystem, and for a pod with
-`shareProcessNamespace` `--init` (a small init is PID 1, as the pod's pause process would be, so a
-SIGTERM reaches the command; without it the command is PID 1 and ignores SIGTERM unless it handles
-it, as in a real container: docs/local-dev.md#pod-runner-signals). Images are never
+`shareProcessNamespace` `--pid container:<pause>`: one PID namespace for the pod's containers and
+hooks, whose PID 1 is a pause container's (it reaps, as the pod's pause process does), so a SIGTERM
+reaches the command; without it the command is PID 1 and ignores SIGTERM unless it handles it, as
+in a real container: docs/local-dev.md#pod-runner-signals. Images are never
 pulled: a missing one leaves the container waiting with `ErrImageNeverPull`, retried until it is
 there.
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentrun_devcluster import dockerengine as engine
+from agentrun_devcluster import toolchain
 from agentrun_devcluster.baseimages import BUSYBOX
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.adopt import Launches, LaunchRecord, PodObject, process_start
@@ -78,6 +80,28 @@ def pause_name(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_POD_{str(meta.get('uid', ''))[:8]}"
     return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+def pid_pause_name(pod: Mapping[str, Any]) -> str:
+    """The pause container holding the shared PID namespace of a pod with `shareProcessNamespace`."""
+    meta = pod.get("metadata") or {}
+    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_PIDNS_{str(meta.get('uid', ''))[:8]}"
+    return _NAME_UNSAFE.sub("-", raw)[:250]
+
+
+class DockerPidNamespace:
+    """A pod's shared PID namespace: a pause container whose PID 1 is the node's pause binary (it
+    reaps what it inherits), joined by the pod's containers and hooks (`--pid container:<pause>`)."""
+
+    def __init__(self, pause: str) -> None:
+        self.pause = pause
+
+    @property
+    def mode(self) -> str:
+        return f"container:{self.pause}"
+
+    def stop(self) -> None:
+        engine.docker("rm", "--force", self.pause, timeout=60)
 
 
 def pod_labels(node: str, pod: Mapping[str, Any]) -> list[str]:
@@ -156,7 +180,9 @@ def create_argv(
     client's environment, so secrets never show on a command line."""
     container = launch.container
     argv = [docker, "create", "--name", name]
-    if S.shares_process_namespace(launch.pod):
+    if isinstance(launch.pid_namespace, DockerPidNamespace):
+        argv += ["--pid", launch.pid_namespace.mode]
+    elif S.shares_process_namespace(launch.pod):
         argv += ["--init"]
     if isinstance(launch.network, DockerPodNetwork):  # the hostname is the pause container's
         argv += ["--network", launch.network.mode]
@@ -310,7 +336,7 @@ def remove_recorded(records: Sequence[tuple[Path, LaunchRecord]]) -> int:
     names = {container_name_of(record.container_id) for _, record in records}
     for pod_dir, _ in records:
         meta = {"namespace": pod_dir.parent.parent.name, "name": pod_dir.parent.name, "uid": pod_dir.name}
-        names.add(pause_name({"metadata": meta}))
+        names.update((pause_name({"metadata": meta}), pid_pause_name({"metadata": meta})))
     doomed = sorted(names & present.keys())
     if doomed:
         engine.docker("rm", "--force", *doomed, timeout=120)
@@ -520,6 +546,32 @@ class DockerRuntime:
             network.stop()
             raise OSError(f"the pause container did not start: {started.stderr.strip() or 'no pid'}")
         return self._forward(network, pid, api_host, api_port, log_path)
+
+    def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> DockerPidNamespace:
+        """The pod's PID pause container (an earlier runner's when it still runs: its containers run
+        in it); its PID 1 is the pause binary built with the node's tools, bind-mounted into busybox."""
+        name = pid_pause_name(pod)
+        state = engine.docker("inspect", "--format", "{{.State.Running}}", name, timeout=30).stdout.strip()
+        if state == "true":
+            return DockerPidNamespace(name)
+        pause = toolchain.tool_path("pause")
+        if not pause.is_file():
+            raise OSError(f"the pause binary is not built ({pause}): run `agentrun dev tools`")
+        if not engine.image_exists(PAUSE_IMAGE):
+            raise OSError(
+                f"the pause image {PAUSE_IMAGE} is not present locally (make it: agentrun dev base-images)"
+            )
+        engine.docker("rm", "--force", name, timeout=60)
+        started = engine.docker(
+            "run", "--detach", "--name", name, "--network", "none", *pod_labels(self.node, pod),
+            "--mount", f"type=bind,source={pause},target=/pause,readonly", "--entrypoint", "/pause",
+            PAUSE_IMAGE,
+            timeout=120,
+        )  # fmt: skip
+        if started.returncode != 0:
+            engine.docker("rm", "--force", name, timeout=60)
+            raise OSError(f"the pause container did not start: {started.stderr.strip()}")
+        return DockerPidNamespace(name)
 
     def _forward(
         self, network: DockerPodNetwork, pid: str, api_host: str, api_port: int, log_path: Path

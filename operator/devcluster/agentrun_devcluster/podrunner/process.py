@@ -4,8 +4,9 @@
 among the host's tools (images are not used) and starts a `ContainerProcess`.
 
 bwrap reports in a status file the host PID of its PID-namespace init (`child-pid`): the command
-itself when it is PID 1 (a pod without `shareProcessNamespace`, `sandbox.bwrap_argv`), else bwrap's
-init, whose only child the command is. `terminate()` sends SIGTERM to the command (as a runtime
+itself when it is PID 1 (a pod without `shareProcessNamespace`, `sandbox.bwrap_argv`) or when it
+joins the pod's shared PID namespace (pidns.py), else bwrap's init, whose only child the command is.
+`terminate()` sends SIGTERM to the command (as a runtime
 signals the container's main process; a PID 1 without a handler ignores it, as in a real container);
 `kill()` sends SIGKILL to the init, which takes the whole PID namespace with it, and to the bwrap
 monitor.
@@ -26,9 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrun_devcluster.podrunner import adopt
+from agentrun_devcluster.podrunner import adopt, pidns
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.network import PodNetwork
+from agentrun_devcluster.podrunner.pidns import PodPidNamespace
 from agentrun_devcluster.podrunner.runtime import Launch, OnExit
 from agentrun_devcluster.podrunner.sandbox import (
     Bind,
@@ -63,9 +65,12 @@ class ContainerProcess:
         log_path: Path,
         on_exit: Callable[[ContainerProcess], None],
         command_is_pid_1: bool = False,
+        extra_fds: Sequence[int] = (),
+        shared_pidns: bool = False,
     ) -> None:
         self.log_path = log_path
-        self.command_is_pid_1 = command_is_pid_1
+        self.command_is_pid_1 = command_is_pid_1 or shared_pidns
+        self.shared_pidns = shared_pidns
         self.container_id = ""
         self.init_pid: int | None = None
         self.exit_code: int | None = None
@@ -84,7 +89,7 @@ class ContainerProcess:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=dict(env),
-                    pass_fds=(write_fd,),
+                    pass_fds=(write_fd, *extra_fds),
                     close_fds=True,
                     start_new_session=True,  # outlives a restart of the runner (see adopt.py)
                 )
@@ -150,9 +155,15 @@ class ContainerProcess:
             adopt.sigterm_or_kill(self.command_pid(), self.kill)
 
     def kill(self) -> None:
-        """SIGKILL the namespace's init (everything in the sandbox dies) and the bwrap monitor."""
+        """SIGKILL the namespace's init (everything in the sandbox dies) and the bwrap monitor; in a
+        pod's shared PID namespace, the sandbox's process group (the container's processes) instead."""
         if self.done:
             return
+        if self.shared_pidns:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                sandbox = next(iter(adopt.children(self.proc.pid)), None)
+                if sandbox is not None and os.getpgid(sandbox) == sandbox:
+                    os.killpg(sandbox, signal.SIGKILL)
         if self.init_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.init_pid, signal.SIGKILL)
@@ -188,6 +199,11 @@ class ProcessRuntime:
     ) -> PodNetwork:
         return PodNetwork(api_host, api_port, log_path).start()
 
+    def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> PodPidNamespace | None:
+        if pidns.unavailable() is not None:
+            return None
+        return pidns.adopt_or_start(pod_dir)
+
     def start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
         container = launch.container
         env = dict(launch.env)
@@ -215,13 +231,37 @@ class ProcessRuntime:
                 f'exec: "{argv[0]}": {what} '
                 "(the local pod runner runs the host's tools; images are not pulled)"
             )
+        pid_1 = not S.shares_process_namespace(launch.pod)
+        holder = launch.pid_namespace if isinstance(launch.pid_namespace, PodPidNamespace) else None
+        try:
+            pidns_fd = os.open(holder.path, os.O_RDONLY) if holder is not None else None
+        except OSError as exc:
+            raise S.StartError(f"the pod's PID namespace is gone ({exc})") from None
+        try:
+            return self._start(launch, on_exit, argv, binds, files, expand, workdir, pid_1, pidns_fd)
+        finally:
+            if pidns_fd is not None:
+                os.close(pidns_fd)
+
+    def _start(
+        self,
+        launch: Launch,
+        on_exit: OnExit,
+        argv: list[str],
+        binds: list[Bind],
+        files: list[Bind],
+        expand: list[tuple[str, list[HostEntry]]],
+        workdir: str,
+        pid_1: bool,
+        pidns_fd: int | None,
+    ) -> ContainerProcess:
+        pod_tmp = launch.pod_dir / "tmp"
         bwrap = self.bwrap
         entries = self.host_entries
         network = launch.network
         enter = network.enter_argv() if isinstance(network, PodNetwork) else []
         exit_file = adopt.exit_file(launch.pod_dir, launch.name, launch.restart)
         exit_file.unlink(missing_ok=True)
-        pid_1 = not S.shares_process_namespace(launch.pod)
         proc = ContainerProcess(
             lambda fd: adopt.shim_argv(  # the shim records the exit code, runner or not (adopt.py)
                 enter
@@ -238,13 +278,17 @@ class ProcessRuntime:
                     expand,
                     tool_paths=host_tool_paths(),
                     command_is_pid_1=pid_1,
+                    pidns_fd=pidns_fd,
                 ),
                 exit_file,
+                group=pidns_fd is not None,
             ),
-            env,
+            launch.env,
             launch.log_path,
             on_exit,
             command_is_pid_1=pid_1,
+            extra_fds=() if pidns_fd is None else (pidns_fd,),
+            shared_pidns=pidns_fd is not None,
         )
         proc.container_id = f"agentrun://{launch.uid[:8]}-{launch.name}-{launch.restart}"
         return proc

@@ -51,6 +51,9 @@ class Launch:
     restart: int
     network: PodSandbox | None = None
     """The pod's own network namespace (pods serving ports), made by the same runtime; None: the host's."""
+    pid_namespace: PodSandbox | None = None
+    """The pod's shared PID namespace (`shareProcessNamespace`), made by the same runtime; None: the
+    container's own."""
 
     @property
     def namespace(self) -> str:
@@ -74,7 +77,8 @@ class Launch:
 
 
 class PodSandbox(Protocol):
-    """What holds a pod's own network namespace (see network.py) until the pod ends."""
+    """What holds a pod's own network namespace (see network.py), or its shared PID namespace
+    (pidns.py, a pause container), until the pod ends."""
 
     def stop(self) -> None: ...
 
@@ -117,6 +121,10 @@ class ContainerRuntime(Protocol):
         self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
     ) -> PodSandbox:
         """The pod's own network namespace with the API server forwarded into it (OSError if not)."""
+
+    def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> PodSandbox | None:
+        """The shared PID namespace of a pod with `shareProcessNamespace`, held by a pause-like PID 1
+        (an earlier runner's when it still holds one); None where it cannot be (OSError if it fails)."""
 
     def close(self) -> None:
         """The runner stops: remove what is left of its containers (their pods are reported lost)."""

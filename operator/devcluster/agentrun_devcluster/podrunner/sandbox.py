@@ -6,13 +6,16 @@ without touching the host; then a fresh `/dev` and `/proc`, the pod's own `/tmp`
 depth order, so nested mounts work) and the termination-message files, and finally `/` is made
 read-only. Writable are only the volumes, the pod's tmp and the termination-message files.
 
-Each container gets its own PID namespace (`--unshare-pid`), shaped as the kubelet's would be
-(docs/local-dev.md#pod-runner-signals). Without the pod's `shareProcessNamespace` the command is
+PID namespaces are shaped as the kubelet's would be (docs/local-dev.md#pod-runner-signals). Without
+the pod's `shareProcessNamespace` each container gets its own (`--unshare-pid`) and the command is
 PID 1 of it (`--as-pid-1`), as in a container of its own: the kernel gives a PID 1 no default signal
-disposition, so without a handler it ignores SIGTERM and only SIGKILL ends it. With it, bwrap's
-small init is PID 1 and the command PID 2, as under a pod's shared pause process: a SIGTERM ends the
-command unless it handles it. Either way, when the command exits, or PID 1 is SIGKILLed, the kernel
-kills everything left in the namespace (as the runtime kills a container's leftover processes).
+disposition, so without a handler it ignores SIGTERM and only SIGKILL ends it; when it exits, the
+kernel kills everything left in the namespace (as the runtime kills a container's leftover
+processes). With it, the command joins the pod's shared namespace (`--pidns FD`, held by the pod's
+pause-like helper, pidns.py): it is not PID 1, so a SIGTERM ends it unless it handles it, and its
+leftovers are killed by its shim (adopt.py: the container is a process group of its own). Where the
+namespace cannot be joined (not root), bwrap's small init is PID 1 of a namespace of the
+container's own and the command PID 2, with the same signal semantics.
 `--die-with-parent` ties the sandbox to its parent, the shim that records its exit code in its own
 session (adopt.py), so the sandbox outlives a restart of the runner but not a kill of its shim.
 Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
@@ -100,11 +103,13 @@ def bwrap_argv(
     expand: Sequence[tuple[str, Sequence[HostEntry]]] = (),
     tool_paths: Sequence[str] = (),
     command_is_pid_1: bool = False,
+    pidns_fd: int | None = None,
 ) -> list[str]:
     """The full command line: sandbox set-up, then `--` and the container's argv.
 
     `command_is_pid_1`: the command is PID 1 of its namespace (a container without the pod's
-    `shareProcessNamespace`), else bwrap's init is.
+    `shareProcessNamespace`), else bwrap's init is. `pidns_fd`: an open file of the pod's shared PID
+    namespace (pidns.py), which the command joins instead (not as PID 1, and with no init of bwrap's).
 
     `expand` lists host directories re-created as a tmpfs holding their entries (see
     `spec.resolve_on_host`), so mount points can be made inside them; they end read-only too.
@@ -146,9 +151,11 @@ def bwrap_argv(
         out += ["--ro-bind" if file.read_only else "--bind", file.source, file.target]
     for directory, _entries in reversed(expand):
         out += ["--remount-ro", directory]
-    out += ["--remount-ro", "/", "--unshare-pid", "--die-with-parent", "--chdir", workdir]
-    if command_is_pid_1:
-        out += ["--as-pid-1"]
+    out += ["--remount-ro", "/", "--die-with-parent", "--chdir", workdir]
+    if pidns_fd is not None:
+        out += ["--pidns", str(pidns_fd)]
+    else:
+        out += ["--unshare-pid", *(["--as-pid-1"] if command_is_pid_1 else [])]
     if hostname:
         out += ["--unshare-uts", "--hostname", hostname]
     if status_fd is not None:

@@ -12,6 +12,7 @@ to `hostPath` ones), as the kubelet applies it (ownership.py).
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,11 +191,23 @@ def source_files(
     return out
 
 
+def _check_within(path: Path, volume: Path, volume_name: str, container: str) -> None:
+    """The kubelet's subPath safety (PrepareSafeSubpath): a subPath whose path, symlinks evaluated,
+    leaves its volume is not mounted; the container waits (`CreateContainerConfigError`, retried
+    on every sync) until it is fixed."""
+    real, root = os.path.realpath(path), os.path.realpath(volume)
+    if real != root and not real.startswith(root.rstrip("/") + "/"):
+        raise S.ContainerConfigError(
+            f'failed to prepare subPath for volumeMount "{volume_name}" of container "{container}"'
+        )
+
+
 def binds(
     container: Mapping[str, Any], volumes: Mapping[str, S.Volume], dirs: Mapping[str, Path]
 ) -> list[Bind]:
     """A container's `volumeMounts` as bind mounts (a subPath made, as a directory, if missing, as the
-    kubelet does; one that is a file, e.g. a key of a configMap volume, is bound as that file)."""
+    kubelet does; one that is a file, e.g. a key of a configMap volume, is bound as that file; one
+    that leaves its volume through a symlink is refused, `_check_within`)."""
     out = []
     for mount in container.get("volumeMounts") or []:
         source = dirs[str(mount["name"])]
@@ -203,8 +216,12 @@ def binds(
             if S.normalise_mount_path("/" + sub) is None or sub.startswith("/"):
                 raise S.StartError(f"subPath {sub!r} must be a relative path without '..'")
             source = source / sub
+            _check_within(source, dirs[str(mount["name"])], str(mount["name"]), str(container.get("name")))
             if not source.exists():  # a file of a configMap or secret volume is bound as it is
                 source.mkdir(parents=True, exist_ok=True)
+                _check_within(
+                    source, dirs[str(mount["name"])], str(mount["name"]), str(container.get("name"))
+                )
         volume = volumes[str(mount["name"])]
         read_only = (
             bool(mount.get("readOnly"))

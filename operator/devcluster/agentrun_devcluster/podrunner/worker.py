@@ -162,6 +162,7 @@ class PodWorker:
         self._published: dict[str, Any] | None = None
         self.network: PodSandbox | None = None
         self.adopted_network: adopt.NetworkRecord | None = None
+        self.pid_namespace: PodSandbox | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -296,6 +297,8 @@ class PodWorker:
                     self.network.stop()
                 if self.adopted_network is not None:
                     adopt.stop_network(self.adopted_network)
+                if self.pid_namespace is not None:
+                    self.pid_namespace.stop()
                 self._cleanup()
             self.runner.forget(self.uid)
 
@@ -322,7 +325,7 @@ class PodWorker:
             self.start_time = now_rfc3339()
             self._write_pod_json()
             self.publish()
-            if not self._start_network() or not self._prepare_volumes():
+            if not self._start_network() or not self._start_pid_namespace() or not self._prepare_volumes():
                 self._await_deletion()
                 return
         self._run_containers(started=frozenset(launched))
@@ -378,7 +381,7 @@ class PodWorker:
                 adopt.stop_network(network)
             if not self._start_network():
                 return False
-        return self._prepare_volumes(adopting=True)
+        return self._start_pid_namespace() and self._prepare_volumes(adopting=True)
 
     def _bind(self) -> bool:
         """Bind the pod to this node, retried with backoff until it lands or the pod is gone; False
@@ -478,6 +481,19 @@ class PodWorker:
         net = self.network.forwarder if isinstance(self.network, DockerPodNetwork) else self.network
         if isinstance(net, PodNetwork) and net.proc is not None and net.namespace_pid is not None:
             adopt.write_network(self.dir, net.proc.pid, net.namespace_pid)
+        return True
+
+    def _start_pid_namespace(self) -> bool:
+        """A pod with `shareProcessNamespace` gets one PID namespace for all its containers and hooks,
+        held by a pause-like PID 1 (pidns.py; a pause container on Docker), kept from an earlier
+        runner process when it still runs (its containers run in it)."""
+        if not S.shares_process_namespace(self.pod):
+            return True
+        try:
+            self.pid_namespace = self.runner.runtime.start_pid_namespace(self.pod, self.dir)
+        except OSError as exc:
+            self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's PID namespace: {exc}")
+            return False
         return True
 
     # -- volumes --------------------------------------------------------------------------------
@@ -618,6 +634,7 @@ class PodWorker:
             log_path=self.dir / "logs" / name / f"{restart}.log",
             restart=restart,
             network=self.network,
+            pid_namespace=self.pid_namespace,
         )
         return self.runner.runtime.start(launch, self._notify)
 
