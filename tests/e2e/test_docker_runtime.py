@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ import yaml
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.dockerengine import docker
 from agentrun_devcluster.podrunner.docker import LABEL_UID
+from tests.e2e import test_kubelet_behaviours as behaviours
 from tests.e2e.conftest import LocalDefault, start_local_default, step_status
 from tests.e2e.test_kubelet_behaviours import create_pod, get_pod
 from tests.support.polling import eventually
@@ -364,3 +365,22 @@ def test_runner_killed_and_restarted_adopts_running_containers_and_reports_finis
     env.plane.kubectl("delete", "pod", "d-keeps-running", "d-ends-unseen", "-n", NAMESPACE, "--wait=false")
     eventually(lambda: get_pod(env, "d-keeps-running") is None, timeout=90, what="d-keeps-running to go")
     eventually(lambda: not containers_of(uid), timeout=60, what="the adopted containers to be removed")
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        behaviours.test_containers_of_a_pod_sharing_its_process_namespace_see_each_others_processes,
+        behaviours.test_regular_containers_start_in_order_each_after_its_post_start_hook,
+        behaviours.test_a_subpath_leaving_its_volume_keeps_the_container_waiting_until_fixed,
+        behaviours.test_pid_1_ignores_sigterm_unless_the_pod_shares_its_process_namespace,
+    ],
+    ids=lambda test: test.__name__.removeprefix("test_"),
+)
+def test_kubelet_behaviours_of_sharing_pods_in_containers(
+    docker_default: LocalDefault, behaviour: Callable[[LocalDefault], None]
+) -> None:
+    """The shared PID namespace (a pause container, `--pid container:`), regular containers' hook
+    order and the subPath gate, checked in real containers by the same assertions as on the process
+    runtime and the real node (the watcher runs as uid 10001 here, as there)."""
+    behaviour(docker_default)

@@ -76,7 +76,7 @@ def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
 
 def dev_logs(env: LocalDefault, pod: str, name: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.cli", "dev", "logs", pod, "-c", name, "-n", NAMESPACE],
+        [sys.executable, "-m", "agentrun_operator.cli", "dev", "logs", pod, "-c", name, "-n", env.namespace],
         env=dict(os.environ, AGENTRUN_DEV_HOME=str(env.state_dir)),
         capture_output=True,
         text=True,
