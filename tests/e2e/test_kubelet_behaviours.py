@@ -6,7 +6,10 @@ Native sidecars start before the init containers after them and get SIGTERM afte
 containers end; `$(VAR)` expansion; secret, emptyDir and PVC volumes; exit codes; termination
 messages (the last 4096 bytes of the file, each container's share of the pod's 12 KiB, the log's
 tail with FallbackToLogsOnError); PID 1 and the grace period; a sidecar's postStart hook, which
-completes before the next container starts, and kills its container when it fails.
+completes before the next container starts, and kills its container when it fails; regular
+containers started in order, each after its postStart hook, the next started even when a hook
+fails; a shared PID namespace (`shareProcessNamespace`) seen from a non-root container; a subPath
+that leaves its volume keeping its container waiting (`CreateContainerConfigError`) until fixed.
 """
 
 from __future__ import annotations
