@@ -13,7 +13,8 @@ next Job):
   (a `main` the kubelet reports only once ended counts 0);
 - overhead: wall - `main`'s runtime, split into the stages (each a p50 in `stages_ms`):
   Job → pod created → scheduled (`PodScheduled`) → sandbox ready (`PodReadyToStartContainers`) →
-  init done (`Initialized`: the fingerprint ended, the reporter sidecar started) → `main` started;
+  the reporter started (`Initialized` and the reporter seen running: its claim and fingerprint
+  done, or once, the sidecar started) → `main` started;
   `main` finished → reported (the reporter terminated: the envelope is in the pod status) → next
   Job; beside them, reported → pod `Succeeded` (the kubelet's teardown) and next Job → the status
   recording iteration k;
@@ -124,7 +125,11 @@ def pod_milestones(events: list[tuple[float, dict[str, Any]]]) -> dict[str, floa
     for t, pod in events:
         status = pod.get("status") or {}
         main = _state(status, "containerStatuses", "main")
-        reporter = _state(status, "initContainerStatuses", "reporter")
+        # The reporter: a regular container listed before main (docs/design.md#reporter-first), or
+        # the native sidecar of the code before it.
+        reporter = _state(status, "containerStatuses", "reporter") or _state(
+            status, "initContainerStatuses", "reporter"
+        )
         mark("created", t, True)
         mark(
             "scheduled",
@@ -132,7 +137,11 @@ def pod_milestones(events: list[tuple[float, dict[str, Any]]]) -> dict[str, floa
             _condition(status, "PodScheduled") or bool((pod.get("spec") or {}).get("nodeName")),
         )
         mark("sandbox", t, _condition(status, "PodReadyToStartContainers"))
-        mark("initialized", t, _condition(status, "Initialized"))
+        mark(
+            "initialized",
+            t,
+            _condition(status, "Initialized") and ("running" in reporter or "terminated" in reporter),
+        )
         mark("main_started", t, "running" in main or "terminated" in main)
         mark("main_running", t, "running" in main)
         mark("main_finished", t, "terminated" in main)

@@ -273,6 +273,8 @@ class KubeletDriver:
                     "state": {"terminated": term},
                 }
             )
+        # The reporter, a regular container listed before main (docs/design.md#reporter-first),
+        # reports the envelope and exits 0; main ends as the scenario says.
         mains = [
             {
                 "name": c["name"],
@@ -281,12 +283,15 @@ class KubeletDriver:
                 "ready": False,
                 "restartCount": 0,
                 "state": {
-                    "terminated": {
-                        "exitCode": outcome.exit_code,
-                        "reason": "Completed" if outcome.exit_code == 0 else "Error",
-                        "startedAt": now,
-                        "finishedAt": now,
-                    }
+                    "terminated": (
+                        {"exitCode": 0, "reason": "Completed", "message": message}
+                        if c["name"] == "reporter"
+                        else {
+                            "exitCode": outcome.exit_code,
+                            "reason": "Completed" if outcome.exit_code == 0 else "Error",
+                        }
+                    )
+                    | {"startedAt": now, "finishedAt": now}
                 },
             }
             for c in pod["spec"]["containers"]

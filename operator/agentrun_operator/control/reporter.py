@@ -1,23 +1,25 @@
 """`agentrun reporter`: the small program in every iteration pod that carries the control payload out.
 
 The operator never mounts the PVC, so the pod reports for it (docs/design.md#iteration-pod). One
-container of the operator image runs this module: ``report``, a native sidecar (an init container
-with ``restartPolicy: Always``) that lives for the whole pod.
+container of the operator image runs this module: ``report``, a regular container listed before
+``main`` that lives as long as ``main`` does (docs/design.md#reporter-first).
 
 1. Before ``main`` (``--before-main``): it blocks SIGTERM first thing, claims the Job for its pod
    (``claim``), records what the control file looks like (the fingerprint), and writes its pid
    to ``--ready-file`` — or ``taken`` when another pod of the Job holds the claim. The reporter's
-   postStart hook, a shell loop, waits for that file and fails for ``taken``; the kubelet starts
-   ``main`` only once the hook has completed, so ``main`` never starts before the claim and the
-   fingerprint, and never in a duplicate pod (docs/design.md#fingerprint-hook).
-2. After ``main``: it sleeps until the kubelet sends SIGTERM (once the main container has ended),
-   reads the control file, compares it with the fingerprint (a file with the same fingerprint was
-   left by an earlier iteration: ``stale``, which counts as missing), and writes the control
-   envelope to its termination message, with the claim's outcome when that is news.
+   postStart hook, a shell loop, waits for that file; the kubelet starts ``main`` only once the hook
+   has completed. The hook opens ``main``'s gate for a pid and keeps it shut otherwise, so ``main``
+   never starts before the claim and the fingerprint, and never in a duplicate pod.
+2. After ``main`` (``--hook-done``): it watches the pod's shared PID namespace until ``main``'s
+   processes have ended (control/mainwatch.py), or until SIGTERM (the pod's deletion), then reads
+   the control file, compares it with the fingerprint (a file with the same fingerprint was left by
+   an earlier iteration: ``stale``, which counts as missing), writes the control envelope to its
+   termination message, with the claim's outcome when that is news, and exits.
 
-``fingerprint`` is the init container of pods made before (it claimed and fingerprinted in a
-container of its own, and a duplicate waited there). The report never fails the pod: problems are
-recorded (exit 0), and it is always a well-formed envelope.
+``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
+kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
+older still. The report never fails the pod: problems are recorded (exit 0), and it is always a
+well-formed envelope.
 
 Startup is kept light: only the standard library is imported before the signal is blocked;
 pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
@@ -33,6 +35,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +57,12 @@ POD_UID_ENV: Final = "AGENTRUN_POD_UID"
 """Set on the reporter from the downward API; read by ``report --before-main``."""
 _WAIT_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
 _FALLBACK_MAX_BYTES: Final = 4096
+HOOK_POLL: Final = 0.01
+"""How often the reporter looks for its postStart hook's last line."""
+WATCH_POLL: Final = 0.02
+WATCH_POLL_LATER: Final = 0.1
+WATCH_FAST_SECONDS: Final = 10.0
+"""Looks at the pod's processes every 20 ms for `main`'s first 10 s, then every 100 ms."""
 
 
 def _log(message: str) -> None:
@@ -433,6 +442,49 @@ def wait_for_signal() -> int:
     return int(signal.sigwait(_WAIT_SIGNALS))
 
 
+def _signalled(timeout: float) -> bool:
+    """Sleep up to ``timeout`` seconds, or less when SIGTERM/SIGINT (held pending) arrives: True then."""
+    return signal.sigtimedwait(_WAIT_SIGNALS, timeout) is not None
+
+
+def _import_envelope() -> None:
+    try:  # pydantic, imported while `main` runs rather than after it ended
+        import agentrun_operator.control.envelope  # noqa: F401
+    except Exception as exc:  # pragma: no cover - report_text falls back to stdlib JSON
+        _log(f"cannot import the envelope module: {exc}")
+
+
+def wait_for_main(hook_done: str) -> str:
+    """Block until `main` has ended (control/mainwatch.py), or SIGTERM/SIGINT arrives; says which.
+
+    First the postStart hook's last line (its watermark and PID: `main` may start once the hook has
+    ended), then looks at the pod's processes every `WATCH_POLL` seconds (`WATCH_POLL_LATER` once
+    `main` has run for `WATCH_FAST_SECONDS`: an agent that works for minutes does not need its end
+    seen within milliseconds). The envelope module is imported meanwhile, in a thread."""
+    from agentrun_operator.control.mainwatch import MainWatch, look, read_hook_done
+
+    done = read_hook_done(hook_done)
+    while done is None:
+        if _signalled(HOOK_POLL):
+            return "signal"
+        done = read_hook_done(hook_done)
+    watermark, hook_pid = done
+    importer = threading.Thread(target=_import_envelope, name="import-envelope", daemon=True)
+    importer.start()
+    ignore = frozenset(p for p in (os.getpid(), hook_pid) if p is not None)
+    watch = MainWatch(watermark)
+    if watermark is None:
+        _log("no watermark from the postStart hook: a main that ends within a look may be missed")
+    since = time.monotonic()
+    while not watch.observe(look(ignore)):
+        fast = not watch.started or time.monotonic() - since < WATCH_FAST_SECONDS
+        if _signalled(WATCH_POLL if fast else WATCH_POLL_LATER):
+            importer.join()
+            return "signal"
+    importer.join()
+    return "main ended"
+
+
 def cmd_report(
     path: str,
     fingerprint_path: str | None,
@@ -445,13 +497,15 @@ def cmd_report(
     claim_volume: str = "",
     checkout: str | None = None,
     artifacts: Sequence[str] = (),
+    hook_done: str | None = None,
 ) -> int:
-    """Report the control envelope (after SIGTERM when ``wait``); exit 0 whatever happens.
+    """Report the control envelope (after SIGTERM when ``wait``; once `main` has ended, or at SIGTERM,
+    with ``hook_done``); exit 0 whatever happens.
 
     With ``before_main``, first claim the Job and fingerprint the control file
     (`prepare_for_main`); the ready file then holds the reporter's pid, or ``taken`` (a duplicate
-    pod), which the postStart hook waits for (docs/design.md#fingerprint-hook)."""
-    if wait:
+    pod), which the postStart hook waits for (docs/design.md#reporter-first)."""
+    if wait or hook_done:
         block_wait_signals()  # main() did this already; repeating it is harmless
     prepared = not (before_main and fingerprint_path) or prepare_for_main(
         path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
@@ -462,11 +516,11 @@ def cmd_report(
             _write_atomically(ready_file, ready)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
-    if wait:
-        try:  # import pydantic now, while idle, rather than after SIGTERM
-            import agentrun_operator.control.envelope  # noqa: F401
-        except Exception as exc:  # pragma: no cover - report_text falls back to stdlib JSON
-            _log(f"cannot import the envelope module: {exc}")
+    if hook_done:
+        why = wait_for_main(hook_done)
+        _log(f"{why}; reporting {path}")
+    elif wait:
+        _import_envelope()  # now, while idle, rather than after SIGTERM
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
     text = report_text(path, fingerprint_path, claim_report, checkout, artifacts)
@@ -528,6 +582,13 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         action="store_true",
         help="sleep until SIGTERM (sent when the main container has ended), then report",
     )
+    rep.add_argument(
+        "--hook-done",
+        metavar="FILE",
+        help="a regular container before main: once the postStart hook has written FILE (its "
+        "watermark and pid), watch the pod's shared PID namespace and report when main has ended "
+        "(or at SIGTERM)",
+    )
     rep.add_argument("--ready-file", metavar="FILE", help="create FILE once SIGTERM can no longer be lost")
     rep.add_argument(
         "--before-main",
@@ -561,7 +622,7 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agentrun reporter``; ``argv`` excludes the program and ``reporter`` words."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["report"] and "--wait-for-signal" in args_list:
+    if args_list[:1] == ["report"] and ("--wait-for-signal" in args_list or "--hook-done" in args_list):
         block_wait_signals()  # before argparse or anything else that takes time
     args = build_parser().parse_args(args_list)
     if args.reporter_command == "fingerprint":
@@ -589,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.claim_volume,
         args.checkout,
         args.artifact,
+        args.hook_done,
     )
 
 

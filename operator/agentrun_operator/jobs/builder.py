@@ -55,6 +55,7 @@ from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.jobs.reporter_container import (
     META_MOUNT,
     META_VOLUME,
+    gate_mount,
     reporter_container,
 )
 from agentrun_operator.resolution import (
@@ -446,9 +447,11 @@ def _pod_spec(
         # The pause container is PID 1, so `main` gets the ordinary SIGTERM semantics even when it
         # is `sh -c …` (a PID 1 ignores SIGTERM without a handler); a short grace so a timed-out or
         # cancelled attempt stops at once (docs/design.md#grace-period).
+        # It also lets the reporter, listed before `main`, see `main`'s processes end
+        # (docs/design.md#reporter-first).
         "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": step_grace_seconds(step, config),
-        "initContainers": [
+        "containers": [
             reporter_container(
                 path,
                 volumes.reporter_mounts,
@@ -456,10 +459,13 @@ def _pod_spec(
                 volumes.claim_dir,
                 volumes.claim_volume.name if volumes.claim_volume is not None else "",
             ),
-        ],
-        "containers": [
-            main_container(resolved, agentrun_env(run, step, attempt, refs), workload, volumes.main_mounts)
-            | secrets_env_from(run)
+            main_container(
+                resolved,
+                agentrun_env(run, step, attempt, refs),
+                workload,
+                [*volumes.main_mounts, gate_mount()],
+            )
+            | secrets_env_from(run),
         ],
         "volumes": volumes.volumes,
     }
@@ -479,8 +485,8 @@ def _pod_spec(
         pod["affinity"] = affinity
     parts = PodParts(
         pod,
+        pod["containers"][1],
         pod["containers"][0],
-        pod["initContainers"][0],
         owner_reference(run),
         lambda path: volume_holding(path, workload.volumes or []),
     )

@@ -1,6 +1,6 @@
-"""The operator's own container in every iteration pod: the `reporter` native sidecar, its postStart
-hook, and the names and files of the pod's layout it shares with the Job builder
-(docs/design.md#iteration-pod, docs/design.md#fingerprint-hook). Pure."""
+"""The operator's own container in every iteration pod: the `reporter`, a regular container listed
+before `main`, its postStart hook, `main`'s gate, and the names and files of the pod's layout it
+shares with the Job builder (docs/design.md#iteration-pod, docs/design.md#reporter-first). Pure."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ META_MOUNT: Final = "/agentrun-meta"
 FINGERPRINT_FILE: Final = f"{META_MOUNT}/fingerprint.json"
 REPORTER_READY_FILE: Final = f"{META_MOUNT}/reporter-ready"
 CLAIM_REPORT_FILE: Final = f"{META_MOUNT}/claim.json"
+HOOK_DONE_FILE: Final = f"{META_MOUNT}/hook-done"
+GATE_SUBPATH: Final = "gate"
+GATE_FILE: Final = f"{META_MOUNT}/{GATE_SUBPATH}"
+GATE_MOUNT: Final = "/.agentrun-gate"
+"""Where `main` mounts its gate: the meta volume's `gate`, an empty read-only directory once the
+hook opened it; a symlink out of the volume while it is shut, which the kubelet refuses to mount."""
+GATE_REFUSAL: Final = f'failed to prepare subPath for volumeMount "{META_VOLUME}"'
+"""How the kubelet's message for a `main` held at a shut gate begins (`CreateContainerConfigError`)."""
 TERMINATION_LOG: Final = "/dev/termination-log"
 JOB_UID_FIELD: Final = "metadata.labels['batch.kubernetes.io/controller-uid']"
 """The Job controller labels each pod with its Job's uid (Kubernetes >= 1.27)."""
@@ -54,11 +62,12 @@ def reporter_container(
     claim_dir: str | None = None,
     claim_volume: str = "",
 ) -> dict[str, Any]:
-    """The native sidecar that claims the Job and fingerprints the control file before `main`
-    (`--before-main`), then reports the control envelope via its termination message; its postStart
-    hook holds `main` back until then (docs/design.md#fingerprint-hook)."""
+    """The regular container, listed before `main`, that claims the Job and fingerprints the control
+    file before `main` (`--before-main`), then watches for `main`'s end and reports the control
+    envelope via its termination message (`--hook-done`); its postStart hook holds `main` back until
+    then and opens `main`'s gate only for the pod that holds the claim (docs/design.md#reporter-first)."""
     args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
-    args += ["--wait-for-signal", "--ready-file", REPORTER_READY_FILE, "--before-main"]
+    args += ["--hook-done", HOOK_DONE_FILE, "--ready-file", REPORTER_READY_FILE, "--before-main"]
     if claim_dir is not None:
         args += [
             "--claim-dir",
@@ -70,7 +79,6 @@ def reporter_container(
         ]
     container = {
         **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
-        "restartPolicy": "Always",
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "lifecycle": {"postStart": {"exec": {"command": ready_hook()}}},
@@ -83,20 +91,41 @@ def reporter_container(
     return container
 
 
+def gate_mount() -> dict[str, Any]:
+    """`main`'s mount of its gate (`GATE_MOUNT`): what keeps `main` of a duplicate pod from starting."""
+    return {"name": META_VOLUME, "mountPath": GATE_MOUNT, "subPath": GATE_SUBPATH, "readOnly": True}
+
+
 READY_HOOK_SCRIPT: Final = (
-    'i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
-    'if [ "$i" -gt "$2" ]; then echo "agentrun: the reporter was not ready in time" >&2; exit 1; fi; '
-    "sleep 0.05; done; "
-    'if [ "$(cat "$1")" = taken ]; then '
-    'echo "agentrun: another pod of this Job holds its claim; this duplicate never runs main" >&2; exit 1; fi'
+    'ln -sfnT / "$3" || exit 1; i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
+    'if [ "$i" -gt "$2" ]; then echo "agentrun: the reporter was not ready in time; main stays shut" >&2; '
+    'exit 1; fi; sleep 0.02; done; read -r ready < "$1"; '
+    'if [ "$ready" = taken ]; then '
+    'echo "agentrun: another pod of this Job holds its claim; this duplicate never runs main" >&2; '
+    "exit 1; fi; "
+    'rm -f "$3" && mkdir "$3" || exit 1; read -r _ _ _ _ last < /proc/loadavg; echo "$last $$" > "$4"'
 )
-"""The reporter's postStart hook: wait (50 ms polls, bounded) until the reporter says it is ready; fail
-for `taken` (a duplicate pod) or when it never does, so the kubelet kills and restarts the reporter
-and `main` never starts. A shell loop rather than Python: it starts in milliseconds."""
-READY_HOOK_POLLS: Final = 600
-"""30 s of 50 ms polls: far more than the reporter's start, claim and fingerprint take."""
+"""The reporter's postStart hook. First it shuts `main`'s gate (a symlink out of the volume: the
+kubelet will not mount it, so `main` waits with `CreateContainerConfigError`). Then it waits (20 ms
+polls, bounded) until the reporter says it is ready; for the reporter's pid it opens the gate (an
+empty directory) and, as its last act, writes the namespace's last PID and its own, with shell
+builtins only, so no process of the hook is created after the watermark (control/mainwatch.py).
+For `taken` (a duplicate pod), or a reporter that is never ready, it fails with the gate shut: the
+kubelet kills the reporter and goes on to `main`, which it cannot create. A shell loop rather than
+Python: it starts in milliseconds."""
+READY_HOOK_POLLS: Final = 1500
+"""30 s of 20 ms polls: far more than the reporter's start, claim and fingerprint take."""
 
 
 def ready_hook() -> list[str]:
     """The command of the reporter's postStart hook (`READY_HOOK_SCRIPT` with its arguments)."""
-    return ["sh", "-c", READY_HOOK_SCRIPT, "agentrun-ready", REPORTER_READY_FILE, str(READY_HOOK_POLLS)]
+    return [
+        "sh",
+        "-c",
+        READY_HOOK_SCRIPT,
+        "agentrun-ready",
+        REPORTER_READY_FILE,
+        str(READY_HOOK_POLLS),
+        GATE_FILE,
+        HOOK_DONE_FILE,
+    ]

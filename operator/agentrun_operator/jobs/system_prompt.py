@@ -62,7 +62,7 @@ def add_to_pod(pod: dict[str, Any], annotations: dict[str, str], agent: AgentSpe
     if prompt is None:
         return
     pod["volumes"] = [*pod.get("volumes", []), prompt.volume]
-    main = pod["containers"][0]
+    main = next(c for c in pod["containers"] if c["name"] == "main")  # after the reporter
     main["volumeMounts"] = [*main.get("volumeMounts", []), prompt.mount]
     main["env"] = [*main.get("env", []), *({"name": k, "value": v} for k, v in prompt.env.items())]
     annotations.update(prompt.annotations)

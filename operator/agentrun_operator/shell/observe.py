@@ -16,7 +16,11 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
 from agentrun_operator.jobs.builder import MAIN_CONTAINER
-from agentrun_operator.jobs.reporter_container import FINGERPRINT_CONTAINER, REPORTER_CONTAINER
+from agentrun_operator.jobs.reporter_container import (
+    FINGERPRINT_CONTAINER,
+    GATE_REFUSAL,
+    REPORTER_CONTAINER,
+)
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
 from agentrun_operator.resolution import effective_steps, effective_workload
@@ -108,7 +112,9 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         return None
     status = pod.get("status") or {}
     reporter_message = claim_message = None
-    for cs in status.get("initContainerStatuses") or []:
+    # The reporter is a regular container (docs/design.md#reporter-first); in pods made before, a
+    # native sidecar, listed among the init containers.
+    for cs in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
         if cs.get("name") == REPORTER_CONTAINER:
             terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
                 "terminated"
@@ -173,6 +179,18 @@ def containers_ended(status: dict[str, Any]) -> bool:
     return all("terminated" in (cs.get("state") or {}) for cs in statuses)
 
 
+def held_at_gate(cs: dict[str, Any]) -> bool:
+    """`main` waits at its shut gate: the kubelet will not mount a gate that leads out of its volume
+    (docs/design.md#reporter-first). Only a pod whose reporter does not hold the Job's claim (a
+    duplicate of the Job controller's) or was never ready is held so; not a wait to report."""
+    waiting = (cs.get("state") or {}).get("waiting") or {}
+    return (
+        cs.get("name") == MAIN_CONTAINER
+        and waiting.get("reason") == "CreateContainerConfigError"
+        and str(waiting.get("message") or "").startswith(GATE_REFUSAL)
+    )
+
+
 def pod_wait(status: dict[str, Any]) -> PodWait | None:
     """Why a pod waits, when it may wait for good (`planner/waiting.py`): the first container, init
     containers first, waiting with such a reason (its image from the container's status, which the
@@ -181,6 +199,8 @@ def pod_wait(status: dict[str, Any]) -> PodWait | None:
         for cs in status.get(key) or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             reason = waiting.get("reason")
+            if held_at_gate(cs):
+                continue  # a duplicate pod's main, kept from starting on purpose
             if reason in CONTAINER_WAIT_REASONS:
                 image = cs.get("image")
                 return PodWait(

@@ -49,7 +49,7 @@ def _invalid(world: PlannerWorld) -> tuple[str | None, str]:
 
 
 def _main(world: PlannerWorld, job: str) -> dict[str, Any]:
-    container: dict[str, Any] = world.manifests[job]["spec"]["template"]["spec"]["containers"][0]
+    container: dict[str, Any] = world.manifests[job]["spec"]["template"]["spec"]["containers"][-1]
     return container
 
 
@@ -382,7 +382,7 @@ def test_an_inline_system_prompt_is_a_file_from_a_pod_annotation() -> None:
         "path": "system-prompt.md",
         "fieldRef": {"fieldPath": "metadata.annotations['agents.proompteng.ai/system-prompt']"},
     }
-    main = template["spec"]["containers"][0]
+    main = template["spec"]["containers"][-1]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["AGENTRUN_SYSTEM_PROMPT_PATH"] == "/var/run/agentrun/system-prompt/system-prompt.md"
     mount = next(m for m in main["volumeMounts"] if m["name"] == "agentrun-system-prompt")

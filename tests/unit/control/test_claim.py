@@ -289,17 +289,26 @@ def test_a_reporter_restarted_in_its_pod_keeps_the_fingerprint_taken_before_main
     assert json.loads((tmp_path / "term-pod-a").read_text())["status"] == "found"
 
 
-@pytest.mark.parametrize(("content", "code"), [("ready", 0), ("taken", 1), (None, 1)])
-def test_the_post_start_hook_waits_for_ready_and_fails_for_taken_or_never(
+@pytest.mark.parametrize(("content", "code"), [("4242", 0), ("taken", 1), (None, 1)])
+def test_the_post_start_hook_shuts_the_gate_waits_for_ready_and_opens_it_only_for_a_pid(
     tmp_path: Path, content: str | None, code: int
 ) -> None:
-    """The hook is a shell loop (it starts in milliseconds); here with 3 polls instead of 600."""
-    ready = tmp_path / "ready"
+    """The hook is a shell loop (it starts in milliseconds); here with 3 polls instead of 1500. It
+    shuts main's gate first (a symlink out of the volume, which the kubelet refuses to mount), opens
+    it (an empty directory) only for a reporter that holds the claim, and then, as its last act,
+    writes the namespace's last PID and its own (docs/design.md#reporter-first)."""
+    ready, gate, done_file = tmp_path / "ready", tmp_path / "gate", tmp_path / "hook-done"
     if content is not None:
         ready.write_text(content)
     command = ready_hook()
-    command[-2:] = [str(ready), "3"]
+    command[-4:] = [str(ready), "3", str(gate), str(done_file)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == code, done.stderr
     if code:
         assert "agentrun:" in done.stderr
+        assert gate.is_symlink() and os.readlink(gate) == "/"
+        assert not done_file.exists()
+    else:
+        assert gate.is_dir() and not gate.is_symlink() and not any(gate.iterdir())
+        watermark, pid = done_file.read_text().split()
+        assert done_file.read_text().endswith("\n") and int(watermark) >= int(pid) > 1

@@ -48,7 +48,7 @@ def pod(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(job: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = pod(job)["containers"][0]
+    container: dict[str, Any] = pod(job)["containers"][-1]
     return container
 
 
@@ -57,7 +57,8 @@ def env(job: dict[str, Any]) -> dict[str, str]:
 
 
 def init(job: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(c for c in pod(job)["initContainers"] if c["name"] == name)
+    """A helper container of the pod (the reporter, a regular container listed before main)."""
+    return next(c for c in pod(job)["containers"] if c["name"] == name)
 
 
 # ----------------------------------------------------------------------------------- identity
@@ -426,40 +427,53 @@ def test_step_volumes_replace_the_runs() -> None:
 
 
 def hook(job: dict[str, Any]) -> list[str]:
-    """The reporter's postStart hook command (docs/design.md#fingerprint-hook)."""
+    """The reporter's postStart hook command (docs/design.md#reporter-first)."""
     command = init(job, "reporter")["lifecycle"]["postStart"]["exec"]["command"]
     assert isinstance(command, list)
     return command
 
 
-def test_the_reporter_is_the_only_helper_and_its_hook_holds_main_until_it_is_ready() -> None:
-    """One helper container: the reporter claims and fingerprints before main (`--before-main`), and
-    its postStart hook, which the kubelet completes before it starts main, waits for its ready file
-    (a container start fewer per pod than an init container)."""
+def test_the_reporter_is_the_only_helper_listed_before_main_and_its_hook_holds_main_at_a_gate() -> None:
+    """One helper container, a regular one listed before main (the kubelet starts regular containers
+    in order, each after its postStart hook completed: no relist wait before main): the reporter
+    claims and fingerprints before main (`--before-main`), watches for main's end (`--hook-done`),
+    and its hook opens main's gate, a subPath of the meta volume main mounts read-only
+    (docs/design.md#reporter-first)."""
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
-    assert [c["name"] for c in pod(job)["initContainers"]] == ["reporter"]
+    assert "initContainers" not in pod(job)
+    assert [c["name"] for c in pod(job)["containers"]] == ["reporter", "main"]
+    assert pod(job)["shareProcessNamespace"] is True  # the reporter sees main's processes
     reporter = init(job, "reporter")
-    assert reporter["restartPolicy"] == "Always"
+    assert "restartPolicy" not in reporter
     assert reporter["image"] == "operator:1"
     assert reporter["imagePullPolicy"] == "IfNotPresent"  # no registry round trip per pod
     assert reporter["command"] == ["agentrun", "reporter", "report"]
-    assert reporter["args"][:10] == [
+    assert reporter["args"][:11] == [
         "--path",
         "/workspace/.agentrun/loop-control.json",
         "--fingerprint",
         "/agentrun-meta/fingerprint.json",
         "--termination-log",
         "/dev/termination-log",
-        "--wait-for-signal",
+        "--hook-done",
+        "/agentrun-meta/hook-done",
         "--ready-file",
         "/agentrun-meta/reporter-ready",
         "--before-main",
     ]
-    assert hook(job)[:2] == ["sh", "-c"] and hook(job)[4:] == ["/agentrun-meta/reporter-ready", "600"]
+    assert hook(job)[:2] == ["sh", "-c"] and hook(job)[4:] == [
+        "/agentrun-meta/reporter-ready",
+        "1500",
+        "/agentrun-meta/gate",
+        "/agentrun-meta/hook-done",
+    ]
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
     assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in reporter["volumeMounts"]
-    assert all(m["name"] != META_VOLUME for m in main(job)["volumeMounts"])
+    gates = [m for m in main(job)["volumeMounts"] if m["name"] == META_VOLUME]
+    assert gates == [
+        {"name": META_VOLUME, "mountPath": "/.agentrun-gate", "subPath": "gate", "readOnly": True}
+    ]
 
 
 def test_reporter_mounts_the_volume_with_the_longest_matching_mount_path() -> None:
@@ -497,7 +511,7 @@ def test_the_reporter_mounts_the_pvc_as_main_does_for_the_job_claim() -> None:
     job = build({"workload": {"image": "img", "volumes": [PVC]}})
     writable = {
         c["name"]
-        for c in [*pod(job)["initContainers"], *pod(job)["containers"]]
+        for c in pod(job)["containers"]
         for m in c["volumeMounts"]
         if m["name"] == "workspace" and not m.get("readOnly")
     }

@@ -80,7 +80,7 @@ def build(
 
 
 def main(job: dict[str, Any]) -> dict[str, Any]:
-    container: dict[str, Any] = job["spec"]["template"]["spec"]["containers"][0]
+    container: dict[str, Any] = job["spec"]["template"]["spec"]["containers"][-1]
     return container
 
 
@@ -111,8 +111,8 @@ def test_secrets_are_env_from_and_vcs_reaches_the_pod() -> None:
     assert env["VCS_REPOSITORY"] == "acme/app" and env["VCS_HEAD_BRANCH"] == "agent/x"
     assert env["VCS_TOKEN"] == {"secretKeyRef": {"name": "gh", "key": "token"}}
     pod = job["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == ["reporter"]
-    reporter = pod["initContainers"][0]
+    assert [c["name"] for c in pod["containers"]] == ["reporter", "main"]
+    reporter = pod["containers"][0]
     # the commit before main (--before-main) and after it, read by the one reporter
     checkout = reporter["args"].index("--checkout")
     assert reporter["args"][checkout + 1] == "/workspace/repo" and "--before-main" in reporter["args"]
@@ -215,7 +215,7 @@ def test_an_artifact_on_no_volume_gets_an_empty_dir_in_main_and_the_reporter() -
     assert {"name": "agentrun-artifacts-0", "emptyDir": {}} in pod["volumes"]
     assert not any(v["name"] == "agentrun-artifacts-1" for v in pod["volumes"])  # /var/agent holds both
     assert {"name": "agentrun-artifacts-0", "mountPath": "/var/agent"} in main(job)["volumeMounts"]
-    reporter = next(c for c in pod["initContainers"] if c["name"] == "reporter")
+    reporter = next(c for c in pod["containers"] if c["name"] == "reporter")
     assert {"name": "agentrun-artifacts-0", "mountPath": "/var/agent", "readOnly": True} in reporter[
         "volumeMounts"
     ]

@@ -12,7 +12,7 @@ from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 def _previous(world: PlannerWorld, job: str) -> dict[str, Any]:
     containers = world.manifests[job]["spec"]["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in containers[0]["env"] if "value" in e}
+    env = {e["name"]: e["value"] for e in containers[-1]["env"] if "value" in e}
     raw = env["AGENTRUN_PREVIOUS"]
     assert len(raw.encode()) <= MAX_PREVIOUS_BYTES
     result: dict[str, Any] = json.loads(raw)

@@ -25,7 +25,7 @@ def body(max_iterations: int = 3, until: str | None = None, **extra: Any) -> dic
 
 def env(world: PlannerWorld, job: str) -> dict[str, str]:
     containers = world.manifests[job]["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in containers[0]["env"] if "value" in e}
+    return {e["name"]: e["value"] for e in containers[-1]["env"] if "value" in e}
 
 
 def creates(world: PlannerWorld) -> list[str]:

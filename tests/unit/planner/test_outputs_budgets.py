@@ -14,7 +14,7 @@ from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 def _env(world: PlannerWorld, job: str) -> dict[str, str]:
     containers = world.manifests[job]["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in containers[0]["env"] if "value" in e}
+    return {e["name"]: e["value"] for e in containers[-1]["env"] if "value" in e}
 
 
 def _plan_then_work(plan_iterations: int = 3, **output: Any) -> dict[str, Any]:

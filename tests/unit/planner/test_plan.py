@@ -551,7 +551,7 @@ def test_for_each_runs_one_iteration_per_frozen_item_with_the_item_injected() ->
     envs = [
         {
             e["name"]: e["value"]
-            for e in world.manifests[n]["spec"]["template"]["spec"]["containers"][0]["env"]
+            for e in world.manifests[n]["spec"]["template"]["spec"]["containers"][-1]["env"]
         }
         for n in world.created
     ]
@@ -964,7 +964,7 @@ def test_non_loop_step_records_its_control_and_has_no_loop_block() -> None:
     assert first.loop is None and first.control == {"answer": 42}
     env = {
         e["name"]: e["value"]
-        for e in world.manifests[world.active()]["spec"]["template"]["spec"]["containers"][0]["env"]
+        for e in world.manifests[world.active()]["spec"]["template"]["spec"]["containers"][-1]["env"]
     }
     assert env["AGENTRUN_ITERATION"] == "1" and env["AGENTRUN_MAX_ITERATIONS"] == "1"
 
@@ -988,7 +988,7 @@ def test_previous_control_is_passed_to_the_next_iteration() -> None:
     world.plan()
     env = {
         e["name"]: e["value"]
-        for e in world.manifests[world.active()]["spec"]["template"]["spec"]["containers"][0]["env"]
+        for e in world.manifests[world.active()]["spec"]["template"]["spec"]["containers"][-1]["env"]
     }
     assert json.loads(env["AGENTRUN_PREVIOUS_CONTROL"]) == {"continue": True, "n": 1}
     assert env["AGENTRUN_ITERATION"] == "2"

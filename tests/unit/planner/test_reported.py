@@ -45,7 +45,8 @@ def test_each_new_commit_is_recorded_on_its_iteration_and_in_status_vcs() -> Non
     job = w.plans[-1].actions
     create = next(a for a in job if isinstance(a, CreateJob))
     env = {
-        e["name"]: e.get("value") for e in create.manifest["spec"]["template"]["spec"]["containers"][0]["env"]
+        e["name"]: e.get("value")
+        for e in create.manifest["spec"]["template"]["spec"]["containers"][-1]["env"]
     }
     assert env["VCS_CLONE_URL"] == "/srv/git/demo/app.git"
     w.succeed(message=envelope("a" * 40))

@@ -202,7 +202,7 @@ def api_job(ttl: int | None = 30, nested_ttl: bool = True) -> dict[str, Any]:
     template: dict[str, Any] = {"metadata": {"labels": {"a": "b"}}, "spec": pod_spec()}
     if nested_ttl:
         template["metadata"]["annotations"] = {TTL: "99"}
-        template["spec"]["containers"][0]["extra"] = {TTL: 99, "inner": {TTL: 98}}
+        template["spec"]["containers"][-1]["extra"] = {TTL: 99, "inner": {TTL: 98}}
     spec: dict[str, Any] = {
         "parallelism": 1,
         "completions": 1,

@@ -114,3 +114,44 @@ def test_containers_ended_needs_every_listed_container_terminated_main_among_the
     assert not containers_ended({})
     observed = pod_from_k8s(pod(ended))
     assert observed is not None and observed.containers_ended and observed.phase == "Running"
+
+
+def test_a_main_held_at_its_shut_gate_is_no_wait_but_another_config_error_is() -> None:
+    """A duplicate pod's `main` waits at its gate on purpose (docs/design.md#reporter-first): the
+    kubelet's refusal to mount the gate's subPath is not a wait to report; a missing Secret key is."""
+    gate = 'failed to prepare subPath for volumeMount "agentrun-meta" of container "main"'
+    held = {
+        "containerStatuses": [
+            {"name": "reporter", "image": "op:1", "state": {"terminated": {"exitCode": 137}}},
+            {
+                "name": "main",
+                "image": "b:1",
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": gate}},
+            },
+        ]
+    }
+    assert pod_wait(held) is None
+    secret = "couldn't find key token in Secret team/gh"
+    other = {
+        "containerStatuses": [
+            {
+                "name": "main",
+                "image": "b:1",
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": secret}},
+            }
+        ]
+    }
+    assert pod_wait(other) == PodWait("CreateContainerConfigError", secret, "main", "b:1")
+
+
+def test_the_reporter_listed_before_main_reports_from_the_container_statuses() -> None:
+    """The reporter is a regular container now; pods made before list it among the init containers."""
+    envelope = '{"v":1,"status":"found"}'
+    terminated = {"terminated": {"exitCode": 0, "message": envelope}}
+    for key in ("containerStatuses", "initContainerStatuses"):
+        status: dict[str, Any] = {"phase": "Running", key: [{"name": "reporter", "state": terminated}]}
+        status.setdefault("containerStatuses", []).append(
+            {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-11-27T10:00:00Z"}}}
+        )
+        observed = pod_from_k8s(pod(status))
+        assert observed is not None and observed.reporter_message == envelope and observed.containers_ended

@@ -1,0 +1,109 @@
+"""How the reporter learns that `main` has ended, from the pod's shared PID namespace.
+
+The reporter is a regular container listed before `main` (docs/design.md#reporter-first): the
+kubelet stops nobody when `main` ends, so the reporter watches for it itself. The pod shares one
+PID namespace (`shareProcessNamespace`), so the reporter's /proc lists every process of the pod: the
+sandbox's pause (PID 1), its own, and `main`'s. Two facts decide:
+
+- **`main` has started** once a process that is not the reporter's (nor PID 1, nor its postStart
+  hook, which is exiting) is seen, or once the namespace has allocated a PID after the hook's
+  watermark (the last PID of /proc/loadavg, which the kernel gives per the reader's namespace): a
+  `main` such as `true` may start and end between two looks, and still leaves its PID behind.
+  Nothing else creates processes in the pod after the hook (an exec into a container would count).
+- **`main` has ended** once it has started and two looks in a row find no such process and no
+  newer PID (a process being created is allocated its PID a moment before /proc lists it).
+
+`MainWatch` is the pure rule over those looks; `look` reads /proc.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Final
+
+QUIET_LOOKS: Final = 2
+"""Looks in a row with no process of `main` (and no new PID) before `main` counts as ended."""
+_GONE_STATES: Final = frozenset({"Z", "X", "x"})
+"""/proc states of a process that has exited (a zombie awaiting its reaper, or dead)."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at the pod's processes: the PIDs of live processes other than PID 1, the reporter's
+    own and its hook's, and the namespace's last allocated PID (None when it cannot be read)."""
+
+    others: frozenset[int]
+    last_pid: int | None
+
+
+@dataclass
+class MainWatch:
+    """Decides from successive looks when `main` has started and ended. Pure."""
+
+    watermark: int | None
+    """The namespace's last PID when the postStart hook finished (before `main` could start)."""
+    started: bool = False
+    quiet: int = 0
+    _last_seen: int | None = field(default=None, repr=False)
+
+    def observe(self, look: Look) -> bool:
+        """Take one look; True once `main` has ended."""
+        newer = look.last_pid is not None and self.watermark is not None and look.last_pid > self.watermark
+        if look.others or newer:
+            self.started = True
+        if not self.started or look.others:
+            self.quiet = 0
+        elif self.quiet and look.last_pid != self._last_seen:
+            self.quiet = 1  # a PID allocated since the last look: its process may not be listed yet
+        else:
+            self.quiet += 1
+        self._last_seen = look.last_pid
+        return self.quiet >= QUIET_LOOKS
+
+
+def last_pid(proc: str = "/proc") -> int | None:
+    """The last PID allocated in the reader's PID namespace (/proc/loadavg's fifth field)."""
+    try:
+        with open(os.path.join(proc, "loadavg"), encoding="ascii") as handle:
+            return int(handle.read().split()[4])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(proc: str, pid: str) -> bool:
+    try:
+        with open(os.path.join(proc, pid, "stat"), encoding="utf-8", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:  # gone meanwhile
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return bool(fields) and fields[0] not in _GONE_STATES
+
+
+def look(ignore: frozenset[int], proc: str = "/proc") -> Look:
+    """The live processes of the namespace but PID 1 and `ignore`, and its last PID."""
+    latest = last_pid(proc)
+    others = frozenset(
+        int(name)
+        for name in os.listdir(proc)
+        if name.isdigit() and int(name) != 1 and int(name) not in ignore and _alive(proc, name)
+    )
+    return Look(others, latest)
+
+
+def read_hook_done(path: str) -> tuple[int | None, int | None] | None:
+    """(the watermark, the hook's PID) from the hook's last line, once it is complete; None before."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    if not text.endswith("\n"):
+        return None
+    parts = text.split()
+
+    def number(i: int) -> int | None:
+        return int(parts[i]) if len(parts) > i and parts[i].isdigit() else None
+
+    return number(0), number(1)
