@@ -187,14 +187,22 @@ class Report:
 
 
 DUPLICATE_SAID = "this pod is a duplicate the Job controller created"
-"""What the fingerprint container of a Job's duplicate pod logs (docs/concepts.md#exactly-once)."""
+"""What the reporter of a Job's duplicate pod logs (and the fingerprint init container of pods made
+before it did the claim; docs/concepts.md#exactly-once)."""
 
 
 def duplicates_held(home: Path) -> int:
-    """Pods whose fingerprint container found their Job claimed by another pod (the runner keeps
-    each container's log at `<home>/pods/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`, the
-    real node's kubelet at `<home>/node/pod-logs/<namespace>_<pod>_<uid>/<container>/<n>.log`)."""
-    logs = [*home.glob("pods/*/*/*/logs/fingerprint/*.log"), *home.glob("node/pod-logs/*/fingerprint/*.log")]
+    """Pods whose reporter (or old fingerprint container) found their Job claimed by another pod (the
+    runner keeps each container's log at `<home>/pods/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`,
+    the real node's kubelet at `<home>/node/pod-logs/<namespace>_<pod>_<uid>/<container>/<n>.log`)."""
+    logs = [
+        log
+        for helper in ("reporter", "fingerprint")
+        for log in (
+            *home.glob(f"pods/*/*/*/logs/{helper}/*.log"),
+            *home.glob(f"node/pod-logs/*/{helper}/*.log"),
+        )
+    ]
     return sum(DUPLICATE_SAID in log.read_text(errors="replace") for log in logs)
 
 

@@ -77,3 +77,48 @@ def test_containerd_reaches_no_registry_every_pull_goes_to_a_closed_loopback_por
     ]
     assert len(proxies) == 4 and {urlparse(p).hostname for p in proxies} == {"127.0.0.1"}
     assert NO_REGISTRY_ENV["NO_PROXY"] == NO_REGISTRY_ENV["no_proxy"] == ""  # no host bypasses it
+
+
+def test_a_state_that_does_not_own_the_running_node_leaves_its_network_and_host_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`dev down` of a pod-runner default while another state's real node runs must not take the
+    node's bridge, blackhole route or host paths away (it did: the route was gone under a running
+    benchmark); the owner's own stop, or a stop once the owner's node is gone, removes them."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from agentrun_devcluster.node import node as node_module
+
+    owner_file = tmp_path / "owner"
+    monkeypatch.setattr(node_module, "OWNER_FILE", owner_file)
+    removed: list[str] = []
+    monkeypatch.setattr(host, "remove_network", lambda: removed.append("network") or ["network"])
+    monkeypatch.setattr(host, "remove_host_state", lambda paths: removed.append("paths") or [])
+    monkeypatch.setattr(host, "unmount_all", lambda roots: 0)
+    monkeypatch.setattr(node_module, "_kill_shims", lambda socket: None)
+
+    def stop_of(home: Path) -> None:
+        (home / "run").mkdir(parents=True, exist_ok=True)
+        plane = SimpleNamespace(home=home, run_dir=home / "run", log_dir=home / "logs")
+        node_module.RealNode(plane).stop()  # type: ignore[arg-type]
+
+    owner, other = tmp_path / "owner-home", tmp_path / "other-home"
+    (owner / "run").mkdir(parents=True)
+    kubelet = subprocess.Popen(["sleep", "60"])  # stands in for the owner's running kubelet
+    try:
+        record = {"name": "kubelet", "pid": kubelet.pid, "executable": "sleep", "log": ""}
+        (owner / "run" / "kubelet.pid").write_text(json.dumps(record))
+        owner_file.write_text(f"{owner}\n")
+        assert node_module.node_owner(owner_file) == owner
+        stop_of(other)
+        assert removed == [] and owner_file.exists() and kubelet.poll() is None
+        stop_of(owner)  # stops its kubelet, then removes what the node made
+        assert removed == ["network", "paths"] and not owner_file.exists()
+    finally:
+        kubelet.kill()
+        kubelet.wait()
+    removed.clear()
+    owner_file.write_text(f"{owner}\n")  # left behind by an owner whose node is gone
+    stop_of(other)
+    assert removed == ["network", "paths"] and owner_file.exists()

@@ -48,6 +48,17 @@ NODE_COMPONENTS = (CONTAINERD, SCHEDULER, PROVISIONER, KUBELET)
 
 Progress = Callable[[str], None]
 OWNER_FILE = Path("/run/agentrun-real-node/owner")
+
+
+def node_owner(owner_file: Path | None = None) -> Path | None:
+    """The state directory of the state that runs the host's real node, if one does."""
+    try:
+        text = (owner_file or OWNER_FILE).read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
+
+
 """Host-wide: the state directory whose real node runs here. The node is a host-wide thing (a
 bridge, a route, fixed host paths, the kubelet's cgroups), so a second local default gets none."""
 NO_REGISTRY_ENV = {
@@ -232,24 +243,28 @@ class RealNode:
             f"  node {NODE_NAME} ready in {time.monotonic() - started:.0f}s (sandbox image {PAUSE_IMAGE})"
         )
 
+    def _other_owner_running(self) -> tuple[Path, list[str]] | None:
+        """The state directory of another state whose real node still runs here, and what runs."""
+        owner = node_owner()
+        if owner is None or owner == self.plane.home:
+            return None
+        alive = [
+            n
+            for n in (CONTAINERD, KUBELET)
+            if (r := processes.read_record(owner / "run", n)) is not None and r.alive()
+        ]
+        return (owner, alive) if alive else None
+
     def _claim_host(self) -> None:
         """Refuse to start beside the real node of another state directory that still runs."""
-        try:
-            owner = Path(OWNER_FILE.read_text().strip())
-        except OSError:
-            owner = None
-        if owner is not None and owner != self.plane.home:
-            alive = [
-                n
-                for n in (CONTAINERD, KUBELET)
-                if (r := processes.read_record(owner / "run", n)) is not None and r.alive()
-            ]
-            if alive:
-                raise host.NodeUnavailable(
-                    f"--runtime kubelet: the real node of another local default runs on this host "
-                    f"(state {owner}: {', '.join(alive)}); there is one per host. Stop it first "
-                    f"(`AGENTRUN_DEV_HOME={owner} agentrun dev down`), or use `--runtime process`"
-                )
+        other = self._other_owner_running()
+        if other is not None:
+            owner, alive = other
+            raise host.NodeUnavailable(
+                f"--runtime kubelet: the real node of another local default runs on this host "
+                f"(state {owner}: {', '.join(alive)}); there is one per host. Stop it first "
+                f"(`AGENTRUN_DEV_HOME={owner} agentrun dev down`), or use `--runtime process`"
+            )
         OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
         OWNER_FILE.write_text(f"{self.plane.home}\n")
 
@@ -316,9 +331,14 @@ class RealNode:
                 stopped.append(name)
         _kill_shims(self.paths.containerd_socket)
         unmounted = host.unmount_all([self.paths.root])
-        removed = host.remove_network() + host.remove_host_state(self.paths)
+        removed: list[str] = []
+        if self._other_owner_running() is None:
+            # The bridge, the blackhole route and the host paths are the host's one node's: a state
+            # that does not own it (a pod-runner default's `dev down` while a real node of another
+            # state runs) leaves them alone.
+            removed = host.remove_network() + host.remove_host_state(self.paths)
         with contextlib.suppress(OSError):
-            if Path(OWNER_FILE.read_text().strip()) == self.plane.home:
+            if node_owner() == self.plane.home:
                 OWNER_FILE.unlink()
         if unmounted or removed:
             self.say(f"  node: {unmounted} mounts unmounted; removed {', '.join(removed) or 'nothing else'}")
