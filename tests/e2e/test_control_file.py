@@ -1,5 +1,6 @@
-"""The loop-control file through real processes: the reporter sidecar, the fingerprint init container
-and the operator, with the file on a real (bind-mounted) PVC directory."""
+"""The loop-control file through real processes: the reporter container (listed before main, its
+postStart hook, its watch for main's end) and the operator, with the file on a real (bind-mounted)
+PVC directory."""
 
 from __future__ import annotations
 

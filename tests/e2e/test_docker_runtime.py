@@ -101,7 +101,7 @@ def test_conditional_loop_in_containers(docker_default: LocalDefault) -> None:
     assert loop["lastControl"] == {"continue": False, "outputs": {"iteration": 3, "notes": 3}}
     root = docker_default.claim_dir("conditional-loop-workspace")
     assert len((root / "notes" / "progress.log").read_text().splitlines()) == 3
-    # each iteration's fingerprint container (uid 10001 in the image) claimed its Job for its pod
+    # each iteration's reporter (uid 10001 in the image) claimed its Job for its pod
     claims = sorted((root / ".agentrun-claims").iterdir())
     assert len(claims) == 3 and all(len(c.read_text()) == 36 for c in claims), claims
 

@@ -7,10 +7,16 @@ fixture drives."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from typing import Any
 
+import yaml
+
+from agentrun_operator.jobs.reporter_container import GATE_REFUSAL
 from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.polling import eventually
 
 FS_GROUP = 10001  # AGENTS_CONTROLLER_POD_FS_GROUP's default
 
@@ -126,3 +132,79 @@ def conditions(run: dict[str, object]) -> list[_Condition]:
     status = run.get("status") or {}
     assert isinstance(status, dict)
     return [_Condition(c) for c in status.get("conditions") or []]
+
+
+def test_a_duplicate_pod_of_a_job_never_runs_main_it_waits_at_its_gate(local_default: LocalDefault) -> None:
+    """A second pod of one Job (what the Job controller may create, Kubernetes' at-least-once Job
+    semantics): made here from the Job's own pod template, naming the same Job uid, while the Job's
+    pod runs. Its reporter finds the Job claimed by the other pod, its postStart hook fails with
+    main's gate shut, and the kubelet will not mount the gate: main waits with
+    `CreateContainerConfigError` and never runs (docs/design.md#reporter-first); the run is not
+    disturbed."""
+
+    script = 'touch "/w/ran-${MARK:-job}"; sleep 8'
+    local_default.apply(off_volume_loop("claim-dup", script, iterations=1))
+    jobs: list[dict[str, Any]] = []
+
+    def job_pod_running() -> bool:
+        found = json.loads(
+            local_default.plane.kubectl(
+                "get",
+                "jobs",
+                "-n",
+                local_default.namespace,
+                "-l",
+                "agents.proompteng.ai/agent-run=claim-dup",
+                "-o",
+                "json",
+            )
+        )["items"]
+        jobs[:] = found
+        root = local_default.claim_dir("claim-dup-work")
+        return bool(found) and (root / "ran-job").exists()
+
+    eventually(job_pod_running, timeout=120, what="the Job's pod to run main")
+    job = jobs[0]
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    for container in spec["containers"]:
+        for env in container.get("env") or []:
+            if env["name"] == "AGENTRUN_JOB_UID":  # the Job's uid, as the Job controller's label gives it
+                env.pop("valueFrom")
+                env["value"] = job["metadata"]["uid"]
+        if container["name"] == "main":
+            container["env"] = [*(container.get("env") or []), {"name": "MARK", "value": "dup"}]
+    duplicate = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        # not the Job's labels: the Job controller would adopt it and delete it as excess
+        "metadata": {"name": "claim-dup-duplicate", "namespace": local_default.namespace},
+        "spec": spec,
+    }
+    local_default.apply(yaml.safe_dump(duplicate))
+
+    def held() -> dict[str, Any] | None:
+        code, body = local_default.plane.api_get(
+            f"/api/v1/namespaces/{local_default.namespace}/pods/claim-dup-duplicate"
+        )
+        assert code == 200, body[:300]
+        statuses = {cs["name"]: cs for cs in json.loads(body)["status"].get("containerStatuses") or []}
+        main = (statuses.get("main") or {}).get("state") or {}
+        reporter = (statuses.get("reporter") or {}).get("state") or {}
+        waiting = main.get("waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError" and "terminated" in reporter:
+            return waiting
+        return None
+
+    waiting = eventually(held, timeout=120, what="the duplicate's main to wait at its gate")
+    assert str(waiting.get("message", "")).startswith(GATE_REFUSAL), waiting
+    run = local_default.wait_for_end("claim-dup")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert held() is not None  # still held once the run has ended
+    root = local_default.claim_dir("claim-dup-work")
+    assert (root / "ran-job").exists() and not (root / "ran-dup").exists()
+    claims = list((root / ".agentrun-claims").iterdir())
+    assert len(claims) == 1, claims  # the Job's one claim, held by the Job's own pod
+    local_default.plane.kubectl(
+        "delete", "pod", "claim-dup-duplicate", "-n", local_default.namespace, "--wait=false"
+    )
