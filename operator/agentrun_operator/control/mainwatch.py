@@ -45,11 +45,14 @@ class MainWatch:
     """The namespace's last PID when the postStart hook finished (before `main` could start)."""
     started: bool = False
     quiet: int = 0
+    seen: set[int] = field(default_factory=set)
+    """Every PID seen as `main`'s (for the reporter's log)."""
     _last_seen: int | None = field(default=None, repr=False)
 
     def observe(self, look: Look) -> bool:
         """Take one look; True once `main` has ended."""
         newer = look.last_pid is not None and self.watermark is not None and look.last_pid > self.watermark
+        self.seen |= look.others
         if look.others or newer:
             self.started = True
         if not self.started or look.others:

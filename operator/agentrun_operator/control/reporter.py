@@ -454,13 +454,28 @@ def _import_envelope() -> None:
         _log(f"cannot import the envelope module: {exc}")
 
 
-def wait_for_main(hook_done: str) -> str:
+def _join(thread: threading.Thread | None) -> None:
+    if thread is not None:
+        thread.join()
+
+
+def start_envelope_import() -> threading.Thread:
+    """Import the envelope module (pydantic) in a thread while `main` runs. Started before the ready
+    file is written: a thread takes a PID of the pod's namespace too, and one taken after the hook's
+    watermark would read as `main` having started (control/mainwatch.py)."""
+    importer = threading.Thread(target=_import_envelope, name="import-envelope", daemon=True)
+    importer.start()
+    return importer
+
+
+def wait_for_main(hook_done: str, importer: threading.Thread | None = None) -> str:
     """Block until `main` has ended (control/mainwatch.py), or SIGTERM/SIGINT arrives; says which.
 
     First the postStart hook's last line (its watermark and PID: `main` may start once the hook has
     ended), then looks at the pod's processes every `WATCH_POLL` seconds (`WATCH_POLL_LATER` once
     `main` has run for `WATCH_FAST_SECONDS`: an agent that works for minutes does not need its end
-    seen within milliseconds). The envelope module is imported meanwhile, in a thread."""
+    seen within milliseconds). The reporter creates no process or thread meanwhile: `importer`, the
+    envelope module's import, was started before the hook's watermark (`start_envelope_import`)."""
     from agentrun_operator.control.mainwatch import MainWatch, look, read_hook_done
 
     done = read_hook_done(hook_done)
@@ -469,20 +484,21 @@ def wait_for_main(hook_done: str) -> str:
             return "signal"
         done = read_hook_done(hook_done)
     watermark, hook_pid = done
-    importer = threading.Thread(target=_import_envelope, name="import-envelope", daemon=True)
-    importer.start()
     ignore = frozenset(p for p in (os.getpid(), hook_pid) if p is not None)
     watch = MainWatch(watermark)
     if watermark is None:
         _log("no watermark from the postStart hook: a main that ends within a look may be missed")
     since = time.monotonic()
-    while not watch.observe(look(ignore)):
+    seen = look(ignore)
+    while not watch.observe(seen):
         fast = not watch.started or time.monotonic() - since < WATCH_FAST_SECONDS
         if _signalled(WATCH_POLL if fast else WATCH_POLL_LATER):
-            importer.join()
+            _join(importer)
             return "signal"
-    importer.join()
-    return "main ended"
+        seen = look(ignore)
+    _join(importer)
+    pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
+    return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
 
 
 def cmd_report(
@@ -511,13 +527,14 @@ def cmd_report(
         path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
     )
     ready = str(os.getpid()) if prepared else TAKEN
+    importer = start_envelope_import() if hook_done and prepared else None
     if ready_file:
         try:
             _write_atomically(ready_file, ready)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
     if hook_done:
-        why = wait_for_main(hook_done)
+        why = wait_for_main(hook_done, importer)
         _log(f"{why}; reporting {path}")
     elif wait:
         _import_envelope()  # now, while idle, rather than after SIGTERM

@@ -330,6 +330,9 @@ class PodWorker:
                 return
         self._run_containers(started=frozenset(launched))
         self._finish()
+        if self.pid_namespace is not None:  # the sandbox ends with the pod's containers, as a kubelet's
+            self.pid_namespace.stop()
+            self.pid_namespace = None
         self._await_deletion()
 
     def _adopt(self, launched: dict[str, adopt.LaunchRecord]) -> bool:
