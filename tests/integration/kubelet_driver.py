@@ -38,6 +38,9 @@ class PodOutcome:
     # How long the pod takes to stop once deleted (a main that ignores SIGTERM, killed after its
     # grace period): it stays Running, with its deletion timestamp, until then.
     stop_seconds: float = 0.0
+    # Never start: the pod stays Pending with its containers `ContainerCreating`, as a kubelet keeps
+    # a pod whose volume it cannot mount (the test posts the kubelet's `FailedMount` Event itself).
+    mounting: bool = False
 
 
 Scenario = Callable[[dict[str, Any]], PodOutcome]
@@ -185,6 +188,10 @@ class KubeletDriver:
             outcome = self.scenario(pod)
             started = self.seen.setdefault(name, time.monotonic())
             if phase == "Pending":
+                if outcome.mounting:
+                    if not status.get("containerStatuses"):
+                        self._set_status(pod, self._creating_status(pod))
+                    continue
                 self._set_status(pod, self._running_status(pod))
                 continue
             if outcome.hang or time.monotonic() - started < outcome.run_seconds:
@@ -198,6 +205,22 @@ class KubeletDriver:
                 if env.get("name") == "AGENTRUN_LOOP_CONTROL_PATH":
                     return str(env.get("value"))
         return "/workspace/.agentrun/loop-control.json"
+
+    def _creating_status(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Pending, every container waiting `ContainerCreating` (the kubelet still mounting)."""
+        waiting = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        return {"phase": "Pending", "startTime": _now(), "hostIP": "127.0.0.1", "containerStatuses": waiting}
 
     def _running_status(self, pod: dict[str, Any]) -> dict[str, Any]:
         now = _now()

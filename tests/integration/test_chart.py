@@ -357,7 +357,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("agents.proompteng.ai", "implementationspecs"): {"get", "list", "watch"},
         ("batch", "jobs"): {"create", "get", "list", "watch", "delete", "patch"},
         ("", "pods"): {"list", "watch"},
-        ("", "events"): {"create", "patch"},
+        ("", "events"): {"create", "patch", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
         ("agents.proompteng.ai", "versioncontrolproviders"): {"get"},

@@ -96,10 +96,11 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
   resources: ["pods"]
   verbs: ["list", "watch"]
 # Events on AgentRuns (ours and kopf's warnings); patch: a repeated Event is one series whose count
-# and last timestamp the operator updates (docs/operator.md#events).
+# and last timestamp the operator updates (docs/operator.md#events). list, watch: the pods'
+# FailedMount and FailedAttachVolume Events, why a pod's volume waits (docs/design.md#pod-waits).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list", "watch"]
 # Idempotency claims: a Lease with a deterministic name, created atomically.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]

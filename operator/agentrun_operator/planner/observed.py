@@ -46,14 +46,16 @@ class Refusal:
 @dataclass(frozen=True)
 class PodWait:
     """What a pod that has not started waits for, when it may wait for good: a container the node
-    cannot create (its image missing or not pullable, a missing Secret key), or no node for the pod
-    (`Unschedulable`). The normal waits (`ContainerCreating`, `PodInitializing`) are not recorded, so
-    an ordinary start re-plans nothing (planner/waiting.py)."""
+    cannot create (its image missing or not pullable, a missing Secret key), no node for the pod
+    (`Unschedulable`), or a volume the node cannot attach or mount (`FailedAttachVolume`,
+    `FailedMount`: Events on the pod, not its status). The normal waits (`ContainerCreating`,
+    `PodInitializing`) are not recorded, so an ordinary start re-plans nothing (planner/waiting.py)."""
 
-    reason: str  # the container's waiting reason, or `Unschedulable`
+    reason: str  # the container's waiting reason, `Unschedulable`, or the volume Event's reason
     message: str = ""
     container: str | None = None
     image: str | None = None
+    volume: str | None = None  # the volume a `FailedAttachVolume`/`FailedMount` Event names
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class ObservedPod:
     message: str | None = None
     # Why it has not started, when that may last (`PodWait`); None for a pod on its normal way.
     waiting: PodWait | None = None
+    # No container of it has started yet (Pending, none running or ended): the node may still be
+    # attaching or mounting its volumes, so a volume Event can say why it waits (shell/volume_waits.py).
+    creating: bool = False
     # Every container of the pod has terminated (`main` among them), whatever the phase says yet:
     # the kubelet writes the terminal phase only after tearing the sandbox and volumes down.
     containers_ended: bool = False

@@ -1,14 +1,15 @@
 """Where an iteration's pod waits for good, the step's message says why (docs/design.md#pod-waits).
 
 A pod whose image is not on the node, cannot be pulled or is not a valid name, whose container
-cannot be created (a missing Secret or ConfigMap key), or that no node can take (`Unschedulable`)
-stays `Pending`: the Job stays active, and without this the run would say only "running" until the
-step's timeout ended it. The shell records such a wait in `ObservedPod.waiting` (and only such a
-wait, so an ordinary pod start re-plans nothing); the planner puts it into the step's message,
-naming the container and the image, posts one Warning Event per distinct wait, and restores the
-message when the wait is over. The timeout still ends the attempt (the Job's
-`activeDeadlineSeconds` counts from the Job's start, not the pod's), and its failure message says
-what the pod was waiting for. Pure.
+cannot be created (a missing Secret or ConfigMap key), that no node can take (`Unschedulable`), or
+whose volume the node cannot attach or mount (`FailedAttachVolume`, `FailedMount`: Events on the
+pod, which stays `ContainerCreating`) stays `Pending`: the Job stays active, and without this the
+run would say only "running" until the step's timeout ended it. The shell records such a wait in
+`ObservedPod.waiting` (and only such a wait, so an ordinary pod start re-plans nothing); the
+planner puts it into the step's message, naming the container and the image (or the volume),
+posts one Warning Event per distinct wait, and restores the message when the wait is over. The
+timeout still ends the attempt (the Job's `activeDeadlineSeconds` counts from the Job's start, not
+the pod's), and its failure message says what the pod was waiting for. Pure.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ CREATE_REASONS: Final = frozenset({"CreateContainerConfigError", "CreateContaine
 """A container's waiting reasons that say the node cannot create it as specified (retried forever)."""
 
 CONTAINER_WAIT_REASONS: Final = IMAGE_REASONS | CREATE_REASONS
+
+VOLUME_REASONS: Final = ("FailedAttachVolume", "FailedMount")
+"""The reasons of the Events that say a pod's volume cannot be attached (the attach/detach controller:
+e.g. a `ReadWriteOnce` claim still attached to another node) or mounted (the kubelet). Not in the
+pod's status: the shell watches these Events (shell/volume_waits.py)."""
 
 UNSCHEDULABLE: Final = "Unschedulable"
 """The reason of a pod's `PodScheduled=False` condition when no node fits it (taints, resources,
@@ -58,6 +64,10 @@ def headline(wait: PodWait, pod: str) -> str:
         return f"container {wait.container} of pod {pod} cannot start: image {image} {why}"
     if wait.reason in CREATE_REASONS:
         return f"container {wait.container} of pod {pod} cannot be created"
+    if wait.reason in VOLUME_REASONS:
+        volume = f"volume {wait.volume}" if wait.volume else "a volume"
+        verb = "attached" if wait.reason == "FailedAttachVolume" else "mounted"
+        return f"pod {pod} cannot start: {volume} cannot be {verb}"
     return f"pod {pod} cannot be scheduled on any node"
 
 

@@ -28,10 +28,12 @@ from typing import Any
 from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
-from agentrun_operator.planner.observed import ObservedJob, ObservedPod
+from agentrun_operator.planner.observed import ObservedJob
+from agentrun_operator.planner.waiting import VOLUME_REASONS
 from agentrun_operator.shell.kube import Kube
-from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s
+from agentrun_operator.shell.observe import job_from_k8s
 from agentrun_operator.shell.relevance import job_change, job_settled, pod_arrival, pod_change
+from agentrun_operator.shell.volume_waits import VolumeEventStore, VolumeWaits
 
 Key = tuple[str, str]  # (namespace, run name)
 Obj = dict[str, Any]
@@ -87,10 +89,6 @@ def job_view(job: Obj) -> tuple[ObservedJob | None, tuple[str, ...]]:
     return (job_from_k8s(job), owner_uids(job))
 
 
-def pod_view(pod: Obj) -> ObservedPod | None:
-    return pod_from_k8s(pod)
-
-
 def run_view(run: Obj) -> tuple[Any, ...]:
     """Spec (via generation), deletion, labels, annotations and status: everything a plan reads.
     Compared by value (the API server may answer with the keys of our own write in another order)."""
@@ -127,12 +125,14 @@ class Store:
         keep_body: bool = True,
         arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
         settled: Callable[[Any], bool] | None = None,
+        forget: Callable[[str, str], None] | None = None,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
         self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
         self._settled = settled
+        self._forget = forget  # told (namespace, name) of each object the store drops
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
@@ -260,6 +260,27 @@ class Store:
             self._by_run.pop(key, None)
         self._where.pop((key[0], name), None)
         self._changes.pop((key[0], name), None)
+        if self._forget is not None:
+            self._forget(key[0], name)
+
+    def review(self, namespace: str, name: str, view: Callable[[Any, str], Any]) -> Key | None:
+        """Make an object's view anew from its stored view and uid (`view(old, uid)`), for what the
+        view holds from elsewhere (a pod's volume wait, from Events: shell/volume_waits.py); the run
+        key when what decides a re-plan (`change`) changed. None for an object not held."""
+        where = (namespace, name)
+        key = self._where.get(where)
+        entry = self._by_run.get(key, {}).get(name) if key is not None else None
+        if key is None or entry is None:
+            return None
+        obj, old = entry
+        new = view(old, str((obj.get("metadata") or {}).get("uid") or ""))
+        if new is old:
+            return None
+        self._by_run[key][name] = (obj, new)
+        before = self._changes[where] if where in self._changes else self._change(old)
+        now = self._change(new)
+        self._changes[where] = now
+        return key if now != before else None
 
     def get(self, key: Key) -> list[Obj]:
         return [obj for obj, _ in self._by_run.get(key, {}).values()]
@@ -352,7 +373,20 @@ class RunCache:
     def __init__(self, gates: Iterable[str] = ()) -> None:
         self.runs = Store(run_of_run, run_view)
         self.jobs = Store(run_of_job, job_view, job_change, keep_body=False, settled=job_settled)
-        self.pods = Store(run_of_pod, pod_view, pod_change, keep_body=False, arrival=pod_arrival)
+        # A pod's view holds its volume wait, from the Events informers' stores (shell/volume_waits.py).
+        self.volume_waits = VolumeWaits()
+        self.pods = Store(
+            run_of_pod,
+            self.volume_waits.pod_view,
+            pod_change,
+            keep_body=False,
+            arrival=pod_arrival,
+            forget=self.volume_waits.forget_pod,
+        )
+        self.volume_waits.pods = self.pods
+        self.volume_events = {
+            reason: VolumeEventStore(reason, self.volume_waits) for reason in VOLUME_REASONS
+        }
         self.references = {
             plural: Store(namespace_wide, spec_view, keep_body=False) for plural in REFERENCE_KINDS
         }
@@ -387,6 +421,7 @@ class RunCache:
 
     def sizes(self) -> dict[str, int]:
         sizes = {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
+        sizes["volume_events"] = len(self.volume_waits)
         return sizes | {plural: len(store) for plural, store in self.references.items()}
 
 

@@ -27,10 +27,10 @@ from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import health, metrics
-from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.cache import RunCache, relist
 from agentrun_operator.shell.codec import builtin_head, decode_job_event, decode_pod_event
 from agentrun_operator.shell.events import EventRecorder
-from agentrun_operator.shell.informer import Informer
+from agentrun_operator.shell.informer import Fed, Informer
 from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.peering import KopfPause
 from agentrun_operator.shell.reconciler import Reconciler
@@ -193,7 +193,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         kube, cache = state.kube, state.cache
         ours = f"/apis/{GROUP}/{VERSION}"
 
-        def watch(store: Store, prefix: str, plural: str, selector: str | None, **how: Any) -> None:
+        def watch(store: Fed, prefix: str, plural: str, selector: str | None, **how: Any) -> None:
             state.informers.append(Informer(kube, cache, store, prefix, plural, selector, namespaces, **how))
 
         # Standalone serves; with peering kopf decides (0 until it does).
@@ -223,6 +223,21 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             decode=decode_pod_event,
             head=builtin_head,
         )
+        # Why a pod's volume cannot be attached or mounted: Events only, not the pod's status
+        # (docs/design.md#pod-waits). One watch per reason, filtered on the server by field (a field
+        # selector takes no set of values), so only these Events are sent; core/v1, the API the
+        # kubelet and the attach/detach controller post them with.
+        for reason, events in cache.volume_events.items():
+            watch(
+                events,
+                "/api/v1",
+                "events",
+                None,
+                on_change=state.enqueue,
+                optional=True,
+                unlisted="a volume that cannot be attached or mounted is not named in the step's message",
+                fields=f"involvedObject.kind=Pod,reason={reason}",
+            )
         # What runs refer to (Agents, AgentProviders, ImplementationSpecs): few, small, rarely
         # changed, and read by every reconcile of a run that names them.
         for plural, store in cache.references.items():

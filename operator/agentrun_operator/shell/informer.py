@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import Key, RunCache, Store, resource_version
+from agentrun_operator.shell.cache import Key, RunCache, resource_version
 from agentrun_operator.shell.codec import Head, decode_object_json
 from agentrun_operator.shell.kube import Kube, KubeError
 
@@ -40,6 +40,21 @@ RETRY_SECONDS = 1.0
 FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: try again this seldom
 
 
+class Fed(Protocol):
+    """What an informer keeps in line: a `Store` (cache.py), or the volume Events' (volume_waits.py).
+    Each call answers the run key to re-plan, if any."""
+
+    def upsert(self, obj: dict[str, Any]) -> Key | None: ...
+
+    def delete(self, obj: dict[str, Any]) -> Key | None: ...
+
+    def relist(
+        self, items: Iterable[dict[str, Any]], list_version: int | None, namespaces: set[str] | None
+    ) -> set[Key]: ...
+
+    def holds(self, namespace: str, name: str, uid: str, version: int | str) -> bool: ...
+
+
 class Informer:
     """Keeps `store` in line with one kind's objects in the watched namespaces."""
 
@@ -47,7 +62,7 @@ class Informer:
         self,
         kube: Kube,
         cache: RunCache,
-        store: Store,
+        store: Fed,
         prefix: str,
         plural: str,
         selector: str | None,
@@ -57,6 +72,7 @@ class Informer:
         decode: Callable[[bytes], Any] = decode_object_json,
         head: Head | None = None,
         unlisted: str = "reading them per reconcile",
+        fields: str | None = None,
     ) -> None:
         self.kube = kube
         self.cache = cache
@@ -64,6 +80,7 @@ class Informer:
         self.prefix = prefix
         self.plural = plural
         self.selector = selector
+        self.fields = fields  # a field selector (Events: `involvedObject.kind=Pod,reason=FailedMount`)
         self.scopes: list[str | None] = list(namespaces) or [None]
         self.on_change = on_change
         # An optional kind (what runs refer to) is also read with a GET on a cache miss: when the
@@ -73,7 +90,7 @@ class Informer:
         self.unlisted = unlisted  # what the operator does instead, for the warning
         self.decode = decode  # an event's text to the object, as much of it as the store reads
         self.head = head  # an event's identity without decoding it (None: always decode)
-        self.gate = f"informer:{plural}"
+        self.gate = f"informer:{plural}" + (f"?{fields}" if fields else "")
         self._listed: set[str | None] = set()
         # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
         self._resume: dict[str | None, int] = {}
@@ -124,7 +141,9 @@ class Informer:
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def _list(self, scope: str | None) -> int | None:
-        items, version = await self.kube.list_with_version(self.prefix, self.plural, scope, self.selector)
+        items, version = await self.kube.list_with_version(
+            self.prefix, self.plural, scope, self.selector, fields=self.fields
+        )
         self._received_at = time.monotonic()
         for key in self.store.relist(items, version, {scope} if scope else None):
             self.on_change(key)
@@ -142,6 +161,8 @@ class Informer:
         query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
         if self.selector:
             query["labelSelector"] = self.selector
+        if self.fields:
+            query["fieldSelector"] = self.fields
         if version is not None:
             query["resourceVersion"] = str(version)
             self._resume[scope] = version

@@ -199,15 +199,18 @@ class Kube:
         namespace: str | None,
         selector: str | None = None,
         metadata_only: bool = False,
+        fields: str | None = None,
     ) -> tuple[list[dict[str, Any]], int | None]:
         """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at.
 
         `metadata_only` asks for each object's metadata alone (a PartialObjectMetadataList): a
         fraction of the bytes to send and decode when only names and versions are compared."""
         path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
-        query = {"labelSelector": selector} if selector else None
+        query = {"labelSelector": selector} if selector else {}
+        if fields:
+            query["fieldSelector"] = fields
         accept = METADATA_LIST if metadata_only else "application/json"
-        body = await self._ok("GET", path, f"list {plural}", query=query, accept=accept)
+        body = await self._ok("GET", path, f"list {plural}", query=query or None, accept=accept)
         try:
             version: int | None = int((body.get("metadata") or {}).get("resourceVersion", ""))
         except ValueError:

@@ -10,6 +10,9 @@ decides the outcome, and the Job is `settling` until the terminal one (docs/desi
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -22,7 +25,7 @@ from agentrun_operator.jobs.reporter_container import (
     REPORTER_CONTAINER,
 )
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
-from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
+from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE, VOLUME_REASONS
 from agentrun_operator.resolution import effective_steps, effective_workload
 
 
@@ -150,6 +153,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         reason=status.get("reason"),
         message=status.get("message"),
         waiting=pod_wait(status),
+        creating=pod_creating(status),
         containers_ended=containers_ended(status),
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
     )
@@ -217,6 +221,83 @@ def pod_wait(status: dict[str, Any]) -> PodWait | None:
         ):
             return PodWait(UNSCHEDULABLE, str(condition.get("message") or ""))
     return None
+
+
+def pod_creating(status: dict[str, Any]) -> bool:
+    """No container of the pod has started: `Pending`, and no container (init or regular) is running
+    or has ever ended. The kubelet mounts every volume before it starts the first container, so only
+    such a pod can be waiting for a volume."""
+    if str(status.get("phase") or "Pending") != "Pending":
+        return False
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        state = cs.get("state") or {}
+        if "running" in state or "terminated" in state or "terminated" in (cs.get("lastState") or {}):
+            return False
+    return True
+
+
+_FOR_VOLUME: Final = re.compile(r'for volume "([^"]+)"')
+_UNMOUNTED: Final = re.compile(r"unmounted volumes=\[([^\]]*)\]")
+
+
+def event_volume(message: str) -> str | None:
+    """The volume a `FailedMount`/`FailedAttachVolume` Event names: `… for volume "pv-x" …` (the
+    kubelet's and the attach/detach controller's specific errors name the volume so: for a claim,
+    its PersistentVolume), else the pod's volumes of the kubelet's summary `Unable to attach or mount
+    volumes: unmounted volumes=[data], …` (its own names), None when neither is there."""
+    found = _FOR_VOLUME.search(message)
+    if found:
+        return found.group(1)
+    listed = _UNMOUNTED.search(message)
+    names = listed.group(1).split() if listed else []
+    return ", ".join(names) or None
+
+
+VolumeEvent = tuple[str, str, str, PodWait]
+"""(namespace, pod name, pod uid, the wait) of a volume Event."""
+
+
+def event_volume_wait(event: dict[str, Any]) -> VolumeEvent | None:
+    """A core/v1 Event that says a pod's volume cannot be attached or mounted, as the pod's wait;
+    None for any other Event (another reason, not about a pod)."""
+    involved = event.get("involvedObject") or {}
+    reason = event.get("reason")
+    if involved.get("kind") != "Pod" or reason not in VOLUME_REASONS or not involved.get("name"):
+        return None
+    namespace = involved.get("namespace") or (event.get("metadata") or {}).get("namespace")
+    message = str(event.get("message") or "")
+    wait = PodWait(str(reason), message, volume=event_volume(message))
+    return str(namespace), str(involved["name"]), str(involved.get("uid") or ""), wait
+
+
+def names_its_cause(wait: PodWait) -> bool:
+    """An Event that says which volume fails and why, not the kubelet's summary after its mount
+    timeout (`Unable to attach or mount volumes: … timed out waiting for the condition`), which
+    only restates that the specific errors before it have not cleared."""
+    return bool(_FOR_VOLUME.search(wait.message))
+
+
+def newest_volume_wait(waits: Iterable[tuple[int, PodWait]]) -> PodWait | None:
+    """The wait of a pod's newest volume Event (by resourceVersion), of those that name their cause
+    when there are any: the kubelet's periodic summary does not push the cause it sums up out of the
+    step's message (and the one Event per distinct wait stays one)."""
+    ordered = sorted(waits, key=lambda item: item[0], reverse=True)
+    specific = [wait for _, wait in ordered if names_its_cause(wait)]
+    if specific:
+        return specific[0]
+    return ordered[0][1] if ordered else None
+
+
+def with_volume_wait(pod: ObservedPod, wait: PodWait | None) -> ObservedPod:
+    """The pod with its volume wait: recorded only while no container of it has started and its own
+    status says nothing stronger (a container's or the scheduler's reason, read from the status,
+    wins); a volume wait recorded before is replaced (or removed with `None`)."""
+    own = pod.waiting
+    if own is not None and own.reason in VOLUME_REASONS:
+        own = None
+    if wait is None or not pod.creating or own is not None:
+        return pod if own is pod.waiting else replace(pod, waiting=own)
+    return pod if wait == pod.waiting else replace(pod, waiting=wait)
 
 
 def claim_names(run: AgentRun) -> list[str]:

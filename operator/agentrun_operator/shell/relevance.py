@@ -40,15 +40,16 @@ def pod_relevant(pod: ObservedPod) -> ObservedPod:
     (planner/claims.py), so it re-plans nothing on its own. A `reported` pod is recorded by its
     report, so its phase turning `Succeeded` afterwards (the kubelet's teardown done) re-plans nothing
     either. Its node matters only once it has stopped (the next pod's placement), so being scheduled
-    re-plans nothing."""
+    re-plans nothing. Nor does its first container starting (`creating` only decides whether a volume
+    Event is its wait, shell/observe.with_volume_wait; the wait itself is compared)."""
     if pod.reported and pod.phase in ("Running", "Succeeded"):
-        return replace(pod, phase="Succeeded")  # its report decided; the phase adds nothing
+        return replace(pod, phase="Succeeded", creating=False)  # its report decided; the phase adds nothing
     if pod.terminal:
-        return pod
+        return replace(pod, creating=False)
     running = "Running" if pod.phase == "Pending" else pod.phase
     if pod.containers_ended:  # stopped: its node is news for the next pod's placement
-        return replace(pod, phase=running, claim_message=None)
-    return replace(pod, phase=running, claim_message=None, node_name=None)
+        return replace(pod, phase=running, claim_message=None, creating=False)
+    return replace(pod, phase=running, claim_message=None, node_name=None, creating=False)
 
 
 def pod_arrival_relevant(pod: ObservedPod, others: tuple[ObservedPod, ...]) -> bool:

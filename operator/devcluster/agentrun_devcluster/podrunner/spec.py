@@ -44,6 +44,13 @@ class ContainerConfigError(Exception):
     reason = "CreateContainerConfigError"
 
 
+class VolumeMountError(ContainerConfigError):
+    """A volume the node cannot mount (the kubelet's `FailedMount` Event; the pod stays
+    `ContainerCreating` and the mount is retried)."""
+
+    event_reason = "FailedMount"
+
+
 class StartError(Exception):
     """The container cannot start (a runtime's `StartError`: exit code 128 and this message)."""
 

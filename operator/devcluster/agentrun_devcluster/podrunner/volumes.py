@@ -5,8 +5,10 @@ each container's mounts onto them.
 ServiceAccount token, the PersistentVolume bound to a claim); `volume_dir` writes one volume's files;
 `binds` maps a container's `volumeMounts` to bind mounts. A missing object or an unbound claim is a
 `ContainerConfigError`: the pod waits in `ContainerCreating` and its worker tries again, as a kubelet
-does. The pod's `fsGroup` is applied to its `emptyDir` volumes and to `local` PersistentVolumes (not
-to `hostPath` ones), as the kubelet applies it (ownership.py).
+does; a volume the kubelet could not mount (a `local` path that does not exist, a `hostPath` of type
+`Directory` that is none) is a `VolumeMountError`, and the worker posts the kubelet's `FailedMount`
+Event for it (podrunner/events.py). The pod's `fsGroup` is applied to its `emptyDir` volumes and
+to `local` PersistentVolumes (not to `hostPath` ones), as the kubelet applies it (ownership.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class VolumeLookups:
             raise S.ContainerConfigError(f'persistentvolume "{volume_name}" of claim "{claim}" not found')
         path = provisioner.local_path(volume)
         if not provisioner.is_under(path, self.volumes_root):
+            check_mountable(volume_name, volume)  # the kubelet's own checks first, in its words
             raise S.ContainerConfigError(
                 f'persistentvolume "{volume_name}" of claim "{claim}" is not a directory of the local '
                 f"provisioner (under {self.volumes_root}); the local pod runner mounts only those"
@@ -100,6 +103,26 @@ class VolumeLookups:
         directory = Path(str(path))
         directory.mkdir(parents=True, exist_ok=True)
         return directory, bool((volume.get("spec") or {}).get("local"))
+
+
+def check_mountable(name: str, volume: Mapping[str, Any]) -> None:
+    """The kubelet's checks of a `local` or `hostPath` PersistentVolume's path, in its words: a
+    `local` path must exist (the local plugin's NewMounter), a `hostPath` of `type: Directory` must
+    be a directory (its SetUp). Either failing is a `FailedMount`: the pod stays `ContainerCreating`
+    and the mount is retried. Applied to paths outside the local provisioner's directory (which it
+    makes; the pod runner makes a missing one again)."""
+    spec = volume.get("spec") or {}
+    local, host = spec.get("local") or {}, spec.get("hostPath") or {}
+    if local.get("path") and not os.path.exists(str(local["path"])):
+        raise S.VolumeMountError(
+            f'MountVolume.NewMounter initialization failed for volume "{name}" : '
+            f'path "{local["path"]}" does not exist'
+        )
+    if host.get("path") and host.get("type") == "Directory" and not os.path.isdir(str(host["path"])):
+        raise S.VolumeMountError(
+            f'MountVolume.SetUp failed for volume "{name}" : '
+            f"hostPath type check failed: {host['path']} is not a directory"
+        )
 
 
 def volume_dir(volume: S.Volume, pod: Mapping[str, Any], pod_dir: Path, lookups: VolumeLookups) -> Path:

@@ -25,6 +25,7 @@ from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import ApiError, pod_path, transient
 from agentrun_devcluster.podrunner.docker import DockerContainer, DockerPodNetwork
+from agentrun_devcluster.podrunner.events import PodEvents
 from agentrun_devcluster.podrunner.network import PodNetwork, wants_own_network
 from agentrun_devcluster.podrunner.process import ContainerProcess
 from agentrun_devcluster.podrunner.retry import retry_until
@@ -137,6 +138,7 @@ class PodWorker:
     def __init__(self, runner: PodRunner, pod: dict[str, Any]) -> None:
         self.runner = runner
         self.api = runner.api
+        self.events = PodEvents(runner.api, pod, runner.config.node_name)
         self.pod = pod
         meta = pod["metadata"]
         self.namespace = str(meta["namespace"])
@@ -518,6 +520,9 @@ class PodWorker:
                         kept if keep else volume_dir(volume, self.pod, self.dir, self.runner.volume_lookups)
                     )
                 return True
+            except S.VolumeMountError as exc:  # the kubelet's FailedMount Event, the pod left creating
+                message = str(exc)
+                self.events.warning(exc.event_reason, message)
             except S.ContainerConfigError as exc:
                 message = str(exc)
             except ApiError as exc:  # a claim or secret lookup while the API server is away
