@@ -69,6 +69,7 @@ from agentrun_operator.resolution import (
 )
 
 MAIN_CONTAINER: Final = "main"
+DEFAULT_CONTAINER_ANNOTATION: Final = "kubectl.kubernetes.io/default-container"
 CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"
 ANNOTATION_RUN_NAME: Final = f"{naming.GROUP}/agent-run-name"
@@ -548,7 +549,8 @@ def build_iteration_objects(
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
-    pod_annotations = dict(annotations)
+    # `kubectl logs POD` / `kubectl exec` mean the workload, not the reporter listed before it.
+    pod_annotations = dict(annotations) | {DEFAULT_CONTAINER_ANNOTATION: MAIN_CONTAINER}
     pod = _pod_spec(run, step, attempt, refs, config, companions)
     system_prompt.add_to_pod(pod, pod_annotations, refs.agent)  # docs/api.md#system-prompt
     job_spec: dict[str, Any] = {

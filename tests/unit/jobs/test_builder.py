@@ -470,6 +470,9 @@ def test_the_reporter_is_the_only_helper_listed_before_main_and_its_hook_holds_m
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
     assert {"name": META_VOLUME, "mountPath": "/agentrun-meta"} in reporter["volumeMounts"]
+    # kubectl logs/exec without -c mean main, not the reporter listed first
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == "main"
     gates = [m for m in main(job)["volumeMounts"] if m["name"] == META_VOLUME]
     assert gates == [
         {"name": META_VOLUME, "mountPath": "/.agentrun-gate", "subPath": "gate", "readOnly": True}

@@ -95,6 +95,9 @@ def _read_part(path: Path, offset: int, size: int | None = None) -> bytes:
         return b""
 
 
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
+
+
 class _Stop(Exception):
     """The worker must stop now (the pod is gone or the runner shuts down)."""
 
@@ -422,6 +425,10 @@ class PodWorker:
     def _write_pod_json(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         mains = [s.name for s in S.start_order(self.spec) if s.kind == "main"]
+        # kubectl's default container: the pod's annotation when it names one, else the first
+        chosen = ((self.pod.get("metadata") or {}).get("annotations") or {}).get(DEFAULT_CONTAINER)
+        if chosen in mains:
+            mains = [chosen]
         doc = {
             "namespace": self.namespace,
             "name": self.name,
