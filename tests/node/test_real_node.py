@@ -46,13 +46,7 @@ NOT_ON_ONE_NODE = {
     ),
 }
 """Tests that need what one node with a loopback-only API server cannot give, and why."""
-KNOWN_TO_FAIL_HERE = {
-    "test_a_missing_image_is_named_in_the_step_message_and_the_timeout_ends_the_run": (
-        "open defect (issue 25's note): in the whole node module the kubelet reports ErrImagePull "
-        "2 s after the Job is created, yet the operator wrote no waiting message before the 10 s "
-        "deadline; the test passes alone and on the docker runtime. Still run, reported XFAIL/XPASS"
-    ),
-}
+KNOWN_TO_FAIL_HERE: dict[str, str] = {}
 """Tests that still run here but are expected to fail until a known defect is fixed (not strict)."""
 
 
