@@ -86,6 +86,7 @@ def test_a_state_that_does_not_own_the_running_node_leaves_its_network_and_host_
     node's bridge, blackhole route or host paths away (it did: the route was gone under a running
     benchmark); the owner's own stop, or a stop once the owner's node is gone, removes them."""
     import subprocess
+    import threading
     from types import SimpleNamespace
 
     from agentrun_devcluster.node import node as node_module
@@ -97,6 +98,8 @@ def test_a_state_that_does_not_own_the_running_node_leaves_its_network_and_host_
     monkeypatch.setattr(host, "remove_host_state", lambda paths: removed.append("paths") or [])
     monkeypatch.setattr(host, "unmount_all", lambda roots: 0)
     monkeypatch.setattr(node_module, "_kill_shims", lambda socket: None)
+    # no containerd runs for these states: asking its socket would only wait for ctr's timeout
+    monkeypatch.setattr(node_module.RealNode, "healthy", lambda self, name: False)
 
     def stop_of(home: Path) -> None:
         (home / "run").mkdir(parents=True, exist_ok=True)
@@ -105,7 +108,8 @@ def test_a_state_that_does_not_own_the_running_node_leaves_its_network_and_host_
 
     owner, other = tmp_path / "owner-home", tmp_path / "other-home"
     (owner / "run").mkdir(parents=True)
-    kubelet = subprocess.Popen(["sleep", "60"])  # stands in for the owner's running kubelet
+    kubelet = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the owner's running kubelet
+    threading.Thread(target=kubelet.wait, daemon=True).start()  # reaped at once, as a node's would be
     try:
         record = {"name": "kubelet", "pid": kubelet.pid, "executable": "sleep", "log": ""}
         (owner / "run" / "kubelet.pid").write_text(json.dumps(record))
