@@ -328,10 +328,11 @@ def test_termination_messages_keep_the_files_end_within_the_pods_budget(local_de
 
 
 _WATCH = (
-    # No fork between the two reads of /proc/loadavg (`read` and `[` are builtins), so the last-pid
-    # field can grow only by the other container's processes; then the other container's shell is
+    # No fork between the two reads of /proc/loadavg (`read`, `:` with a redirection and `[` are
+    # builtins), so the last-pid field can grow only by the other container's processes, which
+    # start only once the first read is done (/shared/ready); then the other container's shell is
     # found by the marker in its cmdline (built here, so this script's own cmdline lacks it).
-    "read -r a b c d first rest < /proc/loadavg; i=0; "
+    "read -r a b c d first rest < /proc/loadavg; : > /shared/ready; i=0; "
     "while [ ! -f /shared/started ] && [ $i -lt 30000000 ]; do i=$((i+1)); done; "
     "read -r a b c d after rest < /proc/loadavg; m=agentrun-marker; m=$m-7793; seen=none; n=0; "
     "while [ $seen = none ] && [ $n -lt 300 ]; do n=$((n+1)); "
@@ -341,7 +342,10 @@ _WATCH = (
     'echo "first=${first#*/} after=${after#*/} seen=$seen state=$state uid=$(id -u)" > /dev/termination-log; '
     "touch /shared/seen; [ $seen != none ]"
 )
-_TARGET = "touch /shared/started; while [ ! -f /shared/seen ]; do sleep 0.1; done"
+_TARGET = (
+    "while [ ! -f /shared/ready ]; do sleep 0.1; done; touch /shared/started; "
+    "while [ ! -f /shared/seen ]; do sleep 0.1; done"
+)
 
 
 def test_containers_of_a_pod_sharing_its_process_namespace_see_each_others_processes(

@@ -147,7 +147,8 @@ def test_job_refused_by_the_api_server_fails_the_run_once_with_its_message(
     status = run["status"]
     assert status["phase"] == "Failed" and status["reason"] == "JobRefused", status
     assert "HTTP 422" in status["message"]
-    assert "spec.template.spec.containers[0].resources.requests" in status["message"], status["message"]
+    # main is the pod's second container, after the reporter (docs/design.md#reporter-first)
+    assert "spec.template.spec.containers[1].resources.requests" in status["message"], status["message"]
     step = status["workflow"]["steps"][0]
     assert step["reason"] == "JobRefused" and step["attempt"] == 1  # retries are not spent on it
     assert step["loop"]["iterations"][0]["phase"] == "Failed"
