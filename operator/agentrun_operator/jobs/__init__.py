@@ -3,7 +3,6 @@
 from .builder import (
     ANNOTATION_RUN_NAME,
     CONTROL_FALLBACK_VOLUME,
-    MAIN_CONTAINER,
     PlannedAttempt,
     ResolvedContainer,
     Task,
@@ -13,7 +12,7 @@ from .builder import (
     resolve_implementation,
     volume_holding,
 )
-from .reporter_container import FINGERPRINT_CONTAINER, META_VOLUME, REPORTER_CONTAINER
+from .reporter_container import FINGERPRINT_CONTAINER, MAIN_CONTAINER, META_VOLUME, REPORTER_CONTAINER
 
 __all__ = [
     "ANNOTATION_RUN_NAME",

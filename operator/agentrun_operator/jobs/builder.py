@@ -53,6 +53,7 @@ from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.jobs import system_prompt
 from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.jobs.reporter_container import (
+    MAIN_CONTAINER,
     META_MOUNT,
     META_VOLUME,
     gate_mount,
@@ -68,7 +69,6 @@ from agentrun_operator.resolution import (
     step_timeout_seconds,
 )
 
-MAIN_CONTAINER: Final = "main"
 DEFAULT_CONTAINER_ANNOTATION: Final = "kubectl.kubernetes.io/default-container"
 CONTROL_FALLBACK_VOLUME: Final = "agentrun-control"
 RESERVED_VOLUME_PREFIX: Final = "agentrun-"

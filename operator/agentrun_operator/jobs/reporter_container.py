@@ -10,6 +10,8 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
 
 REPORTER_CONTAINER: Final = "reporter"
+MAIN_CONTAINER: Final = "main"
+"""The workload's container, listed after the reporter."""
 FINGERPRINT_CONTAINER: Final = "fingerprint"
 """The init container pods made before the fingerprint hook have (the shell still reads its report)."""
 META_VOLUME: Final = "agentrun-meta"

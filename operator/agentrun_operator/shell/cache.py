@@ -31,19 +31,12 @@ from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.observed import ObservedJob
 from agentrun_operator.planner.waiting import VOLUME_REASONS
 from agentrun_operator.shell.kube import Kube
-from agentrun_operator.shell.observe import job_from_k8s
+from agentrun_operator.shell.observe import job_from_k8s, resource_version
 from agentrun_operator.shell.relevance import job_change, job_settled, pod_arrival, pod_change
 from agentrun_operator.shell.volume_waits import VolumeEventStore, VolumeWaits
 
 Key = tuple[str, str]  # (namespace, run name)
 Obj = dict[str, Any]
-
-
-def resource_version(obj: Obj) -> int | None:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
 
 
 def is_older(candidate: Obj, stored: Obj) -> bool:

@@ -28,9 +28,10 @@ from typing import Any, Protocol
 from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.cache import Key, RunCache, resource_version
+from agentrun_operator.shell.cache import Key, RunCache
 from agentrun_operator.shell.codec import Head, decode_object_json
 from agentrun_operator.shell.kube import Kube, KubeError
+from agentrun_operator.shell.observe import resource_version
 
 log = logging.getLogger("agentrun.informer")
 

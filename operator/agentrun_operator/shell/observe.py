@@ -18,10 +18,10 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
-from agentrun_operator.jobs.builder import MAIN_CONTAINER
 from agentrun_operator.jobs.reporter_container import (
     FINGERPRINT_CONTAINER,
     GATE_REFUSAL,
+    MAIN_CONTAINER,
     REPORTER_CONTAINER,
 )
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
@@ -104,6 +104,14 @@ def job_conditions(
     reason = cond.get("reason")
     outcome: JobOutcome = "DeadlineExceeded" if reason == "DeadlineExceeded" else "Failed"
     return outcome, cond.get("message") or reason, decided_at, bool(terminal)
+
+
+def resource_version(obj: dict[str, Any]) -> int | None:
+    """An object's resourceVersion as a number (the API server's are, though opaque by contract)."""
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
 
 
 def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:

@@ -42,14 +42,15 @@ def pod_relevant(pod: ObservedPod) -> ObservedPod:
     either. Its node matters only once it has stopped (the next pod's placement), so being scheduled
     re-plans nothing. Nor does its first container starting (`creating` only decides whether a volume
     Event is its wait, shell/observe.with_volume_wait; the wait itself is compared)."""
+    pod = replace(pod, creating=False)
     if pod.reported and pod.phase in ("Running", "Succeeded"):
-        return replace(pod, phase="Succeeded", creating=False)  # its report decided; the phase adds nothing
+        return replace(pod, phase="Succeeded")  # its report decided; the phase adds nothing
     if pod.terminal:
-        return replace(pod, creating=False)
+        return pod
     running = "Running" if pod.phase == "Pending" else pod.phase
     if pod.containers_ended:  # stopped: its node is news for the next pod's placement
-        return replace(pod, phase=running, claim_message=None, creating=False)
-    return replace(pod, phase=running, claim_message=None, node_name=None, creating=False)
+        return replace(pod, phase=running, claim_message=None)
+    return replace(pod, phase=running, claim_message=None, node_name=None)
 
 
 def pod_arrival_relevant(pod: ObservedPod, others: tuple[ObservedPod, ...]) -> bool:

@@ -27,22 +27,15 @@ from agentrun_operator.shell.observe import (
     event_volume_wait,
     newest_volume_wait,
     pod_from_k8s,
+    resource_version,
     with_volume_wait,
 )
 
 if TYPE_CHECKING:  # cache.py builds the stores with these (no import cycle at run time)
-    from agentrun_operator.shell.cache import Store
+    from agentrun_operator.shell.cache import Key, Store
 
-Key = tuple[str, str]  # (namespace, run name), as cache.Key
 Obj = dict[str, Any]
 Where = tuple[str, str]  # (namespace, name)
-
-
-def resource_version(obj: Obj) -> int | None:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
 
 
 class VolumeWaits:
@@ -111,14 +104,21 @@ class VolumeWaits:
             self._by_pod.pop(where, None)
         return self._review(*where)
 
+    def version(self, reason: str, namespace: str, event_name: str) -> int | None:
+        """The version of a kept Event of `reason`; None for one not kept."""
+        where = self._event_pod.get((reason, namespace, event_name))
+        if where is None:
+            return None
+        entry = self._by_pod.get(where, {}).get((reason, event_name))
+        return entry[1] if entry else 0
+
     def versions(self, reason: str, namespaces: set[str] | None) -> dict[tuple[str, str], int]:
         """(namespace, Event name) -> version of the kept Events of `reason` (in `namespaces`)."""
-        out: dict[tuple[str, str], int] = {}
-        for (r, ns, event_name), where in self._event_pod.items():
-            if r == reason and (namespaces is None or ns in namespaces):
-                entry = self._by_pod.get(where, {}).get((reason, event_name))
-                out[(ns, event_name)] = entry[1] if entry else 0
-        return out
+        return {
+            (ns, event_name): self.version(reason, ns, event_name) or 0
+            for (r, ns, event_name) in self._event_pod
+            if r == reason and (namespaces is None or ns in namespaces)
+        }
 
     def _review(self, namespace: str, name: str) -> Key | None:
         if self.pods is None:
@@ -147,10 +147,9 @@ class VolumeEventStore:
 
     def delete(self, event: Obj) -> Key | None:
         meta = event.get("metadata") or {}
-        kept = self.waits.versions(self.reason, {str(meta.get("namespace"))})
         where = (str(meta.get("namespace")), str(meta.get("name")))
-        version = resource_version(event)
-        if where not in kept or (version is not None and version < kept[where]):
+        kept, version = self.waits.version(self.reason, *where), resource_version(event)
+        if kept is None or (version is not None and version < kept):
             return None  # not kept, or a stale delete
         return self.waits.remove(self.reason, *where)
 

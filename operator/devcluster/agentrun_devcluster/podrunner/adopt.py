@@ -265,14 +265,20 @@ def _sandbox_pids(shim: int) -> tuple[int | None, int | None]:
     return None, None
 
 
+def kill_sandbox_group(shim: int) -> None:
+    """SIGKILL the sandbox of a shim that runs it in a process group of its own (`_SHIM_GROUP`: a
+    container in a pod's shared PID namespace), with everything that group holds."""
+    for sandbox in children(shim):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(sandbox) == sandbox:
+                os.killpg(sandbox, signal.SIGKILL)
+
+
 def _kill_tree(record: LaunchRecord) -> None:
     if not record.alive():
         return
     init, _command = _sandbox_pids(record.pid)
-    for sandbox in children(record.pid):  # a sandbox in a group of its own (`_SHIM_GROUP`) with all it left
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getpgid(sandbox) == sandbox:
-                os.killpg(sandbox, signal.SIGKILL)
+    kill_sandbox_group(record.pid)
     if init is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(init, signal.SIGKILL)  # PID 1 of the namespace: everything in it dies

@@ -76,16 +76,10 @@ def container_name(launch: Launch) -> str:
     return _NAME_UNSAFE.sub("-", raw)[:250]
 
 
-def pause_name(pod: Mapping[str, Any]) -> str:
+def pause_name(pod: Mapping[str, Any], holds: str = "POD") -> str:
+    """The pause container holding a pod's network namespace (`POD`) or its PID namespace (`PIDNS`)."""
     meta = pod.get("metadata") or {}
-    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_POD_{str(meta.get('uid', ''))[:8]}"
-    return _NAME_UNSAFE.sub("-", raw)[:250]
-
-
-def pid_pause_name(pod: Mapping[str, Any]) -> str:
-    """The pause container holding the shared PID namespace of a pod with `shareProcessNamespace`."""
-    meta = pod.get("metadata") or {}
-    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_PIDNS_{str(meta.get('uid', ''))[:8]}"
+    raw = f"agentrun_{meta.get('namespace')}_{meta.get('name')}_{holds}_{str(meta.get('uid', ''))[:8]}"
     return _NAME_UNSAFE.sub("-", raw)[:250]
 
 
@@ -336,7 +330,7 @@ def remove_recorded(records: Sequence[tuple[Path, LaunchRecord]]) -> int:
     names = {container_name_of(record.container_id) for _, record in records}
     for pod_dir, _ in records:
         meta = {"namespace": pod_dir.parent.parent.name, "name": pod_dir.parent.name, "uid": pod_dir.name}
-        names.update((pause_name({"metadata": meta}), pid_pause_name({"metadata": meta})))
+        names.update((pause_name({"metadata": meta}), pause_name({"metadata": meta}, "PIDNS")))
     doomed = sorted(names & present.keys())
     if doomed:
         engine.docker("rm", "--force", *doomed, timeout=120)
@@ -550,7 +544,7 @@ class DockerRuntime:
     def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> DockerPidNamespace:
         """The pod's PID pause container (an earlier runner's when it still runs: its containers run
         in it); its PID 1 is the pause binary built with the node's tools, bind-mounted into busybox."""
-        name = pid_pause_name(pod)
+        name = pause_name(pod, "PIDNS")
         state = engine.docker("inspect", "--format", "{{.State.Running}}", name, timeout=30).stdout.strip()
         if state == "true":
             return DockerPidNamespace(name)

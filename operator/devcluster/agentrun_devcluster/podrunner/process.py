@@ -160,10 +160,7 @@ class ContainerProcess:
         if self.done:
             return
         if self.shared_pidns:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                sandbox = next(iter(adopt.children(self.proc.pid)), None)
-                if sandbox is not None and os.getpgid(sandbox) == sandbox:
-                    os.killpg(sandbox, signal.SIGKILL)
+            adopt.kill_sandbox_group(self.proc.pid)
         if self.init_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.init_pid, signal.SIGKILL)

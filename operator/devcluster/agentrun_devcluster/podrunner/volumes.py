@@ -233,19 +233,18 @@ def binds(
     that leaves its volume through a symlink is refused, `_check_within`)."""
     out = []
     for mount in container.get("volumeMounts") or []:
-        source = dirs[str(mount["name"])]
+        volume_name = str(mount["name"])
+        root = source = dirs[volume_name]
         sub = str(mount.get("subPath") or "")
         if sub:
             if S.normalise_mount_path("/" + sub) is None or sub.startswith("/"):
                 raise S.StartError(f"subPath {sub!r} must be a relative path without '..'")
             source = source / sub
-            _check_within(source, dirs[str(mount["name"])], str(mount["name"]), str(container.get("name")))
+            _check_within(source, root, volume_name, str(container.get("name")))
             if not source.exists():  # a file of a configMap or secret volume is bound as it is
                 source.mkdir(parents=True, exist_ok=True)
-                _check_within(
-                    source, dirs[str(mount["name"])], str(mount["name"]), str(container.get("name"))
-                )
-        volume = volumes[str(mount["name"])]
+                _check_within(source, root, volume_name, str(container.get("name")))
+        volume = volumes[volume_name]
         read_only = (
             bool(mount.get("readOnly"))
             or bool(volume.source.get("readOnly"))

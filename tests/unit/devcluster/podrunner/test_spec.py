@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_operator.jobs.builder import MAIN_CONTAINER
-from agentrun_operator.jobs.reporter_container import FINGERPRINT_CONTAINER, REPORTER_CONTAINER
+from agentrun_operator.jobs.reporter_container import (
+    FINGERPRINT_CONTAINER,
+    MAIN_CONTAINER,
+    REPORTER_CONTAINER,
+)
 
 POD: dict[str, Any] = {
     "metadata": {
