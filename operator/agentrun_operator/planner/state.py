@@ -275,8 +275,10 @@ def end_step(
 
 
 def step_ended(ctx: PlanContext, step: StepView) -> None:
-    """The `StepEnded` fact of a step that just reached its final phase (Skipped included)."""
+    """The `StepEnded` fact of a step that just reached its final phase (Skipped included), and the
+    output the step's loop collects made present (`[]` when nothing was collected)."""
     st = step.st
+    _declare_output(ctx, step)
     ctx.facts.append(
         StepEnded(
             step.path,
@@ -289,3 +291,15 @@ def step_ended(ctx: PlanContext, step: StepView) -> None:
             step.loop.completed_iterations if step.loop is not None else None,
         )
     )
+
+
+def _declare_output(ctx: PlanContext, step: StepView) -> None:
+    """Once a collecting loop has ended -- however it ended, also after zero iterations or skipped --
+    its output is in `status.workflow.outputs`, so a later `outputs.<name>` reads `[]` instead of
+    failing on a missing key (docs/concepts.md#collected-outputs). Outputs are replaced, never
+    changed in place (they are shared with the persisted status)."""
+    output = step.spec.loop.output if step.spec.loop is not None else None
+    workflow = ctx.status.workflow
+    if output is None or workflow is None or output.name in (workflow.outputs or {}):
+        return
+    workflow.outputs = {**(workflow.outputs or {}), output.name: []}
