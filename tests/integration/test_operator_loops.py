@@ -315,6 +315,48 @@ def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, outcomes: S
     assert len(_jobs(plane, name)) == 2
 
 
+def test_a_failing_attempts_usage_exhausts_the_loop_budget(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """Every attempt reports its control file, failed ones too (the envelope is the reporter's
+    termination message): the usage of a failing attempt is counted, so its retry never starts once
+    it spent the loop's budget (docs/concepts.md#usage-and-budgets)."""
+    plane, operator, _ = cluster
+    name = "failed-usage"
+    usage = {"inputTokens": 120, "outputTokens": 30, "costUSD": 0.5}
+    outcomes.runs[name] = lambda _i, _a: PodOutcome(exit_code=1, control={"usage": usage})
+    loop = {"maxIterations": 3, "budget": {"maxTokens": 100}}
+    _create(plane, _loop_run(name, loop, retries=2, retryBackoffSeconds=1))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Failed", run["status"]
+    step = _step_status(run)
+    assert step["reason"] == "LoopBudgetExhausted", step
+    assert step["loop"]["stopReason"] == "LoopBudgetExhausted"
+    assert "budget exhausted (150 tokens of maxTokens 100)" in step["message"]
+    assert step["usage"] == usage
+    assert step["loop"]["iterations"][0]["usage"] == usage
+    assert run["status"]["workflow"]["usage"] == usage
+    assert [j["metadata"]["name"] for j in _jobs(plane, name)] == [f"{name}-step-1-iter-1-attempt-1"]
+
+
+def test_a_for_each_over_an_output_nothing_was_collected_into_runs_zero_iterations(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    """A collecting loop that runs zero times leaves its output as `[]`, and a later forEach over it
+    succeeds with zero iterations (docs/concepts.md#collected-outputs)."""
+    plane, operator, _ = cluster
+    name = "zero-outputs"
+    manifest = workflow_run(name, {"loop": {"maxIterations": 3, "items": "[]", "output": {"name": "tasks"}}})
+    manifest["spec"]["workflow"]["steps"].append(
+        {"name": "work", "loop": {"maxIterations": 5, "items": "outputs.tasks"}}
+    )
+    _create(plane, manifest)
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert run["status"]["workflow"]["outputs"] == {"tasks": []}
+    work = run["status"]["workflow"]["steps"][1]
+    assert work["phase"] == "Succeeded" and work["loop"]["completedIterations"] == 0, work
+    assert _jobs(plane, name) == []
+
+
 def test_required_pvc_misconfigured_is_invalid_before_any_job(
     cluster: Any, outcomes: ScriptedOutcomes
 ) -> None:

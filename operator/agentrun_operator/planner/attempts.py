@@ -13,7 +13,7 @@ from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
 from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_objects
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
-from agentrun_operator.planner.budgets import account_usage, check_budget
+from agentrun_operator.planner.budgets import account_usage, budget_reached, check_budget
 from agentrun_operator.planner.context import (
     REASON_STEP_FAILED,
     RESULT_REQUEUE_SECONDS,
@@ -256,11 +256,11 @@ def _refuse_attempt(
 
 
 def refused_job_message(refusal: Refusal) -> str:
-    """What a user reads when the API server refused an attempt's Job: its words, then what to do."""
+    """What a user reads when the API server refused an attempt's Job: its words (the step's stop
+    adds what to do, planner/remedies.py)."""
     return (
         f"the API server refused to create Job {refusal.name} (HTTP {refusal.code}): "
-        f"{refusal.message.strip()}; a refused Job is not retried: correct the spec and create a new "
-        f"AgentRun (see docs/troubleshooting.md#api-refused)"
+        f"{refusal.message.strip()}; a refused Job is not retried"
     )
 
 
@@ -389,6 +389,26 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
     return envelope
 
 
+def _failed_attempt_control(
+    ctx: PlanContext, step: StepView, job: ObservedJob | None
+) -> dict[str, Any] | None:
+    """The control file a failed attempt left, as its pod reported it (None when it reported none,
+    or a file this attempt did not write: `stale` is never counted twice). Only a pod whose `main`
+    ran counts: a duplicate pod of the Job never runs it (docs/concepts.md#exactly-once)."""
+    if job is None:
+        return None
+    ran = [
+        p
+        for p in ctx.observed.pods_of(job.name)
+        if p.reporter_message is not None and p.main_exit_code is not None
+    ]
+    if not ran:
+        return None
+    newest = max(ran, key=lambda p: (p.finished_at is not None, p.finished_at or ctx.now, p.name))
+    envelope = decode_envelope(newest.reporter_message, pod_control_path(step))
+    return envelope.control if envelope.status == "found" else None
+
+
 def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
     if job.outcome == "DeadlineExceeded":
         timeout = step_timeout_seconds(step.spec, ctx.refs)
@@ -439,8 +459,9 @@ def _not_before_start(finished: datetime, record: IterationRecord) -> datetime:
 def _record_failure(
     ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str, reason: str | None = None
 ) -> bool:
-    """A failed attempt: retry after the backoff while the budget lasts, else the iteration fails.
-    Why it failed is kept for the retry's AGENTRUN_PREVIOUS (`feedback`)."""
+    """A failed attempt: its usage counts; retry after the backoff while the retries and the budgets
+    last, else the iteration fails. Why it failed is kept for the retry's AGENTRUN_PREVIOUS
+    (`feedback`)."""
     st = step.st
     attempt = st.attempt
     st.last_failure = failure_of(ctx, attempt, job, cause, reason)
@@ -448,7 +469,17 @@ def _record_failure(
     finished = job.finished_at if job is not None and job.finished_at is not None else ctx.now
     message = clip(f"{step.what()} failed: {cause}")
     record = step.record()
-    if attempt <= retries and ctx.stopping is None:
+    stopping = ctx.stopping  # a stop requested before this result (the usage may spend the goal's)
+    whose = f"{clip(message, 300)}; its control file"
+    if not account_usage(ctx, step, _failed_attempt_control(ctx, step, job), whose):
+        if record is not None:  # the loop's onInvalid ended the step
+            record.phase = "Failed"
+            record.finished_at = _not_before_start(finished, record)
+            record.message = message
+        _iteration_finished(ctx, step, "Failed")
+        return True
+    exhausted = budget_reached(step) is not None
+    if attempt <= retries and ctx.stopping is None and not exhausted:
         due = finished + timedelta(seconds=step.spec.retry_backoff_seconds)
         st.phase = "Retrying"
         st.next_retry_at = due
@@ -465,8 +496,11 @@ def _record_failure(
         record.message = message
     _iteration_finished(ctx, step, "Failed")
     ctx.emit("Warning", "IterationFailed", f"step {step.label}: {message}", step.where)
-    if ctx.stopping is not None:
+    if stopping is not None or (attempt <= retries and ctx.stopping is not None):
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
+        return True
+    if attempt <= retries:  # the loop's budget, spent, prevents the retry
+        check_budget(ctx, step, message)
         return True
     reason = "LoopIterationFailed" if step.loop is not None else REASON_STEP_FAILED
     budget = f"no retries left ({retries} allowed)" if retries else "no retries configured"

@@ -18,6 +18,7 @@ from agentrun_operator.celeval import (
 )
 from agentrun_operator.control.envelope import ControlEnvelope, effective_status
 from agentrun_operator.planner.context import PlanContext, clip
+from agentrun_operator.planner.remedies import with_remedy
 from agentrun_operator.planner.state import StepView, end_step, step_ended
 from agentrun_operator.resolution import condition_cel, control_path, effective_parameters
 
@@ -137,7 +138,7 @@ def _when_allows(ctx: PlanContext, step: StepView, expression: str) -> bool:
     except CelError as exc:
         st.phase = "Failed"
         st.reason = REASON_WHEN_ERROR
-        st.message = clip(f"when: {exc}")
+        st.message = with_remedy(REASON_WHEN_ERROR, f"when: {exc}")
         st.started_at = st.finished_at = ctx.now
         step_ended(ctx, step)
         return False
@@ -169,8 +170,9 @@ def _freeze_items(ctx: PlanContext, step: StepView, expression: str) -> bool:
             step,
             "Failed",
             "LoopItemsExceedMaxIterations",
-            f"loop.items gave {len(items)} items but maxIterations is {bound}; raise maxIterations "
-            f"(this operator allows up to {ctx.config.loop_max_iterations}) or return fewer items",
+            f"loop.items gave {len(items)} items but maxIterations is {bound}",
+            fix=f"raise maxIterations (this operator allows up to {ctx.config.loop_max_iterations}) or "
+            "return fewer items",
         )
         return False
     size = len(json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode())
@@ -257,7 +259,15 @@ def decide_next(ctx: PlanContext, step: StepView, envelope: ControlEnvelope) -> 
                 f"{verdict.detail}; onMissing: stop ends the loop",
             )
         else:
-            end_step(ctx, step, "Failed", "LoopConditionError", f"{verdict.detail}; onMissing: fail")
+            end_step(
+                ctx,
+                step,
+                "Failed",
+                "LoopConditionError",
+                f"{verdict.detail}; onMissing: fail",
+                fix="write the control file in every iteration, at $AGENTRUN_LOOP_CONTROL_PATH on the volume "
+                "that holds it, or set `onMissing: stop` to end the loop when it is absent",
+            )
     else:
         stop_on_invalid(ctx, step, verdict.detail)
 

@@ -24,6 +24,7 @@ from agentrun_operator.planner.goal import (
     goal_budget_spent,
 )
 from agentrun_operator.planner.observed import Refusal
+from agentrun_operator.planner.remedies import needs_remedy, with_remedy
 from agentrun_operator.planner.state import StepView, all_views, step_views
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 
@@ -199,7 +200,9 @@ def finish_run(
     status = ctx.status
     status.phase = phase
     status.reason = reason
-    status.message = clip(message, 4 * MAX_MESSAGE_CHARS)
+    limit = 4 * MAX_MESSAGE_CHARS
+    remedy = needs_remedy(phase, reason)
+    status.message = with_remedy(reason, message, limit=limit) if remedy else clip(message, limit)
     status.finished_at = ctx.now
     if status.workflow is not None:
         status.workflow.phase = phase
@@ -223,7 +226,7 @@ def fail_refused_status(ctx: PlanContext, refusal: Refusal) -> None:
         "Failed",
         REASON_STATUS_REFUSED,
         f"the API server refused the run's status update (HTTP {refusal.code}): {refusal.message.strip()}; "
-        "the run cannot record its progress, so it stops here (see docs/troubleshooting.md#api-refused)",
+        "the run cannot record its progress, so it stops here",
     )
     delete_strays(ctx, expected=None)
 

@@ -54,6 +54,7 @@ from agentrun_operator.api import (
 from agentrun_operator.planner.actions import Where
 from agentrun_operator.planner.context import REASON_CANCELLED, TERMINAL_STEP_PHASES, PlanContext, clip
 from agentrun_operator.planner.facts import LoopStopped, StepEnded
+from agentrun_operator.planner.remedies import needs_remedy, with_remedy
 
 
 @dataclass
@@ -246,13 +247,16 @@ def end_step(
     phase: Literal["Succeeded", "Failed", "Cancelled"],
     reason: str | None,
     message: str,
+    *,
+    fix: str | None = None,
 ) -> None:
     """The step's one way to DONE (but Skipped): phase, reason, message, and for a loop its stop reason.
 
     `reason` is the step's reason (for a loop that succeeded, its stop reason; it may be None).
     Cancelled (a cancel request or the workflow timeout) ignores it: the reason is LoopCancelled for
     a loop, Cancelled otherwise, and an unfinished iteration record is Cancelled too. A failed
-    loop's stop reason is the reason when it is a loop reason, else LoopIterationFailed.
+    loop's stop reason is the reason when it is a loop reason, else LoopIterationFailed. A stop that
+    needs one gets its reason's fix (or `fix`) and docs anchor (planner/remedies.py).
     """
     st = step.st
     loop = step.loop
@@ -265,7 +269,8 @@ def end_step(
             record.message = clip(message)
     st.phase = phase
     st.reason = reason
-    st.message = clip(message)
+    remedy = reason is not None and needs_remedy(phase, reason)
+    st.message = with_remedy(str(reason), message, fix=fix) if remedy else clip(message)
     st.finished_at = ctx.now
     st.next_retry_at = None
     if loop is not None:

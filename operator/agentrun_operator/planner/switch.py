@@ -81,8 +81,7 @@ def _take_case(ctx: PlanContext, view: StepView) -> bool:
             "Failed",
             REASON_SWITCH_NO_MATCH,
             f"switch `{switch.expression}` gave {clip(_json(value), 200)}, which matches no case "
-            f"(case values: {values}) and there is no default: add a case with this value or a default "
-            "(see docs/concepts.md#switch)",
+            f"(case values: {values}) and there is no default",
         )
         return False
     st.case = case

@@ -298,12 +298,28 @@ class PlannerWorld:
         self._finish(name, "Succeeded", "Succeeded", reporter_message=message, main_exit_code=0)
 
     def fail(
-        self, name: str | None = None, exit_code: int = 1, message: str | None = None, reason: str = "Error"
+        self,
+        name: str | None = None,
+        exit_code: int = 1,
+        message: str | None = None,
+        reason: str = "Error",
+        *,
+        control: dict[str, Any] | None = None,
+        report: str | None = None,
     ) -> None:
-        """The attempt fails: main exits with `exit_code`, leaving `message` as its termination message."""
+        """The attempt fails: main exits with `exit_code`, leaving `message` as its termination message;
+        the reporter reports `control` (or the raw envelope `report`), else nothing."""
         name = name or self.active()
+        if report is None and control is not None:
+            report = envelope_found(control)
         self._finish(
-            name, "Failed", "Failed", main_exit_code=exit_code, main_reason=reason, main_message=message
+            name,
+            "Failed",
+            "Failed",
+            main_exit_code=exit_code,
+            main_reason=reason,
+            main_message=message,
+            reporter_message=report,
         )
 
     def deadline(self, name: str | None = None) -> None:
