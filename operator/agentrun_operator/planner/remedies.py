@@ -49,8 +49,7 @@ REMEDIES: Final[Mapping[str, str]] = MappingProxyType(
         "new AgentRun",
         "GoalTokenBudgetExhausted": "raise `spec.goal.tokenBudget` or make the work cheaper (the usage in "
         "status shows where it went), and create a new AgentRun",
-        "JobRefused": "correct the field the API server names and create a new AgentRun (a refused Job is "
-        "not retried)",
+        "JobRefused": "correct the field the API server names and create a new AgentRun",
         "StatusRefused": "correct the field the API server names (or the policy that refuses the write) "
         "and create a new AgentRun",
         "IdempotencyKeyInUse": "wait for the run holding the key and read its result, or use a new "

@@ -12,6 +12,7 @@ from agentrun_operator.api import AgentRun, ApprovalDecision, agentrun_errors, i
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.approval import Gate, decision_problems, find_gate
 from agentrun_operator.planner.facts import ApprovalDecided, ApprovalRequested
+from agentrun_operator.planner.remedies import with_remedy
 from agentrun_operator.planner.validate import validate_manifest
 from agentrun_operator.shell import metrics
 from tests.unit.planner.world import PlannerWorld, manifest
@@ -105,7 +106,7 @@ def test_a_rejection_fails_the_gate_and_the_run_with_approval_rejected() -> None
     world.plan()
     gate = world.step_status(1)
     assert gate.phase == "Failed" and gate.reason == "ApprovalRejected"
-    assert gate.message == "rejected (spec.approvals[0]): tests fail"
+    assert gate.message == with_remedy("ApprovalRejected", "rejected (spec.approvals[0]): tests fail")
     assert world.phase == "Failed" and world.status is not None
     assert world.status.reason == "ApprovalRejected" and world.step_status(2).phase == "Pending"
 

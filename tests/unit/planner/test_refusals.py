@@ -43,7 +43,7 @@ def test_refused_job_fails_the_run_with_the_api_servers_message_and_no_retry() -
     assert world.phase == "Failed" and world.status.reason == "JobRefused"
     assert "spec.template.spec.volumes[0].name: Required value" in (world.status.message or "")
     assert "HTTP 422" in (world.status.message or "")
-    assert "docs/troubleshooting.md#api-refused" in (world.status.message or "")
+    assert "docs/troubleshooting.md#jobrefused" in (world.status.message or "")
     step = world.step_status()
     assert step.phase == "Failed" and step.reason == "JobRefused" and step.attempt == 1
     assert "JobRefused" in world.event_reasons() and "RunFailed" in world.event_reasons()

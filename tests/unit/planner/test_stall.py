@@ -9,6 +9,7 @@ import pytest
 
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.facts import LoopStopped, StepEnded
+from agentrun_operator.planner.remedies import with_remedy
 from agentrun_operator.planner.stall import MAX_KEPT_VALUE_BYTES, kept_value, stalled
 from agentrun_operator.planner.validate import validate_manifest
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
@@ -42,8 +43,9 @@ def test_equal_values_for_a_whole_window_stop_the_loop_failed() -> None:
     assert step.loop.stop_reason == "LoopStalled"
     assert step.loop.completed_iterations == 5 and len(world.created) == 5  # never past the window
     assert step.loop.progress == [3, 3, 3]
-    assert step.message == (
-        f"iteration 5: no progress in the last 3 iterations: `{PROGRESS}` gave 3 each time; onStall: Fail"
+    assert step.message == with_remedy(
+        "LoopStalled",
+        f"iteration 5: no progress in the last 3 iterations: `{PROGRESS}` gave 3 each time; onStall: Fail",
     )
     assert "LoopStalled" in world.event_reasons()
     assert LoopStopped("a", "LoopStalled", 5) in _facts(world)
