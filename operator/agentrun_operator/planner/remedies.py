@@ -1,6 +1,6 @@
 """What to do when a run or a step stops at run time: every stop reason's fix and its section in
 docs/troubleshooting.md (`#<reason in lower case>`), appended to the stop message in one format,
-`message (fix: …; see docs/troubleshooting.md#reason)` -- the runtime counterpart of an admission
+`message (fix: …; see docs/troubleshooting.md#<reason>)` -- the runtime counterpart of an admission
 problem's `(value: …; fix: …; see docs/…#anchor)` (problem.py).
 
 The normal ends of a step (`LoopConditionFalse`, `LoopMaxIterationsReached` as a success, an
@@ -77,7 +77,7 @@ def needs_remedy(phase: str, reason: str | None) -> bool:
 
 
 def with_remedy(reason: str, message: str, *, fix: str | None = None, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """`message (fix: …; see docs/troubleshooting.md#reason)` within `limit` characters -- the message
+    """`message (fix: …; see docs/troubleshooting.md#<reason>)` within `limit` characters -- the message
     is cut, never the remedy. A message that already carries a fix and an anchor (a failed child's,
     or each InvalidSpec problem's) is kept as it is."""
     if _HAS_REMEDY.search(message):
