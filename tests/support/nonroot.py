@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -68,9 +69,19 @@ def _as_user(uid: int, gid: int) -> tuple[str, ...]:
     return (setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups")
 
 
+_PROBE = (
+    "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+    "'import agentrun_operator.cli, agentrun_devcluster.podrunner.main'], check=True)"
+)
+"""What `agentrun dev up` does with its interpreter: start it again (`sys.executable`, a path the
+user must be able to execute) and import the project."""
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The user's PATH (root's may name directories the user cannot search, e.g. under /root)."""
+
+
 def _runs(prefix: tuple[str, ...], python: str, env: dict[str, str]) -> str | None:
     """None when the user can run `python` and import the project with it, else what went wrong."""
-    probe = "import agentrun_operator.cli, agentrun_devcluster.podrunner.main"
+    probe = _PROBE
     done = subprocess.run(
         [*prefix, python, "-c", probe], env=env, capture_output=True, text=True, timeout=120, check=False
     )
@@ -122,7 +133,7 @@ def ordinary_user(tmp: Path) -> OrdinaryUser:
     home = tmp / "home"
     home.mkdir()
     base_env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PATH": SYSTEM_PATH,
         "HOME": str(home),
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -163,3 +174,23 @@ def ordinary_user(tmp: Path) -> OrdinaryUser:
             )
     base_env["PATH"] = f"{Path(python).parent}:{base_env['PATH']}"
     return OrdinaryUser(uid, gid, home, python, prefix, base_env)
+
+
+def kill_leftovers(marker: str) -> list[str]:
+    """SIGKILL the processes whose command line names `marker` (the test's own directory: only what
+    the test started names it) and say which they were; for a `dev down` that did not finish."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                continue
+            killed.append(cmdline.replace(b"\0", b" ")[:120].decode(errors="replace"))
+    return killed
