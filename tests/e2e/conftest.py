@@ -183,6 +183,7 @@ def start_local_default(
     operator_env: dict[str, str] | None = None,
     host: NodeHost | None = None,
     sleep_offset: int = 0,
+    runner_env: dict[str, str] | None = None,
 ) -> Iterator[LocalDefault]:
     """A namespace, a pod runner (`runtime`) and an operator watching only it; torn down at the end."""
     if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
@@ -200,6 +201,7 @@ def start_local_default(
             node=node,
             namespaces=(namespace,),
             runtime=runtime,
+            env=runner_env,
         ).start()
     )
     metrics_port = free_port()

@@ -144,6 +144,7 @@ class RunnerProcess(GroupProcess):
         node: str,
         namespaces: tuple[str, ...],
         runtime: str = "process",
+        env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(state_dir / "pod-runner.log")
         self.plane = plane
@@ -151,6 +152,7 @@ class RunnerProcess(GroupProcess):
         self.node = node
         self.namespaces = namespaces
         self.runtime = runtime
+        self.env = env  # added to the runner's environment (the dev cluster's test switches)
 
     def start(self) -> RunnerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -164,6 +166,7 @@ class RunnerProcess(GroupProcess):
                 *(f"--namespace={ns}" for ns in self.namespaces),
                 f"--runtime={self.runtime}",
             ],
+            env=dict(os.environ, **self.env) if self.env else None,
             timeout=60,
         )
         return self

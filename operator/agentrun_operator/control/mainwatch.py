@@ -14,11 +14,20 @@ sandbox's pause (PID 1), its own, and `main`'s. Two facts decide:
   newer PID (a process being created is allocated its PID a moment before /proc lists it).
 
 `MainWatch` is the pure rule over those looks; `look` reads /proc.
+
+All of this needs the shared namespace. Where the pod does not get one (a cluster or runtime that
+ignores `shareProcessNamespace`; the local pod runner without it), the reporter would see only its
+own container and wait for a `main` it can never see. It checks before `main` may start
+(`blind_reason`): a container's first process is started by its runtime from outside a shared
+namespace, so walking up the reporter's parents ends at a parent outside it (PID 0), never at PID 1
+(the pause). A namespace made for the reporter's container alone has the reporter, or the init that
+started it, as PID 1. Then the reporter fails the pod at once, saying why (reporter.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -110,3 +119,38 @@ def read_hook_done(path: str) -> tuple[int | None, int | None] | None:
         return int(parts[i]) if len(parts) > i and parts[i].isdigit() else None
 
     return number(0), number(1)
+
+
+BLIND: Final = (
+    "the reporter cannot see main's processes: this pod's containers do not share one PID namespace "
+    "(PID 1 of the reporter's namespace is {what}, so the namespace is its container's alone; "
+    "shareProcessNamespace is ignored here). Fix: run the iteration pods where their containers share "
+    "one PID namespace (a Kubernetes node does; the local pod runner does as root, or as an ordinary "
+    "user where unprivileged user namespaces are allowed); docs/troubleshooting.md#reporter-cannot-see-main"
+)
+"""Why the reporter fails a pod in which it could never see `main` end (`blind_reason`)."""
+
+
+def blind_reason(pid: int, parent_of: Callable[[int], int | None]) -> str | None:
+    """Why the reporter (`pid`) cannot see `main`: PID 1 of its namespace is itself or one of its
+    ancestors, so the namespace was made for its container alone. None when its line of parents
+    leaves the namespace (PID 0: started from outside, as in a pod's shared namespace) or cannot be
+    read (a pod is never failed on a guess). Pure: `parent_of` gives a PID's parent."""
+    seen: set[int] = set()
+    current: int | None = pid
+    while current is not None and current not in seen:
+        if current == 1:
+            return BLIND.format(what="the reporter itself" if pid == 1 else "the reporter's own ancestor")
+        seen.add(current)
+        current = parent_of(current) or None  # 0: the parent is outside the namespace
+    return None
+
+
+def parent_pid(pid: int, proc: str = "/proc") -> int | None:
+    """A process's parent as its namespace numbers it (0: outside it), None when unreadable."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        return int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None

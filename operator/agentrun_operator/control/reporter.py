@@ -19,7 +19,10 @@ container of the operator image runs this module: ``report``, a regular containe
 ``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
 kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
 older still. The report never fails the pod: problems are recorded (exit 0), and it is always a
-well-formed envelope.
+well-formed envelope. One exception, before ``main`` may start: a reporter that cannot see the pod's
+processes (no shared PID namespace, control/mainwatch.py `blind_reason`) would wait for good, so it
+writes why to its termination message, keeps ``main``'s gate shut (its ready file says ``blind``)
+and exits ``BLIND_EXIT``; the operator fails the attempt at once with that message.
 
 Startup is kept light: only the standard library is imported before the signal is blocked;
 pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
@@ -50,6 +53,10 @@ FINGERPRINT_VERSION: Final = 1
 READ_LIMIT: Final = 64 * 1024
 DEFAULT_READY_TIMEOUT: Final = 10.0
 TAKEN: Final = "taken"
+BLIND: Final = "blind"
+"""The ready file's word for a reporter that cannot see `main` (the hook keeps `main` shut)."""
+BLIND_EXIT: Final = 3
+"""The reporter's exit code when it cannot see `main` (its termination message says why)."""
 """What the ready file says in a duplicate pod, whose `main` must never run; else it holds the
 reporter's pid (the pod may start `main`)."""
 JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
@@ -501,6 +508,24 @@ def wait_for_main(hook_done: str, importer: threading.Thread | None = None) -> s
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
 
 
+def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
+    """A reporter that cannot see `main`: why, in its termination message (the operator fails the
+    attempt with it); `blind` in its ready file, so the hook keeps `main`'s gate shut; `BLIND_EXIT`.
+    Nothing is claimed: the pod never runs `main`."""
+    _log(why)
+    try:
+        with open(termination_log, "w", encoding="utf-8") as handle:
+            handle.write(why)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {termination_log}: {exc}")
+    if ready_file:
+        try:
+            _write_atomically(ready_file, BLIND)
+        except Exception as exc:
+            _log(f"cannot write the ready file {ready_file}: {exc}")
+    return BLIND_EXIT
+
+
 def cmd_report(
     path: str,
     fingerprint_path: str | None,
@@ -523,6 +548,12 @@ def cmd_report(
     pod), which the postStart hook waits for (docs/design.md#reporter-first)."""
     if wait or hook_done:
         block_wait_signals()  # main() did this already; repeating it is harmless
+    if hook_done and before_main:
+        from agentrun_operator.control.mainwatch import blind_reason, parent_pid
+
+        blind = blind_reason(os.getpid(), parent_pid)
+        if blind is not None:
+            return refuse_blind(blind, termination_log, ready_file)
     prepared = not (before_main and fingerprint_path) or prepare_for_main(
         path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
     )

@@ -102,9 +102,11 @@ READY_HOOK_SCRIPT: Final = (
     'ln -sfnT / "$3" || exit 1; i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
     'if [ "$i" -gt "$2" ]; then echo "agentrun: the reporter was not ready in time; main stays shut" >&2; '
     'exit 1; fi; sleep 0.02; done; read -r ready < "$1"; '
-    'if [ "$ready" = taken ]; then '
+    'case "$ready" in taken) '
     'echo "agentrun: another pod of this Job holds its claim; this duplicate never runs main" >&2; '
-    "exit 1; fi; "
+    "exit 1;; "
+    '""|*[!0-9]*) echo "agentrun: the reporter will not run main ($ready): see its termination message" >&2; '
+    "exit 1;; esac; "
     'rm -f "$3" && mkdir "$3" || exit 1; read -r _ _ _ _ last < /proc/loadavg; echo "$last $$" > "$4"'
 )
 """The reporter's postStart hook. First it shuts `main`'s gate (a symlink out of the volume: the
@@ -112,8 +114,9 @@ kubelet will not mount it, so `main` waits with `CreateContainerConfigError`). T
 polls, bounded) until the reporter says it is ready; for the reporter's pid it opens the gate (an
 empty directory) and, as its last act, writes the namespace's last PID and its own, with shell
 builtins only, so no process of the hook is created after the watermark (control/mainwatch.py).
-For `taken` (a duplicate pod), or a reporter that is never ready, it fails with the gate shut: the
-kubelet kills the reporter and goes on to `main`, which it cannot create. A shell loop rather than
+For `taken` (a duplicate pod), `blind` (a reporter that cannot see `main`, control/reporter.py
+`refuse_blind`), or a reporter that is never ready, it fails with the gate shut: the kubelet kills
+the reporter and goes on to `main`, which it cannot create. A shell loop rather than
 Python: it starts in milliseconds."""
 READY_HOOK_POLLS: Final = 1500
 """30 s of 20 ms polls: far more than the reporter's start, claim and fingerprint take."""

@@ -24,6 +24,7 @@ from agentrun_operator.planner.facts import IterationFinished, IterationResult, 
 from agentrun_operator.planner.feedback import (
     REASON_DEADLINE,
     REASON_DELETED,
+    REASON_REPORTER_BLIND,
     REASON_VANISHED,
     failure_of,
     previous,
@@ -336,6 +337,12 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
         return _record_failure(
             ctx, step, job, f"Job {job.name} was deleted before it finished", REASON_DELETED
         )
+    refused = next((p for p in ctx.observed.pods_of(job.name) if p.reporter_refusal), None)
+    if refused is not None and refused.reporter_refusal:
+        # The pod can never report (docs/design.md#reporter-first): fail now, not at the timeout.
+        ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
+        cause = f"pod {refused.name} cannot run main: {clip(refused.reporter_refusal, 600)}"
+        return _record_failure(ctx, step, None, cause, REASON_REPORTER_BLIND)
     where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
     base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
     note_wait(ctx, step, base, ctx.observed.pods_of(job.name))

@@ -29,6 +29,8 @@ REASON_DEADLINE: Final = "DeadlineExceeded"
 REASON_VANISHED: Final = "JobVanished"
 REASON_DELETED: Final = "JobDeleted"
 REASON_POD_FAILED: Final = "PodFailed"
+REASON_REPORTER_BLIND: Final = "ReporterCannotSeeMain"
+"""The pod shares no PID namespace: its reporter could never see `main` end (it refused to start it)."""
 
 
 def tail(text: str, limit: int) -> str:

@@ -70,6 +70,9 @@ class ObservedPod:
     reporter_message: str | None = None
     # The fingerprint init container's termination message: how its Job claim went (control/claim.py).
     claim_message: str | None = None
+    # Why the reporter refused to start `main`, when it did: it cannot see the pod's processes (no
+    # shared PID namespace, control/mainwatch.py `blind_reason`); the attempt fails at once with it.
+    reporter_refusal: str | None = None
     main_exit_code: int | None = None
     main_reason: str | None = None  # e.g. OOMKilled, Error, ContainerCannotRun
     main_message: str | None = None

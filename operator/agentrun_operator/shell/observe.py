@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
+from agentrun_operator.control.reporter import BLIND_EXIT
 from agentrun_operator.jobs.reporter_container import (
     FINGERPRINT_CONTAINER,
     GATE_REFUSAL,
@@ -122,7 +123,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
     if not job_name:
         return None
     status = pod.get("status") or {}
-    reporter_message = claim_message = None
+    reporter_message = claim_message = refusal = None
     # The reporter is a regular container (docs/design.md#reporter-first); in pods made before, a
     # native sidecar, listed among the init containers.
     for cs in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
@@ -130,7 +131,9 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
                 "terminated"
             )
-            if terminated:
+            if terminated and terminated.get("exitCode") == BLIND_EXIT:
+                refusal = str(terminated.get("message") or "").strip() or BLIND_UNSAID
+            elif terminated:
                 reporter_message = terminated.get("message")
                 claim_message = claim_message or envelope_claim(reporter_message)
         elif cs.get("name") == FINGERPRINT_CONTAINER:  # pods made before the fingerprint hook
@@ -154,6 +157,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         deleting=bool(meta.get("deletionTimestamp")),
         reporter_message=reporter_message,
         claim_message=claim_message,
+        reporter_refusal=refusal,
         main_exit_code=exit_code,
         main_reason=reason,
         main_message=message,
@@ -165,6 +169,13 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         containers_ended=containers_ended(status),
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
     )
+
+
+BLIND_UNSAID: Final = (
+    "the reporter cannot see main's processes (exit code 3, no message): the pod's containers do not "
+    "share one PID namespace; docs/troubleshooting.md#reporter-cannot-see-main"
+)
+"""The refusal of a reporter whose termination message was lost (control/reporter.py `refuse_blind`)."""
 
 
 def envelope_claim(message: str | None) -> str | None:

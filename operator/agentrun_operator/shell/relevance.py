@@ -59,8 +59,13 @@ def pod_arrival_relevant(pod: ObservedPod, others: tuple[ObservedPod, ...]) -> b
     waiting for its report), never make it act, so the shell need not re-plan when it appears: the
     next plan, for any reason, sees it. A further pod of a Job can: a Job taken for succeeded by its
     one pod is live again with two; and so can one that already waits for good (the step's message
-    says why)."""
-    return pod.stopped or pod.waiting is not None or any(p.job_name == pod.job_name for p in others)
+    says why), and so can one whose reporter refused to start `main` (the attempt fails at once)."""
+    return (
+        pod.stopped
+        or pod.waiting is not None
+        or pod.reporter_refusal is not None
+        or any(p.job_name == pod.job_name for p in others)
+    )
 
 
 # The cache's hooks (`Store(change=..., arrival=..., settled=...)`), on its stored views.

@@ -1,72 +1,98 @@
-"""The reporter's watch for `main`'s end, run for real in a PID namespace of its own (as a pod's shared
-one): the reporter, its postStart hook (the real script) and a `main` started after it, as the
-kubelet orders them (docs/design.md#reporter-first). Root only (a PID namespace needs it): a
-machine where it is not root skips, saying so."""
+"""The reporter's watch for `main`'s end, run for real in a pod's shared PID namespace: the pod
+runner's own pause-like helper (podrunner/pidns.py) holds it, and the reporter, its postStart hook
+(the real script) and a `main` started after it each join it from outside with bwrap, as the kubelet
+starts a pod's containers in order (docs/design.md#reporter-first). Root or not: an ordinary user's
+namespace is held in a user namespace of its own (docs/local-dev.md#non-root). And a reporter in a
+PID namespace of its own container refuses to start `main`, at once, saying why."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from agentrun_devcluster.podrunner import pidns
+from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
+from agentrun_operator.control.mainwatch import blind_reason
+from agentrun_operator.control.reporter import BLIND, BLIND_EXIT
 from agentrun_operator.jobs.reporter_container import READY_HOOK_SCRIPT
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="a PID namespace of its own needs root and util-linux's unshare",
-)
 
-POD = r"""
-import os, subprocess, sys, time
-meta, control, gap, main = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-with open(f"{meta}/reporter.err", "w") as err:
-    reporter = subprocess.Popen(
-        [os.environ["PYTHON"], "-m", "agentrun_operator.cli", "reporter", "report", "--path", control,
-         "--fingerprint", f"{meta}/fp.json", "--termination-log", f"{meta}/termination-log",
-         "--hook-done", f"{meta}/hook-done", "--ready-file", f"{meta}/ready", "--before-main"],
-        stdout=subprocess.DEVNULL, stderr=err,
-    )
-    hook = [os.environ["HOOK"], "ready", f"{meta}/ready", "1500", f"{meta}/gate", f"{meta}/hook-done"]
-    subprocess.run(["sh", "-c", *hook], check=True)
-    time.sleep(gap)  # no process in the namespace but PID 1 (this one) and the reporter
-    subprocess.run(["sh", "-c", main], check=True)
-    sys.exit(reporter.wait())
-"""
+@pytest.fixture(autouse=True)
+def bwrap() -> str:
+    """The pod runner's sandbox tool (`make setup` installs it as root)."""
+    try:
+        return find_bwrap()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@contextlib.contextmanager
+def pod_namespace(tmp_path: Path) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    """A shared PID namespace held by the pod runner's helper; yields the bwrap prefix that runs a
+    command in it (joining its user namespace first when there is one), as the pod runner does, and
+    the open namespace files it names (to pass to it)."""
+    bwrap = find_bwrap()
+    holder = pidns.start(tmp_path / "pidns.log")
+    fds = [os.open(path, os.O_RDONLY) for path in (holder.user_path, holder.path) if path is not None]
+    join = ["--userns", str(fds[0]), "--pidns", str(fds[1])] if len(fds) == 2 else ["--pidns", str(fds[0])]
+    try:
+        yield [bwrap, "--dev-bind", "/", "/", "--proc", "/proc", *join, "--"], tuple(fds)
+    finally:
+        holder.stop()
+        for fd in fds:
+            os.close(fd)
+
+
+def reporter_argv(meta: Path, control: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "agentrun_operator.cli", "reporter", "report", "--path", str(control),
+        "--fingerprint", f"{meta}/fp.json", "--termination-log", f"{meta}/termination-log",
+        "--hook-done", f"{meta}/hook-done", "--ready-file", f"{meta}/ready", "--before-main",
+    ]  # fmt: skip
+
+
+def hook_argv(meta: Path) -> list[str]:
+    return [
+        "sh",
+        "-c",
+        READY_HOOK_SCRIPT,
+        "ready",
+        f"{meta}/ready",
+        "1500",
+        f"{meta}/gate",
+        f"{meta}/hook-done",
+    ]
 
 
 def run_pod(tmp_path: Path, main: str, gap: float = 0.5) -> dict[str, object]:
-    """The pod in a new PID namespace (a Python PID 1 plays the pause and the kubelet): the reporter,
+    """The pod in a shared PID namespace (the pod runner's helper plays the pause): the reporter,
     the hook run to its end, `gap` seconds in which nothing of the pod but the reporter runs (as
     while the kubelet creates `main`), then `main`."""
     meta, control = tmp_path / "meta", tmp_path / "control.json"
     meta.mkdir()
-    env = dict(os.environ, PYTHON=sys.executable, HOOK=READY_HOOK_SCRIPT)
-    done = subprocess.run(
-        [
-            "unshare",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            sys.executable,
-            "-c",
-            POD,
-            str(meta),
-            str(control),
-            str(gap),
-            main,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr + (meta / "reporter.err").read_text()
+    with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
+        reporter = subprocess.Popen(
+            [*inside, *reporter_argv(meta, control)], stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds
+        )
+        try:
+            hook = subprocess.run(
+                [*inside, *hook_argv(meta)], capture_output=True, text=True, timeout=60, pass_fds=fds
+            )
+            assert hook.returncode == 0, hook.stderr + (meta / "reporter.err").read_text()
+            time.sleep(gap)  # no process in the namespace but PID 1 and the reporter
+            subprocess.run([*inside, "sh", "-c", main], check=True, timeout=60, pass_fds=fds)
+            code = reporter.wait(timeout=60)
+        finally:
+            reporter.kill()
+    assert code == 0, (meta / "reporter.err").read_text()
     assert (meta / "gate").is_dir()  # the hook opened main's gate
     envelope: dict[str, object] = json.loads((meta / "termination-log").read_text())
     envelope["log"] = (meta / "reporter.err").read_text()
@@ -96,3 +122,41 @@ def test_a_main_whose_children_outlive_it_is_waited_for(tmp_path: Path) -> None:
     main = f"(sleep 0.5; echo '{{\"continue\": false}}' > {control}) & exit 0"
     envelope = run_pod(tmp_path, main, gap=0.1)
     assert envelope["status"] == "found" and envelope["control"] == {"continue": False}, envelope
+
+
+@pytest.mark.parametrize("as_pid_1", [True, False], ids=["reporter-is-pid-1", "an-init-started-it"])
+def test_a_reporter_in_a_pid_namespace_of_its_own_refuses_main_at_once_saying_why(
+    tmp_path: Path, as_pid_1: bool
+) -> None:
+    """Without the pod's shared namespace (a cluster that ignores `shareProcessNamespace`) the
+    reporter could never see `main` end: it exits `BLIND_EXIT` before claiming anything, its
+    termination message says why and how to fix it, and the real hook keeps `main`'s gate shut."""
+    meta, control = tmp_path / "meta", tmp_path / "control.json"
+    meta.mkdir()
+    alone = [find_bwrap(), "--dev-bind", "/", "/", "--proc", "/proc", "--unshare-pid"]
+    alone += ["--as-pid-1", "--"] if as_pid_1 else ["--"]  # else bwrap's init is PID 1
+    reporter = subprocess.run(
+        [*alone, *reporter_argv(meta, control)], capture_output=True, text=True, timeout=60
+    )
+    assert reporter.returncode == BLIND_EXIT, reporter.stderr
+    why = (meta / "termination-log").read_text()
+    assert "cannot see main's processes" in why, why
+    assert "docs/troubleshooting.md#reporter-cannot-see-main" in why, why
+    assert (meta / "ready").read_text() == BLIND
+    assert not (meta / "fp.json").exists()  # nothing done before main: it never starts
+    hook = subprocess.run(hook_argv(meta), capture_output=True, text=True, timeout=60)
+    assert hook.returncode == 1 and "will not run main (blind)" in hook.stderr, hook.stderr
+    assert (meta / "gate").is_symlink()  # shut: the kubelet will not mount it for main
+    assert not (meta / "hook-done").exists()
+
+
+def test_the_reporter_is_blind_only_where_pid_1_is_itself_or_its_ancestor() -> None:
+    """The rule, on parent maps: PID 1 reached from the reporter means a namespace of its container
+    alone; a line of parents leaving the namespace (0), or unreadable, is no reason to fail a pod."""
+    assert blind_reason(1, lambda pid: 0) is not None  # the reporter is PID 1
+    assert blind_reason(2, {2: 1, 1: 0}.get) is not None  # bwrap's or tini's init started it
+    assert blind_reason(9, {9: 5, 5: 1}.get) is not None  # a shell between
+    assert blind_reason(7, {7: 0}.get) is None  # started from outside: a pod's shared namespace
+    assert blind_reason(7, {7: 4, 4: 0}.get) is None  # an init of its own, itself started from outside
+    assert blind_reason(7, {}.get) is None  # unreadable: never fail a pod on a guess
+    assert blind_reason(7, {7: 8, 8: 7}.get) is None  # no loop runs forever

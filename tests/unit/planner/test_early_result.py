@@ -176,3 +176,19 @@ def test_what_re_plans() -> None:
     assert ended_silent.stopped and not ended_silent.reported
     assert pod_relevant(ended_silent) != pod_relevant(replace(ended_silent, phase="Succeeded"))
     assert pod_arrival_relevant(reported, ())
+
+
+def test_a_reporter_that_refused_main_fails_the_attempt_at_once_with_its_words() -> None:
+    """No shared PID namespace (docs/troubleshooting.md#reporter-cannot-see-main): the pod can never
+    report, so the attempt fails now, not at its timeout, and its Job is deleted."""
+    world, first = looping()
+    why = "the reporter cannot see main's processes: this pod's containers do not share one PID namespace"
+    set_pod(world, first, reporter_refusal=why)
+    assert pod_arrival_relevant(pod_of(world, first), ())
+    world.plan()
+    assert first in world.deleted
+    step = world.step_status()
+    assert step.phase == "Failed"
+    assert step.last_failure.reason == "ReporterCannotSeeMain"
+    assert why in step.last_failure.message and why in (step.message or "")
+    assert records(world) == [(1, "Failed", 1)]

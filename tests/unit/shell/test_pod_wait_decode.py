@@ -155,3 +155,28 @@ def test_the_reporter_listed_before_main_reports_from_the_container_statuses() -
         )
         observed = pod_from_k8s(pod(status))
         assert observed is not None and observed.reporter_message == envelope and observed.containers_ended
+
+
+def test_a_reporter_that_refused_main_is_decoded_with_its_words_not_as_a_report() -> None:
+    """Exit code 3 (control/reporter.py `BLIND_EXIT`): its termination message says why, and is no
+    control envelope; any other end of the reporter is its report."""
+    from agentrun_operator.control.reporter import BLIND_EXIT
+
+    def status(code: int, message: str) -> dict[str, Any]:
+        reporter = {"name": "reporter", "state": {"terminated": {"exitCode": code, "message": message}}}
+        gate = {"reason": "CreateContainerConfigError", "message": "failed to prepare subPath"}
+        return {
+            "phase": "Running",
+            "containerStatuses": [reporter, {"name": "main", "state": {"waiting": gate}}],
+        }
+
+    refused = pod_from_k8s(decode_pod_event(json.dumps(pod(status(BLIND_EXIT, "cannot see main"))).encode()))
+    assert refused is not None
+    assert refused.reporter_refusal == "cannot see main" and refused.reporter_message is None
+    unsaid = pod_from_k8s(pod(status(BLIND_EXIT, "")))
+    assert unsaid is not None and "docs/troubleshooting.md#reporter-cannot-see-main" in str(
+        unsaid.reporter_refusal
+    )
+    reported = pod_from_k8s(pod(status(0, '{"status":"missing"}')))
+    assert reported is not None and reported.reporter_refusal is None
+    assert reported.reporter_message == '{"status":"missing"}'

@@ -12,8 +12,20 @@ only PID 1, the containers' processes and the hooks', as on a node.
 
 The helper runs in a session of its own and is recorded in `<pod>/pidns.json`, so it outlives a
 restart of the runner as the containers in it do, and a new runner keeps it (`adopt_or_start`).
-Entering another process's PID namespace needs root (CAP_SYS_ADMIN): elsewhere each container keeps
-a PID namespace of its own (`unavailable`).
+
+Entering another process's PID namespace needs CAP_SYS_ADMIN over the user namespace that owns it.
+Root has it over the host's. An ordinary user gets it from a user namespace of its own
+(docs/local-dev.md#non-root): the helper unshares a user namespace together with the PID namespace,
+mapping only its own uid and gid (to themselves, so files keep their owners and a container runs as
+the runner's user, as bwrap's own user namespace would have it), and each container's bwrap joins
+both (`--userns FD --pidns FD`); the owner of a user namespace may enter it. A host that allows an
+ordinary user no user namespace fails the helper's start with the kernel's answer in one line, and
+the pod fails at once with it (`FailedCreatePodSandBox`), never waiting.
+
+`AGENTRUN_PODRUNNER_PIDNS=off` gives pods no shared namespace (`unavailable`): each container keeps
+its own, as on a cluster that ignores `shareProcessNamespace`, and the reporter, which then cannot
+see `main`, fails the pod at once saying why (control/mainwatch.py `blind_reason`). A switch of the
+dev cluster's tests, not of the product.
 
     python -m agentrun_devcluster.podrunner.pidns
 """
@@ -34,18 +46,24 @@ from pathlib import Path
 from agentrun_devcluster.podrunner.adopt import process_start
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
 READY = "pod pid namespace ready"
 RECORD = "pidns.json"
+SWITCH = "AGENTRUN_PODRUNNER_PIDNS"
+"""`off`: pods get no shared PID namespace (a test switch of the dev cluster, see above)."""
 
 
 def unavailable() -> str | None:
-    """Why pods cannot share one PID namespace here (None when they can)."""
-    if os.geteuid() != 0:
-        return (
-            "joining a pod's PID namespace needs root: the containers of a pod with "
-            "shareProcessNamespace each keep their own"
-        )
+    """Why pods cannot share one PID namespace here (None when they can, or may: a host that refuses
+    an ordinary user a user namespace is found out when the helper starts, `start`)."""
+    if os.environ.get(SWITCH) == "off":
+        return f"{SWITCH}=off: the containers of a pod with shareProcessNamespace each keep their own"
     return None
+
+
+def needs_user_namespace() -> bool:
+    """Not root: the helper makes a user namespace too, and containers join it (module docstring)."""
+    return os.geteuid() != 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,8 @@ class PidNamespaceRecord:
     pid_start: str
     namespace_pid: int
     namespace_start: str
+    user_namespace: bool = False
+    """The helper made a user namespace owning the PID namespace (not root): containers join both."""
 
     def alive(self) -> bool:
         return (
@@ -79,6 +99,12 @@ class PodPidNamespace:
         """The namespace's file, which a container's bwrap opens and joins."""
         return f"/proc/{self.record.namespace_pid}/ns/pid"
 
+    @property
+    def user_path(self) -> str | None:
+        """The file of the user namespace that owns it, which a container's bwrap joins first (None
+        when the runner is root: the host's owns it)."""
+        return f"/proc/{self.record.namespace_pid}/ns/user" if self.record.user_namespace else None
+
     def stop(self) -> None:
         """SIGKILL PID 1 (the kernel kills everything in the namespace) and the helper."""
         if self.record.alive():
@@ -89,11 +115,13 @@ class PodPidNamespace:
 
 
 def start(log_path: Path, timeout: float = 15.0) -> PodPidNamespace:
-    """A new helper (OSError when it does not come up)."""
+    """A new helper (OSError when it does not come up, with the helper's own words: e.g. a host
+    that allows an ordinary user no user namespace)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    user = needs_user_namespace()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, *(["--user"] if user else [])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -107,7 +135,7 @@ def start(log_path: Path, timeout: float = 15.0) -> PodPidNamespace:
             child = int(line.split()[-1])
             proc.stdout.close()
             record = PidNamespaceRecord(
-                proc.pid, process_start(proc.pid) or "", child, process_start(child) or ""
+                proc.pid, process_start(proc.pid) or "", child, process_start(child) or "", user
             )
             if record.alive():
                 return PodPidNamespace(record)
@@ -115,7 +143,7 @@ def start(log_path: Path, timeout: float = 15.0) -> PodPidNamespace:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
-    raise OSError(f"the pod's PID namespace did not come up: {log_path.read_text()[-500:]}")
+    raise OSError(f"the pod's PID namespace did not come up: {log_path.read_text().strip()[-500:]}")
 
 
 def write_record(pod_dir: Path, holder: PodPidNamespace) -> None:
@@ -160,10 +188,32 @@ def _pause() -> None:
         signal.sigwait({signal.SIGCHLD})  # pending while blocked, so none is lost between the two
 
 
-def main() -> int:
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace: map the caller's uid and gid to themselves (the one mapping an
+    unprivileged process may write; setgroups must be denied before the gid map)."""
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`--user`: make the PID namespace inside a new user namespace (not root, see the module)."""
+    user = "--user" in (sys.argv[1:] if argv is None else argv)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWPID) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID)")
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWPID | (CLONE_NEWUSER if user else 0)
+    if libc.unshare(flags) != 0:
+        errno = ctypes.get_errno()
+        what = "unshare(CLONE_NEWUSER | CLONE_NEWPID)" if user else "unshare(CLONE_NEWPID)"
+        hint = (
+            " (this host allows an ordinary user no user namespace: see docs/local-dev.md#non-root)"
+            if user
+            else ""
+        )
+        print(f"{what}: {os.strerror(errno)}{hint}", file=sys.stderr, flush=True)
+        return 1
+    if user:
+        _map_own_ids(uid, gid)
     child = os.fork()
     if child == 0:
         try:

@@ -230,15 +230,21 @@ class ProcessRuntime:
             )
         pid_1 = not S.shares_process_namespace(launch.pod)
         holder = launch.pid_namespace if isinstance(launch.pid_namespace, PodPidNamespace) else None
+        fds: list[int] = []
         try:
-            pidns_fd = os.open(holder.path, os.O_RDONLY) if holder is not None else None
+            # The owning user namespace first (a runner that is not root, pidns.py), then the PID one.
+            for path in (holder.user_path, holder.path) if holder is not None else ():
+                if path is not None:
+                    fds.append(os.open(path, os.O_RDONLY))
         except OSError as exc:
+            for fd in fds:
+                os.close(fd)
             raise S.StartError(f"the pod's PID namespace is gone ({exc})") from None
         try:
-            return self._start(launch, on_exit, argv, binds, files, expand, workdir, pid_1, pidns_fd)
+            return self._start(launch, on_exit, argv, binds, files, expand, workdir, pid_1, fds)
         finally:
-            if pidns_fd is not None:
-                os.close(pidns_fd)
+            for fd in fds:
+                os.close(fd)
 
     def _start(
         self,
@@ -250,8 +256,12 @@ class ProcessRuntime:
         expand: list[tuple[str, list[HostEntry]]],
         workdir: str,
         pid_1: bool,
-        pidns_fd: int | None,
+        namespace_fds: list[int],
     ) -> ContainerProcess:
+        """`namespace_fds`: the pod's shared PID namespace, after the user namespace that owns it when
+        there is one (none: the container keeps a PID namespace of its own)."""
+        pidns_fd = namespace_fds[-1] if namespace_fds else None
+        userns_fd = namespace_fds[0] if len(namespace_fds) > 1 else None
         pod_tmp = launch.pod_dir / "tmp"
         bwrap = self.bwrap
         entries = self.host_entries
@@ -276,6 +286,7 @@ class ProcessRuntime:
                     tool_paths=host_tool_paths(),
                     command_is_pid_1=pid_1,
                     pidns_fd=pidns_fd,
+                    userns_fd=userns_fd,
                 ),
                 exit_file,
                 group=pidns_fd is not None,
@@ -284,7 +295,7 @@ class ProcessRuntime:
             launch.log_path,
             on_exit,
             command_is_pid_1=pid_1,
-            extra_fds=() if pidns_fd is None else (pidns_fd,),
+            extra_fds=tuple(namespace_fds),
             shared_pidns=pidns_fd is not None,
         )
         proc.container_id = f"agentrun://{launch.uid[:8]}-{launch.name}-{launch.restart}"

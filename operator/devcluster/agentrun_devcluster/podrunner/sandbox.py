@@ -13,9 +13,11 @@ disposition, so without a handler it ignores SIGTERM and only SIGKILL ends it; w
 kernel kills everything left in the namespace (as the runtime kills a container's leftover
 processes). With it, the command joins the pod's shared namespace (`--pidns FD`, held by the pod's
 pause-like helper, pidns.py): it is not PID 1, so a SIGTERM ends it unless it handles it, and its
-leftovers are killed by its shim (adopt.py: the container is a process group of its own). Where the
-namespace cannot be joined (not root), bwrap's small init is PID 1 of a namespace of the
-container's own and the command PID 2, with the same signal semantics.
+leftovers are killed by its shim (adopt.py: the container is a process group of its own). A runner
+that is not root joins the user namespace that owns the pod's PID namespace first (`--userns FD`,
+pidns.py). Where the pod has no shared namespace (`AGENTRUN_PODRUNNER_PIDNS=off`), bwrap's small
+init is PID 1 of a namespace of the container's own and the command PID 2, with the same signal
+semantics.
 `--die-with-parent` ties the sandbox to its parent, the shim that records its exit code in its own
 session (adopt.py), so the sandbox outlives a restart of the runner but not a kill of its shim.
 Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
@@ -104,12 +106,14 @@ def bwrap_argv(
     tool_paths: Sequence[str] = (),
     command_is_pid_1: bool = False,
     pidns_fd: int | None = None,
+    userns_fd: int | None = None,
 ) -> list[str]:
     """The full command line: sandbox set-up, then `--` and the container's argv.
 
     `command_is_pid_1`: the command is PID 1 of its namespace (a container without the pod's
     `shareProcessNamespace`), else bwrap's init is. `pidns_fd`: an open file of the pod's shared PID
-    namespace (pidns.py), which the command joins instead (not as PID 1, and with no init of bwrap's).
+    namespace (pidns.py), which the command joins instead (not as PID 1, and with no init of bwrap's);
+    `userns_fd`: the user namespace that owns it, joined first (a runner that is not root).
 
     `expand` lists host directories re-created as a tmpfs holding their entries (see
     `spec.resolve_on_host`), so mount points can be made inside them; they end read-only too.
@@ -153,6 +157,8 @@ def bwrap_argv(
         out += ["--remount-ro", directory]
     out += ["--remount-ro", "/", "--die-with-parent", "--chdir", workdir]
     if pidns_fd is not None:
+        if userns_fd is not None:
+            out += ["--userns", str(userns_fd)]
         out += ["--pidns", str(pidns_fd)]
     else:
         out += ["--unshare-pid", *(["--as-pid-1"] if command_is_pid_1 else [])]

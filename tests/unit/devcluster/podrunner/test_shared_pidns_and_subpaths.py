@@ -23,6 +23,11 @@ def test_a_shared_pid_namespace_is_joined_instead_of_made() -> None:
     assert "--unshare-pid" not in joined and "--as-pid-1" not in joined
     alone = _argv(command_is_pid_1=True)
     assert "--unshare-pid" in alone and "--as-pid-1" in alone and "--pidns" not in alone
+    assert "--userns" not in joined  # root: the host's user namespace owns the pod's
+    # Not root (docs/local-dev.md#non-root): the user namespace owning the pod's PID namespace first.
+    unprivileged = _argv(pidns_fd=7, userns_fd=6, command_is_pid_1=False)
+    assert unprivileged.index("--userns") < unprivileged.index("--pidns")
+    assert unprivileged[unprivileged.index("--userns") + 1] == "6"
 
 
 def _mounts(sub: str) -> dict[str, object]:
