@@ -356,7 +356,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("agents.proompteng.ai", "agentproviders"): {"get", "list", "watch"},
         ("agents.proompteng.ai", "implementationspecs"): {"get", "list", "watch"},
         ("batch", "jobs"): {"create", "get", "list", "watch", "delete", "patch"},
-        ("", "pods"): {"list", "watch"},
+        ("", "pods"): {"list", "watch", "deletecollection"},
         ("", "events"): {"create", "patch", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
