@@ -26,10 +26,12 @@ volume group-writable for it, so the Job claim works on root-owned `0755` volume
 (docs/design.md#claim-storage)."""
 
 
-DEFAULT_TERMINATION_GRACE_SECONDS = 3
-"""terminationGracePeriodSeconds of iteration pods whose step sets none (docs/design.md#grace-period):
-short, because a timed-out or cancelled attempt should stop at once, long enough for the reporter
-(well under a second) and an agent that saves its work on SIGTERM."""
+IMMEDIATE_CANCEL_GRACE_SECONDS = 3
+"""The grace period an immediate cancel deletes the running attempt's pods with, when neither the step
+nor the installation set one (docs/design.md#grace-period): the pods themselves keep Kubernetes'
+default (30 s) for every other way they stop, as the original controller's did, and an immediate
+cancel still ends a `main` that ignores SIGTERM within seconds. Long enough for the reporter (well
+under a second)."""
 
 
 class ConfigError(ValueError):
@@ -50,7 +52,9 @@ class OperatorConfig:
     resync_seconds: float = 30.0
     status_budget_bytes: int = 256 * 1024
     reference_grace_seconds: float = float(DEFAULT_REFERENCE_GRACE_SECONDS)
-    termination_grace_seconds: int = DEFAULT_TERMINATION_GRACE_SECONDS
+    termination_grace_seconds: int | None = None
+    """terminationGracePeriodSeconds of iteration pods whose step sets none; None (the default): not
+    set, Kubernetes' default applies (`AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS` unset)."""
     pod_fs_group: int | None = DEFAULT_POD_FS_GROUP
     """None: iteration pods get no `fsGroup` (`AGENTS_CONTROLLER_POD_FS_GROUP=0`)."""
 
@@ -108,8 +112,10 @@ class OperatorConfig:
             reference_grace_seconds=float(
                 integer("CONTROLLER_REFERENCE_GRACE_SECONDS", DEFAULT_REFERENCE_GRACE_SECONDS, 0, 3600)
             ),
-            termination_grace_seconds=integer(
-                "CONTROLLER_TERMINATION_GRACE_SECONDS", DEFAULT_TERMINATION_GRACE_SECONDS, 0, 3600
+            termination_grace_seconds=(
+                integer("CONTROLLER_TERMINATION_GRACE_SECONDS", 0, 0, 3600)
+                if raw("CONTROLLER_TERMINATION_GRACE_SECONDS") is not None
+                else None
             ),
             pod_fs_group=fs_group or None,
         )

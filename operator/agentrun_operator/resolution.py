@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, LoopCondition, WorkflowStep, Workload
 from agentrun_operator.api.resources import AgentProviderSpec, AgentSpec, ImplementationSpecSpec
-from agentrun_operator.config import OperatorConfig
+from agentrun_operator.config import IMMEDIATE_CANCEL_GRACE_SECONDS, OperatorConfig
 
 IMPLICIT_STEP_NAME: Final = "main"
 """Name of the single implicit step of a `runtime.type: job` run without `spec.workflow`."""
@@ -105,9 +105,18 @@ def step_timeout_seconds(step: WorkflowStep, refs: References) -> int:
     return step.effective_timeout_seconds(defaults.timeout_seconds if defaults else None)
 
 
-def step_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int:
-    """terminationGracePeriodSeconds of the step's pods: the step's, else the operator's default."""
+def step_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int | None:
+    """terminationGracePeriodSeconds of the step's pods: the step's, else the operator's setting;
+    None when neither asks (the pod gets Kubernetes' default, as the original controller's did)."""
     return step.effective_grace_seconds(config.termination_grace_seconds)
+
+
+def cancel_grace_seconds(step: WorkflowStep, config: OperatorConfig) -> int:
+    """The grace period an immediate cancel deletes the step's running pods with: the pod's own when
+    the step or the installation set one, else `IMMEDIATE_CANCEL_GRACE_SECONDS`
+    (docs/design.md#grace-period)."""
+    asked = step_grace_seconds(step, config)
+    return IMMEDIATE_CANCEL_GRACE_SECONDS if asked is None else asked
 
 
 def step_retries(step: WorkflowStep, refs: References) -> int:

@@ -55,11 +55,13 @@ done
 """
 
 
-def beating_run(local_default: LocalDefault, name: str, prelude: str = "", grace: int | None = None) -> None:
+def beating_run(
+    local_default: LocalDefault, name: str, prelude: str = "", grace: int | None = None, loop: bool = True
+) -> None:
     """A run whose `main` writes a heartbeat to its claim every 0.2 s until it is stopped."""
     claim = f"{name}-workspace"
     local_default.create_claim(claim)
-    step: dict[str, Any] = {"name": "beat", "loop": {"maxIterations": 2}}
+    step: dict[str, Any] = {"name": "beat", "loop": {"maxIterations": 2}} if loop else {"name": "beat"}
     if grace is not None:
         step["terminationGracePeriodSeconds"] = grace
     manifest = {
@@ -142,3 +144,48 @@ def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
         run = local_default.wait_for_end(f"stop-{name}")
         assert run["status"]["phase"] == "Cancelled", run["status"]
         assert [it["phase"] for it in step_status(run)["loop"]["iterations"]] == ["Cancelled"]
+
+
+KUBERNETES_DEFAULT_GRACE = 30
+
+
+def test_a_run_without_loops_keeps_kubernetes_grace_and_an_immediate_cancel_still_ends_it_at_once(
+    local_default: LocalDefault,
+) -> None:
+    """docs/migration.md#runner-pod: the pod of a run without loops is the one Kubernetes would give
+    it -- no grace period of the operator's (the API server's 30 s), its workload container named
+    `agent-runner` as the original's. An immediate cancel of it, whose workload ignores SIGTERM,
+    still ends the process long before those 30 s: the operator deletes the Job's pods with a short
+    grace (docs/design.md#grace-period); left to the garbage collector, it would live the 30 s."""
+    name = "stop-plain-run"
+    beating_run(local_default, name, "trap '' TERM\n", loop=False)
+    beat = Heartbeat(local_default.claim_dir(f"{name}-workspace"))
+
+    def beating() -> bool:
+        beat.poll(time.monotonic())
+        return bool(beat.last) and int(beat.last) >= 5
+
+    eventually(beating, timeout=180, what="the run's heartbeat", every=0.1)
+    code, body = local_default.plane.api_get(
+        f"/api/v1/namespaces/{local_default.namespace}/pods?labelSelector=agents.proompteng.ai/agent-run={name}"
+    )
+    assert code == 200, body[:300]
+    (pod,) = json.loads(body)["items"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == KUBERNETES_DEFAULT_GRACE, pod["spec"]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["reporter", "agent-runner"]
+    assert pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "agent-runner"
+
+    cancelled = time.monotonic()
+    local_default.patch_run(name, {"spec": {"cancel": "Immediate"}})
+    # Until the heartbeat has been still for 3 s (15 missed beats), or the default grace is over.
+    while True:
+        now = time.monotonic()
+        beat.poll(now)
+        if now - beat.changed_at >= 3 or now - cancelled >= KUBERNETES_DEFAULT_GRACE + 3:
+            break
+        time.sleep(0.05)
+    lived = beat.changed_at - cancelled
+    print(f"last heartbeat {lived:.1f}s after the immediate cancel (pod grace {KUBERNETES_DEFAULT_GRACE}s)")
+    assert lived < KUBERNETES_DEFAULT_GRACE, f"the workload lived {lived:.1f}s: its pod's whole grace"
+    run = local_default.wait_for_end(name)
+    assert run["status"]["phase"] == "Cancelled", run["status"]

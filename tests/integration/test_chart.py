@@ -150,6 +150,20 @@ def test_template_applies_with_server_dry_run(plane: ControlPlane, helm: Helm, n
     assert len([line for line in proc.stdout.splitlines() if "(server dry run)" in line]) == len(docs)
 
 
+def test_the_termination_grace_is_left_to_kubernetes_unless_set(helm: Helm) -> None:
+    """docs/operations.md#grace-period: by default the operator gets no grace setting (pods keep
+    Kubernetes' 30 s); a set value, 0 included, reaches it."""
+
+    def grace_env(values: dict[str, Any]) -> list[str | None]:
+        deployment = next(d for d in helm.render(values) if d["kind"] == "Deployment")
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        return [e.get("value") for e in env if e["name"] == "AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS"]
+
+    assert grace_env({}) == []
+    assert grace_env({"terminationGraceSeconds": 0}) == ["0"]
+    assert grace_env({"terminationGraceSeconds": 10}) == ["10"]
+
+
 def test_values_set_the_environment_and_flags(helm: Helm) -> None:
     docs = helm.render(
         {
@@ -356,7 +370,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("agents.proompteng.ai", "agentproviders"): {"get", "list", "watch"},
         ("agents.proompteng.ai", "implementationspecs"): {"get", "list", "watch"},
         ("batch", "jobs"): {"create", "get", "list", "watch", "delete", "patch"},
-        ("", "pods"): {"list", "watch"},
+        ("", "pods"): {"list", "watch", "deletecollection"},
         ("", "events"): {"create", "patch", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},

@@ -206,7 +206,7 @@ def test_allowed_secrets_and_the_goal_reach_the_pod(
     (job,) = eventually(
         lambda: api.jobs_of_run(plane, NAMESPACE, "compat-secrets"), timeout=90, what="the Job"
     )
-    main = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "main")
+    main = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "agent-runner")
     assert main["envFrom"] == [
         {"secretRef": {"name": "compat-github-token"}},
         {"secretRef": {"name": "compat-codex-auth"}},

@@ -182,7 +182,7 @@ def test_a_good_run_gets_its_repository_and_the_credential_its_mode_allows(
         (job,) = eventually(
             lambda n=name: api.jobs_of_run(plane, NAMESPACE, n), timeout=90, what=f"{name}'s Job"
         )
-        main = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "main")
+        main = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "agent-runner")
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in main["env"]}
         assert (env["VCS_REPOSITORY"], env["VCS_HEAD_BRANCH"], env["VCS_MODE"]) == (
             "acme/app",
@@ -194,7 +194,7 @@ def test_a_good_run_gets_its_repository_and_the_credential_its_mode_allows(
         assert _status(plane, name)["vcs"]["mode"] == mode
     (job,) = api.jobs_of_run(plane, NAMESPACE, "vcs-rw")
     pod = job["spec"]["template"]["spec"]
-    main = next(c for c in pod["containers"] if c["name"] == "main")
+    main = next(c for c in pod["containers"] if c["name"] == "agent-runner")
     assert main["command"] == ["/bin/sh"] and main["args"] == ["-c", "true", "vcs-rw"]
     assert {"name": "REPO", "value": "acme/app"} in main["env"]
     volume = next(v for v in pod["volumes"] if v["name"] == "agentrun-runner")

@@ -61,12 +61,23 @@ def test_chart_versions_follow_the_package() -> None:
 def _validate(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     """The subset of JSON Schema draft-07 that values.schema.json uses."""
     errors: list[str] = []
-    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int}
+    kinds = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "boolean": bool,
+        "integer": int,
+        "null": type(None),
+    }
     expected = schema.get("type")
     if expected is not None:
-        ok = isinstance(value, kinds[expected]) and not (expected == "integer" and isinstance(value, bool))
+        wanted = expected if isinstance(expected, list) else [expected]  # e.g. ["integer", "null"]
+        ok = any(
+            isinstance(value, kinds[kind]) and not (kind == "integer" and isinstance(value, bool))
+            for kind in wanted
+        )
         if not ok:
-            return [f"{path or '/'}: want {expected}, got {type(value).__name__}"]
+            return [f"{path or '/'}: want {' or '.join(wanted)}, got {type(value).__name__}"]
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path}: {value!r} not in {schema['enum']}")
     if isinstance(value, int) and not isinstance(value, bool):

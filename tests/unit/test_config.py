@@ -28,7 +28,7 @@ def test_defaults_without_any_variable() -> None:
     assert config.job_ttl_seconds_after_recorded == 300
     assert config.resync_seconds == 30.0
     assert config.reference_grace_seconds == 30.0
-    assert config.termination_grace_seconds == 3
+    assert config.termination_grace_seconds is None  # pods keep Kubernetes' default grace
     assert config.pod_fs_group == 10001
 
 

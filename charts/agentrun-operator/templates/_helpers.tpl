@@ -91,10 +91,12 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["create", "get", "list", "watch", "delete", "patch"]
-# The iterations' pods: listed by label (exit codes, the reporter's termination message) and watched.
+# The iterations' pods: listed by label (exit codes, the reporter's termination message) and watched;
+# deletecollection: an immediate cancel deletes the running Job's pods (by its uid label) with a short
+# grace period, where the garbage collector would give them their own (docs/design.md#grace-period).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "deletecollection"]
 # Events on AgentRuns (ours and kopf's warnings); patch: a repeated Event is one series whose count
 # and last timestamp the operator updates (docs/operator.md#events). list, watch: the pods'
 # FailedMount and FailedAttachVolume Events, why a pod's volume waits (docs/design.md#pod-waits).

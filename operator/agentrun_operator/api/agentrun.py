@@ -244,8 +244,8 @@ class WorkflowStep(ApiModel):
         le=MAX_TERMINATION_GRACE_SECONDS,
         description=(
             "Seconds an attempt's pod gets between SIGTERM and SIGKILL when it is stopped (timeout, "
-            "cancel, deletion) and for its reporter at the end; default the operator's "
-            "(AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS, 3)."
+            "cancel, deletion); default the operator's (AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS), "
+            "unset: Kubernetes' (30), and 3 for an immediate cancel."
         ),
     )
     when: str | None = Field(
@@ -342,8 +342,9 @@ class WorkflowStep(ApiModel):
             return self.retries
         return agent_default if agent_default is not None else 0
 
-    def effective_grace_seconds(self, operator_default: int) -> int:
-        """The pod's terminationGracePeriodSeconds: its own, else the operator's default."""
+    def effective_grace_seconds(self, operator_default: int | None) -> int | None:
+        """The pod's terminationGracePeriodSeconds: its own, else the operator's default (None: not
+        set, Kubernetes' default)."""
         if self.termination_grace_period_seconds is not None:
             return self.termination_grace_period_seconds
         return operator_default

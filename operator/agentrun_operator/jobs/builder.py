@@ -18,7 +18,8 @@ Pod layout (why it looks like this):
   iteration's answer. Its postStart hook waits until it has (the kubelet starts `main` only once
   the hook has completed) and fails in a duplicate pod. A hook rather than a regular init container
   saves a container start, about a second a pod on a real node (docs/design.md#fingerprint-hook).
-- `main` — the agent (or user) container.
+- `main` — the agent (or user) container; named `agent-runner`, the original controller's name, in a
+  run without loops (`workload_container_name`, docs/migration.md#runner-pod).
 
 The reporter mounts the volume that holds the control path at the same mount path as `main` (the
 operator never mounts the PVC itself). The Job's claim (`.agentrun-claims/`, the only thing the
@@ -56,6 +57,7 @@ from agentrun_operator.jobs.reporter_container import (
     MAIN_CONTAINER,
     META_MOUNT,
     META_VOLUME,
+    ORIGINAL_CONTAINER,
     gate_mount,
     reporter_container,
 )
@@ -361,16 +363,37 @@ def _pod_volumes(workload: Workload, path: str) -> _PodVolumes:
 # ----------------------------------------------------------------------------------- containers
 
 
+def has_loops(run: AgentRun) -> bool:
+    """Whether any step of the run, at any depth, has a `loop` (forEach included)."""
+    pending = list(effective_steps(run))
+    while pending:
+        step = pending.pop()
+        if step.loop is not None:
+            return True
+        pending += [child for _, child in step.children()]
+    return False
+
+
+def workload_container_name(run: AgentRun) -> str:
+    """The name of the workload's container in the run's pods: the original controller's
+    `agent-runner` in a run without loops, so its users' tooling (`kubectl logs -c agent-runner`)
+    keeps working; `main` in a run with loops, the loop proposal's layout
+    (docs/migration.md#runner-pod). One name for every pod of a run."""
+    return MAIN_CONTAINER if has_loops(run) else ORIGINAL_CONTAINER
+
+
 def main_container(
     resolved: ResolvedContainer,
     injected_env: list[dict[str, Any]],
     workload: Workload,
     mounts: list[dict[str, Any]],
+    name: str = MAIN_CONTAINER,
 ) -> dict[str, Any]:
-    """The `main` container. Injected `AGENTRUN_*` variables win over user variables of the same name."""
+    """The `main` container (named `name`). Injected `AGENTRUN_*` variables win over user variables
+    of the same name."""
     injected_names = {e["name"] for e in injected_env}
     env = injected_env + [e for e in resolved.env if e["name"] not in injected_names]
-    container: dict[str, Any] = {"name": MAIN_CONTAINER, "image": resolved.image}
+    container: dict[str, Any] = {"name": name, "image": resolved.image}
     if resolved.command is not None:
         container["command"] = list(resolved.command)
     if resolved.args is not None:
@@ -445,13 +468,11 @@ def _pod_spec(
     resolved = resolve_container(run, step, refs, config)
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
-        # The pause container is PID 1, so `main` gets the ordinary SIGTERM semantics even when it
-        # is `sh -c …` (a PID 1 ignores SIGTERM without a handler); a short grace so a timed-out or
-        # cancelled attempt stops at once (docs/design.md#grace-period).
-        # It also lets the reporter, listed before `main`, see `main`'s processes end
-        # (docs/design.md#reporter-first).
+        # The reporter, listed before `main`, sees `main`'s processes end through the shared
+        # namespace (docs/design.md#reporter-first); and the pause container is PID 1, so `main` gets
+        # the ordinary SIGTERM semantics even when it is `sh -c …` (a PID 1 ignores SIGTERM without
+        # a handler, docs/design.md#grace-period).
         "shareProcessNamespace": True,
-        "terminationGracePeriodSeconds": step_grace_seconds(step, config),
         "containers": [
             reporter_container(
                 path,
@@ -465,11 +486,17 @@ def _pod_spec(
                 agentrun_env(run, step, attempt, refs),
                 workload,
                 [*volumes.main_mounts, gate_mount()],
+                workload_container_name(run),
             )
             | secrets_env_from(run),
         ],
         "volumes": volumes.volumes,
     }
+    # Kubernetes' default grace (30 s) unless the step or the installation asks; an immediate cancel
+    # deletes the pods with a short one instead (docs/design.md#grace-period).
+    grace = step_grace_seconds(step, config)
+    if grace is not None:
+        pod["terminationGracePeriodSeconds"] = grace
     security = pod_security_context(volumes.claim_volume, config)
     if security is not None:
         pod["securityContext"] = security
@@ -550,7 +577,7 @@ def build_iteration_objects(
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
     # `kubectl logs POD` / `kubectl exec` mean the workload, not the reporter listed before it.
-    pod_annotations = dict(annotations) | {DEFAULT_CONTAINER_ANNOTATION: MAIN_CONTAINER}
+    pod_annotations = dict(annotations) | {DEFAULT_CONTAINER_ANNOTATION: workload_container_name(run)}
     pod = _pod_spec(run, step, attempt, refs, config, companions)
     system_prompt.add_to_pod(pod, pod_annotations, refs.agent)  # docs/api.md#system-prompt
     job_spec: dict[str, Any] = {

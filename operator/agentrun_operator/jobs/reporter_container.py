@@ -11,7 +11,12 @@ from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
 
 REPORTER_CONTAINER: Final = "reporter"
 MAIN_CONTAINER: Final = "main"
-"""The workload's container, listed after the reporter."""
+"""The workload's container, listed after the reporter, in a run with loops."""
+ORIGINAL_CONTAINER: Final = "agent-runner"
+"""The workload's container in a run without loops: the original controller's name, so its tooling
+(`kubectl logs -c agent-runner`) keeps working (docs/migration.md#runner-pod)."""
+WORKLOAD_CONTAINERS: Final = frozenset({MAIN_CONTAINER, ORIGINAL_CONTAINER})
+"""Either name of the workload's container, as the shell finds it in a pod's status."""
 FINGERPRINT_CONTAINER: Final = "fingerprint"
 """The init container pods made before the fingerprint hook have (the shell still reads its report)."""
 META_VOLUME: Final = "agentrun-meta"
@@ -28,8 +33,9 @@ hook opened it; a symlink out of the volume while it is shut, which the kubelet 
 GATE_REFUSAL: Final = f'failed to prepare subPath for volumeMount "{META_VOLUME}"'
 """How the kubelet's message for a `main` held at a shut gate begins (`CreateContainerConfigError`)."""
 TERMINATION_LOG: Final = "/dev/termination-log"
-JOB_UID_FIELD: Final = "metadata.labels['batch.kubernetes.io/controller-uid']"
+JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 """The Job controller labels each pod with its Job's uid (Kubernetes >= 1.27)."""
+JOB_UID_FIELD: Final = f"metadata.labels['{JOB_UID_LABEL}']"
 
 HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},

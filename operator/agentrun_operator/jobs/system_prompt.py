@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentrun_operator.api.resources import AgentSpec
-from agentrun_operator.jobs.reporter_container import MAIN_CONTAINER
+from agentrun_operator.jobs.reporter_container import WORKLOAD_CONTAINERS
 
 DIRECTORY: Final = "/var/run/agentrun/system-prompt"
 FILE_NAME: Final = "system-prompt.md"
@@ -63,7 +63,7 @@ def add_to_pod(pod: dict[str, Any], annotations: dict[str, str], agent: AgentSpe
     if prompt is None:
         return
     pod["volumes"] = [*pod.get("volumes", []), prompt.volume]
-    main = next(c for c in pod["containers"] if c["name"] == MAIN_CONTAINER)  # after the reporter
+    main = next(c for c in pod["containers"] if c["name"] in WORKLOAD_CONTAINERS)  # after the reporter
     main["volumeMounts"] = [*main.get("volumeMounts", []), prompt.mount]
     main["env"] = [*main.get("env", []), *({"name": k, "value": v} for k, v in prompt.env.items())]
     annotations.update(prompt.annotations)

@@ -55,11 +55,18 @@ class CreateJob:
 
 @dataclass(frozen=True)
 class DeleteJob:
-    """Delete a Job and its pods (background propagation), e.g. on cancel or an orphan."""
+    """Delete a Job and its pods (background propagation), e.g. on cancel or an orphan.
+
+    With `grace_seconds` (an immediate cancel) the Job's pods are deleted first with that grace
+    period, selected by the Job's `uid`: the garbage collector deletes a Job's pods with their own
+    grace period (Kubernetes' default 30 s unless the run asked), which a `main` that ignores SIGTERM
+    would live out (docs/design.md#grace-period)."""
 
     name: str
     reason: str
     where: Where | None = None
+    grace_seconds: int | None = None
+    uid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,12 @@ from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
-from agentrun_operator.resolution import control_path, step_retries, step_timeout_seconds
+from agentrun_operator.resolution import (
+    cancel_grace_seconds,
+    control_path,
+    step_retries,
+    step_timeout_seconds,
+)
 
 JOB_VISIBILITY_GRACE_SECONDS: Final = 10.0
 """A Job the planner asked for but has never observed is waited for this long, then requested again."""
@@ -285,6 +290,7 @@ def observe_attempt(ctx: PlanContext, step: StepView) -> bool:
         job = None  # the Job we recorded is gone; this one is an impostor
     if ctx.stopping == "Immediate" and (job is None or not job.finished):
         ctx.delete_reasons[name] = "the run was cancelled (Immediate)"
+        ctx.delete_graces[name] = cancel_grace_seconds(step.spec, ctx.config)
         end_step(
             ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted"
         )

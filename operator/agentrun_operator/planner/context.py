@@ -68,6 +68,8 @@ class PlanContext:
     facts: list[Fact] = field(default_factory=list)
     requeue_after: float | None = None
     delete_reasons: dict[str, str] = field(default_factory=dict)
+    delete_graces: dict[str, int] = field(default_factory=dict)
+    """Jobs whose pods are deleted with this grace period (an immediate cancel), by Job name."""
     awaiting: list[str] = field(default_factory=list)
     """What every approval gate waiting after this plan asks (the AwaitingApproval condition)."""
     approvals_consumed: set[int] = field(default_factory=set)

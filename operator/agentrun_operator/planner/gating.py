@@ -50,7 +50,10 @@ def delete_strays(ctx: PlanContext, expected: str | None) -> None:
             if terminal
             else "not the active attempt of this run (one Job at a time)"
         )
-        ctx.writes.insert(0, DeleteJob(job.name, ctx.delete_reasons.get(job.name, default), _where(ctx, job)))
+        reason = ctx.delete_reasons.get(job.name, default)
+        grace = ctx.delete_graces.get(job.name)
+        uid = job.uid if grace is not None else None
+        ctx.writes.insert(0, DeleteJob(job.name, reason, _where(ctx, job), grace, uid))
 
 
 def set_job_ttls(ctx: PlanContext) -> None:

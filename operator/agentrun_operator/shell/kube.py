@@ -22,6 +22,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from agentrun_operator.api import GROUP, VERSION
+from agentrun_operator.jobs.reporter_container import JOB_UID_LABEL
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.codec import decode_json, decode_object_json, encode_json
 
@@ -253,6 +254,21 @@ class Kube:
         if status == 409:
             return False
         raise KubeError(status, body, f"create configmap {manifest['metadata']['name']}")
+
+    async def delete_job_pods(self, namespace: str, job_uid: str, grace_seconds: int) -> bool:
+        """Delete every pod of the Job with this uid, with an explicit grace period (an immediate
+        cancel, docs/design.md#grace-period). Selected by the label the Job controller gives its pods,
+        so a pod the operator has not observed yet is deleted too. False when RBAC refuses it (the
+        grant `deletecollection` on pods is missing): the pods then stop with their own grace."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_seconds}
+        query = {"labelSelector": f"{JOB_UID_LABEL}={job_uid}"}
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        status, resp = await self.request("DELETE", path, body=body, query=query)
+        if status == 403:
+            return False
+        if status not in (200, 202, 404):
+            raise KubeError(status, resp, f"delete pods of job uid {job_uid}")
+        return True
 
     async def delete_job(self, namespace: str, name: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -22,8 +22,8 @@ from agentrun_operator.control.reporter import BLIND_EXIT
 from agentrun_operator.jobs.reporter_container import (
     FINGERPRINT_CONTAINER,
     GATE_REFUSAL,
-    MAIN_CONTAINER,
     REPORTER_CONTAINER,
+    WORKLOAD_CONTAINERS,
 )
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE, VOLUME_REASONS
@@ -143,7 +143,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
     exit_code = reason = message = None
     finished_at = None
     for cs in status.get("containerStatuses") or []:
-        if cs.get("name") == MAIN_CONTAINER:
+        if cs.get("name") in WORKLOAD_CONTAINERS:
             terminated = (cs.get("state") or {}).get("terminated")
             if terminated:
                 exit_code = terminated.get("exitCode")
@@ -197,7 +197,7 @@ def containers_ended(status: dict[str, Any]) -> bool:
     runs but its sandbox, though the kubelet has not written the terminal phase yet (it does after
     the teardown). A restarting sidecar or a container not listed yet is not ended."""
     statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
-    if not any(cs.get("name") == MAIN_CONTAINER for cs in statuses):
+    if not any(cs.get("name") in WORKLOAD_CONTAINERS for cs in statuses):
         return False
     return all("terminated" in (cs.get("state") or {}) for cs in statuses)
 
@@ -208,7 +208,7 @@ def held_at_gate(cs: dict[str, Any]) -> bool:
     duplicate of the Job controller's) or was never ready is held so; not a wait to report."""
     waiting = (cs.get("state") or {}).get("waiting") or {}
     return (
-        cs.get("name") == MAIN_CONTAINER
+        cs.get("name") in WORKLOAD_CONTAINERS
         and waiting.get("reason") == "CreateContainerConfigError"
         and str(waiting.get("message") or "").startswith(GATE_REFUSAL)
     )

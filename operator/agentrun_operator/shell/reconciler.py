@@ -418,6 +418,18 @@ class Reconciler:
                     },
                 )
             elif isinstance(action, DeleteJob):
+                # The pods first, with the short grace: once the Job is gone the garbage collector
+                # deletes them with their own (docs/design.md#grace-period).
+                if (
+                    action.grace_seconds is not None
+                    and action.uid
+                    and not await self.kube.delete_job_pods(namespace, action.uid, action.grace_seconds)
+                ):
+                    log.warning(
+                        "pods of the job not deleted (no deletecollection grant on pods): they stop "
+                        "with their own grace period",
+                        extra={**corr, **_where(action.where), "job": action.name},
+                    )
                 await self.kube.delete_job(namespace, action.name)
                 log.info(
                     f"job deleted: {action.reason}",

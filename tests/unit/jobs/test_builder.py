@@ -145,12 +145,15 @@ def test_active_deadline_from_step_timeout_or_agent_default() -> None:
     assert from_agent["spec"]["activeDeadlineSeconds"] == 45
 
 
-def test_main_is_not_pid_1_and_the_grace_period_is_short_by_default() -> None:
-    """docs/design.md#grace-period: the pause container is PID 1 (so `sh -c` gets SIGTERM), and a
-    stopped attempt gets the operator's grace, not Kubernetes' 30 s."""
-    spec = pod(build({}))
-    assert spec["shareProcessNamespace"] is True
-    assert spec["terminationGracePeriodSeconds"] == 3
+def test_main_is_not_pid_1_and_the_grace_period_is_kubernetes_default_unless_asked() -> None:
+    """docs/design.md#grace-period: the pause container is PID 1 (so `sh -c` gets SIGTERM); the pod
+    leaves `terminationGracePeriodSeconds` to Kubernetes (30 s), as the original controller's did,
+    with or without loops, unless the installation sets one (an immediate cancel deletes the pods
+    with a short grace instead, `test_an_immediate_cancel_grace_...`)."""
+    for spec in ({}, {"workflow": {"steps": [{"name": "work", "loop": {"maxIterations": 2}}]}}):
+        built = pod(build(spec))
+        assert built["shareProcessNamespace"] is True
+        assert "terminationGracePeriodSeconds" not in built
     configured = build_iteration_job(
         run_of({}), PlannedAttempt(1, 1, 1), References(), OperatorConfig(termination_grace_seconds=0)
     )
@@ -162,7 +165,10 @@ def test_a_steps_grace_period_wins_over_the_operators() -> None:
     spec = {"workflow": {"steps": steps}}
     assert pod(build(dict(spec)))["terminationGracePeriodSeconds"] == 60
     second = build(dict(spec), PlannedAttempt(2, 1, 1))
-    assert pod(second)["terminationGracePeriodSeconds"] == 3
+    assert "terminationGracePeriodSeconds" not in pod(second)
+    set_ = OperatorConfig(termination_grace_seconds=10)
+    installation = build_iteration_job(run_of(dict(spec)), PlannedAttempt(2, 1, 1), References(), set_)
+    assert pod(installation)["terminationGracePeriodSeconds"] == 10
     zero = {"workflow": {"steps": [{"name": "a", "terminationGracePeriodSeconds": 0}]}}
     assert pod(build(zero))["terminationGracePeriodSeconds"] == 0
 
@@ -361,7 +367,7 @@ def test_container_resolution_order(
     spec: dict[str, Any], refs: References, image: str, command: list[str] | None, args: list[str] | None
 ) -> None:
     container = main(build(spec, refs=refs))
-    assert container["name"] == "main"
+    assert container["name"] == "agent-runner"  # a run without loops: the original's name
     assert container["image"] == image
     assert container.get("command") == command
     assert container.get("args") == args
@@ -439,7 +445,12 @@ def test_the_reporter_is_the_only_helper_listed_before_main_and_its_hook_holds_m
     claims and fingerprints before main (`--before-main`), watches for main's end (`--hook-done`),
     and its hook opens main's gate, a subPath of the meta volume main mounts read-only
     (docs/design.md#reporter-first)."""
-    job = build({"workload": {"image": "img", "volumes": [PVC]}})
+    job = build(
+        {
+            "workload": {"image": "img", "volumes": [PVC]},
+            "workflow": {"steps": [{"name": "work", "loop": {"maxIterations": 2}}]},
+        }
+    )
     assert "initContainers" not in pod(job)
     assert [c["name"] for c in pod(job)["containers"]] == ["reporter", "main"]
     assert pod(job)["shareProcessNamespace"] is True  # the reporter sees main's processes
@@ -518,7 +529,30 @@ def test_the_reporter_mounts_the_pvc_as_main_does_for_the_job_claim() -> None:
         for m in c["volumeMounts"]
         if m["name"] == "workspace" and not m.get("readOnly")
     }
-    assert writable == {"main", "reporter"}
+    assert writable == {"agent-runner", "reporter"}
+
+
+@pytest.mark.parametrize(
+    ("steps", "name"),
+    [
+        ([{"name": "work"}], "agent-runner"),
+        ([{"name": "a"}, {"name": "b", "steps": [{"name": "c"}]}], "agent-runner"),
+        ([{"name": "work", "loop": {"maxIterations": 2}}], "main"),
+        ([{"name": "a"}, {"name": "b", "loop": {"maxIterations": 2, "items": "[1, 2]"}}], "main"),
+        ([{"name": "g", "steps": [{"name": "c", "loop": {"maxIterations": 2}}]}], "main"),
+    ],
+    ids=["one-step", "group-without-loop", "loop", "for-each-in-a-later-step", "nested-loop"],
+)
+def test_the_workload_container_is_the_originals_agent_runner_in_a_run_without_loops(
+    steps: list[dict[str, Any]], name: str
+) -> None:
+    """docs/migration.md#runner-pod: tooling of the original runs `kubectl logs -c agent-runner`; a run
+    with a loop anywhere keeps the loop layout's `main` in every pod. The default-container
+    annotation names the workload either way (`kubectl logs POD` means it, not the reporter)."""
+    job = build({"workload": {"image": "img"}, "workflow": {"steps": steps}})
+    assert [c["name"] for c in pod(job)["containers"]] == ["reporter", name]
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == name
 
 
 def claim_args(job: dict[str, Any]) -> dict[str, str]:

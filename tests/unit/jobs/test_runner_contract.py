@@ -111,7 +111,10 @@ def test_secrets_are_env_from_and_vcs_reaches_the_pod() -> None:
     assert env["VCS_REPOSITORY"] == "acme/app" and env["VCS_HEAD_BRANCH"] == "agent/x"
     assert env["VCS_TOKEN"] == {"secretKeyRef": {"name": "gh", "key": "token"}}
     pod = job["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["containers"]] == ["reporter", "main"]
+    assert [c["name"] for c in pod["containers"]] == [
+        "reporter",
+        "agent-runner",
+    ]  # a run of the original's form, no loops
     reporter = pod["containers"][0]
     # the commit before main (--before-main) and after it, read by the one reporter
     checkout = reporter["args"].index("--checkout")

@@ -702,6 +702,40 @@ def test_job_not_yet_visible_is_waited_for_then_requested_again() -> None:
     assert creates(world.plan()) == ["run-step-1-iter-1-attempt-1"]
 
 
+@pytest.mark.parametrize(
+    ("step", "config", "grace"),
+    [
+        ({"name": "a"}, LOOPS_ON, 3),
+        ({"name": "a", "terminationGracePeriodSeconds": 20}, LOOPS_ON, 20),
+        ({"name": "a"}, replace(LOOPS_ON, termination_grace_seconds=7), 7),
+    ],
+    ids=["kubernetes-default-pod", "the-step-asked", "the-installation-asked"],
+)
+def test_an_immediate_cancel_deletes_the_pods_with_a_short_grace_unless_the_run_asked(
+    step: dict[str, Any], config: OperatorConfig, grace: int
+) -> None:
+    """docs/design.md#grace-period: a pod without a grace of its own has Kubernetes' 30 s, which the
+    garbage collector would give it; the immediate cancel deletes the Job's pods (by the Job's uid)
+    with 3 s instead, or with the grace the step or the installation set."""
+    world = PlannerWorld(manifest([step]), config=config)
+    world.plan()
+    running = world.active()
+    uid = world.jobs[running].uid
+    world.spec_manifest["spec"]["cancel"] = "Immediate"
+    deletes = [a for a in world.plan().actions if isinstance(a, DeleteJob)]
+    assert [(d.name, d.grace_seconds, d.uid) for d in deletes] == [(running, grace, uid)]
+
+
+def test_other_deletes_leave_the_pods_their_own_grace() -> None:
+    """A Job deleted past its deadline keeps Kubernetes' rules: the pods' own grace."""
+    world = PlannerWorld(manifest([{"name": "a", "timeoutSeconds": 10}]))
+    world.plan()
+    world.plan()
+    world.advance(10 + 31)
+    deletes = [a for a in world.plan().actions if isinstance(a, DeleteJob)]
+    assert deletes and all(d.grace_seconds is None and d.uid is None for d in deletes)
+
+
 def test_job_still_active_well_past_its_deadline_is_deleted() -> None:
     world = PlannerWorld(manifest([{"name": "a", "timeoutSeconds": 10}]))
     world.plan()

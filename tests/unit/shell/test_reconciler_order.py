@@ -86,6 +86,12 @@ class RecordingKube:
     async def delete_job(self, namespace: str, name: str) -> None:
         self.calls.append(("delete", f"jobs/{name}"))
 
+    async def delete_job_pods(self, namespace: str, job_uid: str, grace_seconds: int) -> bool:
+        self.calls.append(("delete", f"pods?controller-uid={job_uid}&grace={grace_seconds}"))
+        return not self.pods_forbidden
+
+    pods_forbidden = False
+
     async def create_lease(self, namespace: str, manifest: dict[str, Any]) -> bool:
         self.calls.append(("create", f"leases/{manifest['metadata']['name']}"))
         return True
@@ -282,3 +288,22 @@ def test_a_refused_write_asked_for_again_stops_the_reconcile(monkeypatch: pytest
     reconcile(kube)
     assert made == [0, 1]  # the re-plan asked for the refused Job again: no third plan
     assert writes(kube) == [("create", "jobs/same-job")] * 2
+
+
+@pytest.mark.parametrize("forbidden", [False, True], ids=["granted", "no-deletecollection-grant"])
+def test_an_immediate_cancel_deletes_the_jobs_pods_with_its_grace_before_the_job(
+    monkeypatch: pytest.MonkeyPatch, forbidden: bool
+) -> None:
+    """docs/design.md#grace-period: the pods first, so the garbage collector (which gives them their
+    own grace once the Job is gone) finds them already terminating; a plain delete leaves them be.
+    Without the RBAC grant the Job is deleted all the same."""
+    cancel = DeleteJob("live-job", "the run was cancelled (Immediate)", None, 3, "uid-live")
+    fixed_plan(monkeypatch, (cancel, DeleteJob("stray-job", "not the active attempt")), change_status=False)
+    kube = RecordingKube(running_run())
+    kube.pods_forbidden = forbidden
+    reconcile(kube)
+    assert writes(kube) == [
+        ("delete", "pods?controller-uid=uid-live&grace=3"),
+        ("delete", "jobs/live-job"),
+        ("delete", "jobs/stray-job"),
+    ]
