@@ -150,3 +150,16 @@ def test_pid_in_use_knows_allocated_pids_from_free_ones() -> None:
         assert not pid_in_use(child.pid, probe)
     finally:
         os.close(probe)
+
+
+def test_every_state_of_a_live_process_counts_as_alive(tmp_path: Path) -> None:
+    """A `main` in uninterruptible sleep (D, I/O on a busy machine), stopped or traced is still
+    running; only a zombie or a dead process has ended (a /proc of its own, one process per state)."""
+    (tmp_path / "loadavg").write_text("0.00 0.00 0.00 1/99 20\n")
+    states = {11: "R", 12: "S", 13: "D", 14: "T", 15: "t", 16: "Z", 17: "X", 18: "x", 19: "W"}
+    for pid, state in states.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (odd) name) {state} 1 {pid} {pid} 0\n")
+    seen = look(frozenset(), str(tmp_path))
+    assert seen.others == {11, 12, 13, 14, 15, 19}
+    assert seen.last_pid == 20
