@@ -120,7 +120,10 @@ def look(ignore: frozenset[int], proc: str = "/proc", watermark: int | None = No
     others = frozenset(p for p in listed if p != 1 and p not in ignore and _alive(proc, str(p)))
     forming: frozenset[int] = frozenset()
     if not others and latest is not None and watermark is not None and latest > watermark:
-        probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no /dev/null: the quiet looks alone decide, as before this check
+            return Look(others, latest)
         try:
             span = range(max(watermark, latest - FORMING_SPAN) + 1, latest + 1)
             forming = frozenset(p for p in span if p not in listed and pid_in_use(p, probe))
