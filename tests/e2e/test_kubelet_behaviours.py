@@ -385,7 +385,9 @@ def test_containers_of_a_pod_sharing_its_process_namespace_see_each_others_proce
     fields = dict(part.split("=", 1) for part in (watched.get("message") or "").split())
     assert pod["status"]["phase"] == "Succeeded", (pod["status"], fields)
     assert fields["seen"].isdigit() and int(fields["seen"]) > 1, fields  # not the pause process
-    assert fields["state"] in ("S", "R"), fields  # its stat was readable
+    # Its stat was readable and it was alive: any state of a live process (a busy machine's I/O puts
+    # it in D, uninterruptible sleep), not a zombie or a dead one, which mainwatch takes for gone.
+    assert fields["state"] and fields["state"] not in ("Z", "X", "x"), fields
     assert int(fields["after"]) > int(fields["first"]), fields  # the other container's pids count
     assert container(pod, "target")["state"]["terminated"]["exitCode"] == 0
 

@@ -120,3 +120,37 @@ def test_a_run_whose_claim_does_not_exist_fails_before_any_job(local_default: Lo
         "get", "jobs", "-n", NAMESPACE, "-l", "agents.proompteng.ai/agent-run=no-claim", "-o", "json"
     )
     assert json.loads(jobs)["items"] == []
+
+
+def test_a_run_whose_command_cannot_start_fails_with_the_runtimes_message(
+    local_default: LocalDefault,
+) -> None:
+    """A typo in `command`: the runtime cannot start `main` (`StartError`). On a node runc finds it
+    inside the container's init process, which the reporter sees come and go in the pod's PID
+    namespace, so it reports and the pod fails within seconds; the pod runner leaves the same trace
+    (podrunner/process.py `_fail_inside`). No timeout is set: before, the pod runner's reporter
+    waited for `main` forever, and so did the run."""
+    local_default.apply(
+        """
+apiVersion: agents.proompteng.ai/v1alpha1
+kind: AgentRun
+metadata:
+  name: typo
+spec:
+  runtime:
+    type: workflow
+  workload:
+    image: busybox:1.36
+    command: ["/bin/no-such-agent"]
+  workflow:
+    steps:
+      - name: work
+        loop:
+          maxIterations: 3
+"""
+    )
+    run = local_default.wait_for_end("typo")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    message = step_status(run)["message"]
+    assert "StartError" in message, message  # the runtime's reason for main, and its words:
+    assert '"/bin/no-such-agent"' in message and "no such file or directory" in message, message

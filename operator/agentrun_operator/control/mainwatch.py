@@ -10,8 +10,16 @@ sandbox's pause (PID 1), its own, and `main`'s. Two facts decide:
   watermark (the last PID of /proc/loadavg, which the kernel gives per the reader's namespace): a
   `main` such as `true` may start and end between two looks, and still leaves its PID behind.
   Nothing else creates processes in the pod after the hook (an exec into a container would count).
-- **`main` has ended** once it has started and two looks in a row find no such process and no
-  newer PID (a process being created is allocated its PID a moment before /proc lists it).
+- **`main` has ended** once it has started and two looks in a row find no such process, no PID
+  allocated since the look before, and no PID being created.
+
+A process is allocated its PID well before /proc lists it: the kernel moves the namespace's last PID
+at the start of the fork and attaches the new process at its end, and a fork stalled in between (a
+busy machine, a cgroup migration elsewhere) can take any time. `main`'s first process is created
+from outside the pod (the runtime), so nothing of `main` is listed meanwhile; were that quiet taken
+for its end, the reporter would report a control file `main` has not yet written. So a look also
+asks the kernel which of the latest PIDs past the watermark are in use though unlisted
+(`pid_in_use`): such a PID is a process being created, and no look with one counts as quiet.
 
 `MainWatch` is the pure rule over those looks; `look` reads /proc.
 
@@ -26,6 +34,7 @@ started it, as PID 1. Then the reporter fails the pod at once, saying why (repor
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +42,10 @@ from typing import Final
 
 QUIET_LOOKS: Final = 2
 """Looks in a row with no process of `main` (and no new PID) before `main` counts as ended."""
+FORMING_SPAN: Final = 64
+"""How many of the latest PIDs past the watermark a quiet look asks about. A process created from
+outside the pod (`main`'s first, an exec) is the only kind that can be unlisted while nothing of
+`main` is listed, and nothing else allocates a PID meanwhile, so it is among the latest."""
 _GONE_STATES: Final = frozenset({"Z", "X", "x"})
 """/proc states of a process that has exited (a zombie awaiting its reaper, or dead)."""
 
@@ -40,10 +53,12 @@ _GONE_STATES: Final = frozenset({"Z", "X", "x"})
 @dataclass(frozen=True)
 class Look:
     """One look at the pod's processes: the PIDs of live processes other than PID 1, the reporter's
-    own and its hook's, and the namespace's last allocated PID (None when it cannot be read)."""
+    own and its hook's, the namespace's last allocated PID (None when it cannot be read), and the
+    PIDs past the watermark in use though not listed (processes being created)."""
 
     others: frozenset[int]
     last_pid: int | None
+    forming: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -57,20 +72,21 @@ class MainWatch:
     seen: set[int] = field(default_factory=set)
     """Every PID seen as `main`'s (for the reporter's log)."""
     _last_seen: int | None = field(default=None, repr=False)
+    _looked: bool = field(default=False, repr=False)
 
     def observe(self, look: Look) -> bool:
         """Take one look; True once `main` has ended."""
         newer = look.last_pid is not None and self.watermark is not None and look.last_pid > self.watermark
+        moved = look.last_pid != (self._last_seen if self._looked else self.watermark)
         self.seen |= look.others
-        if look.others or newer:
+        if look.others or look.forming or newer:
             self.started = True
-        if not self.started or look.others:
-            self.quiet = 0
-        elif self.quiet and look.last_pid != self._last_seen:
-            self.quiet = 1  # a PID allocated since the last look: its process may not be listed yet
+        if not self.started or look.others or look.forming or moved:
+            self.quiet = 0  # a PID allocated since the last look: its process may not be listed yet
         else:
             self.quiet += 1
         self._last_seen = look.last_pid
+        self._looked = True
         return self.quiet >= QUIET_LOOKS
 
 
@@ -93,15 +109,36 @@ def _alive(proc: str, pid: str) -> bool:
     return bool(fields) and fields[0] not in _GONE_STATES
 
 
-def look(ignore: frozenset[int], proc: str = "/proc") -> Look:
-    """The live processes of the namespace but PID 1 and `ignore`, and its last PID."""
+def pid_in_use(pid: int, probe: int) -> bool:
+    """Whether `pid` is allocated in the reader's PID namespace, even to a process /proc does not list
+    yet. `F_SETOWN` on any open file (`probe`) looks the PID up among those allocated, not among the
+    processes: it fails with ESRCH only for a PID nobody holds (checked on the running kernel by
+    tests/unit/control/test_reporter_watch.py, with a fork held halfway)."""
+    try:
+        fcntl.fcntl(probe, fcntl.F_SETOWN, pid)
+    except OSError:
+        return False
+    return True
+
+
+def look(ignore: frozenset[int], proc: str = "/proc", watermark: int | None = None) -> Look:
+    """The live processes of the namespace but PID 1 and `ignore`, its last PID, and (when none is
+    listed) which of the latest PIDs past `watermark` are in use though unlisted (`FORMING_SPAN`)."""
     latest = last_pid(proc)
-    others = frozenset(
-        int(name)
-        for name in os.listdir(proc)
-        if name.isdigit() and int(name) != 1 and int(name) not in ignore and _alive(proc, name)
-    )
-    return Look(others, latest)
+    listed = {int(name) for name in os.listdir(proc) if name.isdigit()}
+    others = frozenset(p for p in listed if p != 1 and p not in ignore and _alive(proc, str(p)))
+    forming: frozenset[int] = frozenset()
+    if not others and latest is not None and watermark is not None and latest > watermark:
+        try:
+            probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no /dev/null: the quiet looks alone decide, as before this check
+            return Look(others, latest)
+        try:
+            span = range(max(watermark, latest - FORMING_SPAN) + 1, latest + 1)
+            forming = frozenset(p for p in span if p not in listed and pid_in_use(p, probe))
+        finally:
+            os.close(probe)
+    return Look(others, latest, forming)
 
 
 def read_hook_done(path: str) -> tuple[int | None, int | None] | None:

@@ -496,13 +496,13 @@ def wait_for_main(hook_done: str, importer: threading.Thread | None = None) -> s
     if watermark is None:
         _log("no watermark from the postStart hook: a main that ends within a look may be missed")
     since = time.monotonic()
-    seen = look(ignore)
+    seen = look(ignore, watermark=watermark)
     while not watch.observe(seen):
         fast = not watch.started or time.monotonic() - since < WATCH_FAST_SECONDS
         if _signalled(WATCH_POLL if fast else WATCH_POLL_LATER):
             _join(importer)
             return "signal"
-        seen = look(ignore)
+        seen = look(ignore, watermark=watermark)
     _join(importer)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"

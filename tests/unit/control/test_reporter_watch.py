@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -70,6 +71,100 @@ def hook_argv(meta: Path) -> list[str]:
         f"{meta}/gate",
         f"{meta}/hook-done",
     ]
+
+
+LAUNCH_HELD = r"""
+import os, sys
+fd, meta, main, held = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+fork = HeldFork(held)  # made outside the pod's namespace: its thread takes no PID there
+# From outside, as a container runtime does: this process stays where it is, its children are born
+# in the pod's namespace with a parent outside it (the reporter's view of a real pod).
+if ctypes.CDLL(None, use_errno=True).setns(fd, 0x20000000) != 0:  # CLONE_NEWPID
+    raise OSError(ctypes.get_errno(), "setns")
+fork.done_early = lambda: os.path.exists(f"{meta}/termination-log")  # the reporter has ended anyway
+status = os.waitpid(fork.run(["sh", "-c", main]), 0)[1]
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+HELD_FORK = r"""
+import ctypes, mmap, os, select, struct, threading, time
+
+# Creates a process whose fork the kernel holds, for `hold` seconds (or until `done_early`), after
+# the new PID is allocated and before the process is attached (listed in /proc): clone3 with
+# CLONE_PIDFD writes the pidfd to user memory between the two, and that memory is a userfaultfd page
+# nobody fills until then. What a fork stalled on a busy machine looks like, made to last.
+class HeldFork:
+    USERFAULTFD = {"x86_64": 323, "aarch64": 282}  # clone3 is 435 everywhere
+
+    def __init__(self, hold):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.syscall.restype = ctypes.c_long
+        number = self.USERFAULTFD[os.uname().machine]
+        self.uffd = self._check(self.libc.syscall(number, os.O_CLOEXEC | os.O_NONBLOCK), "userfaultfd")
+        self._ioctl(0xC018AA3F, struct.pack("QQQ", 0xAA, 0, 0), "UFFDIO_API")
+        self.page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.page))
+        self._ioctl(0xC020AA00, struct.pack("QQQQ", self.addr, mmap.PAGESIZE, 1, 0), "UFFDIO_REGISTER")
+        self.hold = hold
+        self.done_early = lambda: False  # True lets it go sooner (the reporter has ended anyway)
+        threading.Thread(target=self._release, daemon=True).start()
+
+    def _check(self, result, what):
+        if result < 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+        return result
+
+    def _ioctl(self, request, payload, what):
+        buffer = ctypes.create_string_buffer(payload)
+        self._check(self.libc.ioctl(self.uffd, ctypes.c_ulong(request), buffer), what)
+
+    def _release(self):
+        # poll() (a non-blocking uffd: a blocking one polls as an error) waits outside the GIL, so
+        # the fork copies this process with the GIL free.
+        self._check(self.libc.poll(struct.pack("iHH", self.uffd, 1, 0), 1, -1), "poll")  # the fault
+        deadline = time.monotonic() + self.hold
+        while time.monotonic() < deadline and not self.done_early():
+            time.sleep(0.02)
+        self._ioctl(0xC020AA04, struct.pack("QQQq", self.addr, mmap.PAGESIZE, 0, 0), "UFFDIO_ZEROPAGE")
+
+    def run(self, argv):
+        args = struct.pack("QQQQQQQQ", 0x1000, self.addr, 0, 0, 17, 0, 0, 0)  # CLONE_PIDFD, SIGCHLD
+        pid = self.libc.syscall(435, ctypes.create_string_buffer(args), 64)
+        if pid == 0:
+            os.execvp(argv[0], argv)
+        return self._check(pid, "clone3")
+"""
+
+
+def run_held_pod(tmp_path: Path, main: str, gap: float, held: float) -> dict[str, object]:
+    """`run_pod`, with `main` forked from outside the pod's namespace (as a runtime does) by a
+    process that holds that fork `held` seconds between its PID's allocation and its process's
+    appearance in /proc (`HELD_FORK`)."""
+    meta, control = tmp_path / "meta", tmp_path / "control.json"
+    meta.mkdir()
+    with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
+        reporter = subprocess.Popen(
+            [*inside, *reporter_argv(meta, control)], stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds
+        )
+        try:
+            hook = subprocess.run(
+                [*inside, *hook_argv(meta)], capture_output=True, text=True, timeout=60, pass_fds=fds
+            )
+            assert hook.returncode == 0, hook.stderr + (meta / "reporter.err").read_text()
+            time.sleep(gap)  # no process in the namespace but PID 1 and the reporter
+            launched = subprocess.run(
+                [sys.executable, "-c", HELD_FORK + LAUNCH_HELD, str(fds[-1]), str(meta), main, str(held)],
+                capture_output=True, text=True, timeout=60, pass_fds=fds,
+            )  # fmt: skip
+            assert launched.returncode == 0, launched.stderr
+            code = reporter.wait(timeout=60)
+        finally:
+            reporter.kill()
+    assert code == 0, (meta / "reporter.err").read_text()
+    assert (meta / "gate").is_dir()  # the hook opened main's gate
+    envelope: dict[str, object] = json.loads((meta / "termination-log").read_text())
+    envelope["log"] = (meta / "reporter.err").read_text()
+    return envelope
 
 
 def run_pod(tmp_path: Path, main: str, gap: float = 0.5) -> dict[str, object]:
@@ -160,3 +255,21 @@ def test_the_reporter_is_blind_only_where_pid_1_is_itself_or_its_ancestor() -> N
     assert blind_reason(7, {7: 4, 4: 0}.get) is None  # an init of its own, itself started from outside
     assert blind_reason(7, {}.get) is None  # unreadable: never fail a pod on a guess
     assert blind_reason(7, {7: 8, 8: 7}.get) is None  # no loop runs forever
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "aarch64"), reason="HELD_FORK knows userfaultfd's number there only"
+)
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="holding a fork needs userfaultfd, which only root may use here; `make test` runs as root in CI",
+)
+def test_a_main_whose_fork_is_held_after_its_pid_is_allocated_is_not_taken_for_ended(tmp_path: Path) -> None:
+    """The fresh-machine failure (`test_a_stale_control_file_counts_as_missing`, iteration 1's file
+    read as missing): `main`'s first process has its PID, but the fork that creates it has not
+    finished, so /proc lists nothing. Held two seconds here (let go at once should the reporter end
+    meanwhile, as it did), far longer than two looks: the reporter must ask the kernel about that
+    PID rather than take the quiet for `main`'s end."""
+    control = tmp_path / "control.json"
+    envelope = run_held_pod(tmp_path, f"echo '{{\"continue\": true}}' > {control}", gap=0.1, held=2.0)
+    assert envelope["status"] == "found" and envelope["control"] == {"continue": True}, envelope

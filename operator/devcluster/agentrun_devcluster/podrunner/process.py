@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +203,38 @@ class ProcessRuntime:
         return pidns.adopt_or_start(pod_dir)
 
     def start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
+        try:
+            return self._checked_start(launch, on_exit)
+        except S.StartError:
+            self._fail_inside(launch)
+            raise
+
+    def _fail_inside(self, launch: Launch) -> None:
+        """A container that cannot start leaves a process come and gone in the pod's shared PID
+        namespace, as on a node: runc creates the container's init process in the pod's namespaces
+        and only then finds it cannot set up or exec the command (`exec: "…": no such file or
+        directory` is `runc init`'s). The reporter of an iteration pod sees `main` end that way and
+        reports, so the pod ends; without this trace it would wait for `main` forever
+        (docs/local-dev.md#pod-runner-start-error)."""
+        holder = launch.pid_namespace if isinstance(launch.pid_namespace, PodPidNamespace) else None
+        if holder is None:
+            return
+        try:
+            fd = os.open(holder.path, os.O_RDONLY)
+        except OSError:  # the namespace is gone: nothing of the pod sees it
+            return
+        try:
+            true = shutil.which("true") or "/bin/true"
+            pod_tmp = launch.pod_dir / "tmp"
+            pod_tmp.mkdir(parents=True, exist_ok=True)
+            argv = bwrap_argv(self.bwrap, [true], self.host_entries, str(pod_tmp), [], [], "/", pidns_fd=fd)
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, pass_fds=(fd,), check=False)
+        except OSError:  # bwrap itself cannot run: the container's start failed anyway
+            pass
+        finally:
+            os.close(fd)
+
+    def _checked_start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
         container = launch.container
         env = dict(launch.env)
         argv = S.container_argv(container, env)
