@@ -219,20 +219,26 @@ class ProcessRuntime:
         holder = launch.pid_namespace if isinstance(launch.pid_namespace, PodPidNamespace) else None
         if holder is None:
             return
-        try:
-            fd = os.open(holder.path, os.O_RDONLY)
+        try:  # an ordinary user's namespace is joined through its user namespace (non-root)
+            fds = [os.open(path, os.O_RDONLY) for path in (holder.user_path, holder.path) if path is not None]
         except OSError:  # the namespace is gone: nothing of the pod sees it
             return
         try:
             true = shutil.which("true") or "/bin/true"
             pod_tmp = launch.pod_dir / "tmp"
             pod_tmp.mkdir(parents=True, exist_ok=True)
-            argv = bwrap_argv(self.bwrap, [true], self.host_entries, str(pod_tmp), [], [], "/", pidns_fd=fd)
-            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, pass_fds=(fd,), check=False)
+            argv = bwrap_argv(
+                self.bwrap, [true], self.host_entries, str(pod_tmp), [], [], "/",
+                pidns_fd=fds[-1], userns_fd=fds[0] if len(fds) > 1 else None,
+            )  # fmt: skip
+            subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, pass_fds=tuple(fds), check=False
+            )
         except OSError:  # bwrap itself cannot run: the container's start failed anyway
             pass
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
     def _checked_start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
         container = launch.container
