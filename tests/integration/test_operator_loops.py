@@ -388,7 +388,8 @@ def test_operator_restart_during_the_interval_keeps_the_schedule(
     waiting: dict[str, Any] = {}
 
     def the_wait_is_recorded() -> bool:
-        waiting.update(_step_status(_get(plane, "agentrun", name)).get("loop") or {})
+        steps = ((_get(plane, "agentrun", name).get("status") or {}).get("workflow") or {}).get("steps")
+        waiting.update((steps[0].get("loop") or {}) if steps else {})
         return bool(waiting.get("nextIterationAt"))
 
     eventually(the_wait_is_recorded, what="iteration 1 to end and the wait to be recorded")
