@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
+from itertools import pairwise
 
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.metrics import Samples, delta, value
@@ -308,6 +310,32 @@ def test_until_stops_when_its_condition_is_true(local_default: LocalDefault) -> 
         "iteration 3 finished docs",
     ]
     assert (root / "todo.txt").read_text() == ""
+
+
+def test_polling_loop_waits_its_interval_between_checks(local_default: LocalDefault) -> None:
+    local_default.apply_example("polling-loop.yaml")
+    run = local_default.wait_for_end("polling-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopConditionFalse"
+    assert loop["completedIterations"] == 3 and "nextIterationAt" not in loop
+    assert loop["lastControl"] == {"outputs": {"ready": True, "version": "v1.4.0"}}
+    records = iterations(run)
+    assert [r["phase"] for r in records] == ["Succeeded"] * 3
+
+    def moment(value: object) -> datetime:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+    # No Job (so no pod) of the run between a check's end and the next one's start: at least the
+    # interval, whatever the machine's load (a lower bound; a slow machine only adds to it).
+    gaps = [moment(b["startedAt"]) - moment(a["finishedAt"]) for a, b in pairwise(records)]
+    assert all(gap >= timedelta(seconds=2) for gap in gaps), gaps
+    root = local_default.claim_dir("polling-loop-workspace")
+    assert (root / "checks.log").read_text().splitlines() == [
+        "check 1: not yet",
+        "check 2: not yet",
+        "check 3: found v1.4.0",
+    ]
 
 
 def test_for_each_over_a_run_parameter(local_default: LocalDefault) -> None:

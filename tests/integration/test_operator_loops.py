@@ -11,6 +11,7 @@ import copy
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +413,46 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(
     names = sorted(j["metadata"]["name"] for j in _jobs(plane, name))
     assert names == [f"{name}-step-1-iter-{k}-attempt-1" for k in (1, 2, 3)]
     assert _step_status(run)["loop"]["completedIterations"] == 3
+
+
+def test_operator_restart_during_the_interval_keeps_the_schedule(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    """loop.intervalSeconds: the wait lives in status (nextIterationAt), not in the operator's memory.
+    An operator SIGKILLed during the wait and started again neither starts iteration 2 early nor
+    forgets it: iteration 2's Job is created at the due time, by the restarted operator's own requeue
+    (nothing else happens to the run meanwhile)."""
+    plane, operator, _ = cluster
+    name = "interval-restart"
+    interval = 8
+    outcomes.runs[name] = lambda _i, _a: PodOutcome()
+    _create(plane, _loop_run(name, {"maxIterations": 2, "intervalSeconds": interval}))
+    waiting: dict[str, Any] = {}
+
+    def the_wait_is_recorded() -> bool:
+        steps = ((_get(plane, "agentrun", name).get("status") or {}).get("workflow") or {}).get("steps")
+        waiting.update((steps[0].get("loop") or {}) if steps else {})
+        return bool(waiting.get("nextIterationAt"))
+
+    eventually(the_wait_is_recorded, what="iteration 1 to end and the wait to be recorded")
+    operator.kill()  # SIGKILL: nothing of the schedule survives in memory
+    killed_at = datetime.now(UTC)
+    due = datetime.fromisoformat(str(waiting["nextIterationAt"]).replace("Z", "+00:00"))
+    ended = datetime.fromisoformat(str(waiting["iterations"][0]["finishedAt"]).replace("Z", "+00:00"))
+    assert due == ended + timedelta(seconds=interval)
+    assert killed_at < due, "the operator was killed after the wait, not during it"
+    assert [j["metadata"]["name"] for j in _jobs(plane, name)] == [f"{name}-step-1-iter-1-attempt-1"]
+    assert _pods_of(plane, f"{name}-step-1-iter-1-attempt-1") == []  # no pod runs during the wait
+    operator.start()
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = _step_status(run)["loop"]
+    assert loop["completedIterations"] == 2 and "nextIterationAt" not in loop
+    second = next(j for j in _jobs(plane, name) if j["metadata"]["name"].endswith("-iter-2-attempt-1"))
+    created = datetime.fromisoformat(second["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    started = datetime.fromisoformat(str(loop["iterations"][1]["startedAt"]).replace("Z", "+00:00"))
+    # creationTimestamp has whole seconds: the Job was created within the second the wait ended, or later
+    assert created >= due.replace(microsecond=0) and started >= due
 
 
 def test_history_is_pruned_with_counters_kept(cluster: Any, outcomes: ScriptedOutcomes) -> None:

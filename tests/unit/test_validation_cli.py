@@ -279,3 +279,51 @@ def test_version_control_and_artifacts_are_checked_when_the_file_holds_the_objec
     assert "outputArtifacts[0] ('report') is at /report.md, on no volume" in capsys.readouterr().out
     homed = contract.replace("path: /workspace/out/report.md", "path: /elsewhere/report.md")
     assert main([write(tmp_path, "homed.yaml", homed)]) == 0  # an emptyDir holds it
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        (lambda m: m["spec"]["workflow"]["steps"][0], "spec.workflow.steps[0]"),
+        (
+            lambda m: m["spec"]["workflow"]["steps"][0]["steps"][1],
+            "spec.workflow.steps[0].steps[1]",
+        ),
+    ],
+    ids=["top-level step", "child of a loop body"],
+)
+def test_interval_seconds_outside_its_loop_is_told_where_it_belongs(
+    where: object, path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`intervalSeconds` is a field of `loop`; written on the step (top level or nested, where the
+    CRD schema keeps unknown fields and only the operator's validation sees it) the error names the
+    field, its value, where to move it and the docs anchor."""
+    manifest = invalid_agentruns.base_manifest("misplaced")
+    step = manifest["spec"]["workflow"]["steps"][0]
+    step.pop("implementationSpecRef")
+    step["steps"] = [{"name": "check"}, {"name": "report"}]
+    where(manifest)["intervalSeconds"] = 30  # type: ignore[operator]
+    assert main([write(tmp_path, "m.yaml", yaml.safe_dump(manifest))]) == 1
+    match = LINE.match(capsys.readouterr().out.splitlines()[0])
+    assert match, "not one actionable line"
+    assert match["path"] == f"{path}.intervalSeconds" and match["value"] == "30"
+    assert match["message"] == "intervalSeconds is a field of the step's loop, not of the step"
+    assert f"{path}.loop.intervalSeconds" in match["fix"]
+    assert match["docs"] == "docs/api.md#loop-intervalseconds"
+
+
+@pytest.mark.parametrize("value", [-1, 86401])
+def test_a_nested_loop_interval_out_of_range_is_refused_naming_the_field(
+    value: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A loop inside a loop body: the CRD keeps nested steps as free-form JSON, so the operator's own
+    validation (`agentrun validate`, the webhook) is what refuses it."""
+    manifest = invalid_agentruns.base_manifest("nested-interval")
+    step = manifest["spec"]["workflow"]["steps"][0]
+    step.pop("implementationSpecRef")
+    step["steps"] = [{"name": "poll", "loop": {"maxIterations": 3, "intervalSeconds": value}}]
+    assert main([write(tmp_path, "m.yaml", yaml.safe_dump(manifest))]) == 1
+    match = LINE.match(capsys.readouterr().out.splitlines()[0])
+    assert match and match["path"] == "spec.workflow.steps[0].steps[0].loop.intervalSeconds"
+    assert match["value"] == str(value) and match["docs"] == "docs/api.md#loop-intervalseconds"
+    assert "between 0 and 86400" in match["message"] and "intervalSeconds: 300" in match["fix"]

@@ -38,6 +38,10 @@ MAX_ENV: Final = 128
 MAX_VOLUME_NAMES: Final = 32
 MAX_PARAMETERS: Final = 100
 MAX_ITERATIONS_SCHEMA: Final = 1000
+MAX_LOOP_INTERVAL_SECONDS: Final = 86_400
+"""loop.intervalSeconds' cap, one day: a loop polls (minutes, hours); a longer wait between iterations is a
+schedule (a CronJob creating AgentRuns), and 1000 iterations a day apart would keep one run open for
+years."""
 MAX_COMMAND_ARGS: Final = 256
 MAX_TOLERATIONS: Final = 64
 MAX_ACCEPTANCE_CRITERIA: Final = 100

@@ -14,6 +14,7 @@ from .base import (
     DNS_LABEL_MAX,
     MAX_CEL_LENGTH,
     MAX_ITERATIONS_SCHEMA,
+    MAX_LOOP_INTERVAL_SECONDS,
     MAX_PATH_LENGTH,
     MAX_VOLUME_NAMES,
     ApiModel,
@@ -254,6 +255,15 @@ class StepLoop(ApiModel):
         default=None,
         description="Stop the loop (LoopStalled) once its progress value repeats window times in a row.",
     )
+    interval_seconds: int = Field(
+        default=0,
+        description=(
+            "Seconds between an iteration's end and the next iteration's start, "
+            f"0..{MAX_LOOP_INTERVAL_SECONDS} (default 0: at once); no pod runs while the loop waits "
+            "(status loop.nextIterationAt)."
+        ),
+        json_schema_extra=rules.validations(rules.LOOP_INTERVAL),
+    )
 
     @field_validator("max_iterations")
     @classmethod
@@ -261,4 +271,12 @@ class StepLoop(ApiModel):
         """Mirror of the CRD's minimum/maximum, with the human message."""
         if not 1 <= value <= MAX_ITERATIONS_SCHEMA:
             raise ValueError(rules.LOOP_MAX_ITERATIONS.message)
+        return value
+
+    @field_validator("interval_seconds")
+    @classmethod
+    def _interval(cls, value: int) -> int:
+        """Mirror of the CRD rule: a negative wait has no meaning, a wait over a day is a schedule."""
+        if not 0 <= value <= MAX_LOOP_INTERVAL_SECONDS:
+            raise ValueError(rules.LOOP_INTERVAL.message)
         return value

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .base import DOCS_API, MAX_ITERATIONS_SCHEMA, MAX_PARAMETERS
+from .base import DOCS_API, MAX_ITERATIONS_SCHEMA, MAX_LOOP_INTERVAL_SECONDS, MAX_PARAMETERS
 
 # FieldValueDuplicate is left out on purpose: the apiserver prints it as a bare "Duplicate value",
 # dropping the rule's message.
@@ -385,6 +385,16 @@ STALL_WINDOW: Final = Rule(
     ),
 )
 
+LOOP_INTERVAL: Final = Rule(
+    anchor="loop-intervalseconds",
+    rule=f"self >= 0 && self <= {MAX_LOOP_INTERVAL_SECONDS}",
+    text=(
+        f"loop.intervalSeconds must be between 0 and {MAX_LOOP_INTERVAL_SECONDS} seconds, one day (a longer "
+        "wait is a schedule, better served by a CronJob that creates AgentRuns); set e.g. intervalSeconds: "
+        "300, or 0 to start the next iteration at once."
+    ),
+)
+
 NESTING_DEPTH_RANGE: Final = Rule(
     anchor="nesting",
     rule="self >= 1 && self <= 10",
@@ -446,6 +456,7 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     OUTPUT_NAME,
     NESTING_DEPTH_RANGE,
     STALL_WINDOW,
+    LOOP_INTERVAL,
     APPROVAL_NO_LOOP,
     APPROVAL_INPUT_NAME,
     APPROVAL_INPUTS_UNIQUE,

@@ -90,6 +90,13 @@ class LoopStatus(StatusModel):
     iterations: list[IterationRecord] = Field(
         default_factory=list, description="Newest iterations (bounded; the newest failure is always kept)."
     )
+    next_iteration_at: Timestamp | None = Field(
+        default=None,
+        description=(
+            "loop.intervalSeconds: when the next iteration starts; set while the loop waits between "
+            "iterations (no pod runs), absent otherwise."
+        ),
+    )
     progress: list[Any] | None = Field(
         default=None,
         description=(

@@ -236,11 +236,26 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
             lines.extend(_table(header, rows, indent="    "))
         if loop.get("lastControl") is not None:
             lines.append(f"  last control: {_clip(_compact_json(loop['lastControl']), MAX_CONTROL_CHARS)}")
+        waiting = _next_iteration(step, loop, now)
+        if waiting:
+            lines.append(f"  next iteration: {waiting}")
     elif step.get("control") is not None:
         lines.append(f"  control: {_clip(_compact_json(step['control']), MAX_CONTROL_CHARS)}")
     if not lines:
         return []
     return ["", f"{name}:", *lines]
+
+
+def _next_iteration(step: Mapping[str, Any], loop: Mapping[str, Any], now: datetime) -> str | None:
+    """`3 at 2026-…Z (in 25s; loop.intervalSeconds)` while a loop waits between iterations (no pod
+    runs); None otherwise."""
+    due = _parse_time(loop.get("nextIterationAt"))
+    if due is None or step.get("phase") in (*TERMINAL_PHASES, "Skipped"):
+        return None
+    index = int(loop.get("currentIteration") or 0) + 1
+    left = (due - now).total_seconds()
+    when = f"in {format_duration(left)}" if left > 0 else "due now"
+    return f"{index} at {loop['nextIterationAt']} ({when}, loop.intervalSeconds)"
 
 
 def _children(phases: Any, order: list[str]) -> str:
@@ -374,6 +389,9 @@ def _step_changes(
             line += f": {_clip(str(record['message']), MAX_MESSAGE_CHARS)}"
         if rec_phase == "Succeeded" and index == newest and (loop or {}).get("lastControl") is not None:
             line += f"; control {_clip(_compact_json((loop or {})['lastControl']), MAX_CONTROL_CHARS)}"
+        due = _parse_time((loop or {}).get("nextIterationAt"))
+        if rec_phase == "Succeeded" and index == (loop or {}).get("currentIteration") and due is not None:
+            line += f"; iteration {index + 1} starts at {due.astimezone(UTC).strftime('%H:%M:%S')}"
         lines.append(line)
     if step_line is not None:
         lines.append(step_line)

@@ -191,7 +191,9 @@ def _next_iteration_requested(
         if (p.phase == "Succeeded" or p.reported) and p.finished_at is not None
     ]
     if ends:
-        ctx.facts.append(NextIterationRequested(step.path, iteration, name, max(ends)))
+        due = step.loop.next_iteration_at  # loop.intervalSeconds: the wait asked for is no turnaround
+        since = max(ends) if due is None else max(*ends, due)
+        ctx.facts.append(NextIterationRequested(step.path, iteration, name, since))
 
 
 def _enter_attempt(
@@ -208,6 +210,7 @@ def _enter_attempt(
     loop = step.loop
     if loop is not None:
         loop.current_iteration = iteration
+        loop.next_iteration_at = None
         record = step.record()
         if attempt == 1 or record is None:
             loop.iterations.append(

@@ -8,7 +8,8 @@ control. A child that fails fails the iteration (and the loop stops with `LoopIt
 
 The children's status entries (`status...steps[].steps`) describe the current pass; when a pass ends
 its children's phases are kept in the iteration record (`iterations[].steps`) and the next pass
-starts from fresh entries. Every transition is recorded in status before the next Job starts, so a
+starts from fresh entries, at once or after `loop.intervalSeconds` (planner/interval.py), during which
+the ended pass's entries stay. Every transition is recorded in status before the next Job starts, so a
 restarted operator resumes inside a pass without running a child twice.
 """
 
@@ -21,6 +22,7 @@ from agentrun_operator.control.envelope import ControlEnvelope
 from agentrun_operator.planner.budgets import check_budget
 from agentrun_operator.planner.context import REASON_STEP_FAILED, TERMINAL_STEP_PHASES, PlanContext, clip
 from agentrun_operator.planner.facts import IterationFinished
+from agentrun_operator.planner.interval import waiting_for_next_iteration
 from agentrun_operator.planner.loops import control_of, decide_next, start_step
 from agentrun_operator.planner.outcome import Outcome, PlanChildren
 from agentrun_operator.planner.outputs import collect_output
@@ -46,6 +48,13 @@ def plan_group(ctx: PlanContext, view: StepView, plan_children: PlanChildren) ->
     for _ in range(_MAX_PASSES):
         if st.phase in TERMINAL_STEP_PHASES:
             return Outcome.DONE
+        if _between_passes(view):
+            if ctx.stopping is not None:
+                end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
+                return Outcome.DONE
+            if waiting_for_next_iteration(ctx, view):
+                return Outcome.ACTIVE
+            begin_pass(ctx, view, view.iteration + 1)
         outcome = plan_children(ctx, view.children())
         if outcome is Outcome.ACTIVE:
             return outcome
@@ -67,6 +76,7 @@ def begin_pass(ctx: PlanContext, view: StepView, iteration: int) -> None:
         st.message = f"running {len(st.steps)} steps"
         return
     loop.current_iteration = iteration
+    loop.next_iteration_at = None
     loop.iterations.append(IterationRecord(index=iteration, phase="Running", attempts=1, started_at=ctx.now))
     st.message = f"iteration {iteration}/{loop.max_iterations} running"
     ctx.emit(
@@ -146,12 +156,14 @@ def _pass_succeeded(
     decide_next(ctx, view, _pass_envelope(view, children, control))
     check_budget(ctx, view)
     check_stall(ctx, view)
-    if st.phase in TERMINAL_STEP_PHASES:
-        return
-    if ctx.stopping is not None:
-        end_step(ctx, view, "Cancelled", None, stop_message(ctx, view))
-        return
-    begin_pass(ctx, view, view.iteration + 1)
+    # The loop goes on: `plan_group` starts the next pass (after loop.intervalSeconds, if set).
+
+
+def _between_passes(view: StepView) -> bool:
+    """A loop body whose pass succeeded and whose next pass has not begun (it may be waiting for
+    loop.intervalSeconds): its children's entries still describe the pass that ended."""
+    record = view.record()
+    return record is not None and record.phase == "Succeeded" and view.st.phase not in TERMINAL_STEP_PHASES
 
 
 def _add_pass_usage(view: StepView, children: list[StepView]) -> None:

@@ -252,4 +252,6 @@ def stop_message(ctx: PlanContext, step: StepView) -> str:
     if ctx.stopping == "budget":
         return f"{goal_budget_message(ctx)}; no further iteration or attempt was started"
     done = f" after iteration {step.iteration}" if step.loop is not None and step.iteration else ""
+    if step.loop is not None and step.loop.next_iteration_at is not None:
+        done += f", while waiting for iteration {step.iteration + 1} (loop.intervalSeconds)"
     return f"cancelled ({ctx.stopping}){done}; no further iteration or attempt was started"

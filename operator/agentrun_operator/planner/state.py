@@ -14,6 +14,7 @@ allows; each row names the function that takes it.
 | PENDING   | `loop.items` is empty                                  | DONE Succeeded | loops.start_step  |
 | PENDING   | started (loop set up, forEach items frozen)            | NEXT_DUE       | loops.start_step  |
 | NEXT_DUE  | the run is stopping                                    | DONE Cancelled | workload._advance |
+| NEXT_DUE  | loop.intervalSeconds since the last iteration not over | NEXT_DUE, waits | interval.waiting_ |
 | NEXT_DUE  | gate clear: the next Job is created, or adopted        | RUNNING        | attempts.start_.. |
 | NEXT_DUE  | a reference went missing before the Job's creation     | DONE Failed    | attempts.start_.. |
 | RUNNING   | cancel Immediate (its Job is deleted)                  | DONE Cancelled | attempts.observe_ |
@@ -274,6 +275,7 @@ def end_step(
     st.finished_at = ctx.now
     st.next_retry_at = None
     if loop is not None:
+        loop.next_iteration_at = None
         loop.stop_reason = _loop_stop_reason(phase, reason)
         _end_loop_event(ctx, step, warning=phase != "Succeeded")
     step_ended(ctx, step)

@@ -414,7 +414,7 @@ def _problem_from_error(item: Any, docs: str) -> Problem:
         docs = match.group(1)
         text = text[: match.start()]
     if item["type"] == "extra_forbidden":
-        return Problem(path, item.get("input"), "unknown field", "check the spelling against the API", docs)
+        return _unknown_field(path, item.get("input"), docs)
     if item["type"] == "missing":
         field = path.rsplit(".", 1)[-1]
         return Problem(path, None, "required field is missing", f"add {field}", docs)
@@ -424,6 +424,28 @@ def _problem_from_error(item: Any, docs: str) -> Problem:
         value = _value_at(value, field_path)
     message, _, fix = text.rstrip(".").partition("; ")
     return Problem(path, value, message, fix or "correct the value", docs)
+
+
+_STEP_FIELD: Final = re.compile(r"(?:^|\.)steps\[\d+\]$")
+_LOOP_FIELD_ANCHORS: Final = {
+    "intervalSeconds": "loop-intervalseconds",
+    "maxIterations": "loop-maxiterations",
+}
+
+
+def _unknown_field(path: str, value: Any, docs: str) -> Problem:
+    """An unknown field; a field of `loop` written on the step itself (`intervalSeconds` next to
+    `loop` rather than in it) is told where it belongs, since the spelling is right."""
+    parent, _, name = path.rpartition(".")
+    if name in _LOOP_FIELD_ANCHORS and _STEP_FIELD.search(parent):
+        return Problem(
+            path,
+            value,
+            f"{name} is a field of the step's loop, not of the step",
+            f"move it into the step's loop, as {parent}.loop.{name} (a step without loop runs once)",
+            _api(_LOOP_FIELD_ANCHORS[name]),
+        )
+    return Problem(path, value, "unknown field", "check the spelling against the API", docs)
 
 
 def _value_at(obj: Any, field_path: str) -> Any:

@@ -6,6 +6,7 @@ from typing import Final
 
 from agentrun_operator.planner.attempts import observe_attempt, start_attempt
 from agentrun_operator.planner.context import RESULT_REQUEUE_SECONDS, PlanContext
+from agentrun_operator.planner.interval import waiting_for_next_iteration
 from agentrun_operator.planner.loops import start_step
 from agentrun_operator.planner.outcome import Outcome
 from agentrun_operator.planner.run import stop_message
@@ -43,6 +44,8 @@ def _advance(ctx: PlanContext, step: StepView) -> Outcome:
             started = start_attempt(
                 ctx, step, step.iteration, step.st.attempt + 1, not_before=step.st.next_retry_at
             )
+        elif waiting_for_next_iteration(ctx, step):
+            return Outcome.ACTIVE
         else:
             started = start_attempt(ctx, step, step.iteration + 1 if step.loop is not None else 1, 1)
         if not started:

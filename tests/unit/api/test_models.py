@@ -72,6 +72,7 @@ FIXED_EXPECTED: dict[str, Any] = {
                         "maxIterations": 3,
                         "onMaxIterations": "Succeed",
                         "state": {"required": True, "volumeNames": ["workspace"]},
+                        "intervalSeconds": 0,
                     },
                 }
             ],
@@ -117,6 +118,7 @@ CONDITIONAL_EXPECTED: dict[str, Any] = {
                         },
                         "onMaxIterations": "Succeed",
                         "state": {"required": True, "volumeNames": ["workspace"]},
+                        "intervalSeconds": 0,
                     },
                 }
             ],
@@ -185,7 +187,7 @@ def test_populate_by_name_and_alias_dump() -> None:
     assert step.model_dump(by_alias=True, exclude_none=True) == {
         "name": "impl",
         "retryBackoffSeconds": 5,
-        "loop": {"maxIterations": 2, "onMaxIterations": "Succeed"},
+        "loop": {"maxIterations": 2, "onMaxIterations": "Succeed", "intervalSeconds": 0},
     }
     assert Workflow(steps=[step]).to_dict()["timeoutSeconds"] == 0
 

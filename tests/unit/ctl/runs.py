@@ -273,3 +273,18 @@ def nested() -> dict[str, Any]:
             "workflow": {"phase": "Running", "steps": [route, body]},
         },
     }
+
+
+def polling() -> dict[str, Any]:
+    """A loop waiting between iterations (loop.intervalSeconds: 30): iteration 2 ended at 10:00:07,
+    iteration 3 starts at 10:00:37, and no pod runs until then."""
+    run = conditional(2)
+    step = run["status"]["workflow"]["steps"][0]
+    loop = step["loop"]
+    loop["iterations"][1] = _iteration(2, "Succeeded", "2026-11-23T10:00:04Z", "2026-11-23T10:00:07Z")
+    loop.update(completedIterations=2, lastControl={"ready": False}, nextIterationAt="2026-11-23T10:00:37Z")
+    step["message"] = (
+        "iteration 2/8 succeeded; iteration 3 starts at 2026-11-23T10:00:37Z (loop.intervalSeconds); "
+        "no pod runs until then"
+    )
+    return run

@@ -34,6 +34,7 @@ def check_golden(name: str, text: str) -> None:
         ("status-cancelled.txt", runs.cancelled()),
         ("status-created.txt", runs.conditional(0)),
         ("status-nested.txt", runs.nested()),
+        ("status-waiting.txt", runs.polling()),
     ],
 )
 def test_status_table(golden: str, run: dict[str, object]) -> None:
@@ -52,6 +53,14 @@ def test_watch_prints_each_change_once_and_every_iteration() -> None:
     for index in (1, 2, 3):
         assert sum(f"iteration {index}/8: Succeeded" in line for line in lines) == 1
     assert lines[-1].endswith("after 9s")
+
+
+def test_watch_says_when_a_waiting_loop_starts_its_next_iteration() -> None:
+    lines = render.progress_lines(runs.conditional(2), runs.polling(), NOW)
+    assert lines == [
+        '10:00:12 step implement iteration 2/8: Succeeded (1 attempt, 3s); control {"ready":false}; '
+        "iteration 3 starts at 10:00:37"
+    ]
 
 
 def test_watch_of_a_finished_run_prints_its_whole_story() -> None:

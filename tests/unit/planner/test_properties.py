@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from hypothesis import HealthCheck, given, settings
@@ -70,6 +71,7 @@ def spec_shapes() -> st.SearchStrategy[dict[str, Any]]:
                 "stall": st.sampled_from(sorted(STALL_AT)).map(
                     lambda w: {"progress": STALL_PROGRESS, "window": w}
                 ),
+                "intervalSeconds": st.sampled_from([3, 20]),
             },
         ),
     )
@@ -129,8 +131,49 @@ class Checker:
             if created is not None:
                 key = (created.step_index, created.iteration)
                 assert key not in self.succeeded, f"iteration {key} started again after it succeeded"
+                self._check_not_early(world, created.iteration, created.attempt)
         self.seen_created = len(world.created)
+        self._check_waiting(world)
         self._check_status(world)
+
+    def _check_not_early(self, world: PlannerWorld, iteration: int, attempt: int) -> None:
+        """loop.intervalSeconds: an iteration's first Job is never created before the interval since
+        the previous iteration's end has passed (a retry waits the backoff instead)."""
+        interval = self._interval(world)
+        work = self._work(world)
+        if not interval or attempt != 1 or iteration < 2 or work is None or work.loop is None:
+            return
+        ended = next((r.finished_at for r in work.loop.iterations if r.index == iteration - 1), None)
+        if ended is not None:
+            assert world.now >= ended + timedelta(seconds=interval), (
+                f"iteration {iteration} started before loop.intervalSeconds had passed"
+            )
+
+    def _check_waiting(self, world: PlannerWorld) -> None:
+        """While a loop waits (nextIterationAt set, not yet due) no Job of it is live, and the wait is
+        the interval after the iteration that ended. (Once due, a Job may exist before the status
+        that records its start: a lost status write.)"""
+        work = self._work(world)
+        if work is None or work.loop is None or work.loop.next_iteration_at is None:
+            return
+        assert work.phase == "Running", work.phase
+        record = work.loop.iterations[-1]
+        assert record.phase == "Succeeded" and record.finished_at is not None
+        assert work.loop.next_iteration_at == record.finished_at + timedelta(seconds=self._interval(world))
+        if world.now < work.loop.next_iteration_at:
+            index = len(world.agentrun().spec.workflow.steps)  # type: ignore[union-attr]
+            live = [j.name for j in world.jobs.values() if not j.finished and j.step_index == index]
+            assert not live, f"a Job runs while the loop waits: {live}"
+
+    @staticmethod
+    def _interval(world: PlannerWorld) -> int:
+        spec_loop = world.agentrun().spec.workflow.steps[-1].loop  # type: ignore[union-attr]
+        return spec_loop.interval_seconds if spec_loop is not None else 0
+
+    @staticmethod
+    def _work(world: PlannerWorld) -> Any:
+        workflow = world.status.workflow if world.status is not None else None
+        return next((s for s in workflow.steps if s.name == "work"), None) if workflow else None
 
     def _check_status(self, world: PlannerWorld) -> None:
         status = world.status
