@@ -95,6 +95,16 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     ) as exc:
         print(f"agentrun dev {args.dev_command}: {exc}", file=sys.stderr)
         return 1
+    except FileNotFoundError as exc:
+        # The last line of defence (each command checks what it needs and says so itself): a program
+        # or file this host lacks is named in one line, never as a traceback.
+        if exc.filename is None:
+            raise
+        print(
+            f"agentrun dev {args.dev_command}: {exc.filename} is missing on this host ({exc.strerror})",
+            file=sys.stderr,
+        )
+        return 1
     raise AssertionError(args.dev_command)
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.provisioner import local_path
+from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
 
 PROCESS_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
 NODE_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "kubelet-restart")
@@ -187,21 +188,18 @@ class Report:
 
 
 DUPLICATE_SAID = "this pod is a duplicate the Job controller created"
-"""What the reporter of a Job's duplicate pod logs (and the fingerprint init container of pods made
-before it did the claim; docs/concepts.md#exactly-once)."""
+"""What the reporter of a Job's duplicate pod logs (docs/concepts.md#exactly-once): the reporter, a
+regular container listed before `main`, claims the Job (docs/design.md#reporter-first). Every pod of
+a chaos run is made by this operator, so none has the fingerprint init container of older pods."""
 
 
 def duplicates_held(home: Path) -> int:
-    """Pods whose reporter (or old fingerprint container) found their Job claimed by another pod (the
-    runner keeps each container's log at `<home>/pods/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`,
-    the real node's kubelet at `<home>/node/pod-logs/<namespace>_<pod>_<uid>/<container>/<n>.log`)."""
+    """Pods whose reporter found their Job claimed by another pod (the runner keeps each container's
+    log at `<home>/pods/<namespace>/<pod>/<uid>/logs/<container>/<n>.log`, the real node's kubelet at
+    `<home>/node/pod-logs/<namespace>_<pod>_<uid>/<container>/<n>.log`)."""
     logs = [
-        log
-        for helper in ("reporter", "fingerprint")
-        for log in (
-            *home.glob(f"pods/*/*/*/logs/{helper}/*.log"),
-            *home.glob(f"node/pod-logs/*/{helper}/*.log"),
-        )
+        *home.glob(f"pods/*/*/*/logs/{REPORTER_CONTAINER}/*.log"),
+        *home.glob(f"node/pod-logs/*/{REPORTER_CONTAINER}/*.log"),
     ]
     return sum(DUPLICATE_SAID in log.read_text(errors="replace") for log in logs)
 

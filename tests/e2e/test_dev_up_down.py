@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +73,94 @@ def mounts_mentioning(text: str) -> list[str]:
             continue
         found += [f"{entry.name}: {line}" for line in lines if text in line]
     return found
+
+
+HIDDEN_PROGRAMS = frozenset(
+    {"ctr", "runc", "crun", "kubelet", "crictl", "ip", "iptables", "ip6tables", "nft"}
+)
+HIDDEN_PREFIXES = ("containerd", "docker")
+"""What a machine that never had containerd, Docker or a real node lacks (and `ip`, which minimal
+images lack): hidden from `bare_path`, whatever this host or an earlier test run installed."""
+
+
+def bare_path(directory: Path) -> str:
+    """A PATH with this host's programs minus `HIDDEN_PROGRAMS`/`HIDDEN_PREFIXES`: one directory of
+    symlinks to the rest (the first of each name, as PATH resolves it)."""
+    directory.mkdir(parents=True)
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if not entry or not Path(entry).is_dir():
+            continue
+        for program in Path(entry).iterdir():
+            name = program.name
+            if name in HIDDEN_PROGRAMS or name.startswith(HIDDEN_PREFIXES):
+                continue
+            link = directory / name
+            if not link.is_symlink() and program.is_file() and os.access(program, os.X_OK):
+                link.symlink_to(program)
+    return str(directory)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_up_and_down_on_a_machine_without_containerd_docker_or_a_node(tmp_path: Path) -> None:
+    """`make demo` then `make down` where nothing of a container runtime was ever installed: `down`
+    stops all that `up` started and exits 0 (it crashed on the missing `ctr` and left the control
+    plane running), and every `dev` command either works or names what is missing in one line."""
+    home = tmp_path / "dev"
+    path = bare_path(tmp_path / "bin")
+    for program in ("ctr", "containerd", "docker", "dockerd", "runc", "ip"):
+        assert shutil.which(program, path=path) is None, program
+    env = dict(os.environ, AGENTRUN_DEV_HOME=str(home), PATH=path)
+
+    def dev(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "agentrun_operator.cli", "dev", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert "Traceback" not in done.stdout + done.stderr, (args, done.stdout + done.stderr)
+        return done
+
+    def one_line_refusal(*args: str) -> str:
+        done = dev(*args)
+        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        return done.stderr
+
+    run_dir = home / "run"
+    names = (*COMPONENTS, *SERVICES)
+    try:
+        up = dev("up")
+        assert up.returncode == 0, up.stderr
+        pids = {n: r.pid for n in names if (r := processes.read_record(run_dir, n)) is not None}
+        assert set(pids) == set(names) and not any(gone(p) for p in pids.values()), pids
+        assert dev("status").returncode == 0
+        assert f"export KUBECONFIG={home / 'kubeconfig'}" in dev("env").stdout
+
+        assert "--runtime kubelet" in one_line_refusal("restart", "containerd")
+        assert "no pod default/nothing" in one_line_refusal("logs", "nothing")
+        assert str(tmp_path / "absent.yaml") in one_line_refusal("run", str(tmp_path / "absent.yaml"))
+
+        down = dev("down")
+        assert down.returncode == 0, down.stderr
+        assert [n for n, p in pids.items() if not gone(p)] == []
+        eventually(lambda: processes_mentioning(str(home)) == [], 10, "every process of the state to exit")
+        assert not list(run_dir.glob("*.pid"))
+        stopped = dev("status")
+        assert stopped.returncode == 1 and "stopped" in stopped.stdout
+        again = dev("down")
+        assert again.returncode == 0 and "nothing was running" in again.stderr, again.stderr
+    finally:  # whatever `down` left (it crashed before the fix): stopped by the pids `up` recorded
+        for name in names:
+            processes.stop_process(run_dir, name)
 
 
 @dataclass
@@ -217,8 +305,9 @@ def test_up_restarts_only_what_is_down_on_the_same_ports(dev: Dev) -> None:
     # A port taken by someone else while the rest runs: `up` names it and says what to do.
     kcm = _pids(home)["kube-controller-manager"]
     os.kill(kcm or 0, signal.SIGKILL)
-    while processes.port_open(ports.controller_manager):
-        time.sleep(0.1)
+    eventually(
+        lambda: not processes.port_open(ports.controller_manager), 30, "the killed one's port to close"
+    )
     with socket.create_server(("127.0.0.1", ports.controller_manager)):
         taken = agentrun(home, "dev", "up")
     assert taken.returncode == 1
@@ -247,9 +336,12 @@ def test_down_with_a_pod_running_leaves_nothing(dev: Dev) -> None:
 
     down = agentrun(home, "dev", "down")
     assert down.returncode == 0, down.stderr
-    time.sleep(0.5)
-    assert not processes_with("sleep", "7781")
-    assert processes_mentioning(str(home)) == []
+    # SIGKILLed processes take a moment to exit (and a shim's orphans to be reaped) after `down` returns.
+    eventually(
+        lambda: not processes_with("sleep", "7781") and processes_mentioning(str(home)) == [],
+        timeout=10,
+        what="every process of the pod and of the local default to exit",
+    )
     assert mounts_mentioning(str(home)) == []
     for pid in pids.values():
         assert pid is not None

@@ -18,11 +18,18 @@ from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.polling import eventually
 
 DEADLINE = 10
+KUBERNETES_GRACE = 30
+"""Kubernetes' default terminationGracePeriodSeconds. The bounds below are what tells a short grace,
+or SIGTERM delivered, from this one (or from a PID 1 that ignores SIGTERM): generous on a loaded
+machine and still meaningful; the figures themselves are printed."""
 
 
-def test_timeout_without_retries_ends_failed_within_three_deadlines(local_default: LocalDefault) -> None:
+def test_timeout_without_retries_ends_failed_before_a_default_grace_would(
+    local_default: LocalDefault,
+) -> None:
     """examples/timeout.yaml with `retries: 0`: its `main` is `exec sleep` (PID 1 of a container
-    of its own would ignore SIGTERM for the whole grace period)."""
+    of its own would ignore SIGTERM for the whole grace period): the run fails before the deadline
+    plus Kubernetes' default grace could have passed."""
 
     def no_retry(text: str) -> str:
         return (
@@ -38,7 +45,7 @@ def test_timeout_without_retries_ends_failed_within_three_deadlines(local_defaul
     took = time.monotonic() - applied
     print(f"timeout.yaml (retries 0, deadline {DEADLINE}s) ended after {took:.1f}s")
     assert run["status"]["phase"] == "Failed", run["status"]
-    assert took <= 3 * DEADLINE, f"the run took {took:.1f}s to fail"
+    assert took < DEADLINE + KUBERNETES_GRACE, f"the run took {took:.1f}s to fail"
     step = step_status(run)
     assert step["loop"]["stopReason"] == "LoopIterationFailed"
     message = step["loop"]["iterations"][0]["message"]
@@ -101,13 +108,15 @@ class Heartbeat:
             self.last, self.changed_at = value, now
 
 
-def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
+def test_immediate_cancel_stops_the_iterations_processes_before_their_grace_ends(
     local_default: LocalDefault,
 ) -> None:
     """Three runs beat on their claims, then are cancelled at once: `plain` is `sh -c` with a 9 s
     grace (as PID 1 of its container, without the shared process namespace, it would ignore SIGTERM
-    and live those 9 s), `deaf` ignores SIGTERM (the default grace ends it), `patient` ignores it
-    and asked for a 9 s grace, which it gets."""
+    and live those 9 s): it stops before them; `deaf` ignores SIGTERM: the short default grace (3 s)
+    ends it, before the others' 9 s; `patient` ignores it and asked for a 9 s grace, which it gets,
+    and is killed then, not at Kubernetes' 30 s. (Typically all within ~1 s of their ends, well under
+    5 s with the default grace: printed, not bounded, as a shared machine may be slower.)"""
     runs = {"plain": ("", 9), "deaf": ("trap '' TERM\n", None), "patient": ("trap '' TERM\n", 9)}
     for name, (prelude, grace) in runs.items():
         beating_run(local_default, f"stop-{name}", prelude, grace)
@@ -136,10 +145,10 @@ def test_immediate_cancel_stops_the_iterations_processes_within_5_seconds(
         time.sleep(0.05)
     lived = {name: beat.changed_at - cancelled for name, beat in beats.items()}
     print("last heartbeat after the cancel:", {name: f"{s:.1f}s" for name, s in lived.items()})
-    assert lived["plain"] <= 5, lived
-    assert lived["deaf"] <= 5, lived
-    # It was SIGKILLed only after its grace: it beat on past the others' bound, then stopped.
-    assert 5 < lived["patient"] <= 9 + 5, lived
+    assert lived["plain"] < 9, lived
+    assert lived["deaf"] < 9, lived
+    # It was SIGKILLed only after its grace: it beat on well past the default 3 s, then stopped.
+    assert 5 < lived["patient"] < KUBERNETES_GRACE, lived
     for name in runs:
         run = local_default.wait_for_end(f"stop-{name}")
         assert run["status"]["phase"] == "Cancelled", run["status"]

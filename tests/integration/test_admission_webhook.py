@@ -271,8 +271,21 @@ def test_an_expired_certificate_lets_applies_through_under_ignore_and_is_logged(
             return all(b.startswith(cert) for b in bundles)  # the earlier operator's follow
 
         eventually(configured_with_it, 60, "the expired certificate in the configuration")
-        time.sleep(2)  # the API server's copy of the configuration follows within a second or so
         invalid = _named(OPERATOR_ONLY_AGENTRUNS[0][1], "webhook-expired-cert")
+        log = cluster.log_dir / "kube-apiserver.log"
+        seen = log.stat().st_size
+
+        def refused_handshake() -> bool:
+            """The API server's copy of the configuration follows the change a moment later: until
+            it calls with the expired certificate, the handshake fails on the earlier CA instead.
+            Each dry-run is admitted either way (Ignore)."""
+            proc = kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=invalid)
+            assert proc.returncode == 0, proc.stderr
+            with log.open("rb") as lines:
+                lines.seek(seen)
+                return b"certificate has expired" in lines.read()
+
+        eventually(refused_handshake, 30, "the API server to call the webhook with the expired certificate")
         proc, seconds = _timed_create(cluster, invalid)
         assert proc.returncode == 0, proc.stderr
         assert seconds < TIMEOUT_SECONDS + 5
@@ -330,8 +343,14 @@ def test_the_chart_grants_the_operator_its_own_configuration_only(
         # The API server trusts the chart's CA: a refusal comes back (the test's own configuration
         # points at another port and answers the same).
         probe = _named(OPERATOR_ONLY_AGENTRUNS[0][1], "webhook-chart-tls")
-        time.sleep(2)
-        assert DENIED in kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=probe).stderr
+        eventually(  # the API server's copy of the configuration follows the change a moment later
+            lambda: (
+                DENIED in kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=probe).stderr
+            ),
+            30,
+            "the chart's webhook to answer",
+            every=0.5,
+        )
         assert "cannot trust" not in operator.logs()
     finally:
         operator.stop()

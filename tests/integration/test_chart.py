@@ -644,8 +644,17 @@ def test_operator_logs_show_no_forbidden_request_of_its_own(running: Running) ->
         assert not re.search(r"APIForbiddenError|\bforbidden\b|\b403\b(?!\d)", line, re.IGNORECASE), line
 
 
+KOPF_REFUSED_LISTING_RETRIES = sum((1, 1, 2, 3, 5, 8, 13, 21))
+"""kopf's default `networking.error_backoffs`: how long it retries a listing the RBAC refuses before
+it falls back (54 s) -- the delay before serving that switching its scanning off avoids."""
+
+
 def test_operator_serves_promptly_with_least_privilege(running: Running) -> None:
-    assert running.first_served_after < 15, f"first run served after {running.first_served_after:.0f}s"
+    """Served before kopf would even have given up retrying a refused namespace listing (the bound is
+    that, not a latency: the figure is printed by the fixture; a loaded machine takes longer)."""
+    assert running.first_served_after < KOPF_REFUSED_LISTING_RETRIES - 10, (
+        f"first run served after {running.first_served_after:.0f}s"
+    )
 
 
 # -- RBAC that refuses the reference watches --------------------------------------------------------

@@ -69,6 +69,14 @@ def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
     return api.jobs_of_run(plane, NAMESPACE, run)
 
 
+def _job_succeeded(plane: ControlPlane, run: str, job: str) -> bool:
+    """The Job controller counted the Job's pod as succeeded (what a restarted operator then reads)."""
+    return any(
+        j["metadata"]["name"] == job and (j.get("status") or {}).get("succeeded", 0) >= 1
+        for j in _jobs(plane, run)
+    )
+
+
 def _pods_of(plane: ControlPlane, job: str) -> list[dict[str, Any]]:
     """The Job's pods that exist and have not reached a final phase."""
     pods = api.items(plane, "/api/v1", NAMESPACE, "pods", f"job-name={job}")
@@ -406,7 +414,8 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(
 
     eventually(on_iteration_2, what="iteration 2 to start")
     operator.kill()
-    time.sleep(1.5)  # iteration 2 finishes while no operator runs
+    iteration_2 = f"{name}-step-1-iter-2-attempt-1"
+    eventually(lambda: _job_succeeded(plane, name, iteration_2), what="iteration 2 to end with no operator")
     operator.start()
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Succeeded"
@@ -621,7 +630,8 @@ def test_operator_sigkilled_mid_body_resumes_without_repeating_a_child(
 
     eventually(on_test_of_iteration_1, what="the body's second child to start")
     operator.kill()  # SIGKILL, mid-body
-    time.sleep(1.5)  # the child finishes while no operator runs
+    child = f"{name}-step-1i1-2-iter-1-attempt-1"
+    eventually(lambda: _job_succeeded(plane, name, child), what="the child to end with no operator")
     operator.start()
     run = _wait_finished(plane, name, operator)
     assert run["status"]["phase"] == "Succeeded", run["status"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
 from tests.chaos.run import NODE_KINDS, PROCESS_KINDS, Config, iteration_counts, schedule
 
 
@@ -24,18 +25,29 @@ def test_the_schedule_has_each_kind_the_asked_number_of_times() -> None:
         assert all(set(order[i : i + len(kinds)]) == set(kinds) for i in range(0, len(order), len(kinds)))
 
 
-def test_duplicate_pods_are_counted_from_their_fingerprint_logs(tmp_path: Path) -> None:
+def test_duplicate_pods_are_counted_from_their_reporters_logs(tmp_path: Path) -> None:
+    """The reporter, a regular container listed before `main`, claims the Job and logs a duplicate
+    (docs/design.md#reporter-first); the pod runner and the kubelet keep its log by container name."""
     from tests.chaos.run import DUPLICATE_SAID, duplicates_held
 
     for pod, said in (
         ("a", "claimed Job j for this pod"),
         ("b", f"Job j already runs in pod x: {DUPLICATE_SAID}"),
     ):
-        log = tmp_path / "pods" / "default" / f"job-{pod}" / f"uid-{pod}" / "logs" / "fingerprint" / "0.log"
+        log = (
+            tmp_path
+            / "pods"
+            / "default"
+            / f"job-{pod}"
+            / f"uid-{pod}"
+            / "logs"
+            / REPORTER_CONTAINER
+            / "0.log"
+        )
         log.parent.mkdir(parents=True)
         log.write_text(f"agentrun reporter: {said}\n")
     # The real node's kubelet keeps them as <podLogsDir>/<namespace>_<pod>_<uid>/<container>/<n>.log
-    kubelet_log = tmp_path / "node" / "pod-logs" / "default_job-c_uid-c" / "fingerprint" / "0.log"
+    kubelet_log = tmp_path / "node" / "pod-logs" / "default_job-c_uid-c" / REPORTER_CONTAINER / "0.log"
     kubelet_log.parent.mkdir(parents=True)
     kubelet_log.write_text(f"agentrun reporter: Job j already runs in pod y: {DUPLICATE_SAID}\n")
     assert duplicates_held(tmp_path) == 2

@@ -98,6 +98,8 @@ def _run(argv: list[str], what: str, timeout: float = 1800, cwd: Path | None = N
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd)
     except subprocess.TimeoutExpired:
         raise BaseImageError(f"{what} timed out after {timeout:.0f}s") from None
+    except FileNotFoundError:
+        raise BaseImageError(f"{what}: `{argv[0]}` is not installed on this host") from None
     if proc.returncode != 0:
         # the last line on stderr (debootstrap's `E: ...`), else on stdout
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()] or [
@@ -108,7 +110,12 @@ def _run(argv: list[str], what: str, timeout: float = 1800, cwd: Path | None = N
 
 def _import(rootfs: Path, tags: list[str], changes: list[str]) -> None:
     """`tar` the rootfs into `docker import` (numeric owners kept), then tag it."""
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+    try:
+        tar = subprocess.Popen(
+            ["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE
+        )
+    except FileNotFoundError:
+        raise BaseImageError(f"docker import of {tags[0]}: `tar` is not installed on this host") from None
     argv = [engine.docker_cli(), "import"]
     for change in changes:
         argv += ["--change", change]

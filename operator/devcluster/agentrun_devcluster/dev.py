@@ -346,6 +346,12 @@ def restart(component: str) -> int:
     from agentrun_devcluster.node.node import NODE_COMPONENTS, RealNode
 
     if component in NODE_COMPONENTS:
+        if plane.runtime != "kubelet":  # else a restart would install and start a node beside the runner
+            raise ControlPlaneError(
+                f"{component} belongs to the real node, and this local default runs the pod runner "
+                f"({plane.runtime or 'process'} runtime): nothing to restart. The real node: "
+                "`agentrun dev down`, then `agentrun dev up --runtime kubelet`"
+            )
         RealNode(plane, progress=_say).restart(component)
         return 0
     if component not in SERVICES:
@@ -619,8 +625,17 @@ def run_example(
     plane = control_plane()
     if not plane.is_up():
         raise ControlPlaneError("the local default is not running; start it with `agentrun dev up`")
-    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    try:
+        docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ControlPlaneError(f"cannot read {manifest}: {' '.join(str(exc).split())}") from None
+    if not all(isinstance(d, dict) for d in docs):
+        raise ControlPlaneError(f"{manifest}: every YAML document must be a Kubernetes object (a mapping)")
     runs = [d for d in docs if d.get("kind") == "AgentRun"]
+    if not all(isinstance((r.get("metadata") or {}).get("name"), str) for r in runs):
+        raise ControlPlaneError(
+            f"{manifest}: an AgentRun without metadata.name (`dev run` follows runs by name)"
+        )
     claims = [c for r in runs for c in _claims(r)]
     base = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{namespace}/agentruns"
     if fresh:

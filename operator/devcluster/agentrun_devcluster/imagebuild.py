@@ -132,9 +132,15 @@ def build_image(tag: str = DEFAULT_TAG, base: str = "auto", progress: Progress |
     if _label(tag, SOURCE_LABEL) == source:
         say(f"image {tag}: up to date (source {source})")
         return Built(tag, chosen, source, cached=True)
-    revision = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    try:  # the image's REVISION label only: a checkout without git builds as "unknown"
+        revision = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except FileNotFoundError:
+        revision = ""
     argv = [
         engine.docker_cli(),
         "build",

@@ -20,6 +20,7 @@ from agentrun_operator.shell.handlers import OperatorState, register
 from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.workqueue import Key, WorkQueue
+from tests.support.polling import until
 
 
 class Hanging:
@@ -46,7 +47,7 @@ def test_an_informer_that_hears_nothing_is_silent_and_one_whose_task_died_has_st
         dead = _informer(Failing())
         dead._run = lambda scope: Failing().list_with_version()  # type: ignore[method-assign]
         dead.start()
-        await asyncio.sleep(0.05)
+        await until(lambda: dead.silent_for(time.monotonic()) is None, what="the dead informer's task to end")
         later = time.monotonic() + 1000
         found = health.problems([silent, dead], None, later)
         result = silent.silent_for(later), dead.silent_for(later), found
@@ -76,14 +77,14 @@ def test_a_queue_whose_reconciles_hang_stalls_and_a_paused_or_idle_one_does_not(
         queue.start()
         out: dict[str, float | None] = {"idle": queue.stalled_for(time.monotonic() + 1000)}
         queue.enqueue(("ns", "a"))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # a spell of standing by (the behaviour under test): nothing is taken
         out["paused"] = queue.stalled_for(time.monotonic() + 1000)  # a standby: waiting by design
         serving.set()
-        await asyncio.sleep(0.01)  # "a" is taken and hangs; "b" waits behind it
+        await until(lambda: ("ns", "a") in queue._active)  # "a" is taken and hangs; "b" waits behind it
         queue.enqueue(("ns", "b"))
         out["stalled"] = queue.stalled_for(time.monotonic() + 1000)
         hang.set()
-        await asyncio.sleep(0.01)
+        await until(lambda: not queue._queued and not queue._active)
         out["drained"] = queue.stalled_for(time.monotonic() + 1000)
         queue._tasks[0].cancel()
         await asyncio.sleep(0)

@@ -12,6 +12,7 @@ from agentrun_operator.shell.workqueue import (
     WorkQueue,
     retry_delay,
 )
+from tests.support.polling import until
 
 
 def idle(queue: WorkQueue) -> bool:
@@ -40,14 +41,11 @@ def test_never_two_reconciles_of_one_key_and_events_meanwhile_coalesce() -> None
         queue.start()
         key = ("ns", "run")
         queue.enqueue(key)
-        await asyncio.sleep(0.01)
+        await until(lambda: calls == 1)
         for _ in range(10):  # ten events while the first reconcile runs
             queue.enqueue(key)
         gate.set()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if idle(queue):
-                break
+        await until(lambda: idle(queue))
         await queue.stop()
         return overlaps, calls
 
@@ -57,33 +55,42 @@ def test_never_two_reconciles_of_one_key_and_events_meanwhile_coalesce() -> None
 
 
 def test_requeue_after_and_failure_retry() -> None:
-    async def scenario() -> list[str]:
-        seen: list[str] = []
+    """Each reconcile's start is timed: a requeue or retry comes no sooner than its delay (a lower
+    bound holds on any machine; how much later is the machine's business)."""
+
+    async def scenario() -> tuple[dict[str, list[float]], bool]:
+        loop = asyncio.get_running_loop()
+        seen: dict[str, list[float]] = {}
 
         async def reconcile(key: Key) -> float | None:
-            seen.append(key[1])
-            if key[1] == "boom" and seen.count("boom") == 1:
+            starts = seen.setdefault(key[1], [])
+            starts.append(loop.time())
+            if key[1] == "boom" and len(starts) == 1:
                 raise RuntimeError("transient")
-            if key[1] == "later" and seen.count("later") == 1:
+            if key[1] == "later" and len(starts) == 1:
                 return 0.05
             return None
+
+        def count(name: str) -> int:
+            return len(seen.get(name, []))
 
         queue = WorkQueue(reconcile, workers=2)
         queue.start()
         queue.enqueue(("ns", "later"))
         queue.enqueue(("ns", "boom"))
-        await asyncio.sleep(0.3)
-        # an earlier deadline wins over a later one
+        await until(lambda: count("later") == 2 and count("boom") == 2)
+        # an earlier deadline wins over a later one: x comes long before 10 s, and only once
         queue.enqueue_after(("ns", "x"), 10)
         queue.enqueue_after(("ns", "x"), 0.01)
-        await asyncio.sleep(0.1)
+        await until(lambda: count("x") == 1 and idle(queue), timeout=5)
+        later_timer_left = ("ns", "x") in queue._timers
         await queue.stop()
-        return seen
+        return seen, later_timer_left
 
-    seen = asyncio.run(scenario())
-    assert seen.count("later") == 2
-    assert seen.count("x") == 1
-    assert seen.count("boom") == 1  # retried after its backoff (at least 0.5 s), not waited for here
+    seen, later_timer_left = asyncio.run(scenario())
+    assert len(seen["later"]) == 2 and seen["later"][1] - seen["later"][0] >= 0.05
+    assert len(seen["boom"]) == 2 and seen["boom"][1] - seen["boom"][0] >= RETRY_BASE_SECONDS / 2
+    assert len(seen["x"]) == 1 and not later_timer_left
 
 
 def test_retry_delay_grows_exponentially_with_jitter_and_a_cap() -> None:
@@ -115,15 +122,16 @@ def test_failing_key_backs_off_and_events_do_not_bypass_it() -> None:
         queue.start()
         key = ("ns", "run")
         queue.enqueue(key)
-        await asyncio.sleep(0.01)
+        await until(lambda: calls == 1)
         queue.enqueue(key)  # an event while the failing reconcile runs
         loop = asyncio.get_running_loop()
         failed_at = loop.time()
         gate.set()
-        await asyncio.sleep(0.01)
+        await until(lambda: key in queue._timers)  # the failure handled: its retry scheduled
         deadline = queue._timers[key][0]
+        calls_before_the_retry = calls
         await queue.stop()
-        return calls, deadline - failed_at, float(queue._failures[key])
+        return calls_before_the_retry, deadline - failed_at, float(queue._failures[key])
 
     calls, wait, failures = asyncio.run(scenario())
     assert calls == 1
@@ -147,17 +155,14 @@ def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward(
         queue = WorkQueue(reconcile, workers=1)
         queue.start()
         queue.enqueue(("ns", "first"))
-        await asyncio.sleep(0.01)  # the one worker is busy with "first"
+        await until(lambda: ("ns", "first") in queue._active)  # the one worker is busy with "first"
         for name in ("idle-1", "idle-2", "moved"):
             queue.enqueue(("ns", name), background=True)
         queue.enqueue(("ns", "event"))
         queue.enqueue(("ns", "moved"))  # an event for a run the resync had queued
         queue.enqueue(("ns", "event"), background=True)  # already waiting in front: stays there
         gate.set()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if idle(queue):
-                break
+        await until(lambda: idle(queue))
         await queue.stop()
         return order
 
@@ -179,14 +184,11 @@ def test_a_standby_reconciles_nothing_and_its_queued_keys_run_once_it_serves() -
         for key in keys:
             queue.enqueue(key)
             queue.enqueue(key)  # still queued while standing by: collapses into the first
+        # Standing by is the behaviour under test: a spell of it (any length) in which nothing runs.
         await asyncio.sleep(0.05)
         while_standing_by = list(done)
         serving.set()
-        for _ in range(100):
-            if len(done) >= len(keys):
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.02)
+        await until(lambda: len(done) >= len(keys) and idle(queue))  # idle: no second round can come
         await queue.stop()
         return while_standing_by, done
 

@@ -143,7 +143,11 @@ def _cgroup_controllers() -> list[Path]:
 
 
 def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    """iproute2's `ip`; a host without it answers exit 127 (nothing of ours can be in its network)."""
+    try:
+        return subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(["ip", *args], 127, "", "ip: command not found (install iproute2)")
 
 
 def ensure_blackhole() -> None:

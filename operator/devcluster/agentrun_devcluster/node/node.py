@@ -140,13 +140,13 @@ class RealNode:
 
     # -- commands --------------------------------------------------------------------------------
     def _ctr(self, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            ["ctr", "--address", str(self.paths.containerd_socket), "--namespace", "k8s.io", *args],
-            input=stdin,
-            capture_output=True,
-            check=False,
-            timeout=600,
-        )
+        """Run containerd's `ctr` on the node's socket; never raises on a failure (callers read
+        returncode): a host without `ctr` has no containerd of ours to answer (exit 127, as a shell)."""
+        argv = ["ctr", "--address", str(self.paths.containerd_socket), "--namespace", "k8s.io", *args]
+        try:
+            return subprocess.run(argv, input=stdin, capture_output=True, check=False, timeout=600)
+        except FileNotFoundError:
+            return subprocess.CompletedProcess(argv, 127, b"", b"ctr: command not found")
 
     def _kubeconfig(self, user: str, path: Path) -> Path:
         pki = self.plane.pki
@@ -317,8 +317,20 @@ class RealNode:
             f"{self.plane.log_dir / (component + '.log')}"
         )
 
+    def ever_started(self) -> bool:
+        """Whether a real node ever ran from this state: its directory (made before anything of the
+        node starts) or a record of one of its components."""
+        return self.paths.root.exists() or any(
+            processes.read_record(self.plane.run_dir, name) is not None for name in NODE_COMPONENTS
+        )
+
     def stop(self) -> list[str]:
-        """Stop every pod's containers, the components, and remove what the node made on the host."""
+        """Stop every pod's containers, the components, and remove what the node made on the host.
+
+        Nothing at all when no real node ever ran from this state: the pod runner's local default
+        needs no containerd, `ctr` or `ip`, and its `dev down` touches none of them."""
+        if not self.ever_started():
+            return []
         stopped = []
         if processes.stop_process(self.plane.run_dir, KUBELET, grace=20):
             stopped.append(KUBELET)
