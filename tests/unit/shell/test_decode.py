@@ -52,7 +52,6 @@ TIME = st.one_of(
     st.datetimes().map(lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")), st.just("2026-11-27T10:00:00Z"), TEXT
 )
 SMALL = st.integers(-(2**31), 2**31)
-OPTIONAL = object()
 
 
 def some(draw: st.DrawFn, fields: dict[str, Any]) -> dict[str, Any]:
