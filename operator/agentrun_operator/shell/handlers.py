@@ -28,7 +28,7 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache, relist
-from agentrun_operator.shell.codec import builtin_head, decode_job_event, decode_pod_event
+from agentrun_operator.shell.codec import builtin_head
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Fed, Informer
 from agentrun_operator.shell.kube import Kube, in_cluster_server
@@ -203,15 +203,14 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=cache.ready, serving=serving)
         # Jobs and Pods through our own informers, filtered by label on the server: an iteration
         # causes about ten of their events, and kopf's per-event machinery cost more than our use of
-        # each (docs/design.md#handlers). Of them only what the planner reads is decoded; the echo of
-        # our own write is not decoded at all. AgentRuns come through kopf (`agentrun_event`).
+        # each (docs/design.md#handlers). Each event is decoded whole; the echo of our own write is
+        # not decoded at all. AgentRuns come through kopf (`agentrun_event`).
         watch(
             cache.jobs,
             "/apis/batch/v1",
             "jobs",
             naming.LABEL_RUN,
             on_change=state.enqueue,
-            decode=decode_job_event,
             head=builtin_head,
         )
         watch(
@@ -220,7 +219,6 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             "pods",
             naming.LABEL_RUN,
             on_change=state.enqueue,
-            decode=decode_pod_event,
             head=builtin_head,
         )
         # Why a pod's volume cannot be attached or mounted: Events only, not the pod's status

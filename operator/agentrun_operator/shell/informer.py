@@ -5,9 +5,11 @@ events (created, bound, started, finished, its Job's finalizer removed) and abou
 (created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery — a
 worker per object, handler bookkeeping, its logging — cost more than everything the operator does
 with them. AgentRuns, about one event an iteration, come through kopf (shell/handlers.py).
-Here an event costs at most one JSON decode of what is read (`decode`) and one cache update, and
-the echo of an object the cache already holds at that version (our own write, written through) is
-not decoded at all (`head`); the run is enqueued only when what its planner sees changed.
+Here an event costs at most one JSON decode of the whole object and one cache update, and the
+echo of an object the cache already holds at that version (our own write, written through) is not
+decoded at all (`head`); the run is enqueued only when what its planner sees changed. Every event
+is decoded as the LIST and the resync decode their objects, so a field a reader reads is there
+whichever path brought the object (shell/codec.py).
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
@@ -29,7 +31,7 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache
-from agentrun_operator.shell.codec import Head, decode_object_json
+from agentrun_operator.shell.codec import Head, decode_json
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import resource_version
 
@@ -70,7 +72,6 @@ class Informer:
         namespaces: tuple[str, ...],
         on_change: Callable[[Key], None],
         optional: bool = False,
-        decode: Callable[[bytes], Any] = decode_object_json,
         head: Head | None = None,
         unlisted: str = "reading them per reconcile",
         fields: str | None = None,
@@ -89,7 +90,6 @@ class Informer:
         # every read falls back to GET, as before; its gate opens anyway.
         self.optional = optional
         self.unlisted = unlisted  # what the operator does instead, for the warning
-        self.decode = decode  # an event's text to the object, as much of it as the store reads
         self.head = head  # an event's identity without decoding it (None: always decode)
         self.gate = f"informer:{plural}" + (f"?{fields}" if fields else "")
         self._listed: set[str | None] = set()
@@ -201,7 +201,7 @@ class Informer:
         if identity is not None and self.store.holds(*identity):
             self._resume[scope] = identity[3]  # the echo of what we wrote through: nothing to decode
             return True
-        event = self.decode(line)
+        event = decode_json(line)
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
             self._resume.pop(scope, None)

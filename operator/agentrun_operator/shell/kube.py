@@ -24,7 +24,7 @@ from kubernetes_asyncio import client, config
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.jobs.reporter_container import JOB_UID_LABEL
 from agentrun_operator.shell import metrics
-from agentrun_operator.shell.codec import decode_json, decode_object_json, encode_json
+from agentrun_operator.shell.codec import decode_json, encode_json
 
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
@@ -137,10 +137,8 @@ class Kube:
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
         accept: str = "application/json",
-        whole: bool = True,
     ) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, decoded answer); `whole=False` for an answer that is one object whose
-        managedFields nobody reads (`decode_object_json`)."""
+        """(HTTP status, decoded answer)."""
         if method == "GET":
             self.counters.reads += 1
         else:
@@ -155,7 +153,7 @@ class Kube:
         finally:
             resp.release()
         try:
-            parsed = (decode_json(raw) if whole else decode_object_json(raw)) if raw else {}
+            parsed = decode_json(raw) if raw else {}
         except ValueError:
             parsed = {"message": raw.decode(errors="replace")}
         return status, parsed
@@ -231,13 +229,11 @@ class Kube:
         """(created, job). An existing Job of the same name is returned for adoption, not an error."""
         ns = manifest["metadata"]["namespace"]
         path = f"/apis/batch/v1/namespaces/{ns}/jobs"
-        status, body = await self.request("POST", path, body=manifest, whole=False)
+        status, body = await self.request("POST", path, body=manifest)
         if status == 201 or status == 200:
             return True, body
         if status == 409:
-            status, existing = await self.request(
-                "GET", f"{path}/{manifest['metadata']['name']}", whole=False
-            )
+            status, existing = await self.request("GET", f"{path}/{manifest['metadata']['name']}")
             if status == 200:
                 return False, existing
         raise KubeError(status, body, f"create job {manifest['metadata']['name']}")
@@ -246,9 +242,7 @@ class Kube:
         """Create a ConfigMap; True when created, False when one of that name exists (adopted as it
         is: the names the operator gives are hashes of the data, docs/api.md#runner-contract)."""
         ns = manifest["metadata"]["namespace"]
-        status, body = await self.request(
-            "POST", f"/api/v1/namespaces/{ns}/configmaps", body=manifest, whole=False
-        )
+        status, body = await self.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body=manifest)
         if status in (200, 201):
             return True
         if status == 409:
@@ -282,7 +276,7 @@ class Kube:
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
         patch = {"spec": {"ttlSecondsAfterFinished": seconds}}
         status, resp = await self.request(
-            "PATCH", path, body=patch, content_type="application/merge-patch+json", whole=False
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
         )
         if status not in (200, 404):
             raise KubeError(status, resp, f"set ttl of job {name}")

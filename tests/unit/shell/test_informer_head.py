@@ -9,8 +9,9 @@ from typing import Any, cast
 import pytest
 
 from agentrun_operator import naming
+from agentrun_operator.shell import informer as informer_module
 from agentrun_operator.shell.cache import RunCache
-from agentrun_operator.shell.codec import builtin_head, decode_object_json
+from agentrun_operator.shell.codec import builtin_head, decode_json
 from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube
 
@@ -57,12 +58,15 @@ class _Decodes:
 
     def __call__(self, data: bytes) -> Any:
         self.calls += 1
-        return decode_object_json(data)
+        return decode_json(data)
 
 
-def test_the_echo_of_what_the_cache_holds_is_not_decoded_and_anything_newer_is() -> None:
+def test_the_echo_of_what_the_cache_holds_is_not_decoded_and_anything_newer_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cache = RunCache()
     decode = _Decodes()
+    monkeypatch.setattr(informer_module, "decode_json", decode)
     changed: list[Any] = []
     informer = Informer(
         cast(Kube, None),
@@ -73,7 +77,6 @@ def test_the_echo_of_what_the_cache_holds_is_not_decoded_and_anything_newer_is()
         naming.LABEL_RUN,
         (),
         changed.append,
-        decode=decode,
         head=builtin_head,
     )
     cache.pods.upsert(_pod(7))  # e.g. what a write's answer put in the cache

@@ -1,5 +1,5 @@
-"""A pod's wait for good, decoded from its status as the informer sees it (`decode_pod_event` cuts
-the spec first: the image must come from the container's status)."""
+"""A pod's wait for good, read from its status as the informer decodes its watch event (the image
+from the container's status, which the kubelet fills for a container it could not create)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agentrun_operator.planner.observed import PodWait
-from agentrun_operator.shell.codec import decode_pod_event
+from agentrun_operator.shell.codec import decode_json
 from agentrun_operator.shell.observe import pod_from_k8s, pod_wait
 
 
@@ -44,10 +44,9 @@ NEVER_PULL_STATUS = {
 }
 
 
-def test_a_missing_image_is_decoded_from_the_watch_event_with_its_spec_cut() -> None:
+def test_a_missing_image_is_decoded_from_the_watch_event() -> None:
     event = json.dumps({"type": "MODIFIED", "object": pod(NEVER_PULL_STATUS)}, separators=(",", ":")).encode()
-    decoded = decode_pod_event(event)
-    assert decoded["object"]["spec"] == {}
+    decoded = decode_json(event)
     observed = pod_from_k8s(decoded["object"])
     assert observed is not None
     assert observed.waiting == PodWait(
