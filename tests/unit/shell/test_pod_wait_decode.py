@@ -169,7 +169,8 @@ def test_a_reporter_that_refused_main_is_decoded_with_its_words_not_as_a_report(
             "containerStatuses": [reporter, {"name": "main", "state": {"waiting": gate}}],
         }
 
-    refused = pod_from_k8s(decode_pod_event(json.dumps(pod(status(BLIND_EXIT, "cannot see main"))).encode()))
+    event = json.dumps({"type": "MODIFIED", "object": pod(status(BLIND_EXIT, "cannot see main"))}).encode()
+    refused = pod_from_k8s(decode_json(event)["object"])
     assert refused is not None
     assert refused.reporter_refusal == "cannot see main" and refused.reporter_message is None
     unsaid = pod_from_k8s(pod(status(BLIND_EXIT, "")))
