@@ -35,6 +35,7 @@ from agentrun_operator.api import GROUP, AgentRun
 from agentrun_operator.api.resources import AgentProvider
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import compat
+from agentrun_operator.planner.envelope import type_problems
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.template_paths import provider_template_warnings
 from agentrun_operator.planner.validate import Problem, resolve_references, validate_manifest
@@ -111,6 +112,9 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
     for doc in documents:
         if not isinstance(doc.body, dict):
             results.append((doc, [_not_an_object(doc)]))
+        elif untyped := type_problems(doc.body):  # kubectl would refuse it before any group's rules
+            checked += 1
+            results.append((doc, untyped))
         elif _is_ours(doc.body):
             checked += 1
             results.append((doc, validate_manifest(doc.body, config)))

@@ -373,3 +373,14 @@ def test_a_name_or_a_generate_name_is_required(tmp_path: Path, capsys: pytest.Ca
     del run["metadata"]
     assert main([write(tmp_path, "nameless.yaml", yaml.safe_dump(run))]) == 1
     assert ": metadata.name: is required" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit", [{"apiVersion": 0}, {"apiVersion": ""}, {"kind": None}, {"kind": ""}])
+def test_an_object_without_a_type_is_a_problem_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, object]
+) -> None:
+    """kubectl refuses an object without apiVersion or kind; validate must not pass it as "not ours"."""
+    run = {**yaml.safe_load(GOOD_RUN), **edit}
+    assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run))]) == 1
+    match = ANY_LINE.match(capsys.readouterr().out.strip())
+    assert match and match["path"] == next(iter(edit)), match

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentrun_operator.api.base import DNS_LABEL_MAX, DNS_LABEL_PATTERN
+from agentrun_operator.api.base import API_VERSION, DNS_LABEL_MAX, DNS_LABEL_PATTERN, DOCS_API
 from agentrun_operator.problem import Problem, api
 
 DNS_SUBDOMAIN_MAX: Final = 253
@@ -72,6 +72,25 @@ def _string_map_problems(metadata: Mapping[Any, Any], key: str) -> list[Problem]
         Problem(f"{path}.{k}", v, "must be a string", f"quote the value of {path}.{k}", DOCS_METADATA)
         for k, v in value.items()
         if not isinstance(v, str)
+    ]
+
+
+def type_problems(obj: Mapping[str, Any]) -> list[Problem]:
+    """`apiVersion` and `kind`, without which no client sends the object (kubectl: "apiVersion not
+    set"): both non-empty strings. Which group and kind they name is the caller's to judge."""
+    return [
+        Problem(
+            field,
+            obj.get(field),
+            "must be a non-empty string: every Kubernetes object names its " + what,
+            f"set {field}, e.g. {field}: {example}",
+            DOCS_API,
+        )
+        for field, what, example in (
+            ("apiVersion", "API group and version", API_VERSION),
+            ("kind", "kind", "AgentRun"),
+        )
+        if not isinstance(obj.get(field), str) or not obj.get(field)
     ]
 
 
