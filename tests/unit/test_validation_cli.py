@@ -11,6 +11,7 @@ import yaml
 
 from agentrun_operator.validation_cli import main
 from tests.fixtures import invalid_agentruns
+from tests.fixtures.object_names import NAMES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REFERENCE = FIXTURES / "reference"
@@ -323,30 +324,11 @@ def test_a_broken_envelope_is_one_line_in_a_multi_document_file(
     )
 
 
-NAMES = [
-    # (name, valid for the API server)
-    ("torghut-v3-<lane>-<yyyymmdd>", False),  # the original's docs, placeholders left in
-    ("torghut-v3-lane-20250101", True),
-    ("Upper", False),
-    ("under_score", False),
-    ("-leading", False),
-    ("trailing-", False),
-    ("dots.in.name", True),
-    ("a..b", False),
-    ("a.-b", False),
-    ("1starts-with-a-digit", True),
-    ("a" * 64, True),  # longer than a label: fine for an object name (Job names are hashed to fit)
-    ("a" * 253, True),
-    ("a" * 254, False),
-    ("ünïcödé", False),
-]
-
-
 @pytest.mark.parametrize(("name", "valid"), NAMES, ids=[n[:40] for n, _ in NAMES])
 def test_names_are_checked_as_the_api_server_checks_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, valid: bool
 ) -> None:
-    """The same set goes to the real API server in tests/integration/test_object_names.py."""
+    """The same set goes to the real API server in tests/integration/test_admission_webhook.py."""
     run = yaml.safe_load(GOOD_RUN)
     run["metadata"]["name"] = name
     assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run, allow_unicode=True))]) == (0 if valid else 1)
