@@ -366,3 +366,18 @@ def test_an_object_without_a_type_is_a_problem_not_skipped(
     assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run))]) == 1
     match = ANY_LINE.match(capsys.readouterr().out.strip())
     assert match and match["path"] == next(iter(edit)), match
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("maxIterations", True), ("maxIterations", "3"), ("maxIterations", 2.5)]
+)
+def test_values_of_the_wrong_json_type_are_refused_as_the_api_server_refuses_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    """Lax parsing took `maxIterations: true` as 1 (found by the webhook fuzz: the API server refuses
+    it with `must be of type integer`)."""
+    run = yaml.safe_load(GOOD_RUN)
+    run["spec"]["workflow"]["steps"][1]["loop"][field] = value
+    assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run))]) == 1
+    match = ANY_LINE.match(capsys.readouterr().out.strip())
+    assert match and match["path"] == f"spec.workflow.steps[1].loop.{field}", match

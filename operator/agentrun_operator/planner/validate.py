@@ -14,6 +14,7 @@ so a status message, an Event and a CLI line are each enough to act on without r
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -398,7 +399,9 @@ def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Probl
     if not isinstance(obj.get("metadata"), Mapping):  # said once above, not again by the model
         obj = {**obj, "metadata": {}}
     try:
-        parsed = model.model_validate(obj)
+        # Strict, from JSON, as the API server reads a manifest: `maxIterations: true` or `"3"` is
+        # refused there, where lax parsing would take them as 1 and 3.
+        parsed = model.model_validate_json(json.dumps(obj, default=str), strict=True)
     except ValidationError as err:
         docs = _api(f"fields-{str(kind).lower()}")
         return [*problems, *(_problem_from_error(item, docs) for item in err.errors())]
