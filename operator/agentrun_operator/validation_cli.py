@@ -35,11 +35,14 @@ from agentrun_operator.api import GROUP, AgentRun
 from agentrun_operator.api.resources import AgentProvider
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner import compat
+from agentrun_operator.planner.envelope import type_problems
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.template_paths import provider_template_warnings
 from agentrun_operator.planner.validate import Problem, resolve_references, validate_manifest
 from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.webhook import problem_line
+
+_MAX_LABEL = 253  # the longest valid name
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,21 @@ def _documents(path: str, text: str) -> Iterator[_Document]:
 
 
 def _label(doc: _Document) -> str:
-    """`Kind/name` of a document, or `document N` when it has neither."""
+    """`Kind/name` of a document, or `Kind (document N)` when it has no usable name: a name that is
+    not a short single-line string (a list, 300 characters, a space) would break the one-line
+    output, and its own problem line shows it."""
     body = doc.body if isinstance(doc.body, dict) else {}
-    kind = body.get("kind") or "?"
+    kind = body.get("kind")
+    kind = kind if isinstance(kind, str) and kind and _printable(kind) else "?"
     metadata = body.get("metadata")
     name = metadata.get("name") if isinstance(metadata, dict) else None
-    return f"{kind}/{name}" if name else f"{kind} (document {doc.index + 1})"
+    if isinstance(name, str) and name and _printable(name):
+        return f"{kind}/{name}"
+    return f"{kind} (document {doc.index + 1})"
+
+
+def _printable(text: str) -> bool:
+    return len(text) <= _MAX_LABEL and not any(c.isspace() or not c.isprintable() for c in text)
 
 
 def _is_ours(body: Any) -> bool:
@@ -96,29 +108,34 @@ def check_file(path: str, config: OperatorConfig, out: TextIO) -> tuple[int, int
         print(f"{path}: not valid YAML: {' '.join(str(exc).split())}", file=out)
         return 0, 1
     checked = problems = 0
-    neighbours = _objects_by_kind(documents)
+    results: list[tuple[_Document, list[Problem]]] = []
     for doc in documents:
         if not isinstance(doc.body, dict):
-            print(f"{path}: {problem_line(_label(doc), _not_an_object(doc))}", file=out)
-            problems += 1
-            continue
-        if not _is_ours(doc.body):
-            continue
-        checked += 1
-        found = validate_manifest(doc.body, config)
+            results.append((doc, [_not_an_object(doc)]))
+        elif untyped := type_problems(doc.body):  # kubectl would refuse it before any group's rules
+            checked += 1
+            results.append((doc, untyped))
+        elif _is_ours(doc.body):
+            checked += 1
+            results.append((doc, validate_manifest(doc.body, config)))
+    # Only objects that are valid on their own can satisfy a run's references.
+    neighbours = _objects_by_kind([doc for doc, found in results if not found])
+    for doc, found in results:
         if not found and doc.body.get("kind") == "AgentRun":
             found = _reference_problems(doc.body, neighbours)
         for problem in found:
             print(f"{path}: {problem_line(_label(doc), problem)}", file=out)  # as the webhook says it
             problems += 1
-        for field, warning in _warnings(doc.body):
-            print(f"{path}: {_label(doc)}: warning: {field}: {warning}", file=out)
+        if isinstance(doc.body, dict):
+            for field, warning in _warnings(doc.body):
+                print(f"{path}: {_label(doc)}: warning: {field}: {warning}", file=out)
     return checked, problems
 
 
 def _objects_by_kind(documents: list[_Document]) -> dict[str, dict[str, dict[str, Any] | None]]:
     """The specs of the file's Agents, AgentProviders, ImplementationSpecs and VersionControlProviders,
-    by kind and name."""
+    by kind and name; `documents` passed `validate_manifest` (a mapping metadata with a string name,
+    a mapping spec)."""
     found: dict[str, dict[str, dict[str, Any] | None]] = {
         "Agent": {},
         "AgentProvider": {},
@@ -126,10 +143,10 @@ def _objects_by_kind(documents: list[_Document]) -> dict[str, dict[str, dict[str
         "VersionControlProvider": {},
     }
     for doc in documents:
-        body = doc.body if isinstance(doc.body, dict) and _is_ours(doc.body) else {}
-        name = (body.get("metadata") or {}).get("name")
-        if body.get("kind") in found and isinstance(name, str):
-            found[body["kind"]][name] = dict(body.get("spec") or {})
+        kind = doc.body.get("kind")
+        name = (doc.body.get("metadata") or {}).get("name")
+        if kind in found and isinstance(name, str):
+            found[kind][name] = dict(doc.body.get("spec") or {})
     return found
 
 

@@ -29,6 +29,7 @@ KINDS: Final[dict[str, str]] = {
     "agents": "Agent",
     "agentproviders": "AgentProvider",
     "implementationspecs": "ImplementationSpec",
+    "versioncontrolproviders": "VersionControlProvider",
 }
 """The kinds of our group the webhook checks (plural -> kind): each is checked alone, as by
 `agentrun validate`; references between them are the operator's to resolve later."""

@@ -6,6 +6,13 @@ strings, upper case, huge numbers, wrong types, …), edit a string or a number 
 add an unknown field, duplicate or empty a list, rename a name-like field. The same seed always gives the
 same manifest (`random.Random(seed)`, examples read in sorted order), so a failing case is replayed
 with `AGENTRUN_FUZZ_SEED=…` (see docs/development.md#fuzz).
+
+`mutant_file(rng)` makes a whole file: one to four valid documents of every kind of ours (examples/
+and tests/fixtures/compat/valid/, sometimes a whole example file so the run's references resolve in
+it), then 1-3 edits at any depth of any document — the envelope too (`apiVersion`, `kind`,
+`metadata`, `metadata.name`, `spec` set to `0`, `""`, `[]`, `{}`, a 300-character string, a list as a
+name, or removed) — and now and then a document that is not an object at all. `rng` is a
+`random.Random(seed)` for a replayable run, or hypothesis' `st.randoms()` for a shrinking one.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import yaml
 from agentrun_operator.api import GROUP
 
 EXAMPLES: Final = Path(__file__).resolve().parents[2] / "examples"
+VALID_FIXTURES: Final = Path(__file__).resolve().parents[1] / "fixtures" / "compat" / "valid"
+KINDS: Final = ("AgentRun", "Agent", "AgentProvider", "ImplementationSpec", "VersionControlProvider")
 
 Path_ = tuple[str | int, ...]
 
@@ -200,3 +209,159 @@ def example_claims() -> list[str]:
                 if volume.get("claimName"):
                     names.add(str(volume["claimName"]))
     return sorted(names)
+
+
+# ------------------------------------------------------------------------- whole files, every depth
+
+ENVELOPE: Final[tuple[Path_, ...]] = (
+    ("metadata",),
+    ("metadata", "name"),
+    ("kind",),
+    ("apiVersion",),
+    ("metadata", "name"),
+    ("metadata", "namespace"),
+    ("metadata", "labels"),
+    ("metadata", "annotations"),
+    ("spec",),
+)
+"""Spots outside `spec` that every object has (or may have): hit on purpose, as often as the spec."""
+
+SHAPES: Final[tuple[Any, ...]] = (
+    0,
+    "",
+    [],
+    {},
+    None,
+    "x" * 300,
+    ["a"],
+    ["a", "b"],
+    {"name": "x"},
+    True,
+    1.5,
+    -1,
+    "UPPER_Case",
+    "torghut-v3-<lane>-<yyyymmdd>",
+    "line\nbreak",
+)
+"""Values of the wrong shape for any spot: the issue's list (0, "", [], {}, 300 characters) and
+lists or mappings where a name goes."""
+
+NOT_OBJECTS: Final[tuple[Any, ...]] = (0, "just a string", [], ["a", {"kind": "AgentRun"}], True, 1.5)
+
+
+@dataclass(frozen=True)
+class MutantFile:
+    """A mutated multi-document file and how it came to be."""
+
+    sources: tuple[str, ...]
+    edits: tuple[str, ...]
+    documents: tuple[Any, ...]
+
+    def describe(self) -> str:
+        return f"{', '.join(self.sources)}: {'; '.join(self.edits) or 'unchanged'}"
+
+    def text(self) -> str:
+        """The file as YAML (documents separated by `---`)."""
+        return yaml.safe_dump_all(list(self.documents), allow_unicode=True, sort_keys=False)
+
+
+@functools.cache
+def valid_files() -> tuple[tuple[str, tuple[dict[str, Any], ...]], ...]:
+    """(file name, its documents) of examples/*.yaml and tests/fixtures/compat/valid/*.yaml: every
+    kind of ours, valid, and the references of each run resolvable within its own file."""
+    out: list[tuple[str, tuple[dict[str, Any], ...]]] = []
+    for path in sorted([*EXAMPLES.glob("*.yaml"), *VALID_FIXTURES.glob("*.yaml")]):
+        docs = tuple(d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if isinstance(d, dict))
+        if docs:
+            out.append((path.name, docs))
+    return tuple(out)
+
+
+def _label(doc: dict[str, Any]) -> str:
+    name = (doc.get("metadata") or {}).get("name")
+    return f"{doc.get('kind')}/{name}"
+
+
+def _file_edit(rng: random.Random, documents: list[Any]) -> str:
+    """One edit anywhere in one document of the file (the envelope as often as the spec)."""
+    index = rng.randrange(len(documents))
+    doc = documents[index]
+    where = f"document {index + 1}"
+    # Hypothesis' randoms lean to 0.0 and index 0: the likeliest branches come first.
+    roll = rng.random()
+    if not isinstance(doc, dict) or roll > 0.96:
+        documents[index] = copy.deepcopy(rng.choice(NOT_OBJECTS))
+        return f"{where} = {documents[index]!r:.40}"
+    if roll > 0.92:
+        documents.append(copy.deepcopy(doc))
+        return f"{where} twice"
+    spec = doc.get("spec")
+    paths = [("spec", *p) for p in _paths(spec)] if isinstance(spec, (dict, list)) else []
+    if roll < 0.4 or not paths:
+        path = rng.choice(ENVELOPE)
+    else:
+        path = rng.choice(paths)
+        if rng.random() < 0.5:  # the kind-aware edits of `_edit`, at this depth
+            parent = _parent(doc, path)
+            ops = _operations(parent, path[-1], parent[path[-1]])
+            op = rng.choices([n for n, _ in ops], weights=[w for _, w in ops])[0]
+            if op not in ("unknown", "list"):
+                return f"{where}: {_edit_at(rng, parent, path, op)}"
+    parent: Any = doc
+    for part in path[:-1]:
+        if isinstance(parent, dict) and isinstance(part, str):
+            parent = parent.setdefault(part, {})  # e.g. labels, which the document may not have
+        elif isinstance(parent, list) and isinstance(part, int) and part < len(parent):
+            parent = parent[part]
+        else:
+            return f"{where}: no {_render(path)} (an earlier edit replaced its parent)"
+    if isinstance(parent, list) and isinstance(path[-1], int):
+        if rng.random() > 0.7:
+            parent.pop(path[-1])
+            return f"{where}: remove {_render(path)}"
+        parent[path[-1]] = copy.deepcopy(rng.choice(SHAPES))
+        return f"{where}: {_render(path)} = {parent[path[-1]]!r:.40}"
+    if not isinstance(parent, dict):
+        return f"{where}: no {_render(path)} (its parent is a {type(parent).__name__})"
+    if rng.random() > 0.75:
+        parent.pop(path[-1], None)
+        return f"{where}: delete {_render(path)}"
+    parent[path[-1]] = copy.deepcopy(rng.choice(SHAPES))
+    return f"{where}: {_render(path)} = {parent[path[-1]]!r:.40}"
+
+
+def _edit_at(rng: random.Random, parent: Any, path: Path_, op: str) -> str:
+    """`_edit`'s type-keeping edits of one spot (a name-like value, a string cut, a number out of range)."""
+    key = path[-1]
+    value = parent[key]
+    if op in ("delete", "remove"):
+        parent.pop(key) if isinstance(parent, list) else parent.pop(key, None)
+        return f"delete {_render(path)}"
+    if op == "name":
+        parent[key] = rng.choice([*NAME_LIKE, ["a"], {"name": "a"}])
+    elif op == "string":
+        parent[key] = rng.choice([value.upper(), value[: len(value) // 2], f"{value}_x", "x" * 300, ""])
+    elif op == "number":
+        parent[key] = rng.choice([0, -1, value - 1, value + 1, value * 1000, 10**12])
+    else:
+        parent[key] = copy.deepcopy(rng.choice(TROUBLEMAKERS))
+    return f"{_render(path)} = {parent[key]!r:.40}"
+
+
+def mutant_file(rng: random.Random) -> MutantFile:
+    """A file of valid documents of every kind with 1-3 edits at any depth (see the module docstring)."""
+    files = valid_files()
+    documents: list[Any] = []
+    sources: list[str] = []
+    if rng.random() < 0.4:  # a whole file: an example's run with the objects it refers to
+        name, docs = rng.choice(files)
+        documents += [copy.deepcopy(d) for d in docs]
+        sources.append(name)
+    else:
+        pool = [(name, d) for name, docs in files for d in docs if d.get("kind") in KINDS]
+        for _ in range(rng.choice((1, 1, 2, 3, 4))):
+            name, doc = rng.choice(pool)
+            documents.append(copy.deepcopy(doc))
+            sources.append(f"{name}/{_label(doc)}")
+    edits = tuple(_file_edit(rng, documents) for _ in range(rng.choice((1, 1, 2, 3))))
+    return MutantFile(tuple(sources), edits, tuple(documents))

@@ -5,6 +5,9 @@ operator as a process serving it on loopback and applying its ValidatingWebhookC
   refused at `kubectl apply` with exactly the lines `agentrun validate` prints for it;
 - the fixtures the CRD refuses never reach the webhook (the API server checks the schema first);
 - a valid run is admitted, and an admitted run's later writes always pass;
+- `agentrun validate` and the API server give every name the same verdict, and the offline fuzz
+  generator's documents get from the webhook exactly validate's lines (never its internal-error
+  warning; docs/development.md#fuzz);
 - with the operator killed, or listening but silent, or serving a manifest over kopf's request size
   limit, applies pass under failurePolicy Ignore within the timeout; under Fail they are refused.
 """
@@ -15,6 +18,8 @@ import base64
 import copy
 import functools
 import json
+import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -25,13 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agentrun_devcluster import webhookcert
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.processes import free_port
+from agentrun_operator.api import API_VERSION
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.planner.validate import validate_manifest
 from agentrun_operator.validation_cli import check_file
+from agentrun_operator.webhook import object_label, refusal_message
 from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AGENTRUNS, base_manifest
+from tests.fixtures.object_names import NAMES
+from tests.fuzz.mutate import mutant_file
 from tests.integration.helm import Helm
 from tests.integration.test_chart import _can_i, _token, _token_kubeconfig
 from tests.support.api import kubectl_in
@@ -42,6 +53,8 @@ NAMESPACE = "webhook"
 CONFIGURATION = "agentrun-webhook-test"
 TIMEOUT_SECONDS = 2
 DENIED = "denied the request: "
+FUZZ_WEBHOOK = int(os.environ.get("AGENTRUN_FUZZ_WEBHOOK", "40"))
+FUZZ_SEED = int(os.environ.get("AGENTRUN_FUZZ_SEED", "0"))
 
 
 @functools.cache
@@ -415,3 +428,91 @@ def test_the_chart_renders_the_webhook_by_service_or_by_address(
 
     off = helm.render({"webhook": {"enabled": False}}, "op", "ops")
     assert not [d for d in off if "webhook" in d["metadata"]["name"] or d["kind"].startswith("Validating")]
+
+
+# ------------------------------------------------------- validate and the API server give one verdict
+
+VALID = Path(__file__).resolve().parents[1] / "fixtures" / "compat" / "valid"
+ONE_OF_EACH_KIND = (
+    "agentrun-job.yaml",
+    "agent.yaml",
+    "agentprovider-minimal.yaml",
+    "implementationspec.yaml",
+    "versioncontrolprovider.yaml",
+)
+UNCHECKED_TEXT = "not checked by the agentrun-operator webhook (an internal error"
+
+
+def _validate_offline(document: Any, tmp_path: Path) -> tuple[int, list[str]]:
+    """(problems, lines) of `agentrun validate` on a file holding `document` alone."""
+    path = tmp_path / "document.json"
+    path.write_text(json.dumps(document))
+    out = tmp_path / "out.txt"
+    with out.open("w") as stream:
+        _, problems = check_file(str(path), OperatorConfig(loops_enabled=True), stream)
+    return problems, [line.removeprefix(f"{path}: ") for line in out.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("example", ONE_OF_EACH_KIND)
+def test_names_get_the_same_verdict_from_validate_and_the_api_server(
+    plane: Any, tmp_path: Path, example: str
+) -> None:
+    """tests/fixtures/object_names.py, on a valid object of each kind: the API server's verdict (a
+    server-side dry run) is validate's, and the fixture's."""
+    cluster, _, _ = plane
+    base = yaml.safe_load((VALID / example).read_text(encoding="utf-8"))
+    disagreements = []
+    for name, valid in NAMES:
+        manifest = _named(base, name)
+        problems, lines = _validate_offline(manifest, tmp_path)
+        proc = kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=manifest)
+        server = proc.returncode == 0
+        if server != (problems == 0) or server != valid:
+            disagreements.append(f"{name[:40]!r}: server {server}, validate {lines}, expected {valid}")
+        if not server:
+            assert "metadata.name" in proc.stderr and DENIED not in proc.stderr, proc.stderr
+    assert not disagreements, "\n".join(disagreements)
+
+
+def test_mutated_files_get_the_same_verdict_from_the_webhook_as_from_validate(
+    plane: Any, tmp_path: Path
+) -> None:
+    """The offline fuzz generator's documents, each created with a server-side dry run: the webhook
+    never fails on one (its internal-error warning never appears), refuses exactly with the lines
+    `validate_manifest` gives it, and admits only what validate passes; whatever the API server
+    refuses by itself (schema, names), validate refuses too."""
+    cluster, _, _ = plane
+    checked = refused_by_webhook = refused_by_server = 0
+    disagreements: list[str] = []
+    for seed in range(FUZZ_SEED, FUZZ_SEED + FUZZ_WEBHOOK):
+        case = mutant_file(random.Random(seed))
+        for index, document in enumerate(case.documents):
+            if not (isinstance(document, dict) and document.get("apiVersion") == API_VERSION):
+                continue  # kubectl cannot send it, or it is not ours
+            if isinstance(document.get("metadata"), dict):
+                document = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE}}
+            checked += 1
+            where = f"seed {seed} document {index + 1}: {case.describe()}"
+            proc = kubectl(cluster, "create", "--dry-run=server", "-f", "-", manifest=document)
+            assert UNCHECKED_TEXT not in proc.stderr, f"{where}: the webhook failed:\n{proc.stderr}"
+            problems, _ = _validate_offline(document, tmp_path)
+            expected = [p for p in validate_manifest(document, OperatorConfig(loops_enabled=True))]
+            if DENIED in proc.stderr:
+                refused_by_webhook += 1
+                message = proc.stderr.split(DENIED, 1)[1].strip()
+                if message != refusal_message(object_label(document), expected):
+                    disagreements.append(f"{where}: webhook said\n{message}\nvalidate says {expected}")
+            elif proc.returncode != 0:
+                refused_by_server += 1
+                if not problems:
+                    disagreements.append(
+                        f"{where}: the API server refused what validate passes:\n{proc.stderr}"
+                    )
+            elif expected:
+                disagreements.append(f"{where}: admitted, but validate says {[p.render() for p in expected]}")
+    print(
+        f"webhook fuzz: {checked} documents, {refused_by_webhook} refused by the webhook, "
+        f"{refused_by_server} by the API server itself"
+    )
+    assert checked >= FUZZ_WEBHOOK and refused_by_webhook + refused_by_server > 0
+    assert not disagreements, "\n\n".join(disagreements[:10])

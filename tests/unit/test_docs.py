@@ -5,11 +5,13 @@ tested on bad pages, so a doc that names something unknown is proven to fail it.
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agentrun_operator.celeval import CONTEXT_ROOTS
 from tests.unit import docs_checker
 from tests.unit.docs_checker import REPO, Finding, check_page, doc_files
 
@@ -236,3 +238,90 @@ def test_every_example_has_a_readme_row_and_an_e2e_test() -> None:
     assert len(examples) >= 17
     assert [e for e in examples if f"| [{e}]({e}) |" not in readme] == []
     assert [e for e in examples if f'apply_example("{e}"' not in tests] == []
+
+
+# --------------------------------------------------------------- the CEL context, counted and listed
+
+_NUMBER_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+_COUNT = re.compile(rf"\b({'|'.join(_NUMBER_WORDS)})\s+(?:CEL\s+)?variables\b", re.IGNORECASE)
+_LISTED = re.compile(r"\bthe context (?:is|has) ((?:`?[a-z]+`?,\s*(?:and\s+)?)+`?[a-z]+`?)")
+
+
+def cel_context_findings(rel: str, text: str) -> list[str]:
+    """Where a page counts the CEL variables (cel.md, or a line that says CEL) or lists them ("the
+    context is `iteration`, `step`, …") differently from the evaluator's CONTEXT_ROOTS."""
+    found: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if rel.endswith("cel.md") or "CEL" in line:
+            for match in _COUNT.finditer(line):
+                if _NUMBER_WORDS[match[1].lower()] != len(CONTEXT_ROOTS):
+                    found.append(f"{rel}:{number}: {match[0]!r}, but the context has {len(CONTEXT_ROOTS)}")
+        for match in _LISTED.finditer(line):
+            names = set(re.findall(r"[a-z]+", match[1])) - {"and"}
+            if names != CONTEXT_ROOTS:
+                missing = ", ".join(sorted(CONTEXT_ROOTS - names)) or "none"
+                extra = ", ".join(sorted(names - CONTEXT_ROOTS)) or "none"
+                found.append(f"{rel}:{number}: lists the CEL context without {missing} (and with {extra})")
+    return found
+
+
+def test_the_docs_count_and_list_the_cel_variables_the_evaluator_has() -> None:
+    findings = [
+        finding
+        for path in doc_files()
+        for finding in cel_context_findings(
+            path.relative_to(REPO).as_posix(), path.read_text(encoding="utf-8")
+        )
+    ]
+    assert not findings, "\n".join(findings)
+
+
+def test_the_cel_context_check_catches_a_wrong_count_and_a_short_list() -> None:
+    assert cel_context_findings("docs/cel.md", "Only the four variables above exist") == [
+        "docs/cel.md:1: 'four variables', but the context has 5"
+    ]
+    short = "| `undeclared reference` | the context is `iteration`, `step`, `run`, `steps` |"
+    assert cel_context_findings("docs/troubleshooting.md", short) == [
+        "docs/troubleshooting.md:1: lists the CEL context without outputs (and with none)"
+    ]
+    assert cel_context_findings("docs/concepts.md", "the context is the same as for `when`") == []
+    assert cel_context_findings("docs/operator.md", "three variables of the chart") == []
+
+
+_TURNAROUND_BAR = re.compile(r"turnaround[^.;]{0,80}?p95 ≤ (\d+) ms", re.IGNORECASE)
+_CPU_PERCENTILE = re.compile(r"CPU per iteration p\d\d", re.IGNORECASE)
+
+
+def quality_bar_findings(pages: dict[str, str]) -> list[str]:
+    """The turnaround bar (p95 ≤ N ms) is the same number on every page, and operator CPU per
+    iteration is never given as a percentile (the benchmark divides total CPU by iterations)."""
+    bars: dict[str, set[str]] = {}
+    findings: list[str] = []
+    for rel, text in pages.items():
+        flat = " ".join(text.replace("*", "").split())
+        for match in _TURNAROUND_BAR.finditer(flat):
+            bars.setdefault(match[1], set()).add(rel)
+        findings += [f"{rel}: {m[0]!r}: the benchmark gives a mean" for m in _CPU_PERCENTILE.finditer(flat)]
+    if len(bars) > 1:
+        findings.append(
+            "turnaround bars disagree: " + "; ".join(f"{n} ms in {sorted(p)}" for n, p in bars.items())
+        )
+    return findings
+
+
+def test_the_quality_bars_agree_across_the_docs() -> None:
+    pages = {path.relative_to(REPO).as_posix(): path.read_text(encoding="utf-8") for path in doc_files()}
+    assert sum("p95 ≤" in text for text in pages.values()) >= 2  # the check reads the real bars
+    assert quality_bar_findings(pages) == []
+
+
+def test_the_quality_bar_check_catches_the_old_contradiction() -> None:
+    design = (
+        "iteration turnaround (pod terminated\n→ next Job created) p95 ≤ 100 ms; "
+        "operator CPU per iteration p95 ≤ 10 ms"
+    )
+    operator = "**Turnaround p95 ≤ 50 ms at 5 x\n20: met**"
+    assert quality_bar_findings({"docs/design.md": design, "docs/operator.md": operator}) == [
+        "docs/design.md: 'CPU per iteration p95': the benchmark gives a mean",
+        "turnaround bars disagree: 100 ms in ['docs/design.md']; 50 ms in ['docs/operator.md']",
+    ]

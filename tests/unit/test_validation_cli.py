@@ -11,6 +11,7 @@ import yaml
 
 from agentrun_operator.validation_cli import main
 from tests.fixtures import invalid_agentruns
+from tests.fixtures.object_names import NAMES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REFERENCE = FIXTURES / "reference"
@@ -327,3 +328,104 @@ def test_a_nested_loop_interval_out_of_range_is_refused_naming_the_field(
     assert match and match["path"] == "spec.workflow.steps[0].steps[0].loop.intervalSeconds"
     assert match["value"] == str(value) and match["docs"] == "docs/api.md#loop-intervalseconds"
     assert "between 0 and 86400" in match["message"] and "intervalSeconds: 300" in match["fix"]
+
+
+# Any object label: `Kind/name` as written (also a name the API server refuses), `? (document N)`.
+ANY_LINE = re.compile(LINE.pattern.replace(r"[\w]+/[\w.-]+", r"\S+/\S+"))
+
+# The shapes the issue's fuzz run crashed on (a traceback from `_objects_by_kind`): each is one
+# problem line of its own document, and the rest of the file is still checked.
+BROKEN_ENVELOPES = [
+    ("metadata: 0", {"metadata": 0}, "metadata"),
+    ('metadata: "x"', {"metadata": "x"}, "metadata"),
+    ("metadata: []", {"metadata": []}, "metadata"),
+    ("a list as a name", {"metadata": {"name": ["a"]}}, "metadata.name"),
+    ("a mapping as a name", {"metadata": {"name": {"a": 1}}}, "metadata.name"),
+    ("a list as the kind", {"kind": ["Agent"]}, "kind"),
+    ("a mapping as the kind", {"kind": {}}, "kind"),
+    ("a string as the spec", {"spec": "x"}, "spec"),
+    ("a number as the spec", {"spec": 1.5}, "spec"),
+    ("labels as a list", {"metadata": {"name": "p", "labels": ["a"]}}, "metadata.labels"),
+    ("a name with a line break", {"metadata": {"name": "a\nb"}}, "metadata.name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "field"), BROKEN_ENVELOPES, ids=[case for case, _, _ in BROKEN_ENVELOPES]
+)
+def test_a_broken_envelope_is_one_line_in_a_multi_document_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, edit: dict[str, object], field: str
+) -> None:
+    documents = list(yaml.safe_load_all(OTHER_KINDS))
+    documents[1].update(edit)  # the AgentProvider, which the Agent refers to
+    path = write(tmp_path, "file.yaml", yaml.safe_dump_all(documents))
+    assert main([path]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1, lines
+    match = ANY_LINE.match(lines[0])
+    assert match and match["path"] == field, lines[0]
+    assert match["object"] in (
+        "AgentProvider/codex",
+        "AgentProvider/p",
+        "?/codex",
+        "AgentProvider (document 2)",
+    )
+
+
+@pytest.mark.parametrize(("name", "valid"), NAMES, ids=[n[:40] for n, _ in NAMES])
+def test_names_are_checked_as_the_api_server_checks_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, valid: bool
+) -> None:
+    """The same set goes to the real API server in tests/integration/test_admission_webhook.py."""
+    run = yaml.safe_load(GOOD_RUN)
+    run["metadata"]["name"] = name
+    assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run, allow_unicode=True))]) == (0 if valid else 1)
+    out = capsys.readouterr().out
+    if not valid:
+        match = ANY_LINE.match(out.strip())
+        assert match and match["path"] == "metadata.name" and match["docs"] == "docs/api.md#metadata-name", (
+            out
+        )
+        assert "rename it, e.g." in match["fix"]
+
+
+def test_the_suggested_name_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = yaml.safe_load(GOOD_RUN)
+    run["metadata"]["name"] = "torghut-v3-<lane>-<yyyymmdd>"
+    main([write(tmp_path, "run.yaml", yaml.safe_dump(run))])
+    assert "e.g. 'torghut-v3-lane-yyyymmdd'" in capsys.readouterr().out
+
+
+def test_a_name_or_a_generate_name_is_required(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = yaml.safe_load(GOOD_RUN)
+    run["metadata"] = {"generateName": "nightly-"}
+    assert main([write(tmp_path, "generated.yaml", yaml.safe_dump(run))]) == 0
+    del run["metadata"]
+    assert main([write(tmp_path, "nameless.yaml", yaml.safe_dump(run))]) == 1
+    assert ": metadata.name: is required" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit", [{"apiVersion": 0}, {"apiVersion": ""}, {"kind": None}, {"kind": ""}])
+def test_an_object_without_a_type_is_a_problem_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, object]
+) -> None:
+    """kubectl refuses an object without apiVersion or kind; validate must not pass it as "not ours"."""
+    run = {**yaml.safe_load(GOOD_RUN), **edit}
+    assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run))]) == 1
+    match = ANY_LINE.match(capsys.readouterr().out.strip())
+    assert match and match["path"] == next(iter(edit)), match
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("maxIterations", True), ("maxIterations", "3"), ("maxIterations", 2.5)]
+)
+def test_values_of_the_wrong_json_type_are_refused_as_the_api_server_refuses_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    """Lax parsing took `maxIterations: true` as 1 (found by the webhook fuzz: the API server refuses
+    it with `must be of type integer`)."""
+    run = yaml.safe_load(GOOD_RUN)
+    run["spec"]["workflow"]["steps"][1]["loop"][field] = value
+    assert main([write(tmp_path, "run.yaml", yaml.safe_dump(run))]) == 1
+    match = ANY_LINE.match(capsys.readouterr().out.strip())
+    assert match and match["path"] == f"spec.workflow.steps[1].loop.{field}", match

@@ -65,7 +65,12 @@ class LoopStatus(StatusModel):
     current_iteration: int = Field(default=0, ge=0, description="Iteration running or last run (1-based).")
     completed_iterations: int = Field(default=0, ge=0, description="Iterations that finished successfully.")
     max_iterations: int = Field(
-        default=0, ge=0, description="Effective bound (spec value after the operator's cap)."
+        default=0,
+        ge=0,
+        description=(
+            "The loop's bound: spec loop.maxIterations, or a forEach's item count once its items are "
+            "frozen. A spec above the operator's cap is refused (InvalidSpec), never clamped."
+        ),
     )
     # A str, not LoopStopReason: a status written by a newer operator (with a new reason) must parse.
     stop_reason: str | None = Field(

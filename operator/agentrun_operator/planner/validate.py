@@ -14,6 +14,7 @@ so a status message, an Event and a CLI line are each enough to act on without r
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from agentrun_operator.api.vcs import VersionControlProvider
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
 from agentrun_operator.planner import compat
+from agentrun_operator.planner.envelope import metadata_problems
 from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.planner.validate_compat import compat_problems
@@ -377,8 +379,9 @@ _KIND_MODELS: Final[dict[str, type[BaseModel]]] = {
 
 def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Problem]:
     """Offline validation of one manifest of any of our kinds (AgentRun, Agent, AgentProvider,
-    ImplementationSpec, VersionControlProvider). Parse errors become problems with their field path;
-    references are skipped.
+    ImplementationSpec, VersionControlProvider). The envelope first (planner/envelope.py: metadata
+    as the API server checks it), then the kind's model: parse errors become problems with their
+    field path; references are skipped.
     """
     kind = obj.get("kind")
     model = _KIND_MODELS.get(kind) if isinstance(kind, str) else None
@@ -392,16 +395,21 @@ def validate_manifest(obj: dict[str, Any], config: OperatorConfig) -> list[Probl
                 DOCS_API,
             )
         ]
+    problems = metadata_problems(obj)
+    if not isinstance(obj.get("metadata"), Mapping):  # said once above, not again by the model
+        obj = {**obj, "metadata": {}}
     try:
-        parsed = model.model_validate(obj)
+        # Strict, from JSON, as the API server reads a manifest: `maxIterations: true` or `"3"` is
+        # refused there, where lax parsing would take them as 1 and 3.
+        parsed = model.model_validate_json(json.dumps(obj, default=str), strict=True)
     except ValidationError as err:
         docs = _api(f"fields-{str(kind).lower()}")
-        return [_problem_from_error(item, docs) for item in err.errors()]
+        return [*problems, *(_problem_from_error(item, docs) for item in err.errors())]
     if isinstance(parsed, AgentRun):
-        return validate_static(parsed, config)
+        return [*problems, *validate_static(parsed, config)]
     if isinstance(parsed, AgentProvider):
-        return list(compat.provider_problems(parsed.spec))
-    return []
+        return [*problems, *compat.provider_problems(parsed.spec)]
+    return problems
 
 
 def _problem_from_error(item: Any, docs: str) -> Problem:
