@@ -318,10 +318,13 @@ class RealNode:
         )
 
     def ever_started(self) -> bool:
-        """Whether a real node ever ran from this state: its directory (made before anything of the
-        node starts) or a record of one of its components."""
-        return self.paths.root.exists() or any(
-            processes.read_record(self.plane.run_dir, name) is not None for name in NODE_COMPONENTS
+        """Whether a real node ever ran from this state (its directory, made before anything of the
+        node starts, or a record of one of its components), or a node's owner file is on the host
+        (the node of this or another state, whose leftovers a stop may have to remove)."""
+        return (
+            self.paths.root.exists()
+            or node_owner() is not None
+            or any(processes.read_record(self.plane.run_dir, name) is not None for name in NODE_COMPONENTS)
         )
 
     def stop(self) -> list[str]:
