@@ -136,41 +136,12 @@ class HeldFork:
 """
 
 
-def run_held_pod(tmp_path: Path, main: str, gap: float, held: float) -> dict[str, object]:
-    """`run_pod`, with `main` forked from outside the pod's namespace (as a runtime does) by a
-    process that holds that fork `held` seconds between its PID's allocation and its process's
-    appearance in /proc (`HELD_FORK`)."""
-    meta, control = tmp_path / "meta", tmp_path / "control.json"
-    meta.mkdir()
-    with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
-        reporter = subprocess.Popen(
-            [*inside, *reporter_argv(meta, control)], stdout=subprocess.DEVNULL, stderr=err, pass_fds=fds
-        )
-        try:
-            hook = subprocess.run(
-                [*inside, *hook_argv(meta)], capture_output=True, text=True, timeout=60, pass_fds=fds
-            )
-            assert hook.returncode == 0, hook.stderr + (meta / "reporter.err").read_text()
-            time.sleep(gap)  # no process in the namespace but PID 1 and the reporter
-            launched = subprocess.run(
-                [sys.executable, "-c", HELD_FORK + LAUNCH_HELD, str(fds[-1]), str(meta), main, str(held)],
-                capture_output=True, text=True, timeout=60, pass_fds=fds,
-            )  # fmt: skip
-            assert launched.returncode == 0, launched.stderr
-            code = reporter.wait(timeout=60)
-        finally:
-            reporter.kill()
-    assert code == 0, (meta / "reporter.err").read_text()
-    assert (meta / "gate").is_dir()  # the hook opened main's gate
-    envelope: dict[str, object] = json.loads((meta / "termination-log").read_text())
-    envelope["log"] = (meta / "reporter.err").read_text()
-    return envelope
-
-
-def run_pod(tmp_path: Path, main: str, gap: float = 0.5) -> dict[str, object]:
+def run_pod(tmp_path: Path, main: str, gap: float = 0.5, held: float = 0.0) -> dict[str, object]:
     """The pod in a shared PID namespace (the pod runner's helper plays the pause): the reporter,
     the hook run to its end, `gap` seconds in which nothing of the pod but the reporter runs (as
-    while the kubelet creates `main`), then `main`."""
+    while the kubelet creates `main`), then `main`; with `held`, `main` is forked from outside the
+    namespace (as a runtime does) by a process that holds that fork `held` seconds between its PID's
+    allocation and its process's appearance in /proc (`HELD_FORK`)."""
     meta, control = tmp_path / "meta", tmp_path / "control.json"
     meta.mkdir()
     with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
@@ -183,7 +154,20 @@ def run_pod(tmp_path: Path, main: str, gap: float = 0.5) -> dict[str, object]:
             )
             assert hook.returncode == 0, hook.stderr + (meta / "reporter.err").read_text()
             time.sleep(gap)  # no process in the namespace but PID 1 and the reporter
-            subprocess.run([*inside, "sh", "-c", main], check=True, timeout=60, pass_fds=fds)
+            if held:
+                launch = [
+                    sys.executable,
+                    "-c",
+                    HELD_FORK + LAUNCH_HELD,
+                    str(fds[-1]),
+                    str(meta),
+                    main,
+                    str(held),
+                ]
+            else:
+                launch = [*inside, "sh", "-c", main]
+            launched = subprocess.run(launch, capture_output=True, text=True, timeout=60, pass_fds=fds)
+            assert launched.returncode == 0, launched.stderr
             code = reporter.wait(timeout=60)
         finally:
             reporter.kill()
@@ -271,5 +255,5 @@ def test_a_main_whose_fork_is_held_after_its_pid_is_allocated_is_not_taken_for_e
     meanwhile, as it did), far longer than two looks: the reporter must ask the kernel about that
     PID rather than take the quiet for `main`'s end."""
     control = tmp_path / "control.json"
-    envelope = run_held_pod(tmp_path, f"echo '{{\"continue\": true}}' > {control}", gap=0.1, held=2.0)
+    envelope = run_pod(tmp_path, f"echo '{{\"continue\": true}}' > {control}", gap=0.1, held=2.0)
     assert envelope["status"] == "found" and envelope["control"] == {"continue": True}, envelope
