@@ -32,6 +32,19 @@ def reachable_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _pod_logs(tmp: Path) -> str:
+    """The pod runner's log and every container log of the user's dev cluster, their last lines."""
+    home = next(tmp.glob("**/.agentrun/dev"), None)
+    if home is None:
+        return "\n(no dev home found)"
+    shown = []
+    for log in sorted([*home.glob("logs/*.log"), *home.glob("**/pods/**/*.log")]):
+        if "pod-runner" in log.name or "/pods/" in str(log):
+            lines = log.read_text(errors="replace").splitlines()[-40:]
+            shown.append(f"\n--- {log.relative_to(home)}\n" + "\n".join(lines))
+    return "".join(shown)
+
+
 def test_an_ordinary_user_runs_the_demo_loop_to_its_end(reachable_tmp: Path) -> None:
     user = ordinary_user(reachable_tmp)
     up = user.agentrun("dev", "up", timeout=900)
@@ -39,6 +52,8 @@ def test_an_ordinary_user_runs_the_demo_loop_to_its_end(reachable_tmp: Path) -> 
         assert up.returncode == 0, f"dev up as uid {user.uid}:\n{up.stdout}\n{up.stderr}"
         run = user.agentrun("dev", "run", str(EXAMPLES / "conditional-loop.yaml"), "--timeout", "300")
         shown = f"dev run as uid {user.uid}:\n{run.stdout}\n{run.stderr}"
+        if run.returncode != 0:  # what the pods said, before the fixture removes the user's home
+            shown += _pod_logs(reachable_tmp)
         assert run.returncode == 0, shown
         assert re.search(r"^phase: Succeeded ", run.stdout, re.M), shown
         loop = r": Succeeded, 3 iterations, stop reason LoopConditionFalse$"
