@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,11 +44,14 @@ from agentrun_devcluster.podrunner.sandbox import (
 
 
 def host_tool_paths() -> list[str]:
-    """Where this Python's tools live: the venv (its `agentrun`) and the package's source tree."""
+    """Where this Python's tools live: the venv (its `agentrun`), its site-packages where they really
+    are (a venv may link them from elsewhere, e.g. another venv under /tmp), and the package's
+    source tree."""
     import agentrun_operator
 
     package_root = Path(agentrun_operator.__file__).resolve().parent.parent
-    return sorted({sys.prefix, str(package_root)})
+    site_packages = Path(sysconfig.get_paths()["purelib"]).resolve()
+    return sorted({sys.prefix, str(site_packages), str(package_root)})
 
 
 def default_container_path() -> str:
