@@ -26,6 +26,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.fuzz.mutate import Mutant, example_claims, mutant, support_objects
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claims
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
@@ -57,9 +58,7 @@ def fuzz_cluster(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ControlPlane, OperatorProcess]]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     support = support_objects()
     for obj in support:
         obj["metadata"]["namespace"] = NAMESPACE

@@ -19,6 +19,7 @@ from agentrun_operator.cli import build_parser
 from agentrun_operator.ctl.main import run_ctl
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claims
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -41,9 +42,7 @@ def cluster(
     control_plane: ControlPlane, outcomes: ScriptedOutcomes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ControlPlane, OperatorProcess]]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claims(plane, NAMESPACE, ["ws"])
     driver = KubeletDriver(plane, NAMESPACE, outcomes.outcome).start()
     operator = OperatorProcess(plane, tmp_path_factory.mktemp("operator")).start()

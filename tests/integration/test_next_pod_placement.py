@@ -19,6 +19,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import NODE, KubeletDriver, ScriptedOutcomes
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claims
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -32,9 +33,7 @@ def cluster(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ControlPlane, KubeletDriver]]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claims(plane, NAMESPACE, ["ws"])  # ReadWriteOnce, as workflow_run mounts it
     driver = KubeletDriver(plane, NAMESPACE, ScriptedOutcomes().outcome).start()
     operator = OperatorProcess(

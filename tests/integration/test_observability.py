@@ -22,6 +22,7 @@ from agentrun_devcluster.controlplane import ControlPlane, ControlPlaneError
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.metrics import Samples, delta, scrape, value
@@ -68,9 +69,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claim(plane, NAMESPACE)  # workflow_run's `ws`: the operator starts a run once its claim is Bound
     pods = Pods()
     driver = KubeletDriver(plane, NAMESPACE, pods.outcome).start()

@@ -19,6 +19,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -80,9 +81,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claim(plane, NAMESPACE, "ws")
     hang: set[str] = set()
 

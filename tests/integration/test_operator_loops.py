@@ -23,6 +23,7 @@ from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claims
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -43,9 +44,7 @@ def cluster(
     control_plane: ControlPlane, outcomes: ScriptedOutcomes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claims(plane, NAMESPACE, ["ws", "codex-workspace"])  # workflow_run's, the reference manifests'
     driver = KubeletDriver(plane, NAMESPACE, outcomes.outcome).start()
     operator = OperatorProcess(

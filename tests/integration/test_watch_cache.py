@@ -27,6 +27,7 @@ from agentrun_operator.shell.reconciler import Reconciler
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 from tests.support import api
+from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -55,9 +56,7 @@ class Outcomes:
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     plane = control_plane
-    if not plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200)
+    ready_namespace(plane, NAMESPACE)
     bound_claim(plane, NAMESPACE)
     outcomes = Outcomes()
     driver = KubeletDriver(plane, NAMESPACE, outcomes).start()

@@ -52,3 +52,13 @@ def kubectl_in(
         text=True,
         check=False,
     )
+
+
+def ready_namespace(plane: ControlPlane, namespace: str) -> None:
+    """The namespace, made if missing, once its default ServiceAccount exists (the Job controller's
+    pods need it)."""
+    from tests.support.polling import eventually
+
+    if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
+        plane.kubectl("create", "namespace", namespace)
+    eventually(lambda: plane.api_get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200)
