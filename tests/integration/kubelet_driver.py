@@ -20,6 +20,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.control.envelope import encode_envelope, parse_control_payload
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.jobs.reporter_container import GATE_REFUSAL
 
 NODE = "agentrun-test-node"
 
@@ -41,6 +42,9 @@ class PodOutcome:
     # Never start: the pod stays Pending with its containers `ContainerCreating`, as a kubelet keeps
     # a pod whose volume it cannot mount (the test posts the kubelet's `FailedMount` Event itself).
     mounting: bool = False
+    # The reporter ends before it is ready with this termination message (it crashed, or its hook
+    # gave up): the kubelet then holds `main` at its shut gate, Running, for good.
+    reporter_dies: str | None = None
 
 
 Scenario = Callable[[dict[str, Any]], PodOutcome]
@@ -192,7 +196,12 @@ class KubeletDriver:
                     if not status.get("containerStatuses"):
                         self._set_status(pod, self._creating_status(pod))
                     continue
+                if outcome.reporter_dies is not None:
+                    self._set_status(pod, self._held_status(pod, outcome.reporter_dies))
+                    continue
                 self._set_status(pod, self._running_status(pod))
+                continue
+            if outcome.reporter_dies is not None:
                 continue
             if outcome.hang or time.monotonic() - started < outcome.run_seconds:
                 continue
@@ -221,6 +230,25 @@ class KubeletDriver:
             for c in pod["spec"]["containers"]
         ]
         return {"phase": "Pending", "startTime": _now(), "hostIP": "127.0.0.1", "containerStatuses": waiting}
+
+    def _held_status(self, pod: dict[str, Any], said: str) -> dict[str, Any]:
+        """The reporter ended (exit 1) before it was ready; `main` waits at its shut gate with the
+        kubelet's `CreateContainerConfigError` (tests/e2e/test_job_claim.py shows the real one)."""
+        now = _now()
+        gate = {"reason": "CreateContainerConfigError", "message": f'{GATE_REFUSAL}: "gate" is a symlink'}
+        reporter = {"exitCode": 1, "reason": "Error", "message": said, "startedAt": now, "finishedAt": now}
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": reporter} if c["name"] == "reporter" else {"waiting": gate},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        return {"phase": "Running", "startTime": now, "hostIP": "127.0.0.1", "containerStatuses": statuses}
 
     def _running_status(self, pod: dict[str, Any]) -> dict[str, Any]:
         now = _now()

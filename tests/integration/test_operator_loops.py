@@ -312,6 +312,31 @@ def test_a_timeout_is_recorded_at_once_but_the_retry_waits_for_the_pod(
     assert run["status"]["phase"] == "Succeeded", run["status"]
 
 
+def test_a_reporter_that_ends_before_main_starts_fails_the_attempt_without_a_timeout(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    """No timeout set: the pod whose reporter died before it was ready (its `main` held at the shut
+    gate, Running for good) fails its attempt through the real watch and decode, the retry runs, and
+    a run out of retries ends Failed, never Running (docs/troubleshooting.md#reporter-ended-before-main)."""
+    plane, operator, _ = cluster
+    retried, failed = "reporter-lost-retried", "reporter-lost-failed"
+    outcomes.runs[retried] = lambda _i, a: PodOutcome(reporter_dies="boom" if a == 1 else None)
+    outcomes.runs[failed] = lambda _i, _a: PodOutcome(reporter_dies="MemoryError")
+    _create(plane, _loop_run(retried, {"maxIterations": 1}, retries=1, retryBackoffSeconds=0))
+    _create(plane, _loop_run(failed, {"maxIterations": 2}))
+    run = _wait_finished(plane, retried, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert _step_status(run)["loop"]["iterations"][0]["attempts"] == 2
+    run = _wait_finished(plane, failed, operator)
+    assert run["status"]["phase"] == "Failed", run["status"]
+    step = _step_status(run)
+    assert step["loop"]["stopReason"] == "LoopIterationFailed"
+    failure = step["lastFailure"]
+    assert failure["reason"] == "ReporterEndedBeforeMain", failure
+    assert "exit code 1, Error): MemoryError" in failure["message"], failure
+    assert {j["metadata"]["name"] for j in _jobs(plane, failed)} <= {f"{failed}-step-1-iter-1-attempt-1"}
+
+
 def test_timeout_with_retries_exhausted_fails_the_loop(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     name = "timeout-exhausted"

@@ -25,6 +25,7 @@ from agentrun_operator.planner.feedback import (
     REASON_DEADLINE,
     REASON_DELETED,
     REASON_REPORTER_BLIND,
+    REASON_REPORTER_LOST,
     REASON_VANISHED,
     failure_of,
     previous,
@@ -352,6 +353,14 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
         ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
         cause = f"pod {refused.name} cannot run main: {clip(refused.reporter_refusal, 600)}"
         return _record_failure(ctx, step, None, cause, REASON_REPORTER_BLIND)
+    pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
+    if pods and all(p.reporter_lost for p in pods):
+        # No pod of the Job can ever start main (a duplicate held at its gate while another pod
+        # runs is not this): fail now, not at the timeout, or never when there is none.
+        lost = pods[0]
+        ctx.delete_reasons[job.name] = "its pod's reporter ended before main started; the attempt failed"
+        cause = f"pod {lost.name} never started main: {clip(lost.reporter_lost or '', 600)}"
+        return _record_failure(ctx, step, None, cause, REASON_REPORTER_LOST)
     where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
     base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
     note_wait(ctx, step, base, ctx.observed.pods_of(job.name))

@@ -31,6 +31,8 @@ REASON_DELETED: Final = "JobDeleted"
 REASON_POD_FAILED: Final = "PodFailed"
 REASON_REPORTER_BLIND: Final = "ReporterCannotSeeMain"
 """The pod shares no PID namespace: its reporter could never see `main` end (it refused to start it)."""
+REASON_REPORTER_LOST: Final = "ReporterEndedBeforeMain"
+"""The reporter ended before it was ready, so `main`'s gate stays shut and it never starts."""
 
 
 def tail(text: str, limit: int) -> str:

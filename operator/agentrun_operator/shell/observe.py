@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
+from agentrun_operator.control.claim import read_report
 from agentrun_operator.control.reporter import BLIND_EXIT
 from agentrun_operator.jobs.reporter_container import (
     FINGERPRINT_CONTAINER,
@@ -158,6 +159,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         reporter_message=reporter_message,
         claim_message=claim_message,
         reporter_refusal=refusal,
+        reporter_lost=None if refusal else reporter_lost(status),
         main_exit_code=exit_code,
         main_reason=reason,
         main_message=message,
@@ -212,6 +214,26 @@ def held_at_gate(cs: dict[str, Any]) -> bool:
         and waiting.get("reason") == "CreateContainerConfigError"
         and str(waiting.get("message") or "").startswith(GATE_REFUSAL)
     )
+
+
+def reporter_lost(status: dict[str, Any]) -> str | None:
+    """What a reporter that ended before it was ready said, when `main` is held at its shut gate
+    because of it (docs/troubleshooting.md#reporter-ended-before-main); None otherwise. The reporter
+    of a duplicate pod ends so on purpose, with its `taken` claim report as its message: not lost."""
+    statuses = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
+    if not any(held_at_gate(cs) for cs in statuses):
+        return None
+    reporter = next((cs for cs in statuses if cs.get("name") == REPORTER_CONTAINER), None)
+    ended = ((reporter or {}).get("state") or {}).get("terminated")
+    if not ended or ended.get("exitCode") == BLIND_EXIT:
+        return None
+    said = str(ended.get("message") or "").strip()
+    report = read_report(said)
+    if report is not None and report.outcome == "taken":
+        return None
+    how = f"exit code {ended.get('exitCode')}" + (f", {ended['reason']}" if ended.get("reason") else "")
+    quoted = f": {said}" if said else ""
+    return f"the reporter ended before it was ready ({how}){quoted}; main's gate stays shut"
 
 
 def pod_wait(status: dict[str, Any]) -> PodWait | None:

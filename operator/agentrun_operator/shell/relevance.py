@@ -64,6 +64,7 @@ def pod_arrival_relevant(pod: ObservedPod, others: tuple[ObservedPod, ...]) -> b
         pod.stopped
         or pod.waiting is not None
         or pod.reporter_refusal is not None
+        or pod.reporter_lost is not None
         or any(p.job_name == pod.job_name for p in others)
     )
 

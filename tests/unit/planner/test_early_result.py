@@ -192,3 +192,31 @@ def test_a_reporter_that_refused_main_fails_the_attempt_at_once_with_its_words()
     assert step.last_failure.reason == "ReporterCannotSeeMain"
     assert why in step.last_failure.message and why in (step.message or "")
     assert records(world) == [(1, "Failed", 1)]
+
+
+def test_a_reporter_that_ended_before_main_started_fails_the_attempt_instead_of_waiting_forever() -> None:
+    """Its hook gave up or it crashed (docs/troubleshooting.md#reporter-ended-before-main): `main`
+    is held at its shut gate for good, so the attempt fails now (and retries), not at a timeout the
+    step may not have."""
+    world, first = looping(retries=1)
+    why = "the reporter ended before it was ready (exit code 137, OOMKilled); main's gate stays shut"
+    set_pod(world, first, reporter_lost=why)
+    assert pod_arrival_relevant(pod_of(world, first), ())
+    world.plan()
+    assert first in world.deleted
+    step = world.step_status()
+    assert step.last_failure.reason == "ReporterEndedBeforeMain"
+    assert why in step.last_failure.message
+    assert step.phase == "Retrying"
+
+
+def test_a_duplicate_held_at_its_gate_beside_a_live_pod_does_not_fail_the_attempt() -> None:
+    """Only when no pod of the Job can start `main` does a lost reporter fail the attempt."""
+    world, first = looping()
+    set_pod(world, first, phase="Running")
+    world.pods[f"{first}-pod2"] = ObservedPod(
+        f"{first}-pod2", first, "Running", reporter_lost="the reporter ended before it was ready"
+    )
+    world.plan()
+    assert first not in world.deleted
+    assert world.step_status().phase == "Running"

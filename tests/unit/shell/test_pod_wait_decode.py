@@ -180,3 +180,31 @@ def test_a_reporter_that_refused_main_is_decoded_with_its_words_not_as_a_report(
     reported = pod_from_k8s(pod(status(0, '{"status":"missing"}')))
     assert reported is not None and reported.reporter_refusal is None
     assert reported.reporter_message == '{"status":"missing"}'
+
+
+def test_a_reporter_that_ended_before_it_was_ready_is_lost_unless_its_pod_is_a_duplicate() -> None:
+    """`main` held at its shut gate (the kubelet's `CreateContainerConfigError` for the gate) beside
+    a reporter that ended: lost, with what it said; a duplicate's reporter ends so on purpose (its
+    message is its `taken` claim report), and a reporter that refused (exit 3) is a refusal."""
+    from agentrun_operator.control.claim import Claim, report_text
+    from agentrun_operator.control.reporter import BLIND_EXIT
+    from agentrun_operator.jobs.reporter_container import GATE_REFUSAL
+
+    def status(code: int, message: str, main: dict[str, Any]) -> dict[str, Any]:
+        ended = {"exitCode": code, "reason": "Error", "message": message}
+        reporter = {"name": "reporter", "state": {"terminated": ended}}
+        return {"phase": "Running", "containerStatuses": [reporter, {"name": "main", "state": main}]}
+
+    held = {"waiting": {"reason": "CreateContainerConfigError", "message": GATE_REFUSAL + ': "x"'}}
+    event = json.dumps({"type": "MODIFIED", "object": pod(status(1, "Traceback: boom", held))}).encode()
+    lost = pod_from_k8s(decode_json(event)["object"])
+    assert lost is not None and lost.reporter_lost is not None
+    assert "exit code 1, Error" in lost.reporter_lost and "Traceback: boom" in lost.reporter_lost
+    duplicate = report_text(Claim("taken", "other-pod"), "ws", "/claims")
+    assert pod_from_k8s(pod(status(1, duplicate, held))).reporter_lost is None  # type: ignore[union-attr]
+    blind = pod_from_k8s(pod(status(BLIND_EXIT, "cannot see main", held)))
+    assert blind is not None and blind.reporter_lost is None and blind.reporter_refusal
+    running = {"running": {"startedAt": "2026-11-27T10:00:00Z"}}
+    assert pod_from_k8s(pod(status(1, "boom", running))).reporter_lost is None  # type: ignore[union-attr]
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    assert pod_from_k8s(pod(status(1, "boom", creating))).reporter_lost is None  # type: ignore[union-attr]
