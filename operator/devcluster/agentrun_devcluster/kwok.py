@@ -37,9 +37,17 @@ NODE_PREFIX = "kwok-node-"
 class KwokPlane:
     """Start, fill with nodes, and stop a KWOK plane kept under `home`."""
 
-    def __init__(self, home: Path, nodes: int = 10, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        nodes: int = 10,
+        progress: Progress | None = None,
+        extra_stages: tuple[Path, ...] = (),
+    ) -> None:
         self.home = home
         self.nodes = nodes
+        # More Stages (another workload's pods, e.g. a workflow engine's), loaded beside ours.
+        self.extra_stages = extra_stages
         self.say: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.plane = ControlPlane(
             home,
@@ -92,6 +100,7 @@ class KwokPlane:
             str(kwok_bin),
             f"--kubeconfig={self.kubeconfig}",
             f"--config={config}",
+            *(f"--config={extra}" for extra in self.extra_stages),
             f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}={NODE_ANNOTATION_VALUE}",
             "--node-lease-duration-seconds=0",  # no node-lifecycle controller here reads leases
             f"--server-address=127.0.0.1:{processes.free_port()}",
@@ -175,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--home", type=Path, required=True, help="the plane's state directory")
     ap.add_argument("--nodes", type=int, default=10, help="fake nodes (up)")
     ap.add_argument("--crds", type=Path, default=None, help="a directory of CRDs to install (up)")
+    ap.add_argument(
+        "--stages", type=Path, action="append", default=[], help="a file of more KWOK Stages (up; repeatable)"
+    )
     args = ap.parse_args(argv)
-    kwok = KwokPlane(args.home, args.nodes)
+    kwok = KwokPlane(args.home, args.nodes, extra_stages=tuple(args.stages))
     try:
         if args.command == "up":
             kwok.start(crds_dir=args.crds)
