@@ -41,6 +41,7 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
     mem.set_xscale("log")
     mem.set_xlabel("concurrent runs (x 3 iterations)")
     mem.set_ylabel("MB")
+    mem.set_ylim(bottom=0)
     mem.set_title("operator memory")
     mem.grid(True, which="both", alpha=0.3)
     mem.legend()
