@@ -49,7 +49,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     target: Target | None = None
     try:
         target = await connect(args.kubeconfig, args.context, args.namespace)
-        output = args.output or ""
+        output = getattr(args, "output", None) or ""
         if args.command == "status":
             return await commands.status(target, args.name, output, wants_colour(out), out)
         if args.command == "watch":
@@ -67,6 +67,14 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 iteration=args.iteration,
                 output=output,
                 out=out,
+            )
+        if args.command == "logs":
+            from agentrun_operator.ctl.attempts import Selection
+            from agentrun_operator.ctl.logs import logs
+
+            chosen = Selection(args.step, args.iteration, args.attempt)
+            return await logs(
+                target, args.name, chosen, args.container, args.follow, wants_colour(out), out, err
             )
         raise AssertionError(args.command)
     except aiohttp.ClientError as exc:

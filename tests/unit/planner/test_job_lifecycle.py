@@ -75,6 +75,17 @@ def test_a_timeout_is_recorded_at_failure_target_with_the_deadline_message() -> 
     assert deletes(result) == [] and ttls(result) == []
     world.settle()
     result = world.plan()
+    # Settled, it is a failed attempt: pod GC OnPodSuccess (the default) keeps it, no TTL.
+    assert ttls(result) == [] and deletes(result) == []
+
+
+def test_a_settled_timeout_gets_its_ttl_under_on_pod_completion() -> None:
+    world, first = timed_out_world(retries=0)
+    world.config = replace(world.config, pod_gc_strategy="OnPodCompletion")
+    result = world.plan()
+    assert deletes(result) == [] and ttls(result) == []
+    world.settle()
+    result = world.plan()
     assert ttls(result) == [first] and deletes(result) == []
 
 
