@@ -11,7 +11,7 @@ collected: the line that says so is `collected_line`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
@@ -41,7 +41,8 @@ class Attempt:
     @property
     def title(self) -> str:
         where = self.label or self.step
-        return f"{where} · iteration {self.iteration} · attempt {self.attempt}"
+        attempt = str(self.attempt) if self.attempt else "? (not recorded)"
+        return f"{where} · iteration {self.iteration} · attempt {attempt}"
 
 
 @dataclass
@@ -94,40 +95,58 @@ def from_jobs(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[At
     return found
 
 
-def _from_entry(entry: dict[str, Any], prefix: str, body_iteration: int | None) -> list[Attempt]:
+NOT_RUN: Final = frozenset({"Pending", "Skipped"})
+
+
+def _from_entry(
+    entry: dict[str, Any], prefix: str, body_iteration: int | None, workloads: frozenset[str]
+) -> list[Attempt]:
     """The attempts a step's status entry records (its own and its children's); ordered by when
-    their iteration (or step) started, as far as the status says."""
+    their iteration (or step) started, as far as the status says. A group's entry holds only its
+    current iteration's children; of earlier iterations, its records name each child's phase (the
+    number of attempts is not kept: `attempt` 0)."""
     name = str(entry.get("name", ""))
     path = f"{prefix}/{name}" if prefix else name
     loop = entry.get("loop") or {}
-    found: list[Attempt] = []
     records = loop.get("iterations") or []
+    current = int(loop.get("currentIteration") or 0)
+    found: list[Attempt] = []
     for record in records:
-        attempts = int(record.get("attempts") or 0)
+        index = int(record.get("index", 1))
         started = str(record.get("startedAt") or entry.get("startedAt") or "")
-        for number in range(1, attempts + 1):
-            phase = record.get("phase") if number == attempts else "Failed"
-            order = (started, f"{path}\0{int(record.get('index', 1)):06d}{number:06d}")
-            found.append(Attempt(path, int(record.get("index", 1)), number, phase=phase, order=order))
-    if not records and entry.get("jobRef") and int(entry.get("attempt") or 0) >= 1:
+        if path in workloads:
+            attempts = int(record.get("attempts") or 0)
+            for number in range(1, attempts + 1):
+                phase = record.get("phase") if number == attempts else "Failed"
+                found.append(
+                    Attempt(path, index, number, phase=phase, order=(started, f"{path}\0{number:06d}"))
+                )
+        elif index != current:
+            for position, (child, phase) in enumerate((record.get("steps") or {}).items()):
+                child_path = f"{path}/{child}"
+                if child_path in workloads and phase not in NOT_RUN:
+                    order = (started, f"{position:06d}")
+                    found.append(Attempt(child_path, index, 0, phase=str(phase), order=order))
+    if not records and path in workloads and entry.get("jobRef") and int(entry.get("attempt") or 0) >= 1:
         attempts = int(entry.get("attempt") or 0)
         started = str(entry.get("startedAt") or "")
         for number in range(1, attempts + 1):
             phase = entry.get("phase") if number == attempts else "Failed"
             order = (started, f"{path}\0{number:06d}")
             found.append(Attempt(path, body_iteration or 1, number, phase=phase, order=order))
-    children_iteration = int(loop.get("currentIteration") or 0) or body_iteration
+    children_iteration = current or body_iteration
     for child in entry.get("steps") or []:
-        found += _from_entry(child, path, children_iteration)
+        found += _from_entry(child, path, children_iteration, workloads)
     return found
 
 
-def from_status(run: dict[str, Any]) -> list[Attempt]:
-    """The attempts the run's status records (its history may be pruned: docs/api.md#status)."""
+def from_status(run: dict[str, Any], workloads: frozenset[str]) -> list[Attempt]:
+    """The attempts the run's status records (its history may be pruned: docs/api.md#status), of the
+    steps in `workloads` (run paths of the workload steps: only they have Jobs)."""
     workflow = (run.get("status") or {}).get("workflow") or {}
     found: list[Attempt] = []
     for entry in workflow.get("steps") or []:
-        found += _from_entry(entry, "", None)
+        found += _from_entry(entry, "", None, workloads)
     return found
 
 
@@ -140,14 +159,25 @@ def merged(with_jobs: list[Attempt], recorded: list[Attempt]) -> list[Attempt]:
         Attempt(a.step, a.iteration, a.attempt, a.label, a.job, a.pods, phases.get(k), a.order)
         for k, a in key.items()
     ]
-    result += [a for a in recorded if (a.step, a.iteration, a.attempt) not in key]
+    iterations = {(a.step, a.iteration) for a in with_jobs}
+    result += [
+        a
+        for a in recorded
+        if (a.step, a.iteration, a.attempt) not in key
+        and not (a.attempt == 0 and (a.step, a.iteration) in iterations)
+    ]
     result.sort(key=lambda a: a.order)
     return result
 
 
-def workload_steps(run: AgentRun) -> tuple[str, ...]:
+def step_paths(run: AgentRun) -> tuple[str, ...]:
     """Run paths of every step of the spec (groups and switches too: they select their children)."""
     return tuple(node.path for node in walk(run))
+
+
+def workload_paths(run: AgentRun) -> frozenset[str]:
+    """Run paths of the steps that run pods (not groups, switches or approval gates)."""
+    return frozenset(node.path for node in walk(run) if node.step.kind == "workload")
 
 
 def _span(values: list[int]) -> str:
@@ -199,19 +229,22 @@ def _example(chosen: Selection) -> str:
     return chosen.workload_steps[0] if chosen.workload_steps else "STEP"
 
 
-def collected_line(run_name: str, attempt: Attempt, strategy: str | None) -> str:
-    """Why an attempt has no pod to read any more (one line)."""
-    phase = f" ({attempt.phase})" if attempt.phase else ""
+def collected_line(run_name: str, attempt: Attempt, strategy: str | None, titled: bool = True) -> str:
+    """Why an attempt has no pod to read any more (one line; without the attempt's title when a
+    header above it names the attempt)."""
+    head = f"{attempt.title}{f' ({attempt.phase})' if attempt.phase else ''}: " if titled else ""
     policy = f"spec.podGC.strategy {strategy}" if strategy else "the installation's pod GC policy"
     if attempt.job is None:
+        if attempt.phase == "Succeeded":
+            why = "a succeeded attempt's Job gets the Job TTL, AGENTS_CONTROLLER_JOB_TTL_SECONDS"
+        else:
+            why = "not kept by the strategy, or past podGC.retentionSeconds or maxKeptPods"
         return (
-            f"{attempt.title}{phase}: its Job and pod were collected after its result was recorded "
-            f"({policy}; succeeded attempts get the Job TTL, AGENTS_CONTROLLER_JOB_TTL_SECONDS); "
-            f"its outcome is in agentrun status {run_name}; see docs/api.md#podgc"
+            f"{head}pod collected after the result was recorded ({why}; {policy}); the outcome is in "
+            f"agentrun status {run_name}; see docs/api.md#podgc"
         )
     ttl = (attempt.job.get("spec") or {}).get("ttlSecondsAfterFinished")
     when = f"; its Job goes {ttl}s after it finished (ttlSecondsAfterFinished)" if ttl is not None else ""
     return (
-        f"{attempt.title}{phase}: Job {attempt.job_name} has no pod any more (deleted, evicted or "
-        f"collected){when}; see docs/api.md#podgc"
+        f"{head}Job {attempt.job_name} has no pod any more (deleted or evicted){when}; see docs/api.md#podgc"
     )

@@ -26,7 +26,8 @@ from agentrun_operator.ctl.attempts import (
     from_status,
     merged,
     select,
-    workload_steps,
+    step_paths,
+    workload_paths,
 )
 from agentrun_operator.ctl.commands import get_run
 from agentrun_operator.ctl.connect import CtlError, Target
@@ -153,11 +154,13 @@ async def logs(
         run = parse_agentrun(raw)
     except ValueError:
         run = None
+    workloads: frozenset[str] = frozenset()
     if run is not None:
-        chosen.workload_steps = workload_steps(run)
+        chosen.workload_steps = step_paths(run)
+        workloads = workload_paths(run)
     jobs = await _list(kube, target, "jobs", name)
     pods = await _list(kube, target, "pods", name)
-    attempts = merged(from_jobs(jobs, pods), from_status(raw))
+    attempts = merged(from_jobs(jobs, pods), from_status(raw, workloads))
     picked = select(name, attempts, chosen)
     strategy = run.spec.pod_gc.strategy if run is not None and run.spec.pod_gc is not None else None
     several = len(picked) > 1
@@ -170,7 +173,7 @@ async def logs(
             )
             out.flush()
         if pod is None:
-            line = collected_line(name, attempt, strategy)
+            line = collected_line(name, attempt, strategy, titled=not several)
             (out if several else err).write(line + "\n")
             code = EXIT_POD_GONE
             continue

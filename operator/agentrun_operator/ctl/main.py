@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from typing import TextIO
@@ -93,6 +94,10 @@ def run_ctl(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     except CtlError as exc:
         err.write(f"agentrun {args.command}: {exc}\n")
         return render.EXIT_ERROR
+    except BrokenPipeError:  # `agentrun logs … | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return 0
     except KeyboardInterrupt:
         err.write(f"agentrun {args.command}: interrupted\n")
         return 130

@@ -62,7 +62,7 @@ def timed_out_world(retries: int, backoff: int = 0, **step: Any) -> tuple[Planne
 
 
 def test_a_timeout_is_recorded_at_failure_target_with_the_deadline_message() -> None:
-    world, first = timed_out_world(retries=0)
+    world, _first = timed_out_world(retries=0)
     result = world.plan()
     step = world.step_status()
     assert world.phase == "Failed"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, AgentRunStatus, parse_agentrun
 from agentrun_operator import naming
+from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, AgentRunStatus, parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope, parse_control_payload
 from agentrun_operator.planner.actions import (
