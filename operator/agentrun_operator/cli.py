@@ -204,6 +204,22 @@ def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     reject.add_argument("--reason", required=True, help="why (required; shown in the run's message)")
     reject.set_defaults(func=_cmd_ctl)
 
+    logs = sub.add_parser(
+        "logs",
+        help="print the workload's log of a run's attempt (default: its latest), following with -f",
+    )
+    add_arguments(logs, output=False)
+    logs.add_argument(
+        "--step",
+        metavar="PATH",
+        help="the step's path as logs name it, e.g. develop/review (all its attempts)",
+    )
+    logs.add_argument("--iteration", type=int, metavar="N", help="only this iteration (needs --step)")
+    logs.add_argument("--attempt", type=int, metavar="A", help="only this attempt (needs --step)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing while the attempt runs")
+    logs.add_argument("-c", "--container", help="a container of the pod (default: the workload's)")
+    logs.set_defaults(func=_cmd_ctl)
+
 
 def _add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -339,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CLUSTER_COMMANDS = ("status", "watch", "cancel", "approve", "reject")
+CLUSTER_COMMANDS = ("status", "watch", "cancel", "approve", "reject", "logs")
 USAGE_ERROR_EXIT = 4
 """Bad arguments of a cluster command exit 4, not argparse's 2 (which `watch` uses for Cancelled)."""
 

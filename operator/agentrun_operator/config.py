@@ -34,6 +34,13 @@ cancel still ends a `main` that ignores SIGTERM within seconds. Long enough for 
 under a second)."""
 
 
+DEFAULT_POD_GC_STRATEGY = "OnPodSuccess"
+POD_GC_STRATEGIES = ("OnPodSuccess", "OnPodCompletion", "OnRunCompletion")
+DEFAULT_POD_GC_MAX_KEPT_PODS = 10
+"""Kept (failed) pods per run: enough to read the last few failures, few enough that a loop of 1,000
+failing attempts cannot pile up pods."""
+
+
 class ConfigError(ValueError):
     """A configuration variable has a value the operator cannot use."""
 
@@ -57,6 +64,13 @@ class OperatorConfig:
     set, Kubernetes' default applies (`AGENTS_CONTROLLER_TERMINATION_GRACE_SECONDS` unset)."""
     pod_fs_group: int | None = DEFAULT_POD_FS_GROUP
     """None: iteration pods get no `fsGroup` (`AGENTS_CONTROLLER_POD_FS_GROUP=0`)."""
+    pod_gc_strategy: str = DEFAULT_POD_GC_STRATEGY
+    """Which recorded attempts keep their pods when a run sets no `spec.podGC.strategy`
+    (docs/api.md#podgc)."""
+    pod_gc_retention_seconds: int = 0
+    """How long a kept pod stays after its attempt ended; 0: until the run is deleted."""
+    pod_gc_max_kept_pods: int = DEFAULT_POD_GC_MAX_KEPT_PODS
+    """At most this many kept pods per run; the oldest past it are released."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -97,6 +111,15 @@ class OperatorConfig:
             found = raw(name)
             return default if found is None else found[1]
 
+        def choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+            found = raw(name)
+            if found is None:
+                return default
+            key, value = found
+            if value not in choices:
+                raise ConfigError(f"{key}={value!r}: expected one of {', '.join(choices)}")
+            return value
+
         namespaces = text("CONTROLLER_NAMESPACES", "")
         fs_group = integer("CONTROLLER_POD_FS_GROUP", DEFAULT_POD_FS_GROUP, 0, 2**31 - 1)
         return cls(
@@ -118,4 +141,9 @@ class OperatorConfig:
                 else None
             ),
             pod_fs_group=fs_group or None,
+            pod_gc_strategy=choice("CONTROLLER_POD_GC_STRATEGY", DEFAULT_POD_GC_STRATEGY, POD_GC_STRATEGIES),
+            pod_gc_retention_seconds=integer("CONTROLLER_POD_GC_RETENTION_SECONDS", 0, 0, 90 * 24 * 3600),
+            pod_gc_max_kept_pods=integer(
+                "CONTROLLER_POD_GC_MAX_KEPT_PODS", DEFAULT_POD_GC_MAX_KEPT_PODS, 0, 1000
+            ),
         )

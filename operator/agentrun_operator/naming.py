@@ -12,6 +12,10 @@ LABEL_STEP_INDEX = f"{GROUP}/step-index"
 LABEL_ITERATION = f"{GROUP}/iteration"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_STEP_PATH = f"{GROUP}/step-path"  # only on Jobs of nested steps: the address, e.g. `2i3-1`
+LABEL_STEP_ITERATION = f"{GROUP}/step-iteration"
+"""Only on Jobs of a loop body's child without a loop of its own: the iteration of the child itself
+(always 1, as in its Job name), while `LABEL_ITERATION` carries the body's iteration (the
+AGENTRUN_ITERATION its pod sees), so `-l agents.proompteng.ai/iteration=3` finds body iteration 3."""
 ANNOTATION_STEP = f"{GROUP}/step"
 """Only on Jobs (and pods) of nested steps: the step's path as Events and logs name it, with the
 iteration of every looping ancestor (`develop/iteration 2/review`)."""
@@ -61,6 +65,13 @@ def job_name(
     tail = f"-{digest}-iter-{iteration}-attempt-{attempt}"
     head = f"{run_name}-step-{step_address(ancestors, step_index)}"[: MAX_NAME - len(tail)]
     return f"{head.rstrip('-.')}{tail}"
+
+
+def job_iteration(labels: dict[str, str]) -> str | None:
+    """The iteration of the Job's own step (what its name and the planner count), from its labels:
+    `LABEL_STEP_ITERATION` where the Job has it, else `LABEL_ITERATION` (every Job of an operator
+    before it, and every Job whose step is the loop)."""
+    return labels.get(LABEL_STEP_ITERATION, labels.get(LABEL_ITERATION))
 
 
 def label_value(value: str) -> str:

@@ -426,6 +426,44 @@ class VcsPolicy(ApiModel):
     )
 
 
+PodGCStrategy = Literal["OnPodSuccess", "OnPodCompletion", "OnRunCompletion"]
+MAX_POD_GC_RETENTION_SECONDS: Final = 90 * 24 * 3600
+"""The longest a kept pod may be retained (90 days): longer is almost surely a unit mistake."""
+MAX_POD_GC_KEPT_PODS: Final = 1000
+
+
+class PodGC(ApiModel):
+    """Which iteration pods stay after their attempt is recorded (docs/api.md#podgc)."""
+
+    strategy: PodGCStrategy | None = Field(
+        default=None,
+        description=(
+            "OnPodSuccess (default): failed attempts keep their pods, succeeded ones get the Job TTL; "
+            "OnPodCompletion: every attempt gets the Job TTL; OnRunCompletion: every pod stays until "
+            "the run finishes, then gets the Job TTL. Unset: the installation's "
+            "(AGENTS_CONTROLLER_POD_GC_STRATEGY)."
+        ),
+    )
+    retention_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_POD_GC_RETENTION_SECONDS,
+        description=(
+            "How long a kept pod stays after its attempt ended (0..7776000); unset: the installation's "
+            "(AGENTS_CONTROLLER_POD_GC_RETENTION_SECONDS), where 0 means until the run is deleted."
+        ),
+    )
+    max_kept_pods: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_POD_GC_KEPT_PODS,
+        description=(
+            "At most this many kept pods per run (0..1000); the oldest past it are released. Unset: "
+            "the installation's (AGENTS_CONTROLLER_POD_GC_MAX_KEPT_PODS)."
+        ),
+    )
+
+
 class AgentRunSpec(ApiModel):
     """Desired state of an AgentRun; immutable after creation except `cancel` and `approvals` (appended)."""
 
@@ -464,6 +502,11 @@ class AgentRunSpec(ApiModel):
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the AgentRun this many seconds after it finished."
+    )
+    pod_gc: PodGC | None = Field(
+        default=None,
+        alias="podGC",
+        description="Which iteration pods are kept after their attempt (docs/api.md#podgc).",
     )
     cancel: CancelMode | None = Field(
         default=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from typing import TextIO
@@ -49,7 +50,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     target: Target | None = None
     try:
         target = await connect(args.kubeconfig, args.context, args.namespace)
-        output = args.output or ""
+        output = getattr(args, "output", None) or ""
         if args.command == "status":
             return await commands.status(target, args.name, output, wants_colour(out), out)
         if args.command == "watch":
@@ -68,6 +69,14 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 output=output,
                 out=out,
             )
+        if args.command == "logs":
+            from agentrun_operator.ctl.attempts import Selection
+            from agentrun_operator.ctl.logs import logs
+
+            chosen = Selection(args.step, args.iteration, args.attempt)
+            return await logs(
+                target, args.name, chosen, args.container, args.follow, wants_colour(out), out, err
+            )
         raise AssertionError(args.command)
     except aiohttp.ClientError as exc:
         server = target.server if target is not None else "the API server"
@@ -85,6 +94,10 @@ def run_ctl(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | N
     except CtlError as exc:
         err.write(f"agentrun {args.command}: {exc}\n")
         return render.EXIT_ERROR
+    except BrokenPipeError:  # `agentrun logs … | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        return 0
     except KeyboardInterrupt:
         err.write(f"agentrun {args.command}: interrupted\n")
         return 130

@@ -106,7 +106,8 @@ class PlannedAttempt:
     """Where the pod leaves its control file, when not the step's own (a loop body's source path)."""
     env_iteration: int | None = None
     """AGENTRUN_ITERATION when it is not `iteration` (a child of a loop body without a loop of its
-    own gets the body's iteration; its Job name keeps iteration 1)."""
+    own gets the body's iteration, and so does its `iteration` label; its Job name keeps iteration 1,
+    and the body's iteration is in the name's step address, `2i3-1`)."""
     path: str | None = None
     prefer_node: str | None = None
     """The node the run's newest stopped pod ran on (`planner/placement.py`): a pod with a PVC prefers
@@ -399,6 +400,9 @@ def main_container(
     if resolved.args is not None:
         container["args"] = list(resolved.args)
     container["env"] = env
+    # No termination message from `main`: the kubelet takes the tail of its log instead (at most 80
+    # lines / 2 KiB), so a failed attempt's status says why (docs/troubleshooting.md#why-it-failed).
+    container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     if workload.resources is not None:
         container["resources"] = workload.resources.to_dict()
     if mounts:
@@ -422,10 +426,12 @@ def job_labels(run_name: str, step: WorkflowStep, attempt: PlannedAttempt) -> di
         naming.LABEL_RUN: naming.label_value(run_name),
         naming.LABEL_STEP: naming.label_value(step.name),
         naming.LABEL_STEP_INDEX: str(attempt.top_index),
-        naming.LABEL_ITERATION: str(attempt.iteration),
+        naming.LABEL_ITERATION: str(attempt.env_iteration or attempt.iteration),
         naming.LABEL_ATTEMPT: str(attempt.attempt),
         naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
     }
+    if attempt.env_iteration is not None:  # a loop body's child: the label is the body's iteration
+        labels[naming.LABEL_STEP_ITERATION] = str(attempt.iteration)
     if attempt.ancestors:
         labels[naming.LABEL_STEP_PATH] = naming.step_address(attempt.ancestors, attempt.step_index)
     return labels

@@ -47,7 +47,7 @@ class CreateJob:
         path = (meta.get("annotations") or {}).get(naming.ANNOTATION_STEP)
         return Where(
             naming.tree_path(path) if path else str(labels[naming.LABEL_STEP]),
-            int(labels[naming.LABEL_ITERATION]),
+            int(naming.job_iteration(labels) or 1),
             int(labels[naming.LABEL_ATTEMPT]),
             path,
         )

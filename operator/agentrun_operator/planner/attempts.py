@@ -29,6 +29,7 @@ from agentrun_operator.planner.feedback import (
     REASON_VANISHED,
     failure_of,
     previous,
+    tail,
 )
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import collected_outputs, decide_next, with_inherited_parameters
@@ -448,13 +449,41 @@ def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
             cause = f"main container exited with code {pod.main_exit_code}"
             if pod.main_reason:
                 cause += f" ({pod.main_reason})"
-            if pod.main_message:
-                cause += f": {clip(pod.main_message.strip(), 300)}"
-            return cause
+            if pod.main_message and pod.main_message.strip():
+                cause += f": {one_line_tail(pod.main_message, MAX_CAUSE_TAIL_BYTES)}"
+            return f"{cause}; whole log: {logs_command(ctx, step, job)}"
     for pod in pods:
         if pod.phase == "Failed" and pod.reason:
             return f"pod {pod.name} failed before its main container ended ({_pod_reason(pod)})"
     return job.message or f"Job {job.name} failed"
+
+
+MAX_CAUSE_TAIL_BYTES = 400
+"""How much of main's termination message (with FallbackToLogsOnError: its log's tail) a failed
+attempt's message carries; `agentrun logs` shows the rest."""
+
+
+def one_line_tail(text: str, limit: int) -> str:
+    """The last `limit` bytes of `text` on one line (its lines joined with ` | `): a status message is
+    shown in one table cell."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return tail(" | ".join(lines), limit)
+
+
+def label_iteration(step: StepView) -> int:
+    """The iteration a user names the step's attempt by (its Jobs' `iteration` label and
+    AGENTRUN_ITERATION): its own loop's, else the nearest looping ancestor's, else 1."""
+    looping = _loop_env(step, step.iteration)
+    return looping[1] if looping is not None else step.iteration
+
+
+def logs_command(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
+    """The command that prints the whole log of `job`'s attempt (docs/operations.md#logs)."""
+    namespace = f" -n {ctx.namespace}" if ctx.namespace else ""
+    return (
+        f"agentrun logs {ctx.name}{namespace} --step {step.path} "
+        f"--iteration {label_iteration(step)} --attempt {job.attempt}"
+    )
 
 
 def _lost_pod_cause(pod: ObservedPod, job: ObservedJob) -> str:

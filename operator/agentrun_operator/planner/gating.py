@@ -11,6 +11,7 @@ from agentrun_operator.api import AgentRunStatus, StepStatus
 from agentrun_operator.planner.actions import DeleteJob, SetJobTTL, Where
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, TERMINAL_STEP_PHASES, PlanContext
 from agentrun_operator.planner.observed import ObservedJob
+from agentrun_operator.planner.podgc import EndedJob, policy_of, ttl_changes
 from agentrun_operator.planner.state import StepState, StepView, all_views, case_number, state_of
 
 
@@ -58,19 +59,30 @@ def delete_strays(ctx: PlanContext, expected: str | None) -> None:
 
 def set_job_ttls(ctx: PlanContext) -> None:
     """Once a status records an attempt's result and its Job has ended, the Job may go (after the
-    configured TTL). The status may be the persisted one or the one this plan writes: the shell sets
-    TTLs only after that write is committed (docs/operator.md#reconcile), so the iteration that
-    records a result also sets its Job's TTL -- no second reconcile and write per iteration for it.
-    An attempt that succeeded by its pod counts as ended (`succeeded_by_pod`): the TTL only starts
-    once the Job controller finishes the Job. A `settling` Job (decided, its pods maybe still
-    stopping) gets none yet: its end opens the one-Job gate."""
+    TTL the run's pod GC policy gives it: `planner/podgc.py`). The status may be the persisted one or
+    the one this plan writes: the shell sets TTLs only after that write is committed
+    (docs/operator.md#reconcile), so the iteration that records a result also sets its Job's TTL --
+    no second reconcile and write per iteration for it. An attempt that succeeded by its pod counts
+    as ended (`succeeded_by_pod`): the TTL only starts once the Job controller finishes the Job. A
+    `settling` Job (decided, its pods maybe still stopping) gets none yet: its end opens the one-Job
+    gate."""
+    ended: list[EndedJob] = []
+    by_name: dict[str, ObservedJob] = {}
     for job in ctx.observed.jobs:
-        ended = job.settled or succeeded_by_pod(ctx, job) is not None
-        fresh = ended and not job.deleting and job.ttl_seconds_after_finished is None
-        if fresh and (result_recorded(ctx.prior, job) or result_recorded(ctx.status, job)):
-            ctx.writes.append(
-                SetJobTTL(job.name, ctx.config.job_ttl_seconds_after_recorded, _where(ctx, job))
-            )
+        by_pod = succeeded_by_pod(ctx, job)
+        if not (job.settled or by_pod is not None) or job.deleting:
+            continue
+        if not (result_recorded(ctx.prior, job) or result_recorded(ctx.status, job)):
+            continue
+        when = (by_pod or job).finished_at
+        ended.append(
+            EndedJob(job.name, (by_pod or job).outcome == "Succeeded", when, job.ttl_seconds_after_finished)
+        )
+        by_name[job.name] = job
+    policy = policy_of(ctx.run, ctx.config)
+    finished = ctx.status.phase in TERMINAL_RUN_PHASES
+    for name, seconds in ttl_changes(policy, ended, finished):
+        ctx.writes.append(SetJobTTL(name, seconds, _where(ctx, by_name[name])))
 
 
 def result_recorded(prior: AgentRunStatus | None, job: ObservedJob) -> bool:

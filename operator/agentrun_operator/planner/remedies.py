@@ -19,8 +19,8 @@ from agentrun_operator.planner.context import MAX_MESSAGE_CHARS, clip
 TROUBLESHOOTING: Final = "docs/troubleshooting.md"
 
 _ATTEMPT_FAILED: Final = (
-    "read the failed attempt's log (`kubectl logs POD -c main`) and fix its cause; raise `retries` or "
-    "`timeoutSeconds` if the failure is transient or the work slow"
+    "read the failed attempt's whole log (the `agentrun logs` command above) and fix its cause; raise "
+    "`retries` or `timeoutSeconds` if the failure is transient or the work slow"
 )
 
 REMEDIES: Final[Mapping[str, str]] = MappingProxyType(

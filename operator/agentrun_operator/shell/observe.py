@@ -54,7 +54,9 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     step_index = _int_label(labels, naming.LABEL_STEP_INDEX)
-    iteration = _int_label(labels, naming.LABEL_ITERATION)
+    iteration = _int_label(labels, naming.LABEL_STEP_ITERATION)
+    if iteration is None:  # a Job whose label is its own step's iteration (naming.job_iteration)
+        iteration = _int_label(labels, naming.LABEL_ITERATION)
     attempt = _int_label(labels, naming.LABEL_ATTEMPT)
     if step_index is None or iteration is None or attempt is None:
         return None

@@ -251,8 +251,8 @@ def test_events_and_job_actions_name_their_step_iteration_and_attempt() -> None:
     assert ("LoopCompleted", Where("a", 2, 1)) in where
     assert ("RunSucceeded", None) in where
     ttls = [a for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
+    # The failed attempt 1 keeps its pod (pod GC OnPodSuccess, the default): no TTL.
     assert sorted((t.name, t.where) for t in ttls) == [
-        ("run-step-1-iter-1-attempt-1", Where("a", 1, 1)),
         ("run-step-1-iter-1-attempt-2", Where("a", 1, 2)),
         ("run-step-1-iter-2-attempt-1", Where("a", 2, 1)),
     ]

@@ -62,7 +62,7 @@ def timed_out_world(retries: int, backoff: int = 0, **step: Any) -> tuple[Planne
 
 
 def test_a_timeout_is_recorded_at_failure_target_with_the_deadline_message() -> None:
-    world, first = timed_out_world(retries=0)
+    world, _first = timed_out_world(retries=0)
     result = world.plan()
     step = world.step_status()
     assert world.phase == "Failed"
@@ -72,6 +72,17 @@ def test_a_timeout_is_recorded_at_failure_target_with_the_deadline_message() -> 
     assert step.loop.iterations[-1].phase == "Failed"
     assert step.loop.iterations[-1].finished_at == world.now
     # The Job controller is stopping the pod itself: the Job is neither deleted nor given a TTL yet.
+    assert deletes(result) == [] and ttls(result) == []
+    world.settle()
+    result = world.plan()
+    # Settled, it is a failed attempt: pod GC OnPodSuccess (the default) keeps it, no TTL.
+    assert ttls(result) == [] and deletes(result) == []
+
+
+def test_a_settled_timeout_gets_its_ttl_under_on_pod_completion() -> None:
+    world, first = timed_out_world(retries=0)
+    world.config = replace(world.config, pod_gc_strategy="OnPodCompletion")
+    result = world.plan()
     assert deletes(result) == [] and ttls(result) == []
     world.settle()
     result = world.plan()

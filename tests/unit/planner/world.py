@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agentrun_operator import naming
 from agentrun_operator.api import DEFAULT_CONTROL_PATH, AgentRun, AgentRunStatus, parse_agentrun
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope, parse_control_payload
@@ -227,7 +228,7 @@ class PlannerWorld:
             name=name,
             uid=f"job-uid-{self._uids}",
             step_index=int(labels["agents.proompteng.ai/step-index"]),
-            iteration=int(labels["agents.proompteng.ai/iteration"]),
+            iteration=int(naming.job_iteration(labels) or 1),
             attempt=int(labels["agents.proompteng.ai/attempt"]),
             path=labels.get("agents.proompteng.ai/step-path", ""),
             label=(action.manifest["metadata"].get("annotations") or {}).get("agents.proompteng.ai/step", ""),

@@ -33,6 +33,7 @@ from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path, transient
+from agentrun_devcluster.podrunner.logserver import LogServer
 from agentrun_devcluster.podrunner.network import isolation_unavailable
 from agentrun_devcluster.podrunner.process import default_container_path
 from agentrun_devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
@@ -109,6 +110,37 @@ class PodRunner:
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
         self.network_unavailable = isolation_unavailable()
+        self.log_server = LogServer(
+            self.current_pod_dir,
+            self.container_running,
+            self.api.ca_file,
+            config.state_dir / "run" / "log-server",
+        )
+
+    # -- logs (logserver.py) --------------------------------------------------------------------
+    def current_pod_dir(self, namespace: str, name: str) -> Path | None:
+        """The directory of the pod `namespace/name` this runner runs now, else of its newest run."""
+        with self.lock:
+            for worker in self.workers.values():
+                if worker.namespace == namespace and worker.name == name and not worker.gone:
+                    return worker.dir
+        base = self.layout.pods_dir(namespace, name)
+        runs = list(base.glob("*/pod.json")) if base.is_dir() else []
+        return max(runs, key=lambda p: p.stat().st_mtime).parent if runs else None
+
+    def container_running(self, pod_dir: Path, container: str) -> bool:
+        """Whether a container of the pod in `pod_dir` may still write to its log (runs, or is to
+        start or restart)."""
+        with self.lock:
+            worker = next((w for w in self.workers.values() if w.dir == pod_dir), None)
+        if worker is None or worker.gone or worker.shutdown:
+            return False
+        record = worker.records.get(container)
+        if record is None:
+            return False
+        return (
+            container in worker.procs or container in worker.restart_at or record.state.kind != "terminated"
+        )
 
     # -- node -----------------------------------------------------------------------------------
     def register_node(self) -> None:
@@ -136,10 +168,10 @@ class PodRunner:
         status = {
             "capacity": capacity,
             "allocatable": capacity,
-            "addresses": [
-                {"type": "InternalIP", "address": S.HOST_IP},
-                {"type": "Hostname", "address": name},
-            ],
+            # Only the InternalIP: the API server dials a node's Hostname address first, and
+            # `agentrun-local` resolves nowhere (`kubectl logs` failed with "no such host").
+            "addresses": [{"type": "InternalIP", "address": S.HOST_IP}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.log_server.port}},
             "conditions": [
                 {
                     "type": "Ready",
@@ -281,6 +313,7 @@ class PodRunner:
 
     def run(self, ready: Callable[[], None] | None = None) -> None:
         """Register the node, watch and run pods until `stop()` (or SIGTERM via the CLI)."""
+        self.log_server.start()
         retry_until(  # an API server still starting (or restarting) is waited for, as a kubelet does
             self.register_node,
             transient,
@@ -316,6 +349,7 @@ class PodRunner:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.log_server.stop()
         self.provisioner.stop()
 
     def _shutdown(self) -> None:
