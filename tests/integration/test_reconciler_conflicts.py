@@ -19,9 +19,10 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
+from agentrun_operator.shell.resync import relist
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually

@@ -27,13 +27,13 @@ from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import health, metrics
-from agentrun_operator.shell.cache import RunCache, relist
-from agentrun_operator.shell.codec import builtin_head
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Fed, Informer
 from agentrun_operator.shell.kube import Kube, in_cluster_server
 from agentrun_operator.shell.peering import KopfPause
 from agentrun_operator.shell.reconciler import Reconciler
+from agentrun_operator.shell.resync import relist
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
@@ -69,9 +69,11 @@ class OperatorState:
 
     def agentrun_event(self, event: kopf.RawEvent) -> None:
         """An AgentRun's watch event, from kopf: into the cache; the run is enqueued when what its
-        planner reads changed (the echo of our own status write is not news)."""
+        planner reads changed (the echo of our own status write is not news). kopf delivers the
+        objects of the LIST its watch starts from with no type (`Store.listed`)."""
         obj = dict(event["object"])
-        key = self.cache.runs.delete(obj) if event["type"] == "DELETED" else self.cache.runs.upsert(obj)
+        kind, runs = event["type"], self.cache.runs
+        key = runs.delete(obj) if kind == "DELETED" else runs.upsert(obj) if kind else runs.listed(obj)
         self.enqueue(key)
 
     def enqueue_namespace(self, key: Key) -> None:
@@ -203,24 +205,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=cache.ready, serving=serving)
         # Jobs and Pods through our own informers, filtered by label on the server: an iteration
         # causes about ten of their events, and kopf's per-event machinery cost more than our use of
-        # each (docs/design.md#handlers). Each event is decoded whole; the echo of our own write is
-        # not decoded at all. AgentRuns come through kopf (`agentrun_event`).
-        watch(
-            cache.jobs,
-            "/apis/batch/v1",
-            "jobs",
-            naming.LABEL_RUN,
-            on_change=state.enqueue,
-            head=builtin_head,
-        )
-        watch(
-            cache.pods,
-            "/api/v1",
-            "pods",
-            naming.LABEL_RUN,
-            on_change=state.enqueue,
-            head=builtin_head,
-        )
+        # each (docs/design.md#handlers). Each event is decoded whole. AgentRuns come through kopf
+        # (`agentrun_event`).
+        watch(cache.jobs, "/apis/batch/v1", "jobs", naming.LABEL_RUN, on_change=state.enqueue)
+        watch(cache.pods, "/api/v1", "pods", naming.LABEL_RUN, on_change=state.enqueue)
         # Why a pod's volume cannot be attached or mounted: Events only, not the pod's status
         # (docs/design.md#pod-waits). One watch per reason, filtered on the server by field (a field
         # selector takes no set of values), so only these Events are sent; core/v1, the API the

@@ -199,8 +199,9 @@ class Kube:
         selector: str | None = None,
         metadata_only: bool = False,
         fields: str | None = None,
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at.
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at (opaque:
+        a watch resumes from it).
 
         `metadata_only` asks for each object's metadata alone (a PartialObjectMetadataList): a
         fraction of the bytes to send and decode when only names and versions are compared."""
@@ -210,11 +211,10 @@ class Kube:
             query["fieldSelector"] = fields
         accept = METADATA_LIST if metadata_only else "application/json"
         body = await self._ok("GET", path, f"list {plural}", query=query or None, accept=accept)
-        try:
-            version: int | None = int((body.get("metadata") or {}).get("resourceVersion", ""))
-        except ValueError:
-            version = None
-        return list(body.get("items") or []), version  # a metadata-only list says null for none
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        return list(body.get("items") or []), str(
+            version
+        ) if version else None  # a metadata-only list says null for none
 
     async def get_object(self, prefix: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object of any kind (None when it does not exist)."""
