@@ -62,7 +62,7 @@ class RacedKube(Kube):
     """The real client; before its next status write, another writer changes the run."""
 
     def __init__(self, kube: Kube, plane: ControlPlane) -> None:
-        super().__init__(kube.api)
+        super().__init__(kube.configuration)
         self.plane = plane
         self.race_next_status_write = False
         self.status_answers: list[str] = []

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import time
 from typing import Any, cast
 
@@ -30,8 +28,8 @@ from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Fed, Informer
-from agentrun_operator.shell.kube import Kube, in_cluster_server
-from agentrun_operator.shell.peering import KopfPause
+from agentrun_operator.shell.kube import Kube, kopf_login
+from agentrun_operator.shell.peering import PEERING_API, Peering
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.resync import relist
 from agentrun_operator.shell.workqueue import Key, WorkQueue
@@ -47,7 +45,7 @@ class OperatorState:
         config: OperatorConfig,
         kubeconfig: str | None,
         workers: int,
-        pause: KopfPause | None = None,
+        pause: Peering | None = None,
     ) -> None:
         self.config = config
         self.pause = pause  # None: standalone (serves at once)
@@ -165,14 +163,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     """Register the handlers on `registry` (not the global one, so tests can build their own)."""
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """kopf's own credential readers: in-cluster ServiceAccount first (at the address the pod's
-        environment names, see `in_cluster_server`), then the kubeconfig."""
-        in_cluster = kopf.login_with_service_account(**kwargs)
-        server = in_cluster_server(os.environ)
-        if in_cluster is not None and server is not None:
-            in_cluster = dataclasses.replace(in_cluster, server=server)
-        return in_cluster or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo | None:
+        """kopf logs in from the operator's one credential stack (shell/kube.py): in-cluster
+        ServiceAccount (at the address the pod's environment names), else the kubeconfig."""
+        return await kopf_login(state.kubeconfig)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -228,6 +222,16 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # changed, and read by every reconcile of a run that names them.
         for plural, store in cache.references.items():
             watch(store, ours, plural, None, on_change=state.enqueue_namespace, optional=True)
+        if state.pause is not None:  # kopf's peering objects, read as kopf reads them
+            peering = state.pause
+            watch(
+                peering,
+                PEERING_API,
+                peering.plural,
+                None,
+                on_change=state.enqueue,
+                fields=f"metadata.name={peering.name}",
+            )
         for informer in state.informers:
             informer.start()
         state.queue.start()
@@ -254,11 +258,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def probe(**_: Any) -> dict[str, int]:
         """`/healthz` fails (500) when an informer stopped receiving or the work queue stopped
         draining (shell/health.py); else it reports the cache's sizes."""
-        found = health.problems(state.informers, state.queue, time.monotonic())
-        if found:
-            log.error("unhealthy: %s", "; ".join(found))
-            raise kopf.PermanentError("; ".join(found))
-        return state.cache.sizes()
+        return health.probe(state.informers, state.queue, state.cache.sizes(), time.monotonic())
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -272,7 +272,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         if state.queue is not None:
             await state.queue.stop()
         if state.pause is not None:
-            state.pause.uninstall()
+            state.pause.stop()
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out
