@@ -1,15 +1,14 @@
 """Bad input on a real watch (docs/design.md#watch-path): the API server is real, and `WatchProxy`
 between it and an informer garbles a line, sends an event of another shape, strips a field a
-reader reads, or keeps a stream silent; a resourceVersion the server no longer has gets its own 410
-Gone. Each time the informer goes on -- resumes, skips with a warning, lists afresh -- and the
-object it was sent still arrives: never a crash, never a lost change. Nothing here is timed but a
-hung task's timeout."""
+reader reads, or keeps a stream silent (a 410 Gone: tests/unit/shell/test_watch_bad_input.py).
+Each time the informer goes on -- resumes, or skips with a warning -- and the object it was sent
+still arrives: never a crash, never a lost change. Nothing here is timed but a hung task's
+timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -40,7 +39,7 @@ def proxy(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
 Body = Callable[[Kube, Store, informer.Informer], Awaitable[None]]
 
 
-def _through(kubeconfig: str, label: str, body: Body, resume: str | None = None) -> None:
+def _through(kubeconfig: str, label: str, body: Body) -> None:
     """Run `body` with an informer of the ConfigMaps labelled `label` (their `data` is the view)."""
 
     async def main() -> None:
@@ -50,8 +49,6 @@ def _through(kubeconfig: str, label: str, body: Body, resume: str | None = None)
         watcher = informer.Informer(
             kube, cache, store, "/api/v1", "configmaps", f"{label}=yes", (NAMESPACE,), lambda _key: None
         )
-        if resume is not None:
-            watcher._resume[NAMESPACE] = resume
         watcher.start()
         try:
             await asyncio.wait_for(cache.ready.wait(), HUNG)
@@ -164,26 +161,3 @@ def test_a_silent_stream_is_given_up_and_resumed(proxy: WatchProxy, monkeypatch:
     finally:
         proxy.policies.clear()
     assert policy.streams >= 2
-
-
-def test_a_version_the_server_no_longer_has_gets_410_and_a_fresh_list(control_plane: ControlPlane) -> None:
-    """Resuming from a resourceVersion compacted away: the API server answers 410 Gone, and the
-    informer lists afresh: the object made before it started is in the cache. (The test, not the
-    operator, knows that this API server's versions are etcd's revisions, and compacts etcd.)"""
-    plane = control_plane
-    ready_namespace(plane, NAMESPACE)
-    plane.kubectl("create", "configmap", "gone-1", "-n", NAMESPACE, "--from-literal=k=v")
-    plane.kubectl("label", "configmap", "gone-1", "-n", NAMESPACE, "gone=yes")
-    version = plane.kubectl(
-        "get", "configmap", "gone-1", "-n", NAMESPACE, "-o", "jsonpath={.metadata.resourceVersion}"
-    )
-    compaction = json.dumps({"revision": version.strip(), "physical": True}).encode()
-    url = f"http://127.0.0.1:{plane.ports().etcd_client}/v3/kv/compaction"
-    with urllib.request.urlopen(urllib.request.Request(url, data=compaction, method="POST"), timeout=30) as r:
-        assert r.status == 200
-
-    async def body(kube: Kube, store: Store, _w: informer.Informer) -> None:
-        assert kube.counters.reads == 1  # the LIST after the 410
-        assert _data(store, "gone-1") == {"k": "v"}
-
-    _through(str(plane.kubeconfig), "gone", body, resume="2")
