@@ -50,8 +50,10 @@ def choose_priority(rng: random.Random | None = None) -> int:
 
 
 def own_identity(rng: random.Random | None = None) -> str:
-    """This replica's peering identity, unique per process: user, host (the pod's name) and a random
-    part, as kopf makes its own."""
+    """This replica's peering identity: `POD_ID` (the chart sets the pod's name, kopf's convention),
+    else user, host and a random part, as kopf makes its own."""
+    if os.environ.get("POD_ID"):
+        return os.environ["POD_ID"]
     try:
         user = getpass.getuser()
     except Exception:  # no user name in the pod's environment
