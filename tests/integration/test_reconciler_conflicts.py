@@ -92,8 +92,8 @@ class RacedKube(Kube):
 
 async def _reconcile_twice_with_a_race(plane: ControlPlane, name: str) -> tuple[Any, Any, list[str]]:
     kube = await Kube.connect(str(plane.kubeconfig))
+    raced = RacedKube(kube, plane)
     try:
-        raced = RacedKube(kube, plane)
         cache = RunCache(gates=())
         await relist(kube, cache, (NAMESPACE,))
         reconciler = Reconciler(raced, CONFIG, cache)
@@ -102,6 +102,7 @@ async def _reconcile_twice_with_a_race(plane: ControlPlane, name: str) -> tuple[
         second = await reconciler.reconcile(NAMESPACE, name)
         return first, second, raced.status_answers
     finally:
+        await raced.close()
         await kube.close()
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrun_operator import naming
 from agentrun_operator.planner.actions import EmitEvent
-from agentrun_operator.shell.cache import RunCache, Store, run_of_run, run_view
+from agentrun_operator.shell.cache import RunCache, Store, Window, run_of_run, run_view
 from agentrun_operator.shell.events import merge
 
 NS = "ns"
@@ -102,7 +102,43 @@ def test_a_version_the_watch_delivered_during_a_request_is_not_overwritten_by_it
     with store.window(NS, "r") as seen:  # a read the watch did not move during: taken
         pass
     assert store.answer(_run("x5", {"phase": "Running"}), seen, read=True) == (NS, "r")
-    assert store.upsert(_run("x4", {"phase": "Failed"})) is None  # the watch, behind it, is skipped
+    # A read is not held ahead (it may be of a version the watch missed): the watch goes on.
+    assert store.upsert(_run("x6", {"phase": "Failed"})) == (NS, "r")
+
+
+def test_a_read_sent_after_a_write_was_answered_is_taken_and_one_answered_meanwhile_is_not() -> None:
+    """A 409 on the status write: the fresh GET is newer than the answer held ahead, and the watch's
+    own later events are no longer held up; a read in flight while a write is answered may be older."""
+    store = Store(run_of_run, run_view)
+    with store.window(NS, "r") as window:
+        pass
+    store.answer(_run("w1", {"phase": "Running"}), window)
+    with store.window(NS, "r") as read:
+        pass
+    assert store.answer(_run("w2", {"phase": "Failed"}), read, read=True) == (NS, "r")
+    assert store.upsert(_run("w3", {"phase": "Succeeded"})) == (NS, "r")
+    with store.window(NS, "r") as read:
+        with store.window(NS, "r") as write:
+            pass
+        store.answer(_run("w5", {"phase": "Running"}), write)
+    assert store.answer(_run("w4", {"phase": "Pending"}), read, read=True) is None
+    assert store.one((NS, "r"), "r") == _run("w5", {"phase": "Running"})
+
+
+def test_the_resync_lets_go_of_an_answer_whose_echo_the_watch_missed() -> None:
+    """The watch never delivers the write's version (a dropped event): the watch's next events wait
+    behind it only until a resync's LIST, sent after the answer, lists the object."""
+    store = Store(run_of_run, run_view)
+    with store.window(NS, "r") as window:
+        pass
+    store.answer(_run("m1", {"phase": "Running"}), window)
+    assert store.upsert(_run("m2", {"phase": "Failed"})) is None  # held up behind m1
+    fetch, _ = store.compare([_run("m2")], store.clock(), {NS})
+    assert fetch == [(NS, "r")]
+    with store.window(NS, "r") as read:
+        pass
+    assert store.answer(_run("m2", {"phase": "Failed"}), read, read=True) == (NS, "r")
+    assert store.upsert(_run("m3", {"phase": "Succeeded"})) == (NS, "r")
 
 
 def test_a_relist_resets_what_was_held_ahead_of_the_watch() -> None:
@@ -114,7 +150,7 @@ def test_a_relist_resets_what_was_held_ahead_of_the_watch() -> None:
     store.answer(_run("v1", {"phase": "Running"}), seen)
     store.relist([_run("v2", {"phase": "Succeeded"})], store.clock(), {NS})
     assert store.upsert(_run("v3", {"phase": "Failed"})) == (NS, "r")
-    store.answer(_run("v4", {"phase": "Running"}), set())
+    store.answer(_run("v4", {"phase": "Running"}), Window(None))
     assert store.listed(_run("v5", {"phase": "Succeeded"})) == (NS, "r")  # kopf's listing
 
 
@@ -147,7 +183,7 @@ def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_arrived_after_the_
     cache.jobs.upsert(_job("gone", 3, uid="a"))
     cache.jobs.upsert(_job("changed", 4, uid="c"))
     since = cache.jobs.clock()  # the LIST is sent
-    cache.jobs.answer(_job("arrived-after-the-list", 12, uid="b"), set())  # a Job created meanwhile
+    cache.jobs.answer(_job("arrived-after-the-list", 12, uid="b"), Window(None))  # a Job created meanwhile
     changed = cache.jobs.relist(
         [_job("changed", 9, uid="c", complete=True), _job("missed", 8, uid="d")], since, {NS}
     )

@@ -18,11 +18,13 @@ two versions of an object is newer is answered by the watch's own order instead 
 version of an object, oldest first -- and by this store's clock, which orders what the store itself
 did (docs/design.md#watch-path):
 
-- an answer held ahead of the watch (`answer`) stays until the watch delivers that same version;
-  what the watch delivers before it is older and is skipped;
+- a write's answer held ahead of the watch (`answer`) stays until the watch delivers that same
+  version; what the watch delivers before it is older and is skipped;
 - a version the watch delivered while a request was in flight (`window`) is not overwritten by the
   request's answer, which may be older;
-- a LIST drops an object it lacks only when the store had it before the LIST was sent (`clock`).
+- a LIST drops an object it lacks only when the store had it before the LIST was sent (`clock`);
+- a LIST sent after an answer was held ahead lists that version or a newer one: the resync
+  (`compare`) then lets go of it, so an echo a watch missed holds nothing up for longer than that.
 """
 
 from __future__ import annotations
@@ -107,6 +109,17 @@ def _identity(obj: Obj) -> Obj:
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
 
 
+class Window:
+    """One request about one object: the versions of it the watch delivered meanwhile (`seen`), and
+    the answer held ahead of the watch when it was sent (`ahead`)."""
+
+    __slots__ = ("ahead", "seen")
+
+    def __init__(self, ahead: str | None) -> None:
+        self.ahead = ahead
+        self.seen: set[str] = set()
+
+
 class Store:
     """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
     it); `change` picks from a view what decides whether the run must be re-planned."""
@@ -135,8 +148,8 @@ class Store:
         self._changes: dict[Where, Any] = {}
         self._clock = 0  # counts what the store took in: orders its own past, never versions
         self._stored_at: dict[Where, int] = {}  # when each object was last taken in
-        self._ahead: dict[Where, str] = {}  # an answer's version the watch has not delivered yet
-        self._windows: dict[Where, list[set[str]]] = {}  # versions the watch delivered per request
+        self._ahead: dict[Where, tuple[str, int]] = {}  # a write's answer the watch has not delivered
+        self._windows: dict[Where, list[Window]] = {}  # requests in flight, per object
 
     def __len__(self) -> int:
         return len(self._where)
@@ -151,11 +164,11 @@ class Store:
         The watch delivers every version of an object in order, so while an answer is held ahead of
         it (`answer`), what it delivers before that version is older and is skipped."""
         where, version = where_of(obj), _version(obj)
-        for seen in self._windows.get(where, ()):
-            seen.add(version)
+        for window in self._windows.get(where, ()):
+            window.seen.add(version)
         ahead = self._ahead.get(where)
         if ahead is not None:
-            if version != ahead:
+            if version != ahead[0]:
                 return None
             del self._ahead[where]
         return self._put(obj)
@@ -167,37 +180,41 @@ class Store:
         return self._put(obj)
 
     @contextlib.contextmanager
-    def window(self, namespace: str, name: str) -> Iterator[set[str]]:
-        """While a request about this object is in flight: the versions of it the watch delivers
-        meanwhile, for `answer`."""
+    def window(self, namespace: str, name: str) -> Iterator[Window]:
+        """While a request about this object is in flight: what `answer` needs to know of it."""
         where = (namespace, name)
-        seen: set[str] = set()
-        self._windows.setdefault(where, []).append(seen)
+        held = self._ahead.get(where)
+        window = Window(held[0] if held else None)
+        self._windows.setdefault(where, []).append(window)
         try:
-            yield seen
+            yield window
         finally:
             open_ = self._windows.get(where, [])
-            open_.remove(seen)
+            open_.remove(window)
             if not open_:
                 self._windows.pop(where, None)
 
-    def answer(self, obj: Obj, seen: set[str], read: bool = False) -> Key | None:
+    def answer(self, obj: Obj, window: Window, read: bool = False) -> Key | None:
         """The API server's answer about an object (`window` open around the request), written
         through; the run key when its run must be re-planned.
 
         A write's answer is a version the watch delivers later, unless it did during the request
-        (`seen`): it is held ahead of the watch until then. A read's answer (a GET) is as new as the
-        watch only when the watch neither delivered anything of the object meanwhile nor holds an
-        answer ahead; else the watch brings the object up to date itself, and the answer is left."""
+        (`seen`): it is held ahead of the watch until then. A read's answer (a GET) is taken only
+        when the watch delivered nothing of the object meanwhile and no write was answered
+        meanwhile; it is then at least as new as anything held (else the watch brings the object
+        up to date itself), and it is not held ahead: a read may be of a version the watch missed."""
         where, version = where_of(obj), _version(obj)
-        if version in seen or (read and (seen or where in self._ahead)):
+        held = self._ahead.get(where)
+        if version in window.seen or (read and (window.seen or (held[0] if held else None) != window.ahead)):
             return None
         found = self._entry(where)
         if found is not None and _same_version(obj, found[0]):
             return None
         key = self._put(obj)
-        if where in self._where:
-            self._ahead[where] = version
+        if read:
+            self._ahead.pop(where, None)
+        elif where in self._where:
+            self._ahead[where] = (version, self._clock)
         return key
 
     def _put(self, obj: Obj) -> Key | None:
@@ -239,8 +256,8 @@ class Store:
     def delete(self, obj: Obj) -> Key | None:
         """Forget `obj` (a DELETED event); the run key when something was removed."""
         where = where_of(obj)
-        for seen in self._windows.get(where, ()):
-            seen.add(_version(obj))
+        for window in self._windows.get(where, ()):
+            window.seen.add(_version(obj))
         key, current = self._where.get(where), self._entry(where)
         if key is None or current is None:
             return None
@@ -319,14 +336,18 @@ class Store:
         """Merge in a metadata-only LIST sent at `since` while the watch runs: (namespace, name) of
         each listed object the store does not hold at that version (to be read in full, `answer`
         with `read`), and the runs whose view changed because an object missing from the list was
-        dropped (as in `relist`). An object held ahead of the watch is the watch's to bring."""
+        dropped (as in `relist`). An answer held ahead of the watch since before the LIST was sent
+        is let go of: the list has that version or a newer one."""
         seen: set[Where] = set()
         fetch: list[Where] = []
         for obj in items:
             where = where_of(obj)
             seen.add(where)
+            held = self._ahead.get(where)
+            if held is not None and held[1] <= since:
+                del self._ahead[where]
             entry = self._entry(where)
-            if where not in self._ahead and (entry is None or not _same_version(obj, entry[0])):
+            if entry is None or not _same_version(obj, entry[0]):
                 fetch.append(where)
         return fetch, self._drop_unlisted(seen, since, namespaces)
 

@@ -35,10 +35,10 @@ async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> se
             fetch, dropped = store.compare(metas, since, {ns} if ns else None)
             changed |= dropped
             for obj_ns, name in fetch:
-                with store.window(obj_ns, name) as seen:
+                with store.window(obj_ns, name) as window:
                     obj = await kube.get_object(prefix, plural, obj_ns, name)
                 # Gone since: its DELETED event, or the next round, drops it.
-                key = store.answer(obj, seen, read=True) if obj is not None else None
+                key = store.answer(obj, window, read=True) if obj is not None else None
                 if key is not None:
                     changed.add(key)
     return changed

@@ -36,30 +36,30 @@ class Writes:
         """(created, job, ours): the Job `name` created from `manifest`, or the existing one of its
         name; `ours` when it was created or is owned by `owner_uid` (then it is adoptable and written
         through; a Job left by an earlier run of the same name is not)."""
-        with self.cache.jobs.window(namespace, name) as seen:
+        with self.cache.jobs.window(namespace, name) as window:
             created, job = await self.kube.create_job(manifest)
         ours = created or _owned_by(job, owner_uid)
         if ours:  # an existing Job adopted was read (a GET), not written
-            self.cache.jobs.answer(job, seen, read=not created)
+            self.cache.jobs.answer(job, window, read=not created)
         return created, job, ours
 
     async def replace_run_status(self, body: Obj) -> Obj:
         """PUT the run's status (its resourceVersion makes it optimistic); the answer, written through."""
         meta = body["metadata"]
-        with self.cache.runs.window(meta["namespace"], meta["name"]) as seen:
+        with self.cache.runs.window(meta["namespace"], meta["name"]) as window:
             answer = await self.kube.replace_run_status(body)
-        self.cache.runs.answer(answer, seen)
+        self.cache.runs.answer(answer, window)
         return answer
 
     async def refresh_run(self, namespace: str, name: str) -> None:
         """The cached run is stale (a write of it got 409): read it fresh into the cache."""
-        with self.cache.runs.window(namespace, name) as seen:
+        with self.cache.runs.window(namespace, name) as window:
             fresh = await self.kube.get_custom(namespace, "agentruns", name)
         if fresh is not None:
-            self.cache.runs.answer(fresh, seen, read=True)
+            self.cache.runs.answer(fresh, window, read=True)
 
     async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
-        with self.cache.jobs.window(namespace, name) as seen:
+        with self.cache.jobs.window(namespace, name) as window:
             patched = await self.kube.set_job_ttl(namespace, name, seconds)
         if patched is not None:
-            self.cache.jobs.answer(patched, seen)
+            self.cache.jobs.answer(patched, window)
