@@ -320,9 +320,9 @@ def test_two_replicas_peer_and_the_standby_takes_over(release: Release) -> None:
         it starts paused (peering is mandatory) and logs when kopf lets it serve or pauses it."""
         last = False
         for line in release.operator_log(pod).splitlines():
-            if "serving: kopf's peering resumed this replica" in line:
+            if "serving: kopf's peering lets this replica serve" in line:
                 last = True
-            elif "standing by: kopf's peering paused this replica" in line:
+            elif "standing by: a live peer has a priority as high" in line:
                 last = False
         return last
 

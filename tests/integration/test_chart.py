@@ -816,9 +816,9 @@ def _gate(op: OperatorProcess) -> str:
         return "stopped"
     last = "standby"
     for line in op.log_text().splitlines():
-        if "serving: kopf's peering resumed this replica" in line:
+        if "serving: kopf's peering lets this replica serve" in line:
             last = "serving"
-        elif "standing by: kopf's peering paused this replica" in line:
+        elif "standing by: a live peer has a priority as high" in line:
             last = "standby"
     return last
 

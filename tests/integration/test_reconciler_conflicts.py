@@ -19,9 +19,10 @@ import pytest
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.shell.cache import RunCache, relist
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
+from agentrun_operator.shell.resync import relist
 from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
@@ -61,7 +62,7 @@ class RacedKube(Kube):
     """The real client; before its next status write, another writer changes the run."""
 
     def __init__(self, kube: Kube, plane: ControlPlane) -> None:
-        super().__init__(kube.api)
+        super().__init__(kube.configuration)
         self.plane = plane
         self.race_next_status_write = False
         self.status_answers: list[str] = []
@@ -91,8 +92,8 @@ class RacedKube(Kube):
 
 async def _reconcile_twice_with_a_race(plane: ControlPlane, name: str) -> tuple[Any, Any, list[str]]:
     kube = await Kube.connect(str(plane.kubeconfig))
+    raced = RacedKube(kube, plane)
     try:
-        raced = RacedKube(kube, plane)
         cache = RunCache(gates=())
         await relist(kube, cache, (NAMESPACE,))
         reconciler = Reconciler(raced, CONFIG, cache)
@@ -101,6 +102,7 @@ async def _reconcile_twice_with_a_race(plane: ControlPlane, name: str) -> tuple[
         second = await reconciler.reconcile(NAMESPACE, name)
         return first, second, raced.status_answers
     finally:
+        await raced.close()
         await kube.close()
 
 

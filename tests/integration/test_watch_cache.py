@@ -20,10 +20,11 @@ from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import EmitEvent
 from agentrun_operator.shell import informer
-from agentrun_operator.shell.cache import RunCache, Store, relist
+from agentrun_operator.shell.cache import RunCache, Store
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
+from agentrun_operator.shell.resync import relist
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 from tests.support import api

@@ -2,9 +2,10 @@
 
 The operator is pointed at it with its own kubeconfig; every request is forwarded as the admin user.
 Watch streams (`?watch=...`) are relayed line by line through a policy the test sets per resource
-plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, or drop the events a
-predicate picks. That is how the tests make a watch lag or lose events against real parts. Every other
-request is forwarded as it is and noted in `requests`.
+plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, drop the events a predicate
+picks, send other text in an event's place (`rewrite`: bad input), or keep the first streams open
+without sending anything (`silent_streams`). That is how the tests make a watch lag, lose events or
+go wrong against real parts. Every other request is forwarded as it is and noted in `requests`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from agentrun_devcluster.controlplane import ControlPlane
 class StreamPolicy:
     delay_seconds: float = 0.0
     drop: Callable[[dict[str, Any]], bool] | None = None  # given the watch event; True drops it
+    # Given the event's line (with its newline), the lines to send instead; None sends it as it is.
+    rewrite: Callable[[bytes], list[bytes] | None] | None = None
+    rewritten: int = 0
+    silent_streams: int = 0  # this many streams, the first ones opened, send nothing at all
     dropped: int = 0
     relayed: int = 0
     streams: int = 0  # watch streams opened under this policy
@@ -140,6 +145,8 @@ class WatchProxy:
             policy = self.policies.get(_plural(request.path))
             if policy is not None:
                 policy.streams += 1
+                if policy.streams <= policy.silent_streams:
+                    await asyncio.sleep(3600)  # a stream that goes silent: the client gives up on it
             # Each event is held until `delay_seconds` after it arrived (a lag, not a backlog).
             lines: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
             loop = asyncio.get_running_loop()
@@ -163,6 +170,12 @@ class WatchProxy:
                         if wait > 0:
                             await asyncio.sleep(wait)
                         policy.relayed += 1
+                        instead = policy.rewrite(line) if policy.rewrite is not None else None
+                        if instead is not None:
+                            policy.rewritten += 1
+                            for other in instead:
+                                await response.write(other)
+                            continue
                     await response.write(line)
             finally:
                 reader.cancel()

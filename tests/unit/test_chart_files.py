@@ -28,8 +28,10 @@ def test_chart_crds_are_byte_identical_to_the_generated_ones() -> None:
         assert chart[name] == content, f"charts/agentrun-operator/crds/{name} drifted; {REGENERATE}"
 
 
-def test_kopf_peering_crds_are_the_resources_kopf_looks_for() -> None:
-    from kopf._cogs.structs import references  # kopf's own selectors, so a kopf upgrade is caught
+def test_kopf_peering_crds_are_the_resources_the_operator_reads() -> None:
+    """kopf's documented peering resources (kopf.dev/v1 `ClusterKopfPeering`, `KopfPeering`), which
+    the operator also reads itself (shell/peering.py)."""
+    from agentrun_operator.shell.peering import PEERING_API, Peering
 
     docs = list(yaml.safe_load_all((CHART / "crds" / KOPF_PEERING_CRDS).read_text()))
     served = {
@@ -38,12 +40,10 @@ def test_kopf_peering_crds_are_the_resources_kopf_looks_for() -> None:
         for v in d["spec"]["versions"]
         if v["served"]
     }
-    for selector, scope in (
-        (references.CLUSTER_PEERINGS_K, "Cluster"),
-        (references.NAMESPACED_PEERINGS_K, "Namespaced"),
-    ):
-        plural = selector.plural or selector.any_name
-        assert (selector.group, selector.version, plural, scope) in served
+    group, version = PEERING_API.removeprefix("/apis/").split("/")
+    for namespaces, scope in (((), "Cluster"), (("ns",), "Namespaced")):
+        plural = Peering("me", 1, "p", namespaces).plural
+        assert (group, version, plural, scope) in served
     for d in docs:  # kopf merge-patches `.status` on the object itself: no status subresource
         assert all("subresources" not in v for v in d["spec"]["versions"])
 

@@ -3,20 +3,19 @@ object wins, when a run must be re-planned, how a relist is merged in, what one 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
-
-import pytest
 
 from agentrun_operator import naming
 from agentrun_operator.planner.actions import EmitEvent
-from agentrun_operator.shell.cache import RunCache, Store, run_of_run, run_view
+from agentrun_operator.shell.cache import RunCache, Store, Window, run_of_run, run_view
 from agentrun_operator.shell.events import merge
 
 NS = "ns"
 
 
-def _job(name: str, rv: int, run: str = "r", uid: str = "job-uid", complete: bool = False) -> dict[str, Any]:
+def _job(
+    name: str, rv: int | str, run: str = "r", uid: str = "job-uid", complete: bool = False
+) -> dict[str, Any]:
     status: dict[str, Any] = {"startTime": "2026-01-01T00:00:00Z"}
     if complete:
         status["conditions"] = [{"type": "Complete", "status": "True"}]
@@ -46,7 +45,7 @@ def _job(name: str, rv: int, run: str = "r", uid: str = "job-uid", complete: boo
     }
 
 
-def _run(rv: int, status: dict[str, Any] | None = None, uid: str = "run-uid") -> dict[str, Any]:
+def _run(rv: int | str, status: dict[str, Any] | None = None, uid: str = "run-uid") -> dict[str, Any]:
     return {
         "metadata": {"name": "r", "namespace": NS, "uid": uid, "resourceVersion": str(rv), "generation": 1},
         "spec": {},
@@ -70,12 +69,89 @@ def test_a_change_the_planner_cannot_see_does_not_replan() -> None:
     assert cache.jobs.get((NS, "r"))[0]["metadata"]["resourceVersion"] == "2"  # still the newest stored
 
 
-def test_an_older_version_never_replaces_a_newer_one() -> None:
-    """E.g. our own status write stored first, the watch's older event delivered after it."""
+def test_an_answer_ahead_of_the_watch_is_kept_until_the_watch_delivers_it() -> None:
+    """Our status write's answer stored first, the watch's older events delivered after it: they
+    are skipped, in the watch's own order, until the watch reaches the answer's version. Versions
+    are opaque: these sort the other way round as text, and are never compared but for equality."""
     store = Store(run_of_run, run_view)
-    assert store.upsert(_run(5, {"phase": "Running"})) is not None
-    assert store.upsert(_run(4, {"phase": "Pending"})) is None
-    assert store.one((NS, "r"), "r") == _run(5, {"phase": "Running"})
+    assert store.upsert(_run("b-1", {"phase": "Pending"})) is not None
+    with store.window(NS, "r") as seen:
+        answer = _run("a-3", {"phase": "Running"})
+    assert store.answer(answer, seen) is not None
+    assert store.upsert(_run("c-2", {"phase": "Pending"})) is None  # older: the watch is behind
+    assert store.one((NS, "r"), "r") == answer
+    assert store.upsert(_run("a-3", {"phase": "Running"})) is None  # the echo: nothing new
+    assert store.upsert(_run("0-4", {"phase": "Succeeded"})) == (NS, "r")  # past it: news again
+    assert store.one((NS, "r"), "r") == _run("0-4", {"phase": "Succeeded"})
+
+
+def test_a_version_the_watch_delivered_during_a_request_is_not_overwritten_by_its_answer() -> None:
+    """The watch may deliver our write, and a change after it, before the answer arrives; a read
+    (a GET) may be older than what the watch delivered meanwhile."""
+    store = Store(run_of_run, run_view)
+    store.upsert(_run("x1"))
+    with store.window(NS, "r") as seen:
+        store.upsert(_run("x2", {"phase": "Running"}))  # our write's echo
+        store.upsert(_run("x3", {"phase": "Succeeded"}))  # and someone's change after it
+    assert store.answer(_run("x2", {"phase": "Running"}), seen) is None
+    assert store.one((NS, "r"), "r") == _run("x3", {"phase": "Succeeded"})
+    with store.window(NS, "r") as seen:
+        store.upsert(_run("x4", {"phase": "Failed"}))
+    assert store.answer(_run("x3", {"phase": "Succeeded"}), seen, read=True) is None
+    assert store.one((NS, "r"), "r") == _run("x4", {"phase": "Failed"})
+    with store.window(NS, "r") as seen:  # a read the watch did not move during: taken
+        pass
+    assert store.answer(_run("x5", {"phase": "Running"}), seen, read=True) == (NS, "r")
+    # A read is not held ahead (it may be of a version the watch missed): the watch goes on.
+    assert store.upsert(_run("x6", {"phase": "Failed"})) == (NS, "r")
+
+
+def test_a_read_sent_after_a_write_was_answered_is_taken_and_one_answered_meanwhile_is_not() -> None:
+    """A 409 on the status write: the fresh GET is newer than the answer held ahead, and the watch's
+    own later events are no longer held up; a read in flight while a write is answered may be older."""
+    store = Store(run_of_run, run_view)
+    with store.window(NS, "r") as window:
+        pass
+    store.answer(_run("w1", {"phase": "Running"}), window)
+    with store.window(NS, "r") as read:
+        pass
+    assert store.answer(_run("w2", {"phase": "Failed"}), read, read=True) == (NS, "r")
+    assert store.upsert(_run("w3", {"phase": "Succeeded"})) == (NS, "r")
+    with store.window(NS, "r") as read:
+        with store.window(NS, "r") as write:
+            pass
+        store.answer(_run("w5", {"phase": "Running"}), write)
+    assert store.answer(_run("w4", {"phase": "Pending"}), read, read=True) is None
+    assert store.one((NS, "r"), "r") == _run("w5", {"phase": "Running"})
+
+
+def test_the_resync_lets_go_of_an_answer_whose_echo_the_watch_missed() -> None:
+    """The watch never delivers the write's version (a dropped event): the watch's next events wait
+    behind it only until a resync's LIST, sent after the answer, lists the object."""
+    store = Store(run_of_run, run_view)
+    with store.window(NS, "r") as window:
+        pass
+    store.answer(_run("m1", {"phase": "Running"}), window)
+    assert store.upsert(_run("m2", {"phase": "Failed"})) is None  # held up behind m1
+    fetch, _ = store.compare([_run("m2")], store.clock(), {NS})
+    assert fetch == [(NS, "r")]
+    with store.window(NS, "r") as read:
+        pass
+    assert store.answer(_run("m2", {"phase": "Failed"}), read, read=True) == (NS, "r")
+    assert store.upsert(_run("m3", {"phase": "Succeeded"})) == (NS, "r")
+
+
+def test_a_relist_resets_what_was_held_ahead_of_the_watch() -> None:
+    """A watch that resumes from a LIST never delivers a version older than the list: what the list
+    says is the watch's from then on, whatever answer was held ahead (else it would wait forever)."""
+    store = Store(run_of_run, run_view)
+    with store.window(NS, "r") as seen:
+        pass
+    store.answer(_run("v1", {"phase": "Running"}), seen)
+    store.relist([_run("v2", {"phase": "Succeeded"})], store.clock(), {NS})
+    assert store.upsert(_run("v3", {"phase": "Failed"})) == (NS, "r")
+    store.answer(_run("v4", {"phase": "Running"}), Window(None))
+    assert store.listed(_run("v5", {"phase": "Succeeded"})) == (NS, "r")  # kopf's listing
 
 
 def test_the_echo_of_our_own_write_does_not_replan() -> None:
@@ -102,13 +178,14 @@ def test_an_orphaned_object_leaves_its_run() -> None:
     assert cache.jobs.get((NS, "r")) == []
 
 
-def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_is_newer_than_the_list() -> None:
+def test_relist_adds_the_missed_drops_the_gone_and_keeps_what_arrived_after_the_list_was_sent() -> None:
     cache = RunCache()
     cache.jobs.upsert(_job("gone", 3, uid="a"))
-    cache.jobs.upsert(_job("arrived-after-the-list", 12, uid="b"))
     cache.jobs.upsert(_job("changed", 4, uid="c"))
+    since = cache.jobs.clock()  # the LIST is sent
+    cache.jobs.answer(_job("arrived-after-the-list", 12, uid="b"), Window(None))  # a Job created meanwhile
     changed = cache.jobs.relist(
-        [_job("changed", 9, uid="c", complete=True), _job("missed", 8, uid="d")], 10, {NS}
+        [_job("changed", 9, uid="c", complete=True), _job("missed", 8, uid="d")], since, {NS}
     )
     assert changed == {(NS, "r")}
     names = sorted(j["metadata"]["name"] for j in cache.jobs.get((NS, "r")))
@@ -120,7 +197,7 @@ def test_relist_of_one_namespace_leaves_the_others_alone() -> None:
     other = _job("j", 1)
     other["metadata"]["namespace"] = "elsewhere"
     cache.jobs.upsert(other)
-    assert cache.jobs.relist([], 10, {NS}) == set()
+    assert cache.jobs.relist([], cache.jobs.clock(), {NS}) == set()
     assert len(cache.jobs.get(("elsewhere", "r"))) == 1
 
 
@@ -247,7 +324,7 @@ def test_referenced_objects_are_kept_by_namespace_and_name_as_their_spec() -> No
     assert agents.upsert(_agent(3, {"providerRef": {"name": "q"}})) == (NS, "*")
     assert agents.delete(_agent(4, {})) == (NS, "*")
     assert cache.reference("agents", NS, "a") == (False, None)
-    assert agents.relist([_agent(7, {}, name="b")], 8, {NS}) == {(NS, "*")}
+    assert agents.relist([_agent(7, {}, name="b")], agents.clock(), {NS}) == {(NS, "*")}
     assert cache.reference("agents", NS, "b") == (True, {})
 
 
@@ -256,41 +333,23 @@ def _meta_only(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_metadata_only_list_names_what_to_read_in_full_and_drops_the_gone() -> None:
-    """The resync compares versions: the same version needs nothing, a newer or an unknown object is
-    read in full, one missing from the list is dropped unless it is newer than the list."""
+    """The resync compares versions for equality: the same version needs nothing, another or an
+    unknown object is read in full, one missing from the list is dropped unless the watch delivered
+    it after the list was sent."""
     cache = RunCache()
     cache.jobs.upsert(_job("same", 3, uid="a"))
     cache.jobs.upsert(_job("changed", 4, uid="b"))
     cache.jobs.upsert(_job("gone", 5, uid="c"))
+    since = cache.jobs.clock()
     cache.jobs.upsert(_job("arrived-after-the-list", 12, uid="d"))
     listed = [_job("same", 3, uid="a"), _job("changed", 9, uid="b"), _job("missed", 8, uid="e")]
-    fetch, changed = cache.jobs.compare([_meta_only(j) for j in listed], 10, {NS})
+    fetch, changed = cache.jobs.compare([_meta_only(j) for j in listed], since, {NS})
     assert fetch == [(NS, "changed"), (NS, "missed")]
     assert changed == {(NS, "r")}
     names = sorted(j["metadata"]["name"] for j in cache.jobs.get((NS, "r")))
     assert names == ["arrived-after-the-list", "changed", "same"]
     replaced = _job("same", 3, uid="other")  # a namesake at an equal version is still another object
-    assert cache.jobs.compare([_meta_only(replaced)], 13, {NS})[0] == [(NS, "same")]
-
-
-def test_the_echo_of_a_write_in_flight_does_not_replan_but_another_change_does() -> None:
-    """The watch may deliver our own write before the API server's answer reaches the reconcile that
-    made it: that echo (same view, keys in any order) is no news; anything else is."""
-    store = Store(run_of_run, run_view)
-    store.upsert(_run(5, {"phase": "Pending"}))
-    written = _run(5, {"phase": "Running", "message": "m"})
-    with store.writing(NS, "r", written):
-        assert store.upsert(_run(6, {"message": "m", "phase": "Running"})) is None
-        assert store.upsert(_run(7, {"message": "m", "phase": "Succeeded"})) == (NS, "r")
-    assert store.upsert(_run(8, {"message": "m", "phase": "Running"})) == (NS, "r")  # no longer writing
-
-
-def test_the_first_event_of_a_job_being_created_does_not_replan_but_its_end_does() -> None:
-    cache = RunCache()
-    with cache.jobs.writing(NS, "j"):
-        assert cache.jobs.upsert(_job("j", 1)) is None
-        assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
-    assert cache.jobs.upsert(_job("other", 3)) == (NS, "r")  # a Job we did not create: a stray
+    assert cache.jobs.compare([_meta_only(replaced)], cache.jobs.clock(), {NS})[0] == [(NS, "same")]
 
 
 def test_a_job_getting_its_ttl_does_not_replan() -> None:
@@ -299,117 +358,6 @@ def test_a_job_getting_its_ttl_does_not_replan() -> None:
     with_ttl = _job("j", 2, complete=True)
     with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
     assert cache.jobs.upsert(with_ttl) is None
-
-
-def _failed(job: dict[str, Any]) -> dict[str, Any]:
-    job["status"]["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
-    return job
-
-
-def test_a_job_ending_while_its_result_is_settled_does_not_replan_but_is_stored() -> None:
-    """The reconcile recording an iteration's result (status, then the Job's TTL) planned with the
-    pod's end: the Job controller marking the Job Complete or Failed meanwhile is no news."""
-    cache = RunCache()
-    cache.jobs.upsert(_job("j", 1))
-    cache.jobs.upsert(_job("k", 1, uid="k-uid"))
-    with cache.jobs.settling(NS, ["j", "k"]):
-        assert cache.jobs.upsert(_job("j", 2, complete=True)) is None
-        assert cache.jobs.upsert(_failed(_job("k", 2, uid="k-uid"))) is None
-        assert cache.jobs.view_of((NS, "r"), "j")[1][0].outcome == "Succeeded"  # stored all the same
-        assert cache.jobs.view_of((NS, "r"), "k")[1][0].outcome == "Failed"
-        with_ttl = _job("j", 3, complete=True)
-        with_ttl["spec"] = {"ttlSecondsAfterFinished": 300}
-        assert cache.jobs.upsert(with_ttl) is None  # the TTL patch's answer, written through
-    assert cache.jobs.view_of((NS, "r"), "j")[1][0].ttl_seconds_after_finished == 300
-    assert [j["metadata"]["resourceVersion"] for j in cache.jobs.get((NS, "r"))] == ["3", "2"]
-    assert cache.jobs.delete(_job("j", 4)) == (NS, "r")  # its deletion is still news
-
-
-def test_settling_still_replans_a_deletion_or_a_change_that_is_not_an_end() -> None:
-    cache = RunCache()
-    cache.jobs.upsert(_job("j", 1))
-    with cache.jobs.settling(NS, ["j"]):
-        orphaned_owner = _job("j", 2)
-        orphaned_owner["metadata"]["ownerReferences"][0]["uid"] = "another-run-uid"
-        assert cache.jobs.upsert(orphaned_owner) == (NS, "r")  # not ended: as before
-        deleting = _job("j", 3, complete=True)
-        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
-        assert cache.jobs.upsert(deleting) == (NS, "r")
-        assert cache.jobs.delete(_job("j", 4, complete=True)) == (NS, "r")
-
-
-def test_settling_leaves_other_jobs_and_namespaces_alone_and_ends_with_its_context() -> None:
-    cache = RunCache()
-    cache.jobs.upsert(_job("j", 1))
-    cache.jobs.upsert(_job("other", 1, uid="other-uid"))
-    elsewhere = _job("j", 1, uid="elsewhere-uid")
-    elsewhere["metadata"]["namespace"] = "elsewhere"
-    cache.jobs.upsert(elsewhere)
-    with cache.jobs.settling(NS, ["j"]):
-        assert cache.jobs.upsert(_job("other", 2, uid="other-uid", complete=True)) == (NS, "r")
-        ended_elsewhere = _job("j", 2, uid="elsewhere-uid", complete=True)
-        ended_elsewhere["metadata"]["namespace"] = "elsewhere"
-        assert cache.jobs.upsert(ended_elsewhere) == ("elsewhere", "r")
-    assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")  # no longer settling
-
-
-def test_a_job_first_seen_while_settling_replans_as_usual() -> None:
-    """The plan being settled never saw it: only an update of a Job the cache held is no news."""
-    cache = RunCache()
-    with cache.jobs.settling(NS, ["j"]):
-        assert cache.jobs.upsert(_job("j", 1, complete=True)) == (NS, "r")
-
-
-def test_overlapping_settling_of_two_runs_each_ends_with_its_own_context() -> None:
-    cache = RunCache()
-    cache.jobs.upsert(_job("a", 1, run="r1", uid="a-uid"))
-    cache.jobs.upsert(_job("b", 1, run="r2", uid="b-uid"))
-    cache.jobs.upsert(_job("shared", 1, run="r1", uid="s-uid"))  # settled by both, e.g. a retried reconcile
-    first, second = contextlib.ExitStack(), contextlib.ExitStack()
-    first.enter_context(cache.jobs.settling(NS, ["a", "shared"]))
-    second.enter_context(cache.jobs.settling(NS, ["b", "shared"]))
-    first.close()  # the first reconcile ends while the second is still settling
-    assert cache.jobs.upsert(_job("a", 2, run="r1", uid="a-uid", complete=True)) == (NS, "r1")
-    assert cache.jobs.upsert(_job("b", 2, run="r2", uid="b-uid", complete=True)) is None
-    assert cache.jobs.upsert(_job("shared", 2, run="r1", uid="s-uid", complete=True)) is None
-    second.close()
-    assert cache.jobs.upsert(_failed(_job("b", 3, run="r2", uid="b-uid"))) == (NS, "r2")
-
-
-def test_settling_ends_even_when_the_reconcile_fails() -> None:
-    cache = RunCache()
-    cache.jobs.upsert(_job("j", 1))
-    with pytest.raises(RuntimeError), cache.jobs.settling(NS, ["j"]):
-        raise RuntimeError("the status write failed")
-    assert cache.jobs.upsert(_job("j", 2, complete=True)) == (NS, "r")
-
-
-def test_a_store_without_a_settled_rule_ignores_settling() -> None:
-    store = Store(run_of_run, run_view)
-    store.upsert(_run(1, {"phase": "Running"}))
-    with store.settling(NS, ["r"]):
-        assert store.upsert(_run(2, {"phase": "Succeeded"})) == (NS, "r")
-
-
-def test_holds_is_the_same_object_at_that_version_or_newer() -> None:
-    """The informer skips decoding the echo of what we wrote through (the created Job, the status)."""
-    cache = RunCache()
-    assert not cache.jobs.holds(NS, "j", "job-uid", 5)  # absent
-    cache.jobs.upsert(_job("j", 5))
-    assert cache.jobs.holds(NS, "j", "job-uid", 5)
-    assert cache.jobs.holds(NS, "j", "job-uid", "5")
-    assert cache.jobs.holds(NS, "j", "job-uid", "4")  # older: the cache has newer
-    assert not cache.jobs.holds(NS, "j", "job-uid", 6)  # newer: news
-    assert not cache.jobs.holds(NS, "j", "job-uid", "6")
-    assert not cache.jobs.holds(NS, "j", "other-uid", 5)  # a namesake
-    assert not cache.jobs.holds("elsewhere", "j", "job-uid", 5)
-    assert not cache.jobs.holds(NS, "j", "job-uid", "")
-    assert not cache.jobs.holds(NS, "j", "job-uid", "abc")
-    cache.jobs.delete(_job("j", 6))
-    assert not cache.jobs.holds(NS, "j", "job-uid", 5)  # forgotten
-    runs = Store(run_of_run, run_view)  # a store keeping whole objects
-    runs.upsert(_run(7))
-    assert runs.holds(NS, "r", "run-uid", 7) and not runs.holds(NS, "r", "run-uid", 8)
 
 
 def test_the_change_of_a_stored_object_is_computed_once() -> None:

@@ -85,7 +85,7 @@ async def get_run(kube: Kube, target: Target, name: str) -> dict[str, Any]:
 
 
 async def status(target: Target, name: str, output: str, colour: bool, out: TextIO) -> int:
-    kube = Kube(target.api)
+    kube = target.kube
     run = await get_run(kube, target, name)
     if output in ("json", "yaml"):
         out.write(render.render_object(run, output))
@@ -181,7 +181,7 @@ async def _follow(kube: Kube, target: Target, name: str, printer: _Printer) -> s
 async def watch(
     target: Target, name: str, output: str, colour: bool, timeout: float, out: TextIO, err: TextIO
 ) -> int:
-    kube = Kube(target.api)
+    kube = target.kube
     printer = _Printer(output, colour, out)
     started = time.monotonic()
     try:
@@ -202,7 +202,7 @@ async def watch(
 
 async def cancel(target: Target, name: str, graceful: bool, output: str, out: TextIO) -> int:
     """Set `spec.cancel` (the only field that may change); a finished run is left as it is."""
-    kube = Kube(target.api)
+    kube = target.kube
     mode = "Graceful" if graceful else "Immediate"
     for _ in range(CANCEL_ATTEMPTS):
         run = await get_run(kube, target, name)
@@ -276,7 +276,7 @@ async def decide(
         raise _refused(
             Problem("--reason", reason, "a rejection needs a reason", "say why with --reason TEXT", DOCS)
         )
-    kube = Kube(target.api)
+    kube = target.kube
     for _ in range(CANCEL_ATTEMPTS):
         raw = await get_run(kube, target, name)
         phase = render.status_of(raw).get("phase") or "Pending"

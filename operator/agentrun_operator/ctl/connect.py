@@ -17,6 +17,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 from kubernetes_asyncio.config.kube_config import KubeConfigMerger
 
+from agentrun_operator.shell.kube import Kube
+
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -28,7 +30,7 @@ class CtlError(Exception):
 class Target:
     """Where the CLI talks to, and as whom."""
 
-    api: client.ApiClient
+    kube: Kube
     namespace: str
     server: str
     source: str  # "kubeconfig PATH (context C)" or "in-cluster ServiceAccount", for error messages
@@ -76,7 +78,7 @@ async def connect(kubeconfig: str | None, context: str | None, namespace: str | 
             except OSError:
                 ns = ""
         return Target(
-            client.ApiClient(configuration),
+            Kube(configuration),
             ns or "default",
             str(configuration.host),
             "in-cluster ServiceAccount",
@@ -127,7 +129,7 @@ async def _from_kubeconfig(paths: list[str], context: str | None, namespace: str
         raise CtlError(f"kubeconfig {joined}, context {chosen!r}: {exc}") from None
     ns = namespace or contexts[chosen].get("namespace") or "default"
     return Target(
-        client.ApiClient(configuration),
+        Kube(configuration),
         str(ns),
         str(configuration.host),
         f"kubeconfig {joined} (context {chosen})",

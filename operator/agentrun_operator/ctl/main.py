@@ -83,7 +83,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise CtlError(f"cannot reach the API server at {server}: {exc}") from None
     finally:
         if target is not None:
-            await target.api.close()
+            await target.kube.close()
 
 
 def run_ctl(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -7,15 +7,24 @@ API server (docs/operator.md#cache). Why it is correct:
   The work queue starts reconciling only once every informer has opened its gate (`ready`), so no
   reconcile ever sees a half-filled cache.
 - **Stale cache.** Our own writes are written through (the created Job, the status PUT's answer, the
-  Job with its TTL).
-  Anything else that is stale makes a write fail safely: the status PUT carries the cached
-  resourceVersion (409 -> the run is fetched fresh and re-planned), and Job names are deterministic
-  (AlreadyExists -> the existing Job is adopted).
-- **Missed watch event.** The periodic resync relists all three kinds and merges the lists in
-  (`relist`), so whatever a watch dropped is seen at the latest one resync period later.
+  Job with its TTL: `answer`). Anything else that is stale makes a write fail safely: the status PUT
+  carries the cached resourceVersion (409 -> the run is fetched fresh and re-planned), and Job names
+  are deterministic (AlreadyExists -> the existing Job is adopted).
+- **Missed watch event.** The periodic resync (shell/resync.py) compares every kind with the API
+  server and merges what differs in, so whatever a watch dropped is seen one resync period later.
 
-Objects are compared by resourceVersion, which kube-apiserver takes from etcd's revision: an integer
-that only grows. An older object never replaces a newer one, whichever path delivered it.
+A resourceVersion is opaque (the API's contract): it is only ever compared for equality. Which of
+two versions of an object is newer is answered by the watch's own order instead -- it delivers every
+version of an object, oldest first -- and by this store's clock, which orders what the store itself
+did (docs/design.md#watch-path):
+
+- a write's answer held ahead of the watch (`answer`) stays until the watch delivers that same
+  version; what the watch delivers before it is older and is skipped;
+- a version the watch delivered while a request was in flight (`window`) is not overwritten by the
+  request's answer, which may be older;
+- a LIST drops an object it lacks only when the store had it before the LIST was sent (`clock`);
+- a LIST sent after an answer was held ahead lists that version or a newer one: the resync
+  (`compare`) then lets go of it, so an echo a watch missed holds nothing up for longer than that.
 """
 
 from __future__ import annotations
@@ -26,23 +35,22 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agentrun_operator import naming
-from agentrun_operator.api import GROUP, VERSION
+from agentrun_operator.api import GROUP
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.observed import ObservedJob
 from agentrun_operator.planner.waiting import VOLUME_REASONS
-from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.observe import job_from_k8s, resource_version
-from agentrun_operator.shell.relevance import job_change, job_settled, pod_arrival, pod_change
+from agentrun_operator.shell.relevance import job_change, pod_arrival, pod_change
 from agentrun_operator.shell.volume_waits import VolumeEventStore, VolumeWaits
 
 Key = tuple[str, str]  # (namespace, run name)
 Obj = dict[str, Any]
+Where = tuple[str, str]  # (namespace, object name)
 
 
-def is_older(candidate: Obj, stored: Obj) -> bool:
-    """True when `candidate` is an older version than `stored` (then it must not replace it)."""
-    a, b = resource_version(candidate), resource_version(stored)
-    return a is not None and b is not None and a < b
+def where_of(obj: Obj) -> Where:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
 def _same_version(candidate: Obj, stored: Obj) -> bool:
@@ -101,14 +109,20 @@ def _identity(obj: Obj) -> Obj:
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
 
 
-_CREATING = object()
-_NOT_WRITING = object()
+class Window:
+    """One request about one object: the versions of it the watch delivered meanwhile (`seen`), and
+    the answer held ahead of the watch when it was sent (`ahead`)."""
+
+    __slots__ = ("ahead", "seen")
+
+    def __init__(self, ahead: str | None) -> None:
+        self.ahead = ahead
+        self.seen: set[str] = set()
 
 
 class Store:
     """Objects of one kind, by run and by name, each with its `view` (what the reconciler reads of
-    it); `change` picks from a view what decides whether the run must be re-planned; `settled` says
-    of a view that it is no news while a reconcile is settling that object (`settling`)."""
+    it); `change` picks from a view what decides whether the run must be re-planned."""
 
     def __init__(
         self,
@@ -117,133 +131,139 @@ class Store:
         change: Callable[[Any], Any] = lambda view: view,
         keep_body: bool = True,
         arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
-        settled: Callable[[Any], bool] | None = None,
         forget: Callable[[str, str], None] | None = None,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
         self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
-        self._settled = settled
         self._forget = forget  # told (namespace, name) of each object the store drops
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
         self._by_run: dict[Key, dict[str, tuple[Obj, Any]]] = {}
-        self._where: dict[tuple[str, str], Key] = {}  # (namespace, object name) -> run key
+        self._where: dict[Where, Key] = {}  # (namespace, object name) -> run key
         # (namespace, object name) -> `change` of its stored view, computed when it is stored: each
         # update then picks its plan-relevant part from the new view only, not from both again.
-        self._changes: dict[tuple[str, str], Any] = {}
-        # (namespace, name) -> what of it we are writing right now (`writing`)
-        self._writing: dict[tuple[str, str], Any] = {}
-        # (namespace, name) -> how many reconciles are settling it right now (`settling`)
-        self._settling: dict[tuple[str, str], int] = {}
+        self._changes: dict[Where, Any] = {}
+        self._clock = 0  # counts what the store took in: orders its own past, never versions
+        self._stored_at: dict[Where, int] = {}  # when each object was last taken in
+        self._ahead: dict[Where, tuple[str, int]] = {}  # a write's answer the watch has not delivered
+        self._windows: dict[Where, list[Window]] = {}  # requests in flight, per object
 
     def __len__(self) -> int:
         return len(self._where)
 
+    def clock(self) -> int:
+        """The store's clock now: take it before sending a LIST (`relist`, `compare`)."""
+        return self._clock
+
     def upsert(self, obj: Obj) -> Key | None:
-        """Store `obj`; the run key when what the planner sees changed, else None."""
-        meta = obj.get("metadata") or {}
-        ns, name, run = str(meta.get("namespace") or ""), str(meta.get("name") or ""), self._run_of(obj)
-        old_key = self._where.get((ns, name))
+        """A watch event's object (ADDED, MODIFIED); the run key when its run must be re-planned.
+
+        The watch delivers every version of an object in order, so while an answer is held ahead of
+        it (`answer`), what it delivers before that version is older and is skipped."""
+        where, version = where_of(obj), _version(obj)
+        for window in self._windows.get(where, ()):
+            window.seen.add(version)
+        ahead = self._ahead.get(where)
+        if ahead is not None:
+            if version != ahead[0]:
+                return None
+            del self._ahead[where]
+        return self._put(obj)
+
+    def listed(self, obj: Obj) -> Key | None:
+        """One object of a LIST that a watch resumes from (kopf's, before its watch): its version is
+        the watch's from now on, whatever was held ahead."""
+        self._ahead.pop(where_of(obj), None)
+        return self._put(obj)
+
+    @contextlib.contextmanager
+    def window(self, namespace: str, name: str) -> Iterator[Window]:
+        """While a request about this object is in flight: what `answer` needs to know of it."""
+        where = (namespace, name)
+        held = self._ahead.get(where)
+        window = Window(held[0] if held else None)
+        self._windows.setdefault(where, []).append(window)
+        try:
+            yield window
+        finally:
+            open_ = self._windows.get(where, [])
+            open_.remove(window)
+            if not open_:
+                self._windows.pop(where, None)
+
+    def answer(self, obj: Obj, window: Window, read: bool = False) -> Key | None:
+        """The API server's answer about an object (`window` open around the request), written
+        through; the run key when its run must be re-planned.
+
+        A write's answer is a version the watch delivers later, unless it did during the request
+        (`seen`): it is held ahead of the watch until then. A read's answer (a GET) is taken only
+        when the watch delivered nothing of the object meanwhile and no write was answered
+        meanwhile; it is then at least as new as anything held (else the watch brings the object
+        up to date itself), and it is not held ahead: a read may be of a version the watch missed."""
+        where, version = where_of(obj), _version(obj)
+        held = self._ahead.get(where)
+        if version in window.seen or (read and (window.seen or (held[0] if held else None) != window.ahead)):
+            return None
+        found = self._entry(where)
+        if found is not None and _same_version(obj, found[0]):
+            return None
+        key = self._put(obj)
+        if read:
+            self._ahead.pop(where, None)
+        elif where in self._where:
+            self._ahead[where] = (version, self._clock)
+        return key
+
+    def _put(self, obj: Obj) -> Key | None:
+        ns, name = where_of(obj)
+        run = self._run_of(obj)
+        where = (ns, name)
+        old_key = self._where.get(where)
         if not run:  # no longer any run's (e.g. orphaned): forget it
             if old_key is not None:
                 self._drop(old_key, name)
             return old_key
+        self._clock += 1
+        self._stored_at[where] = self._clock
         key: Key = (ns, run)
         if old_key is not None and old_key != key:  # relabelled to another run: move it
             self._by_run.get(old_key, {}).pop(name, None)
         entries = self._by_run.setdefault(key, {})
         current = entries.get(name)
-        if current is not None and (is_older(obj, current[0]) or _same_version(obj, current[0])):
-            return None  # older, or unchanged: the echo of our own write, a relist of the same object
-        where = (ns, name)
+        if current is not None and _same_version(obj, current[0]):
+            return None  # unchanged: the echo of an answer written through, a relist of the same
         view = self._view(obj)
         now = self._change(view)
         entries[name] = (obj if self._keep_body else _identity(obj), view)
         self._where[where] = key
         moved = old_key is not None and old_key != key
-        echo = self._writing.get(where, _NOT_WRITING)
         if current is None:
             others = [v for n, (_, v) in entries.items() if n != name]
-            changed = moved or (echo is not _CREATING and self._arrival(view, others))
+            changed = moved or self._arrival(view, others)
         else:
             before = self._changes[where] if where in self._changes else self._change(current[1])
-            changed = moved or (now != before and now != echo)
-            if changed and not moved and where in self._settling and self._settled is not None:
-                changed = not self._settled(view)
+            changed = moved or now != before
         self._changes[where] = now
         return key if changed else None
 
-    @contextlib.contextmanager
-    def writing(self, namespace: str, name: str, written: Obj | None = None) -> Iterator[None]:
-        """While we write this object, the watch event echoing our write -- which may come before
-        the API server's answer -- re-plans nothing: the reconcile writing it planned with it, and
-        writes the answer through. `written` is the object as we send it (an event whose view is the
-        same is the echo); None for a create (the object's first event is the echo). Any other
-        change of it re-plans as usual."""
-        where = (namespace, name)
-        self._writing[where] = _CREATING if written is None else self._change(self._view(written))
-        try:
-            yield
-        finally:
-            self._writing.pop(where, None)
-
-    @contextlib.contextmanager
-    def settling(self, namespace: str, names: Iterable[str]) -> Iterator[None]:
-        """While a reconcile settles these objects, an update of one of them to a view `settled`
-        accepts re-plans nothing (it is stored all the same).
-
-        The reconcile that records an iteration's result writes the status, then sets the ended Job's
-        TTL; meanwhile the Job controller marks that Job Complete or Failed, which would re-plan the
-        run a second time for nothing (the plan used the pod's result already). Safe because that
-        reconcile re-plans the run itself whenever its writes fail (a 409 requeues it at once, an
-        exception retries it), and anything else -- a view not settled, e.g. a deletion, an object
-        first seen or moved to another run, any other name -- re-plans as usual. Counted, not a set:
-        several reconciles may settle at once, and each one's exit must leave the others' names."""
-        wheres = [(namespace, name) for name in names]
-        for where in wheres:
-            self._settling[where] = self._settling.get(where, 0) + 1
-        try:
-            yield
-        finally:
-            for where in wheres:
-                left = self._settling.get(where, 0) - 1
-                if left > 0:
-                    self._settling[where] = left
-                else:
-                    self._settling.pop(where, None)
-
-    def holds(self, namespace: str, name: str, uid: str, version: int | str) -> bool:
-        """Whether the store holds this object (same uid) at `version` or newer: then its watch event
-        is the echo of what we wrote through (the status PUT's answer, the created Job), and the
-        informer need not even decode it. False for a `version` that is not a number."""
-        key = self._where.get((namespace, name))
-        entry = self._by_run.get(key, {}).get(name) if key is not None else None
-        if entry is None or not uid or (entry[0].get("metadata") or {}).get("uid") != uid:
-            return False
-        try:
-            wanted = int(version)
-        except ValueError:
-            return False
-        stored = resource_version(entry[0])
-        return stored is not None and stored >= wanted
+    def _entry(self, where: Where) -> tuple[Obj, Any] | None:
+        key = self._where.get(where)
+        return self._by_run.get(key, {}).get(where[1]) if key is not None else None
 
     def delete(self, obj: Obj) -> Key | None:
         """Forget `obj` (a DELETED event); the run key when something was removed."""
-        meta = obj.get("metadata") or {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        key = self._where.get((ns, name))
-        if key is None:
+        where = where_of(obj)
+        for window in self._windows.get(where, ()):
+            window.seen.add(_version(obj))
+        key, current = self._where.get(where), self._entry(where)
+        if key is None or current is None:
             return None
-        current = self._by_run.get(key, {}).get(name)
-        if current is None:
-            return None
-        same_object = (current[0].get("metadata") or {}).get("uid") == meta.get("uid")
-        if not same_object or is_older(obj, current[0]):
-            return None  # a namesake created since, or a stale delete: keep what we have
-        self._drop(key, name)
+        if (current[0].get("metadata") or {}).get("uid") != (obj.get("metadata") or {}).get("uid"):
+            return None  # a namesake created since: keep what we have
+        self._drop(key, where[1])
         return key
 
     def _drop(self, key: Key, name: str) -> None:
@@ -251,8 +271,11 @@ class Store:
         entries.pop(name, None)
         if not entries:
             self._by_run.pop(key, None)
-        self._where.pop((key[0], name), None)
-        self._changes.pop((key[0], name), None)
+        where = (key[0], name)
+        self._where.pop(where, None)
+        self._changes.pop(where, None)
+        self._stored_at.pop(where, None)
+        self._ahead.pop(where, None)
         if self._forget is not None:
             self._forget(key[0], name)
 
@@ -294,51 +317,53 @@ class Store:
     def run_keys(self) -> list[Key]:
         return list(self._by_run)
 
-    def relist(self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None) -> set[Key]:
-        """Merge a fresh LIST in: newer objects win; one missing from the list is gone, unless it is
-        newer than the list itself (it arrived by watch after the list was taken). Returns the runs
-        whose view changed."""
+    def relist(self, items: Iterable[Obj], since: int, namespaces: set[str] | None) -> set[Key]:
+        """Merge in a LIST sent at `since` (`clock`) that a watch resumes from: each listed object as
+        listed (`listed`); one missing from it is gone, unless the store took it in after the LIST
+        was sent (an answer written through meanwhile). Returns the runs whose view changed."""
         changed: set[Key] = set()
-        seen: set[tuple[str, str]] = set()
+        seen: set[Where] = set()
         for obj in items:
-            meta = obj.get("metadata") or {}
-            seen.add((str(meta.get("namespace")), str(meta.get("name"))))
-            key = self.upsert(obj)
+            seen.add(where_of(obj))
+            key = self.listed(obj)
             if key is not None:
                 changed.add(key)
-        return changed | self._drop_unlisted(seen, list_version, namespaces)
+        return changed | self._drop_unlisted(seen, since, namespaces)
 
     def compare(
-        self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None
-    ) -> tuple[list[tuple[str, str]], set[Key]]:
-        """Merge a metadata-only LIST in: (namespace, name) of each listed object the cache does not
-        hold at that version or newer (to be read in full), and the runs whose view changed because an
-        object missing from the list was dropped (as in `relist`)."""
-        seen: set[tuple[str, str]] = set()
-        fetch: list[tuple[str, str]] = []
+        self, items: Iterable[Obj], since: int, namespaces: set[str] | None
+    ) -> tuple[list[Where], set[Key]]:
+        """Merge in a metadata-only LIST sent at `since` while the watch runs: (namespace, name) of
+        each listed object the store does not hold at that version (to be read in full, `answer`
+        with `read`), and the runs whose view changed because an object missing from the list was
+        dropped (as in `relist`). An answer held ahead of the watch since before the LIST was sent
+        is let go of: the list has that version or a newer one."""
+        seen: set[Where] = set()
+        fetch: list[Where] = []
         for obj in items:
-            meta = obj.get("metadata") or {}
-            where = (str(meta.get("namespace")), str(meta.get("name")))
+            where = where_of(obj)
             seen.add(where)
-            key = self._where.get(where)
-            entry = self._by_run.get(key, {}).get(where[1]) if key is not None else None
-            if entry is None or not (_same_version(obj, entry[0]) or is_older(obj, entry[0])):
+            held = self._ahead.get(where)
+            if held is not None and held[1] <= since:
+                del self._ahead[where]
+            entry = self._entry(where)
+            if entry is None or not _same_version(obj, entry[0]):
                 fetch.append(where)
-        return fetch, self._drop_unlisted(seen, list_version, namespaces)
+        return fetch, self._drop_unlisted(seen, since, namespaces)
 
-    def _drop_unlisted(
-        self, seen: set[tuple[str, str]], list_version: int | None, namespaces: set[str] | None
-    ) -> set[Key]:
+    def _drop_unlisted(self, seen: set[Where], since: int, namespaces: set[str] | None) -> set[Key]:
         changed: set[Key] = set()
         for (ns, name), key in list(self._where.items()):
             if (ns, name) in seen or (namespaces is not None and ns not in namespaces):
                 continue
-            entry = self._by_run.get(key, {}).get(name)
-            rv = resource_version(entry[0]) if entry else None
-            if entry is None or rv is None or list_version is None or rv <= list_version:
+            if self._stored_at.get((ns, name), 0) <= since:
                 self._drop(key, name)
                 changed.add(key)
         return changed
+
+
+def _version(obj: Obj) -> str:
+    return resource_version(obj) or ""
 
 
 NAMESPACE_WIDE = "*"
@@ -365,7 +390,7 @@ class RunCache:
 
     def __init__(self, gates: Iterable[str] = ()) -> None:
         self.runs = Store(run_of_run, run_view)
-        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False, settled=job_settled)
+        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
         # A pod's view holds its volume wait, from the Events informers' stores (shell/volume_waits.py).
         self.volume_waits = VolumeWaits()
         self.pods = Store(
@@ -376,7 +401,7 @@ class RunCache:
             arrival=pod_arrival,
             forget=self.volume_waits.forget_pod,
         )
-        self.volume_waits.pods = self.pods
+        self.volume_waits.review = self.pods.review
         self.volume_events = {
             reason: VolumeEventStore(reason, self.volume_waits) for reason in VOLUME_REASONS
         }
@@ -416,43 +441,3 @@ class RunCache:
         sizes = {"agentruns": len(self.runs), "jobs": len(self.jobs), "pods": len(self.pods)}
         sizes["volume_events"] = len(self.volume_waits)
         return sizes | {plural: len(store) for plural, store in self.references.items()}
-
-
-KINDS = (
-    # (store attribute, API prefix, plural, label selector)
-    ("runs", f"/apis/{GROUP}/{VERSION}", "agentruns", None),
-    ("jobs", "/apis/batch/v1", "jobs", naming.LABEL_RUN),
-    ("pods", "/api/v1", "pods", naming.LABEL_RUN),
-)
-
-
-FULL_LIST_AFTER = 50
-"""A resync that finds more objects than this out of date lists them whole instead of one GET each."""
-
-
-async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> set[Key]:
-    """The resync's half of the cache: compare every kind with the API server and merge it in.
-
-    Each kind is listed as metadata only (`Store.compare`), and only the objects the cache does not
-    hold at their current version are read in full: a resync of an up-to-date cache decodes names
-    and versions, not every pod's spec and status. Many out of date at once: one full LIST
-    (`Store.relist`). Returns the runs whose view changed, i.e. those a watch event had been missed for."""
-    changed: set[Key] = set()
-    scopes: list[str | None] = list(namespaces) or [None]
-    for attr, prefix, plural, selector in KINDS:
-        store: Store = getattr(cache, attr)
-        for ns in scopes:
-            within = {ns} if ns else None
-            metas, version = await kube.list_with_version(prefix, plural, ns, selector, metadata_only=True)
-            fetch, dropped = store.compare(metas, version, within)
-            changed |= dropped
-            if len(fetch) > FULL_LIST_AFTER:
-                items, version = await kube.list_with_version(prefix, plural, ns, selector)
-                changed |= store.relist(items, version, within)
-                continue
-            for obj_ns, name in fetch:
-                obj = await kube.get_object(prefix, plural, obj_ns, name)
-                key = store.upsert(obj) if obj is not None else None  # gone since: its DELETED, or next round
-                if key is not None:
-                    changed.add(key)
-    return changed

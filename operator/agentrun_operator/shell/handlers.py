@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import os
 import time
 from typing import Any, cast
 
@@ -27,13 +25,13 @@ from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.shell import health, metrics
-from agentrun_operator.shell.cache import RunCache, relist
-from agentrun_operator.shell.codec import builtin_head
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.informer import Fed, Informer
-from agentrun_operator.shell.kube import Kube, in_cluster_server
-from agentrun_operator.shell.peering import KopfPause
+from agentrun_operator.shell.kube import Kube, kopf_login
+from agentrun_operator.shell.peering import PEERING_API, Peering
 from agentrun_operator.shell.reconciler import Reconciler
+from agentrun_operator.shell.resync import relist
 from agentrun_operator.shell.workqueue import Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
@@ -47,7 +45,7 @@ class OperatorState:
         config: OperatorConfig,
         kubeconfig: str | None,
         workers: int,
-        pause: KopfPause | None = None,
+        pause: Peering | None = None,
     ) -> None:
         self.config = config
         self.pause = pause  # None: standalone (serves at once)
@@ -69,9 +67,11 @@ class OperatorState:
 
     def agentrun_event(self, event: kopf.RawEvent) -> None:
         """An AgentRun's watch event, from kopf: into the cache; the run is enqueued when what its
-        planner reads changed (the echo of our own status write is not news)."""
+        planner reads changed (the echo of our own status write is not news). kopf delivers the
+        objects of the LIST its watch starts from with no type (`Store.listed`)."""
         obj = dict(event["object"])
-        key = self.cache.runs.delete(obj) if event["type"] == "DELETED" else self.cache.runs.upsert(obj)
+        kind, runs = event["type"], self.cache.runs
+        key = runs.delete(obj) if kind == "DELETED" else runs.upsert(obj) if kind else runs.listed(obj)
         self.enqueue(key)
 
     def enqueue_namespace(self, key: Key) -> None:
@@ -163,14 +163,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     """Register the handlers on `registry` (not the global one, so tests can build their own)."""
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """kopf's own credential readers: in-cluster ServiceAccount first (at the address the pod's
-        environment names, see `in_cluster_server`), then the kubeconfig."""
-        in_cluster = kopf.login_with_service_account(**kwargs)
-        server = in_cluster_server(os.environ)
-        if in_cluster is not None and server is not None:
-            in_cluster = dataclasses.replace(in_cluster, server=server)
-        return in_cluster or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo | None:
+        """kopf logs in from the operator's one credential stack (shell/kube.py): in-cluster
+        ServiceAccount (at the address the pod's environment names), else the kubeconfig."""
+        return await kopf_login(state.kubeconfig)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -203,24 +199,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.queue = WorkQueue(state.reconcile, workers=state.workers, ready=cache.ready, serving=serving)
         # Jobs and Pods through our own informers, filtered by label on the server: an iteration
         # causes about ten of their events, and kopf's per-event machinery cost more than our use of
-        # each (docs/design.md#handlers). Each event is decoded whole; the echo of our own write is
-        # not decoded at all. AgentRuns come through kopf (`agentrun_event`).
-        watch(
-            cache.jobs,
-            "/apis/batch/v1",
-            "jobs",
-            naming.LABEL_RUN,
-            on_change=state.enqueue,
-            head=builtin_head,
-        )
-        watch(
-            cache.pods,
-            "/api/v1",
-            "pods",
-            naming.LABEL_RUN,
-            on_change=state.enqueue,
-            head=builtin_head,
-        )
+        # each (docs/design.md#handlers). Each event is decoded whole. AgentRuns come through kopf
+        # (`agentrun_event`).
+        watch(cache.jobs, "/apis/batch/v1", "jobs", naming.LABEL_RUN, on_change=state.enqueue)
+        watch(cache.pods, "/api/v1", "pods", naming.LABEL_RUN, on_change=state.enqueue)
         # Why a pod's volume cannot be attached or mounted: Events only, not the pod's status
         # (docs/design.md#pod-waits). One watch per reason, filtered on the server by field (a field
         # selector takes no set of values), so only these Events are sent; core/v1, the API the
@@ -240,6 +222,16 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # changed, and read by every reconcile of a run that names them.
         for plural, store in cache.references.items():
             watch(store, ours, plural, None, on_change=state.enqueue_namespace, optional=True)
+        if state.pause is not None:  # kopf's peering objects, read as kopf reads them
+            peering = state.pause
+            watch(
+                peering,
+                PEERING_API,
+                peering.plural,
+                None,
+                on_change=state.enqueue,
+                fields=f"metadata.name={peering.name}",
+            )
         for informer in state.informers:
             informer.start()
         state.queue.start()
@@ -266,11 +258,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def probe(**_: Any) -> dict[str, int]:
         """`/healthz` fails (500) when an informer stopped receiving or the work queue stopped
         draining (shell/health.py); else it reports the cache's sizes."""
-        found = health.problems(state.informers, state.queue, time.monotonic())
-        if found:
-            log.error("unhealthy: %s", "; ".join(found))
-            raise kopf.PermanentError("; ".join(found))
-        return state.cache.sizes()
+        return health.probe(state.informers, state.queue, state.cache.sizes(), time.monotonic())
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -284,7 +272,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         if state.queue is not None:
             await state.queue.stop()
         if state.pause is not None:
-            state.pause.uninstall()
+            state.pause.stop()
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out

@@ -14,8 +14,13 @@ tasks, so the operator's own parts are checked here:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Final, Protocol
+
+import kopf
+
+log = logging.getLogger("agentrun.health")
 
 SILENT_SECONDS: Final = 600.0
 """More than twice a watch's lifetime (270 s) plus its timeout margin: a missed renewal is not enough."""
@@ -58,3 +63,15 @@ def problems(
         elif stalled > stalled_seconds:
             found.append(f"the work queue has not drained for {stalled:.0f} s (no reconcile finished)")
     return found
+
+
+def probe(
+    informers: Iterable[Watched], queue: Drained | None, sizes: dict[str, int], now: float
+) -> dict[str, int]:
+    """kopf's probe handler's answer: the cache's `sizes` when healthy; else kopf's permanent error,
+    which makes `/healthz` fail (500) at once."""
+    found = problems(informers, queue, now)
+    if found:
+        log.error("unhealthy: %s", "; ".join(found))
+        raise kopf.PermanentError("; ".join(found))
+    return sizes

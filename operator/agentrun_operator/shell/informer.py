@@ -5,11 +5,9 @@ events (created, bound, started, finished, its Job's finalizer removed) and abou
 (created, started, ready, completed, TTL set), and in the profile kopf's per-event machinery — a
 worker per object, handler bookkeeping, its logging — cost more than everything the operator does
 with them. AgentRuns, about one event an iteration, come through kopf (shell/handlers.py).
-Here an event costs at most one JSON decode of the whole object and one cache update, and the
-echo of an object the cache already holds at that version (our own write, written through) is not
-decoded at all (`head`); the run is enqueued only when what its planner sees changed. Every event
-is decoded as the LIST and the resync decode their objects, so a field a reader reads is there
-whichever path brought the object (shell/codec.py).
+Here an event costs one JSON decode of the whole object (shell/codec.py: no field is cut, nothing
+depends on the order the server writes fields in) and one cache update; the run is enqueued only
+when what its planner sees changed.
 
 Restart safety is the cache's (shell/cache.py): the work queue waits until the first LIST is in the
 cache. A watch that ends (its timeout, a broken or silent connection) is resumed from the last
@@ -17,6 +15,11 @@ resourceVersion it delivered (bookmarks included), as client-go's reflector does
 replays every change since, so nothing in between is missed, and no periodic LIST of every pod is
 decoded. When it no longer has that version (410 Gone) or refuses the watch, a fresh LIST is merged
 into the cache instead.
+
+Bad input (docs/design.md#watch-path): a line that is not JSON ends the watch, which resumes from the
+last version delivered, so the API server sends the event again (a cut line comes whole); an event of
+another shape than `{"type", "object"}` is skipped with a warning; an object lacking fields is read
+as having none (every reader reads with defaults, shell/observe.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from aiohttp import ClientTimeout
 
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import Key, RunCache
-from agentrun_operator.shell.codec import Head, decode_json
+from agentrun_operator.shell.codec import decode_json
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import resource_version
 
@@ -45,17 +48,17 @@ FORBIDDEN_RETRY_SECONDS = 300.0  # an optional kind the operator may not list: t
 
 class Fed(Protocol):
     """What an informer keeps in line: a `Store` (cache.py), or the volume Events' (volume_waits.py).
-    Each call answers the run key to re-plan, if any."""
+    Each call answers the run key to re-plan, if any; `clock` is taken before a LIST is sent."""
 
     def upsert(self, obj: dict[str, Any]) -> Key | None: ...
 
     def delete(self, obj: dict[str, Any]) -> Key | None: ...
 
-    def relist(
-        self, items: Iterable[dict[str, Any]], list_version: int | None, namespaces: set[str] | None
-    ) -> set[Key]: ...
+    def clock(self) -> int: ...
 
-    def holds(self, namespace: str, name: str, uid: str, version: int | str) -> bool: ...
+    def relist(
+        self, items: Iterable[dict[str, Any]], since: int, namespaces: set[str] | None
+    ) -> set[Key]: ...
 
 
 class Informer:
@@ -72,7 +75,6 @@ class Informer:
         namespaces: tuple[str, ...],
         on_change: Callable[[Key], None],
         optional: bool = False,
-        head: Head | None = None,
         unlisted: str = "reading them per reconcile",
         fields: str | None = None,
     ) -> None:
@@ -90,11 +92,10 @@ class Informer:
         # every read falls back to GET, as before; its gate opens anyway.
         self.optional = optional
         self.unlisted = unlisted  # what the operator does instead, for the warning
-        self.head = head  # an event's identity without decoding it (None: always decode)
         self.gate = f"informer:{plural}" + (f"?{fields}" if fields else "")
         self._listed: set[str | None] = set()
         # Per scope, the resourceVersion the next watch resumes from (absent: LIST first).
-        self._resume: dict[str | None, int] = {}
+        self._resume: dict[str | None, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._received_at = time.monotonic()  # the last LIST, watch response or event
         cache.add_gate(self.gate)
@@ -137,16 +138,17 @@ class Informer:
                 else:
                     log.warning("%s watch interrupted, listing again: %s", self.plural, exc)
                     await asyncio.sleep(RETRY_SECONDS)
-            except Exception as exc:  # a broken or silent stream: resume after a pause, never die
+            except Exception as exc:  # a broken, silent or garbled stream: resume after a pause, never die
                 log.warning("%s watch interrupted, resuming: %s", self.plural, exc)
                 await asyncio.sleep(RETRY_SECONDS)
 
-    async def _list(self, scope: str | None) -> int | None:
+    async def _list(self, scope: str | None) -> str | None:
+        since = self.store.clock()
         items, version = await self.kube.list_with_version(
             self.prefix, self.plural, scope, self.selector, fields=self.fields
         )
         self._received_at = time.monotonic()
-        for key in self.store.relist(items, version, {scope} if scope else None):
+        for key in self.store.relist(items, since, {scope} if scope else None):
             self.on_change(key)
         self._mark_listed(scope)
         return version
@@ -157,7 +159,7 @@ class Informer:
             if len(self._listed) == len(self.scopes):
                 self.cache.open_gate(self.gate)
 
-    async def _watch(self, scope: str | None, version: int | None) -> None:
+    async def _watch(self, scope: str | None, version: str | None) -> None:
         path = f"{self.prefix}/namespaces/{scope}/{self.plural}" if scope else f"{self.prefix}/{self.plural}"
         query = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
         if self.selector:
@@ -165,7 +167,7 @@ class Informer:
         if self.fields:
             query["fieldSelector"] = self.fields
         if version is not None:
-            query["resourceVersion"] = str(version)
+            query["resourceVersion"] = version
             self._resume[scope] = version
         metrics.api_request("WATCH", self.plural)
         raw = await self.kube.send(
@@ -196,13 +198,14 @@ class Informer:
             raw.release()
 
     def _event(self, scope: str | None, line: bytes) -> bool:
-        """Apply one watch event to the cache; False when the watch must end (an ERROR event)."""
-        identity = self.head(line) if self.head is not None else None
-        if identity is not None and self.store.holds(*identity):
-            self._resume[scope] = identity[3]  # the echo of what we wrote through: nothing to decode
-            return True
+        """Apply one watch event to the cache; False when the watch must end (an ERROR event). Text
+        that is not JSON raises ValueError: the watch ends and resumes (`_run`)."""
         event = decode_json(line)
-        kind, obj = event.get("type"), event.get("object") or {}
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR") or not isinstance(obj, dict):
+            log.warning("%s watch: skipped an event of unknown shape: %.200s", self.plural, line)
+            return True
         if kind == "ERROR":  # e.g. 410 Gone: our version is too old; list afresh
             self._resume.pop(scope, None)
             log.info("%s watch ended: %s", self.plural, obj.get("message"))

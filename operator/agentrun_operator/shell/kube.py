@@ -1,7 +1,11 @@
-"""A thin async Kubernetes adapter over `kubernetes_asyncio`'s connection, speaking plain JSON dicts.
+"""A thin async Kubernetes adapter, speaking plain JSON dicts over its own aiohttp session.
 
-`kubernetes_asyncio` provides the login (kubeconfig or in-cluster, token refresh included) and its
-aiohttp session; requests go through that session directly (`Kube.send`). Why not its `call_api`:
+One credential stack (docs/design.md#watch-path): `kubernetes_asyncio`'s configuration loaders read
+the kubeconfig or the in-cluster ServiceAccount (token refresh and exec plugins included), and
+every request here is authenticated from that configuration's public API (`auth_settings`, its
+TLS files); kopf logs in from the same configuration (`kopf_login`), not with its own readers.
+Requests go through this adapter's own session (`Kube.send`), never the client's internals. Why
+not its `call_api`:
 the generated models cost milliseconds per object to deserialize (the planner wants dicts anyway),
 and even without models it walks every request body value by value (`sanitize_for_serialization`)
 before the standard library's `json.dumps`, which was a tenth of the operator's CPU in the profile
@@ -13,12 +17,14 @@ Kubernetes objects. Every call is one HTTP request; nothing here decides anythin
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlencode
 
 import aiohttp
+import kopf
 from kubernetes_asyncio import client, config
 
 from agentrun_operator.api import GROUP, VERSION
@@ -26,6 +32,7 @@ from agentrun_operator.jobs.reporter_container import JOB_UID_LABEL
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.codec import decode_json, encode_json
 
+USER_AGENT: Final = "agentrun-operator"
 METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 REQUEST_TIMEOUT_SECONDS: Final = 30.0
@@ -46,15 +53,56 @@ def _resource_of(path: str) -> str:
     return rest[0] + ("/" + rest[2] if len(rest) > 2 else "")
 
 
-def in_cluster_server(env: Mapping[str, str]) -> str | None:
-    """The API server an in-cluster client talks to, as client-go's InClusterConfig finds it: from
-    `KUBERNETES_SERVICE_HOST/PORT`, which the kubelet sets in every pod. kopf's own ServiceAccount
-    login names `https://kubernetes.default.svc` instead, which needs cluster DNS: a `hostNetwork`
-    pod with `dnsPolicy: Default`, or a pod on the local default, has none."""
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        return None
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+async def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """In-cluster config when running in a pod (the API server at `KUBERNETES_SERVICE_HOST/PORT`, as
+    client-go finds it: no cluster DNS needed), else the kubeconfig (`$KUBECONFIG`)."""
+    configuration = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        await config.load_kube_config(config_file=path, client_configuration=configuration)
+    return configuration
+
+
+async def auth_headers(configuration: client.Configuration) -> dict[str, str]:
+    """The Authorization header of a request, from the configuration's public API (a bearer token,
+    refreshed by its loader's hook, or basic auth); none for client certificates."""
+    bearer = (await configuration.auth_settings()).get("BearerToken")
+    if bearer and bearer.get("value"):
+        return {"Authorization": str(bearer["value"])}
+    if configuration.username:
+        return {"Authorization": str(configuration.get_basic_auth_token())}
+    return {}
+
+
+def ssl_context(configuration: client.Configuration) -> ssl.SSLContext:
+    """TLS as the configuration says: its CA, its client certificate, or no verification."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def kopf_login(kubeconfig: str | None = None) -> kopf.ConnectionInfo:
+    """kopf's login from the operator's one credential stack (`load_configuration`): kopf calls it
+    at start and again when the API server refuses its credentials (a token rotated meanwhile)."""
+    configuration = await load_configuration(kubeconfig)
+    header = (await auth_headers(configuration)).get("Authorization", "")
+    token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+    return kopf.ConnectionInfo(
+        server=str(configuration.host),
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        token=token,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
 
 
 class KubeError(Exception):
@@ -80,28 +128,31 @@ class Counters:
 class Kube:
     """The handful of calls the operator makes."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.configuration = configuration
         self.counters = Counters()
-        # kubernetes_asyncio opens its aiohttp session with trust_env=True, which reads ~/.netrc and
-        # the proxy variables in a worker thread on *every* request: two thread hand-offs per call,
-        # a visible share of CPU in the profile (docs/operator.md#performance). The API server is
-        # reached directly (in-cluster, or the kubeconfig's server), so neither applies.
-        session = getattr(getattr(api, "rest_client", None), "pool_manager", None)
-        if session is not None and hasattr(session, "_trust_env"):
-            session._trust_env = False
+        self._session: aiohttp.ClientSession | None = None
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> Kube:
         """In-cluster config when running in a pod, else the kubeconfig (`$KUBECONFIG`)."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient())
-        api = await config.new_client_from_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"))
-        return cls(api)
+        return cls(await load_configuration(kubeconfig))
+
+    def _open(self) -> aiohttp.ClientSession:
+        """The session, made on first use (inside the event loop). `trust_env` off: aiohttp would
+        read ~/.netrc and the proxy variables in a worker thread on every request, a visible share
+        of CPU in the profile (docs/operator.md#performance); the configuration names any proxy."""
+        if self._session is None:
+            https = str(self.configuration.host).startswith("https:")
+            tls = ssl_context(self.configuration) if https else False
+            connector = aiohttp.TCPConnector(ssl=tls, limit=100)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return self._session
 
     async def close(self) -> None:
-        await self.api.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def send(
         self,
@@ -112,21 +163,21 @@ class Kube:
         data: bytes | None = None,
         timeout: aiohttp.ClientTimeout = _REQUEST_TIMEOUT,
     ) -> aiohttp.ClientResponse:
-        """One HTTP request on the API client's session, authenticated as `call_api` would (the
-        bearer token refreshed by its hook, if any). The caller reads and releases the response."""
-        rest = self.api.rest_client
-        all_headers = {**self.api.default_headers, **(headers or {})}
-        await self.api.update_params_for_auth(all_headers, [], ["BearerToken"])
-        url = f"{self.api.configuration.host}{path}"
+        """One HTTP request on this adapter's session, authenticated from the configuration (the
+        bearer token refreshed by its loader's hook, if any). The caller reads and releases the
+        response."""
+        configuration = self.configuration
+        all_headers = {"User-Agent": USER_AGENT, **(headers or {}), **await auth_headers(configuration)}
+        url = f"{configuration.host}{path}"
         if query:
             url += "?" + urlencode(query)
         extra: dict[str, Any] = {}
-        if rest.server_hostname:
-            extra["server_hostname"] = rest.server_hostname
-        if rest.proxy:
-            extra["proxy"] = rest.proxy
-            extra["proxy_headers"] = rest.proxy_headers
-        session: aiohttp.ClientSession = rest.pool_manager
+        if configuration.tls_server_name:
+            extra["server_hostname"] = configuration.tls_server_name
+        if configuration.proxy:
+            extra["proxy"] = configuration.proxy
+            extra["proxy_headers"] = configuration.proxy_headers
+        session = self._open()
         return await session.request(method, url, data=data, headers=all_headers, timeout=timeout, **extra)
 
     async def request(
@@ -199,8 +250,9 @@ class Kube:
         selector: str | None = None,
         metadata_only: bool = False,
         fields: str | None = None,
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at.
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A LIST (cluster-wide when `namespace` is None) and the resourceVersion it was taken at (opaque:
+        a watch resumes from it).
 
         `metadata_only` asks for each object's metadata alone (a PartialObjectMetadataList): a
         fraction of the bytes to send and decode when only names and versions are compared."""
@@ -210,11 +262,10 @@ class Kube:
             query["fieldSelector"] = fields
         accept = METADATA_LIST if metadata_only else "application/json"
         body = await self._ok("GET", path, f"list {plural}", query=query or None, accept=accept)
-        try:
-            version: int | None = int((body.get("metadata") or {}).get("resourceVersion", ""))
-        except ValueError:
-            version = None
-        return list(body.get("items") or []), version  # a metadata-only list says null for none
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        return list(body.get("items") or []), str(
+            version
+        ) if version else None  # a metadata-only list says null for none
 
     async def get_object(self, prefix: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object of any kind (None when it does not exist)."""

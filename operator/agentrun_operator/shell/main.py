@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+from typing import Any, cast
 
 import kopf
 import uvloop
@@ -14,7 +15,7 @@ from prometheus_client import start_http_server
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.shell import admission, logs
 from agentrun_operator.shell.handlers import OperatorState, register
-from agentrun_operator.shell.peering import DEFAULT_PEERING_NAME, KopfPause, choose_priority
+from agentrun_operator.shell.peering import DEFAULT_PEERING_NAME, Peering, choose_priority, own_identity
 
 log = logging.getLogger("agentrun.main")
 
@@ -54,10 +55,10 @@ def run_operator(
         start_http_server(metrics_port, addr="0.0.0.0")
     registry = kopf.OperatorRegistry()
     namespaces = list(config.watched_namespaces)
-    # With peering, kopf decides which replica serves; the work queue pauses when kopf pauses.
-    pause = None if standalone else KopfPause(peering_objects=len(namespaces) or 1)
-    if pause is not None:
-        pause.install()
+    # With peering, kopf decides which replica serves; the work queue pauses when kopf pauses: it
+    # reads the peering objects with the identity and priority given to kopf (shell/peering.py).
+    identity, priority = own_identity(), choose_priority()
+    pause = None if standalone else Peering(identity, priority, peering_name, namespaces)
     register(registry, OperatorState(config, kubeconfig, workers, pause))
     admission.register(registry, config, kubeconfig)  # the admission webhook, when configured
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
@@ -71,7 +72,8 @@ def run_operator(
                 registry=registry,
                 standalone=standalone,
                 peering_name=None if standalone else peering_name,  # mandatory: no peering object, no serving
-                priority=None if standalone else choose_priority(),
+                priority=None if standalone else priority,
+                identity=cast(Any, identity),  # kopf's `Identity` is a NewType of str
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=liveness,

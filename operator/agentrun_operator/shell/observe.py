@@ -110,12 +110,11 @@ def job_conditions(
     return outcome, cond.get("message") or reason, decided_at, bool(terminal)
 
 
-def resource_version(obj: dict[str, Any]) -> int | None:
-    """An object's resourceVersion as a number (the API server's are, though opaque by contract)."""
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
+def resource_version(obj: dict[str, Any]) -> str | None:
+    """An object's resourceVersion: opaque (the API's contract), so only ever compared for equality;
+    None when it has none."""
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
 
 
 def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
@@ -321,9 +320,9 @@ def names_its_cause(wait: PodWait) -> bool:
 
 
 def newest_volume_wait(waits: Iterable[tuple[int, PodWait]]) -> PodWait | None:
-    """The wait of a pod's newest volume Event (by resourceVersion), of those that name their cause
-    when there are any: the kubelet's periodic summary does not push the cause it sums up out of the
-    step's message (and the one Event per distinct wait stays one)."""
+    """The wait of a pod's newest volume Event (the one taken in last: (when, wait) pairs), of those
+    that name their cause when there are any: the kubelet's periodic summary does not push the cause
+    it sums up out of the step's message (and the one Event per distinct wait stays one)."""
     ordered = sorted(waits, key=lambda item: item[0], reverse=True)
     specific = [wait for _, wait in ordered if names_its_cause(wait)]
     if specific:

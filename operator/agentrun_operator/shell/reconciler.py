@@ -359,18 +359,6 @@ class Reconciler:
     async def _apply(
         self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
     ) -> ReconcileResult | Refusal:
-        """Apply one plan; the Jobs it gives a TTL are settling meanwhile (`Writes.applying`).
-
-        The Job controller marks an ended Job complete while this reconcile records its result: that
-        event would re-plan the run once more for nothing (this plan already used the pod's end, and
-        a Job with its TTL set is never read again). Should a write here fail, this reconcile is
-        retried or re-planned anyway."""
-        with self.writes.applying(raw["metadata"]["namespace"], decision.actions):
-            return await self._apply_in_order(raw, run, decision, corr)
-
-    async def _apply_in_order(
-        self, raw: dict[str, Any], run: AgentRun, decision: Plan, corr: dict[str, Any]
-    ) -> ReconcileResult | Refusal:
         """Apply one plan in restart-safe order. A write refused for good (`permanent_refusal`) ends
         it there, before anything that must follow that write: the refusal, for the re-plan."""
         meta = raw["metadata"]

@@ -79,19 +79,6 @@ def job_change(view: Any) -> Any:
     return (job_relevant(job) if job is not None else None, owners)
 
 
-def job_settled(view: Any) -> bool:
-    """A Job the Job controller has marked ended (Complete or Failed, not just decided: a `settling`
-    Job's end opens the one-Job gate, so it is news), or one with its TTL set, not being deleted:
-    while the reconcile recording its iteration's result is settling it (`Store.settling`), neither
-    is news -- the plan already used the pod's result, and once its TTL is set the Job's outcome is
-    never read again (`job_relevant`); the echo of that TTL patch may arrive before its answer. Its
-    deletion still is news."""
-    job, _owners = view
-    if job is None or job.deleting:
-        return False
-    return bool(job.settled or job.ttl_seconds_after_finished is not None)
-
-
 def pod_change(view: Any) -> Any:
     return pod_relevant(view) if view is not None else None
 

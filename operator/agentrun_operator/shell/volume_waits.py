@@ -19,31 +19,32 @@ of the same Event, on every retry, so a missed watch event is followed by the ne
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from agentrun_operator.planner.observed import ObservedPod, PodWait
 from agentrun_operator.shell.observe import (
     event_volume_wait,
     newest_volume_wait,
     pod_from_k8s,
-    resource_version,
     with_volume_wait,
 )
 
-if TYPE_CHECKING:  # cache.py builds the stores with these (no import cycle at run time)
-    from agentrun_operator.shell.cache import Key, Store
-
 Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, run name): the run to re-plan
 Where = tuple[str, str]  # (namespace, name)
+Review = Callable[[str, str, Callable[[Any, str], Any]], "Key | None"]
+"""The pods' store's `review` (shell/cache.py): remake a pod's view; the run to re-plan, if any."""
 
 
 class VolumeWaits:
-    """Per pod, its volume Events (by reason and Event name): the pod's uid, the Event's version and
-    its wait. `pods` is the pods' store, whose views this merges the wait into."""
+    """Per pod, its volume Events (by reason and Event name): the pod's uid, when the Event was last
+    taken in (this object's own clock: the newest wins) and its wait. `review` is the pods' store's,
+    whose views this merges the wait into."""
 
     def __init__(self) -> None:
-        self.pods: Store | None = None
+        self.review: Review | None = None
+        self._clock = 0
         self._by_pod: dict[Where, dict[tuple[str, str], tuple[str, int, PodWait]]] = {}
         self._event_pod: dict[tuple[str, str, str], Where] = {}  # (reason, ns, Event name) -> pod
 
@@ -53,7 +54,11 @@ class VolumeWaits:
     def wait_for(self, namespace: str, name: str, uid: str) -> PodWait | None:
         """The pod's volume wait (its Events about another pod of the same name do not count)."""
         entries = self._by_pod.get((namespace, name), {})
-        return newest_volume_wait((version, wait) for u, version, wait in entries.values() if u == uid)
+        return newest_volume_wait((taken, wait) for u, taken, wait in entries.values() if u == uid)
+
+    def clock(self) -> int:
+        """The clock now: take it before sending a LIST (`VolumeEventStore.relist`)."""
+        return self._clock
 
     def pod_view(self, pod: Obj) -> ObservedPod | None:
         """The pods' store's view: the pod as observed, with its volume wait. A pod that has started
@@ -74,22 +79,20 @@ class VolumeWaits:
             self._event_pod.pop((reason, namespace, event), None)
 
     def put(self, reason: str, event: Obj) -> Key | None:
-        """An Event added or changed; the run to re-plan when its pod's view changed."""
+        """An Event added or changed (its watch delivers each version in order, so this one is the
+        newest); the run to re-plan when its pod's view changed."""
         meta = event.get("metadata") or {}
         namespace, event_name = str(meta.get("namespace")), str(meta.get("name"))
         decoded = event_volume_wait(event)
         if decoded is None or decoded[3].reason != reason:
             return self.remove(reason, namespace, event_name)
         pod_ns, pod_name, uid, wait = decoded
-        version = resource_version(event) or 0
         where = self._event_pod.get((reason, namespace, event_name))
         if where is not None and where != (pod_ns, pod_name):  # not expected: an Event keeps its object
             self.remove(reason, namespace, event_name)
         entries = self._by_pod.setdefault((pod_ns, pod_name), {})
-        old = entries.get((reason, event_name))
-        if old is not None and old[1] > version:
-            return None  # an older version than the one kept
-        entries[(reason, event_name)] = (uid, version, wait)
+        self._clock += 1
+        entries[(reason, event_name)] = (uid, self._clock, wait)
         self._event_pod[(reason, namespace, event_name)] = (pod_ns, pod_name)
         return self._review(pod_ns, pod_name)
 
@@ -104,24 +107,24 @@ class VolumeWaits:
             self._by_pod.pop(where, None)
         return self._review(*where)
 
-    def version(self, reason: str, namespace: str, event_name: str) -> int | None:
-        """The version of a kept Event of `reason`; None for one not kept."""
+    def taken_at(self, reason: str, namespace: str, event_name: str) -> int | None:
+        """When a kept Event of `reason` was last taken in (`clock`); None for one not kept."""
         where = self._event_pod.get((reason, namespace, event_name))
         if where is None:
             return None
         entry = self._by_pod.get(where, {}).get((reason, event_name))
         return entry[1] if entry else 0
 
-    def versions(self, reason: str, namespaces: set[str] | None) -> dict[tuple[str, str], int]:
-        """(namespace, Event name) -> version of the kept Events of `reason` (in `namespaces`)."""
+    def kept(self, reason: str, namespaces: set[str] | None) -> dict[tuple[str, str], int]:
+        """(namespace, Event name) -> `taken_at` of the kept Events of `reason` (in `namespaces`)."""
         return {
-            (ns, event_name): self.version(reason, ns, event_name) or 0
+            (ns, event_name): self.taken_at(reason, ns, event_name) or 0
             for (r, ns, event_name) in self._event_pod
             if r == reason and (namespaces is None or ns in namespaces)
         }
 
     def _review(self, namespace: str, name: str) -> Key | None:
-        if self.pods is None:
+        if self.review is None:
             return None
 
         def merged(view: Any, uid: str) -> Any:
@@ -129,7 +132,7 @@ class VolumeWaits:
                 return view
             return with_volume_wait(view, self.wait_for(namespace, name, uid))
 
-        return self.pods.review(namespace, name, merged)
+        return self.review(namespace, name, merged)
 
 
 class VolumeEventStore:
@@ -140,24 +143,21 @@ class VolumeEventStore:
         self.waits = waits
 
     def __len__(self) -> int:
-        return len(self.waits.versions(self.reason, None))
+        return len(self.waits.kept(self.reason, None))
 
     def upsert(self, event: Obj) -> Key | None:
         return self.waits.put(self.reason, event)
 
     def delete(self, event: Obj) -> Key | None:
         meta = event.get("metadata") or {}
-        where = (str(meta.get("namespace")), str(meta.get("name")))
-        kept, version = self.waits.version(self.reason, *where), resource_version(event)
-        if kept is None or (version is not None and version < kept):
-            return None  # not kept, or a stale delete
-        return self.waits.remove(self.reason, *where)
+        return self.waits.remove(self.reason, str(meta.get("namespace")), str(meta.get("name")))
 
-    def holds(self, namespace: str, name: str, uid: str, version: int | str) -> bool:
-        return False  # the operator writes no such Event: every watch event is decoded
+    def clock(self) -> int:
+        return self.waits.clock()
 
-    def relist(self, items: Iterable[Obj], list_version: int | None, namespaces: set[str] | None) -> set[Key]:
-        """Merge a fresh LIST in: an Event missing from it is gone, unless it is newer than the list."""
+    def relist(self, items: Iterable[Obj], since: int, namespaces: set[str] | None) -> set[Key]:
+        """Merge in a LIST sent at `since` (`clock`): an Event missing from it is gone, unless it was
+        taken in after the LIST was sent."""
         changed: set[Key] = set()
         seen: set[tuple[str, str]] = set()
         for event in items:
@@ -166,8 +166,8 @@ class VolumeEventStore:
             key = self.upsert(event)
             if key is not None:
                 changed.add(key)
-        for where, version in self.waits.versions(self.reason, namespaces).items():
-            if where in seen or (list_version is not None and version > list_version):
+        for where, taken in self.waits.kept(self.reason, namespaces).items():
+            if where in seen or taken > since:
                 continue
             key = self.waits.remove(self.reason, *where)
             if key is not None:

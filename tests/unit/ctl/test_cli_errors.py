@@ -128,10 +128,10 @@ def test_in_cluster_credentials_and_namespace(no_credentials: Path, monkeypatch:
     async def resolve(namespace: str | None) -> tuple[str, str, str, str]:
         target = await connect.connect(None, None, namespace)
         try:
-            token = target.api.configuration.api_key["BearerToken"]
+            token = target.kube.configuration.api_key["BearerToken"]
             return target.namespace, target.server, target.source, token
         finally:
-            await target.api.close()
+            await target.kube.close()
 
     assert asyncio.run(resolve(None)) == (
         "team-a",

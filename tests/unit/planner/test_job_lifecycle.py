@@ -20,7 +20,7 @@ from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL
 from agentrun_operator.planner.context import PlanContext
 from agentrun_operator.planner.gating import gate_clear, holds_volume
 from agentrun_operator.planner.observed import JobOutcome, Observed, ObservedJob, ObservedPod
-from agentrun_operator.shell.relevance import job_relevant, job_settled
+from agentrun_operator.shell.relevance import job_relevant
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 DEADLINE_MESSAGE = "timed out after 10s (activeDeadlineSeconds)"
@@ -261,10 +261,3 @@ def test_settling_is_news_until_a_ttl_is_set() -> None:
     assert not decided.settled and ended.settled and decided.finished
     with_ttl = replace(decided, ttl_seconds_after_finished=5)
     assert job_relevant(with_ttl) == job_relevant(replace(ended, ttl_seconds_after_finished=5))
-
-
-def test_a_settling_job_is_no_settled_echo_for_the_cache() -> None:
-    decided = ObservedJob("j", "u", 1, 1, 1, "Failed", settling=True)
-    assert not job_settled((decided, ()))
-    assert job_settled((replace(decided, settling=False), ()))
-    assert job_settled((replace(decided, ttl_seconds_after_finished=1), ()))

@@ -4,8 +4,7 @@
 For realistic Jobs and Pods -- every field a reader reads (shell/observe.py, the cache's indexes)
 drawn, often absent, in the API server's field order or any other, with managedFields and strings
 that spell JSON -- the watch cache holds the same views after the informer took the event as after
-the standard library's `json.loads` of it was stored, and each reader reads the same of both. The
-echo shortcut (`builtin_head`) reads of an event's identity exactly what decoding reads, or nothing.
+the standard library's `json.loads` of it was stored, and each reader reads the same of both.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from agentrun_operator.jobs.reporter_container import (
 )
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE
 from agentrun_operator.shell.cache import RunCache, Store, owner_uids, run_of_job, run_of_pod
-from agentrun_operator.shell.codec import builtin_head, decode_json
+from agentrun_operator.shell.codec import decode_json
 from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.observe import job_from_k8s, pod_from_k8s, resource_version
@@ -347,7 +346,6 @@ def through_informer(plural: str, line: bytes, before: dict[str, Any] | None) ->
         naming.LABEL_RUN,
         (),
         changed.append,
-        head=builtin_head,
     )
     assert informer._event(None, line)
     return held(cache, plural), changed
@@ -383,13 +381,6 @@ def test_observing_the_informers_decode_equals_observing_the_full_decode(case: t
     event_label(f"{plural}: {'observed' if view is not None else 'not ours'}")
     if plural == "pods" and view is not None and view.node_name:
         event_label("pods: bound to a node")
-    # The echo shortcut skips the decode of an object held at its version: what it reads must be
-    # exactly the decoded identity, or nothing (then the event is decoded).
-    identity = builtin_head(line)
-    if identity is not None:
-        event_label("identity read from the head")
-        meta = whole["object"]["metadata"]
-        assert identity == (meta["namespace"], meta["name"], meta["uid"], int(meta["resourceVersion"]))
 
 
 def test_a_pods_node_survives_the_decode_of_a_modified_event() -> None:

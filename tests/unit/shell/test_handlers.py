@@ -3,7 +3,6 @@ watch cache and the work queue, and asks kopf for nothing that writes to the obj
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, cast
 
 import kopf
@@ -61,13 +60,13 @@ class Queue:
 
 
 def test_an_agentrun_event_fills_the_cache_and_enqueues_only_what_the_planner_reads() -> None:
-    registry, state = _registered()
-    (handler,) = registry._watching.get_all_handlers()
+    """What kopf's AgentRun handler does with each event (`OperatorState.agentrun_event`)."""
+    _, state = _registered()
     queue = Queue()
     state.queue = queue  # type: ignore[assignment]
 
     def deliver(kind: str | None, obj: dict[str, Any]) -> None:
-        asyncio.run(cast(Any, handler.fn)(event={"type": kind, "object": obj}))
+        state.agentrun_event(cast(kopf.RawEvent, {"type": kind, "object": obj}))
 
     deliver(None, _run(1))  # kopf's initial listing
     assert queue.keys == [("ns", "r")] and state.cache.run("ns", "r") is not None
@@ -75,8 +74,13 @@ def test_an_agentrun_event_fills_the_cache_and_enqueues_only_what_the_planner_re
     assert queue.keys == [("ns", "r")]
     deliver("MODIFIED", _run(2, phase="Running"))
     assert queue.keys == [("ns", "r")] * 2
-    deliver("MODIFIED", _run(1, phase="Pending"))  # older than what the cache holds: ignored
-    assert queue.keys == [("ns", "r")] * 2
+    with state.cache.runs.window("ns", "r") as seen:  # our status write, answered before its event
+        pass
+    state.cache.runs.answer(_run(4, phase="Succeeded"), seen)
+    deliver("MODIFIED", _run(3, phase="Pending"))  # before our write in the watch's order: skipped
+    assert state.cache.run("ns", "r")["status"] == {"phase": "Succeeded"}  # type: ignore[index]
+    deliver(None, _run(5, phase="Running"))  # kopf lists again: the listing is the watch's from now
     assert state.cache.run("ns", "r")["status"] == {"phase": "Running"}  # type: ignore[index]
-    deliver("DELETED", _run(3, phase="Running"))
-    assert queue.keys == [("ns", "r")] * 3 and state.cache.run("ns", "r") is None
+    assert queue.keys == [("ns", "r")] * 3
+    deliver("DELETED", _run(6, phase="Running"))
+    assert queue.keys == [("ns", "r")] * 4 and state.cache.run("ns", "r") is None

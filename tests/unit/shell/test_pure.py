@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from agentrun_operator import naming
 from agentrun_operator.shell.kube import _resource_of
@@ -164,17 +166,37 @@ def test_api_metric_label_is_the_resource() -> None:
     assert _resource_of("/apis/agents.proompteng.ai/v1alpha1/agentruns") == "agentruns"
 
 
-def test_in_cluster_server_follows_the_pods_service_environment() -> None:
-    from agentrun_operator.shell.kube import in_cluster_server
+def test_kopf_and_the_adapter_log_in_from_one_credential_stack(tmp_path: Path) -> None:
+    """kopf's login and the adapter's requests come from the same kubernetes_asyncio configuration."""
+    import asyncio
 
-    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}) == (
-        "https://10.96.0.1:443"
+    import yaml
+
+    from agentrun_operator.shell.kube import auth_headers, kopf_login, load_configuration
+
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = {"server": "https://10.96.0.1:6443", "insecure-skip-tls-verify": True}
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": "tok3n"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
     )
-    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}) == (
-        "https://[fd00::1]:6443"
-    )
-    assert in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}) is None
-    assert in_cluster_server({}) is None
+
+    async def both() -> tuple[Any, dict[str, str]]:
+        return await kopf_login(str(kubeconfig)), await auth_headers(
+            await load_configuration(str(kubeconfig))
+        )
+
+    info, headers = asyncio.run(both())
+    assert (info.server, info.token, info.insecure) == ("https://10.96.0.1:6443", "tok3n", True)
+    assert headers == {"Authorization": "Bearer tok3n"}
 
 
 def test_claim_names_are_the_pvc_volumes_of_every_step_once() -> None:

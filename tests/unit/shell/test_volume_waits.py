@@ -161,7 +161,6 @@ def test_an_event_arriving_changing_and_ending_re_plans_the_pods_run() -> None:
     assert failed.upsert(event("e", 10)) == KEY
     assert waiting(cache) == PodWait("FailedMount", NEW_MOUNTER, volume="pv-x")
     assert failed.upsert(event("e", 11)) is None, "the same words again (count+1) re-plan nothing"
-    assert failed.upsert(event("e", 9, SETUP)) is None, "an older version is no news"
     assert waiting(cache) is not None and waiting(cache).volume == "pv-x"  # type: ignore[union-attr]
     attach = cache.volume_events["FailedAttachVolume"]
     assert attach.upsert(event("a", 12, MULTI_ATTACH, "FailedAttachVolume")) == KEY
@@ -216,17 +215,18 @@ def test_the_pods_own_stronger_wait_wins_and_its_deletion_forgets_the_events() -
     assert len(cache.volume_waits) == 0
 
 
-def test_a_relist_drops_the_events_it_no_longer_lists_unless_newer() -> None:
+def test_a_relist_drops_the_events_it_no_longer_lists_unless_taken_in_after_it_was_sent() -> None:
     cache = RunCache()
     failed = cache.volume_events["FailedMount"]
     cache.pods.upsert(pod(1, CREATING))
     failed.upsert(event("old", 10))
+    since = failed.clock()  # the LIST is sent
     failed.upsert(event("new", 30, SETUP))
     assert waiting(cache).volume == "cfg"  # type: ignore[union-attr]
-    assert failed.relist([], 20, {NS}) == set(), "the newer one stays; the older one was not the wait"
+    assert failed.relist([], since, {NS}) == set(), "the newer one stays; the older one was not the wait"
     assert len(failed) == 1
-    assert failed.relist([], 40, {NS}) == {KEY}
+    assert failed.relist([], failed.clock(), {NS}) == {KEY}
     assert waiting(cache) is None
-    assert failed.relist([event("e", 50)], 50, None) == {KEY}
-    assert failed.relist([], 60, {"elsewhere"}) == set()
+    assert failed.relist([event("e", 50)], failed.clock(), None) == {KEY}
+    assert failed.relist([], failed.clock(), {"elsewhere"}) == set()
     assert waiting(cache) is not None

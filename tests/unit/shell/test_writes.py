@@ -1,5 +1,5 @@
 """The reconciler's writes and the watch cache (shell/writes.py): each answer written through, a
-foreign Job never, and a plan's TTL Jobs settling only while it is applied."""
+foreign Job never."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 from agentrun_operator.api import API_VERSION
-from agentrun_operator.planner.actions import EmitEvent, SetJobTTL
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.writes import Writes
 
@@ -38,14 +37,3 @@ def test_an_adopted_job_of_this_run_is_written_through_and_a_foreign_one_is_not(
         created, _, adopted = asyncio.run(writes.create_job(NS, "j", manifest, "run-uid"))
         assert (created, adopted) == (False, ours)
         assert bool(cache.jobs.get((NS, "r"))) is ours
-
-
-def test_a_plan_s_ttl_jobs_settle_only_while_it_is_applied() -> None:
-    cache = RunCache()
-    writes = Writes(None, cache)  # type: ignore[arg-type]
-    actions = [SetJobTTL("j", 60), EmitEvent("Normal", "X", "m")]
-    with writes.applying(NS, actions):
-        assert cache.jobs._settling == {(NS, "j"): 1}
-    assert cache.jobs._settling == {}
-    with writes.applying(NS, [EmitEvent("Normal", "X", "m")]):
-        assert cache.jobs._settling == {}
