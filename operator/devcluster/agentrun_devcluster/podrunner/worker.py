@@ -12,6 +12,7 @@ in one direction.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import shutil
@@ -112,8 +113,6 @@ def _status_digest(status: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _started_monotonic(start_time: str | None) -> float:
     """The monotonic clock's reading when the pod started (for its activeDeadlineSeconds)."""
-    import datetime
-
     if not start_time:
         return time.monotonic()
     try:
