@@ -63,7 +63,6 @@ def _cmd_dev(args: argparse.Namespace) -> int:
                 Path(args.state_dir),
                 args.node,
                 tuple(args.namespace or ()),
-                runtime=args.runtime,
             )
         if args.dev_command == "provisioner":
             import logging
@@ -275,8 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
     runtime_help = (
         "how pods run: process (the local pod runner: host tools in a sandbox, the default), "
-        "docker (the pod runner with real containers from local images), kubelet (a real node: the "
-        "upstream kubelet on containerd; root), auto (docker when a Docker engine answers)"
+        "kubelet (a real node: the upstream kubelet on containerd; root)"
     )
     up = dev_sub.add_parser("up", help="build the tools if needed and start everything (idempotent)")
     up.add_argument(
@@ -284,12 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the control plane and the pod runner only (install the operator with Helm)",
     )
-    runtimes = ["process", "docker", "kubelet", "auto"]
     up.add_argument(
         "--runtime",
-        choices=runtimes,
+        choices=["process", "kubelet"],
         default=None,
-        help=f"{runtime_help}; a pod runner that runs keeps its own",
+        help=f"{runtime_help}; what runs keeps running until `agentrun dev down`",
     )
     down = dev_sub.add_parser("down", help="stop everything `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
@@ -328,9 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--state-dir", required=True, help="pods, logs and PVC directories go here")
     runner.add_argument("--node", default="agentrun-local", help="the Node it registers")
     runner.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
-    runner.add_argument(
-        "--runtime", choices=["process", "docker", "auto"], default="process", help=runtime_help
-    )
     prov = dev_sub.add_parser("provisioner", help="run the local provisioner in the foreground (real node)")
     prov.add_argument("--kubeconfig", required=True)
     prov.add_argument("--state-dir", required=True, help="volumes go under <state-dir>/pv")

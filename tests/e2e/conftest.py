@@ -179,13 +179,13 @@ def start_local_default(
     tmp_path_factory: pytest.TempPathFactory,
     namespace: str = NAMESPACE,
     node: str = NODE,
-    runtime: str = "process",
     operator_env: dict[str, str] | None = None,
     host: NodeHost | None = None,
     sleep_offset: int = 0,
     runner_env: dict[str, str] | None = None,
 ) -> Iterator[LocalDefault]:
-    """A namespace, a pod runner (`runtime`) and an operator watching only it; torn down at the end."""
+    """A namespace, a pod runner (or `host`, the real node) and an operator watching only it; torn
+    down at the end."""
     if not plane.kubectl("get", "ns", namespace, "--ignore-not-found", "-o", "name").strip():
         plane.kubectl("create", "namespace", namespace)
     eventually(
@@ -200,7 +200,6 @@ def start_local_default(
             tmp_path_factory.mktemp("runner-state"),
             node=node,
             namespaces=(namespace,),
-            runtime=runtime,
             env=runner_env,
         ).start()
     )

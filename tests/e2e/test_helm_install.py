@@ -43,7 +43,7 @@ class Release:
     plane: ControlPlane
     helm: Helm
     runner: RunnerProcess | NodeHost  # what runs the pods: the pod runner, or the real node
-    # Each runtime gets its own namespaces and node: the two releases never share a claim or a run.
+    # Each tier gets its own namespaces and node: the two releases never share a claim or a run.
     release_ns: str
     runs_ns: str
     node: str
@@ -129,27 +129,15 @@ class Release:
         return result
 
 
-@pytest.fixture(scope="module", params=["process", "docker"])
-def release(
-    request: pytest.FixtureRequest, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Release]:
-    """The chart installed with loops on. `process`: the pod runner runs the host's `agentrun` (every
-    run). `docker`: real containers from the image `make image` builds (skipped, with the reason,
-    where no Docker engine answers or can be started)."""
-    runtime = str(request.param)
-    image = IMAGE
-    if runtime == "docker":
-        built = str(request.getfixturevalue("docker_image"))  # builds once, cached; or skips
-        image = built.rsplit(":", 1)[0]
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The chart installed with loops on; the pod runner runs the host's `agentrun` in its pod (the
+    node tier installs it again with the image on the real node, tests/node/conftest.py)."""
     plane = control_plane
-    release_ns, runs_ns, node = f"agentrun-helm-{runtime}", f"helm-runs-{runtime}", f"agentrun-helm-{runtime}"
+    release_ns, runs_ns, node = "agentrun-helm", "helm-runs", "agentrun-helm"
     ensure_namespaces(plane, release_ns, runs_ns)
     runner = RunnerProcess(
-        plane,
-        tmp_path_factory.mktemp(f"helm-runner-{runtime}"),
-        node=node,
-        namespaces=(release_ns, runs_ns),
-        runtime=runtime,
+        plane, tmp_path_factory.mktemp("helm-runner"), node=node, namespaces=(release_ns, runs_ns)
     ).start()
     helm = Helm(Path(plane.bin_dir) / "helm", tmp_path_factory.mktemp("helm-home"), plane.kubeconfig)
     # Pods share the host's network here: free ports for kopf's /healthz and the metrics, so nothing
@@ -157,7 +145,7 @@ def release(
     values = {
         "loops": {"enabled": True},
         "watchNamespaces": [runs_ns],
-        "image": {"repository": image, "pullPolicy": "Never" if runtime == "docker" else "IfNotPresent"},
+        "image": {"repository": IMAGE, "pullPolicy": "IfNotPresent"},
         "probes": {"port": processes.free_port()},
         "metrics": {"port": processes.free_port()},
         # No periodic resync to fall back on: kopf's watches alone must drive the runs.

@@ -9,7 +9,9 @@ tail with FallbackToLogsOnError); PID 1 and the grace period; a sidecar's postSt
 completes before the next container starts, and kills its container when it fails; regular
 containers started in order, each after its postStart hook, the next started even when a hook
 fails; a shared PID namespace (`shareProcessNamespace`) seen from a non-root container; a subPath
-that leaves its volume keeping its container waiting (`CreateContainerConfigError`) until fixed.
+that leaves its volume keeping its container waiting (`CreateContainerConfigError`) until fixed; a
+secret volume whose Secret is missing posting `FailedMount` until it exists. docs/local-dev.md
+#pod-runner-fidelity lists which test checks which behaviour.
 """
 
 from __future__ import annotations
@@ -498,3 +500,53 @@ def test_a_subpath_leaving_its_volume_keeps_the_container_waiting_until_fixed(
     assert pod["status"]["phase"] == "Succeeded", pod["status"]
     assert container(pod, "main")["state"]["terminated"]["message"] == "made\n"
     assert container(pod, "reporter")["state"]["terminated"]["message"] == "dir\n"
+
+
+def test_a_secret_volume_whose_secret_is_missing_waits_with_a_failed_mount_event_until_it_exists(
+    local_default: LocalDefault,
+) -> None:
+    """The pod-waits path (docs/design.md#pod-waits) reads why a pod stays `ContainerCreating` from
+    the kubelet's `FailedMount` Events, not from its status: a secret volume whose Secret does not
+    exist is one, in the kubelet's words, retried until the Secret is there; then the pod runs."""
+    env = local_default
+    create_pod(
+        env,
+        "mounted-later",
+        {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": ["sh", "-c", "cat /s/key > /dev/termination-log"],
+                    "volumeMounts": [{"name": "s", "mountPath": "/s"}],
+                }
+            ],
+            "volumes": [{"name": "s", "secret": {"secretName": "mounted-later"}}],
+        },
+    )
+    expected = 'MountVolume.SetUp failed for volume "s" : secret "mounted-later" not found'
+
+    def failed_mount() -> dict[str, Any] | None:
+        out = env.plane.kubectl(
+            "get", "events", "-n", env.namespace, "--field-selector",
+            "involvedObject.name=mounted-later,reason=FailedMount", "-o", "json",
+        )  # fmt: skip
+        events = [e for e in json.loads(out)["items"] if e.get("message") == expected]
+        return events[0] if events else None
+
+    event = eventually(failed_mount, timeout=120, what="the FailedMount Event of the missing secret")
+    assert event["type"] == "Warning" and event["source"]["component"] == "kubelet", event
+    pod = get_pod(env, "mounted-later") or {}
+    assert pod["status"]["phase"] == "Pending", pod["status"]
+    assert (container(pod, "main").get("state") or {}).get("waiting", {}).get("reason") == "ContainerCreating"
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "mounted-later", "namespace": env.namespace},
+        "stringData": {"key": "mounted now"},
+    }
+    env.apply(yaml.safe_dump(secret))
+    # The kubelet retries a failed mount with a back-off that grows to about 2 minutes.
+    ended = wait_terminal(env, "mounted-later", timeout=300)
+    assert ended["status"]["phase"] == "Succeeded", ended["status"]
+    assert container(ended, "main")["state"]["terminated"]["message"] == "mounted now"

@@ -1,91 +1,19 @@
-"""An iteration pod that waits for good says why: an image that is not on the node leaves the pod
-`Pending` with `ErrImageNeverPull` (or `ErrImagePull`), the step's message names the container and
-the image within seconds, one Warning Event says it, and the step's timeout still ends the run
-(docs/design.md#pod-waits). So does a claim whose volume the node cannot mount: the pod stays
-`ContainerCreating`, and only the node's `FailedMount` Event on the pod says why (the pod runner
-posts it as the kubelet does, podrunner/events.py).
-
-The process runtime ignores images, so here the pods run in real containers (the docker runtime);
-the real-node tier takes this module's test over with its own `local_default` (the kubelet).
+"""An iteration pod that waits for good says why (docs/design.md#pod-waits): a claim whose volume
+the node cannot mount leaves the pod `ContainerCreating`, and only the node's `FailedMount` Event on
+the pod says why (the pod runner posts it as the kubelet does, podrunner/events.py); the step's
+message names the volume within seconds, one Warning Event says it, and the step's timeout still ends
+the run. The real-node tier takes this module's test over with its own `local_default` (the kubelet);
+the same for an image the node does not have, which only a real node can show
+(tests/node/image_waits.py).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
-import pytest
-
-from agentrun_devcluster.controlplane import ControlPlane
-from tests.e2e.conftest import LocalDefault, start_local_default, step_status
+from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.polling import eventually
-
-IMAGE_REASONS = ("ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff")
-
-
-@pytest.fixture(scope="module")
-def local_default(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory, docker_image: str
-) -> Iterator[LocalDefault]:
-    """The local default with the docker runtime: images matter there, as on a node."""
-    yield from start_local_default(
-        control_plane,
-        tmp_path_factory,
-        namespace="e2e-waits",
-        node="agentrun-e2e-waits",
-        runtime="docker",
-        operator_env={"AGENTS_REPORTER_IMAGE": docker_image},
-    )
-
-
-def test_a_missing_image_is_named_in_the_step_message_and_the_timeout_ends_the_run(
-    local_default: LocalDefault,
-) -> None:
-    def missing_image(text: str) -> str:
-        return (
-            text.replace("name: timeout\n", "name: missing-image\n")
-            .replace("image: busybox:1.36", "image: busybox:does-not-exist")
-            .replace("retries: 1", "retries: 0")
-            .replace("timeout-workspace", "missing-image-workspace")
-        )
-
-    local_default.apply_example("timeout.yaml", edit=missing_image)
-
-    def waiting() -> str | None:
-        steps = ((local_default.run("missing-image").get("status") or {}).get("workflow") or {}).get("steps")
-        message = str((steps or [{}])[0].get("message") or "")
-        return message if ": waiting, " in message else None
-
-    message = eventually(waiting, timeout=60, what="the step message to say why the pod waits")
-    assert "container main of pod" in message, message
-    assert "image busybox:does-not-exist" in message, message
-    assert any(reason in message for reason in IMAGE_REASONS), message
-
-    run = local_default.wait_for_end("missing-image")
-    assert run["status"]["phase"] == "Failed", run["status"]
-    step = step_status(run)
-    assert step["loop"]["stopReason"] == "LoopIterationFailed"
-    ended = step["message"]
-    assert "timed out after 10s (activeDeadlineSeconds); its pod never started" in ended, ended
-    assert "busybox:does-not-exist" in ended, ended
-
-    events = json.loads(
-        local_default.plane.kubectl(
-            "get",
-            "events",
-            "-n",
-            local_default.namespace,
-            "--field-selector",
-            "reason=IterationWaiting",
-            "-o",
-            "json",
-        )
-    )["items"]
-    about = [e for e in events if e["involvedObject"]["name"] == "missing-image"]
-    assert len(about) == 1, [e["message"] for e in about]
-    assert "busybox:does-not-exist" in about[0]["message"]
-
 
 GONE = "/nonexistent/agentrun-e2e-mount-wait"
 """A path no node has: a `hostPath` volume of `type: Directory` there cannot be set up."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrun_devcluster.podrunner.adopt import NetworkRecord, read_network
-from agentrun_devcluster.podrunner.network import isolation_unavailable
+from agentrun_devcluster.podrunner.network import NetworkRecord, isolation_unavailable, read_record
 from tests.e2e.conftest import LocalDefault
 from tests.e2e.test_pod_runner import container, create_pod, get_pod, wait_terminal
 from tests.support.polling import eventually
@@ -123,7 +122,7 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
 
 def _network_record(env: LocalDefault, pod: str) -> NetworkRecord | None:
     found = list(env.state_dir.glob(f"pods/e2e/{pod}/*"))
-    return read_network(found[0]) if found else None
+    return read_record(found[0]) if found else None
 
 
 def test_a_container_started_just_before_the_runner_died_is_adopted_not_started_again(

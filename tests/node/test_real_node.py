@@ -1,5 +1,6 @@
 """The e2e tier's runs again on the real node: every example, the control-file rows, the operating
-checks and the Helm install with its flag rollout (docs/development.md#tiers).
+checks, the kubelet behaviours the pod runner imitates and the Helm install with its flag rollout
+(docs/development.md#tiers), and what only a real node can show (image_waits.py).
 
 One module, so one pytest worker owns the node (it is host-wide). The test functions are the e2e
 modules' own, taken over unchanged; this directory's conftest gives them the real node's
@@ -33,6 +34,7 @@ from tests.e2e import (
     test_pod_waits,
     test_stopping,
 )
+from tests.node import image_waits
 from tests.support.polling import eventually
 
 OVERRIDDEN = ("local_default", "release")
@@ -96,6 +98,7 @@ TAKEN = take_over(
         test_operating,
         test_pod_waits,
         test_helm_install,
+        image_waits,
     ),
     globals(),
 )

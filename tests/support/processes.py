@@ -143,7 +143,6 @@ class RunnerProcess(GroupProcess):
         *,
         node: str,
         namespaces: tuple[str, ...],
-        runtime: str = "process",
         env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(state_dir / "pod-runner.log")
@@ -151,7 +150,6 @@ class RunnerProcess(GroupProcess):
         self.state_dir = state_dir
         self.node = node
         self.namespaces = namespaces
-        self.runtime = runtime
         self.env = env  # added to the runner's environment (the dev cluster's test switches)
 
     def start(self) -> RunnerProcess:
@@ -164,7 +162,6 @@ class RunnerProcess(GroupProcess):
                 f"--state-dir={self.state_dir}",
                 f"--node={self.node}",
                 *(f"--namespace={ns}" for ns in self.namespaces),
-                f"--runtime={self.runtime}",
             ],
             env=dict(os.environ, **self.env) if self.env else None,
             timeout=60,

@@ -4,7 +4,7 @@
   python3 (3.11), pip, venv and `python` (python-is-python3); the Dockerfile's
   `--build-arg PYTHON_IMAGE=` takes it in place of the pinned python:3.11-slim-bookworm.
 - `busybox:1.36`: Debian's `busybox-static` with its applet links, so the examples' `busybox:1.36`
-  runs in the docker runtime unchanged.
+  runs on the real node unchanged.
 - `agentrun-local/git:bookworm`: Debian bookworm (minbase) with git, the image of
   examples/git-loop.yaml. (Debian bookworm ships busybox 1.35; the tag is the one the
   examples name.) An existing `busybox:1.36` (e.g. pulled from a registry) is never replaced.

@@ -56,7 +56,7 @@ CONTROLLERS = (
 # the pod runner, whose Node has no Lease (the controller would taint and evict it).
 REAL_NODE_CONTROLLERS = ("node-lifecycle-controller",)
 RUNTIME_FILE = "runtime"
-"""`<home>/runtime`: the runtime `agentrun dev up` started (`kubelet`, `process`, `docker`)."""
+"""`<home>/runtime`: the runtime `agentrun dev up` started (`kubelet` or `process`)."""
 _PORT_ATTEMPTS = 5
 _PORT_FIELDS = {
     "etcd": ("etcd_client", "etcd_peer"),

@@ -122,13 +122,12 @@ def _wait_healthy(
     raise ControlPlaneError(f"{name} did not become healthy within {timeout:.0f}s; see {home / 'logs'}")
 
 
-def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = (), runtime: str = "process") -> None:
+def start_runner(plane: ControlPlane, namespaces: tuple[str, ...] = ()) -> None:
     argv = _cli_argv(
         "dev",
         "pod-runner",
         f"--kubeconfig={plane.kubeconfig}",
         f"--state-dir={plane.home}",
-        f"--runtime={runtime}",
     ) + [f"--namespace={ns}" for ns in namespaces]
     proc = processes.start_process(
         plane.run_dir, RUNNER, argv, plane.log_dir / f"{RUNNER}.log", env=_service_env()
@@ -162,14 +161,10 @@ def start_operator(plane: ControlPlane, extra_env: dict[str, str] | None = None)
 def check_runtime(runtime: str) -> str:
     """Fail before starting anything when the runtime cannot run; returns the runtime to use.
 
-    process needs bubblewrap; docker needs a Docker engine (started here as root on Debian, see
-    `dockerengine`); auto is docker when an engine answers already, else process."""
-    from agentrun_devcluster import dockerengine
+    process (the pod runner) needs bubblewrap; kubelet (the real node) needs what `host_problem` checks."""
     from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
     from agentrun_devcluster.podrunner.sandbox import find_bwrap
 
-    if runtime == "auto":
-        runtime = "docker" if dockerengine.engine_problem() is None else "process"
     if runtime == "kubelet":
         from agentrun_devcluster.node.host import host_problem
 
@@ -177,20 +172,7 @@ def check_runtime(runtime: str) -> str:
         if problem is not None:
             raise RuntimeUnavailable(problem)
         return runtime
-    if runtime == "process":
-        find_bwrap()
-        return runtime
-    try:
-        dockerengine.ensure_engine(_say)
-    except dockerengine.EngineUnavailable as exc:
-        raise RuntimeUnavailable(f"--runtime docker: {exc}") from None
-    from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
-
-    if not dockerengine.image_exists(DEFAULT_REPORTER_IMAGE):
-        _say(
-            f"  note: {DEFAULT_REPORTER_IMAGE} is not present locally, so the reporter containers of "
-            "iteration pods will wait with ErrImageNeverPull: run `make image`"
-        )
+    find_bwrap()
     return runtime
 
 
@@ -199,9 +181,8 @@ def _no_operator_marker(home: Path) -> Path:
 
 
 def running_runtime(home: Path) -> str | None:
-    """The runtime since the last `up`: `kubelet` while the real node runs, else the pod runner's
-    (its heartbeat says which; `down` removes it): a runner restarted after a crash must adopt its
-    containers with the same runtime."""
+    """The runtime since the last `up`: `kubelet` while the real node runs, `process` while the pod
+    runner does (its heartbeat says so; `down` removes it), else None."""
     from agentrun_devcluster.node.node import CONTAINERD, KUBELET
 
     if any(
@@ -212,7 +193,7 @@ def running_runtime(home: Path) -> str | None:
         value = json.loads((home / "run" / "pod-runner.health.json").read_text()).get("runtime")
     except (OSError, ValueError, AttributeError):
         return None
-    return str(value) if value in ("process", "docker") else None
+    return str(value) if value == "process" else None
 
 
 def choose_runtime(requested: str | None, running: str | None) -> str:
@@ -220,7 +201,7 @@ def choose_runtime(requested: str | None, running: str | None) -> str:
     it); asking for another one meanwhile is refused rather than silently ignored."""
     if running is None:
         return requested or "process"
-    if requested in (None, "auto", running):
+    if requested in (None, running):
         return running
     raise ControlPlaneError(
         f"the local default was started with --runtime {running} (its containers may still run); to "
@@ -232,8 +213,8 @@ def choose_runtime(requested: str | None, running: str | None) -> str:
 def up(operator: bool = True, runtime: str | None = None) -> int:
     """Start what is not running. `operator=False` (`--no-operator`) leaves the operator to a
     `helm install` of the chart (docs/operations.md#local-default) and stops the dev one if it runs.
-    `runtime` is how the pod runner runs containers (see `check_runtime`); None: the running
-    runner's, else process."""
+    `runtime` is what runs the pods: process (the pod runner) or kubelet (the real node, see
+    `check_runtime`); None: what runs already, else process."""
     runtime = check_runtime(choose_runtime(runtime, running_runtime(dev_home())))
     toolchain.ensure_tools(_say)
     plane = control_plane()
@@ -253,7 +234,7 @@ def up(operator: bool = True, runtime: str | None = None) -> int:
             processes.stop_process(plane.run_dir, name)
         stop_leftovers(plane.home)
     starters: dict[str, Callable[[], None]] = {
-        RUNNER: lambda: start_runner(plane, runtime=runtime),
+        RUNNER: lambda: start_runner(plane),
         OPERATOR: lambda: start_operator(plane),
     }
     checks = {RUNNER: runner_healthy, OPERATOR: operator_healthy}
@@ -362,10 +343,9 @@ def restart(component: str) -> int:
         raise ControlPlaneError(
             f"the control plane is not up; run `agentrun dev up` before restarting {component}"
         )
-    runtime = running_runtime(plane.home) or "process"  # restarted the same way
     processes.stop_process(plane.run_dir, component, grace=20)  # the runner leaves its containers running
     if component == RUNNER:
-        start_runner(plane, runtime=runtime)
+        start_runner(plane)
     else:
         start_operator(plane)
     record = processes.read_record(plane.run_dir, component)

@@ -1,10 +1,10 @@
 """A Docker engine that answers: the one already running, else one we start (root, Debian).
 
-The image build (`agentrun dev image`), the local base images, the docker test tier and the pod
-runner's docker runtime all need an engine. When none answers and we are root on a Debian-like
+The image build (`agentrun dev image`), the local base images, the docker test tier and the real
+node's images all need an engine. When none answers and we are root on a Debian-like
 host, Debian's `docker.io` package is installed (apt-get) and `dockerd` is started with the flags
-that work without a network of its own: `--iptables=false --bridge=none` (containers share the
-host's network, see docs/local-dev.md#docker-runtime), and `--storage-driver=overlay2` when the
+that work without a network of its own: `--iptables=false --bridge=none` (builds and the image tests'
+containers use the host's network), and `--storage-driver=overlay2` when the
 kernel mounts an overlay here, else `vfs` (which works everywhere but copies a whole image for every
 container: a container of the operator image takes seconds to create instead of a fraction). Its
 data, exec root, pid file and log live under `<cache>/docker/`; it listens on the default socket,

@@ -6,7 +6,7 @@ The Dockerfile's base stays pinned by digest. `--base` chooses what the build st
 `baseimages`), `auto` uses the pinned base when it is present or can be pulled, else the local one.
 
 The image is tagged as the chart and the operator's reporter default name it
-(`ghcr.io/proompteng/agentrun-operator:<version>`), so the docker runtime and `helm install` find it
+(`ghcr.io/proompteng/agentrun-operator:<version>`), so the real node and `helm install` find it
 without a registry. It carries a label with the hash of its build inputs (the files the
 `.dockerignore` lets in, the base image's id): when an image with that label exists, nothing is
 built. The legacy builder is used (`DOCKER_BUILDKIT=0`): BuildKit would pull its `# syntax=`

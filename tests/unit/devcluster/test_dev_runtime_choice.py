@@ -1,16 +1,14 @@
-"""Which runtime `agentrun dev up` and `dev restart pod-runner` run the pod runner with
-(docs/local-dev.md#docker-runtime): the runner keeps its runtime until `dev down`."""
+"""Which runtime `agentrun dev up` runs the pods with (docs/local-dev.md#real-node): the pod runner
+(`process`) or the real node (`kubelet`); what runs keeps running until `dev down`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from agentrun_devcluster import dev, processes
+from agentrun_devcluster import dev
 from agentrun_devcluster.controlplane import ControlPlaneError
 
 
@@ -23,55 +21,37 @@ def heartbeat(home: Path, runtime: str) -> None:
     ("requested", "running", "chosen"),
     [
         (None, None, "process"),
-        ("docker", None, "docker"),
-        ("auto", None, "auto"),
-        (None, "docker", "docker"),
-        ("auto", "docker", "docker"),
-        ("docker", "docker", "docker"),
+        ("kubelet", None, "kubelet"),
+        (None, "process", "process"),
         ("process", "process", "process"),
+        (None, "kubelet", "kubelet"),
     ],
 )
-def test_up_keeps_the_runtime_of_the_runner_it_started(
-    requested: str | None, running: str | None, chosen: str
-) -> None:
+def test_up_keeps_the_runtime_that_runs(requested: str | None, running: str | None, chosen: str) -> None:
     assert dev.choose_runtime(requested, running) == chosen
 
 
-def test_asking_up_for_another_runtime_while_the_runner_has_one_is_refused() -> None:
+def test_asking_up_for_another_runtime_while_one_runs_is_refused() -> None:
     with pytest.raises(ControlPlaneError) as refused:
-        dev.choose_runtime("docker", "process")
+        dev.choose_runtime("kubelet", "process")
     assert "--runtime process" in str(refused.value)
-    assert "`agentrun dev down`, then `agentrun dev up --runtime docker`" in str(refused.value)
+    assert "`agentrun dev down`, then `agentrun dev up --runtime kubelet`" in str(refused.value)
 
 
 def test_the_runtime_is_read_from_the_heartbeat_until_down_removes_it(tmp_path: Path) -> None:
     assert dev.running_runtime(tmp_path) is None
-    heartbeat(tmp_path, "docker")
-    assert dev.running_runtime(tmp_path) == "docker"
+    heartbeat(tmp_path, "process")
+    assert dev.running_runtime(tmp_path) == "process"
+    heartbeat(tmp_path, "docker")  # a runner of a version that still had the docker runtime
+    assert dev.running_runtime(tmp_path) is None
     (tmp_path / "run" / "pod-runner.health.json").write_text("not json")
     assert dev.running_runtime(tmp_path) is None
 
 
-def test_restart_starts_the_runner_again_with_its_runtime(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    heartbeat(tmp_path, "docker")
-    plane = SimpleNamespace(home=tmp_path, run_dir=tmp_path / "run", is_up=lambda: True)
-    started: list[str] = []
-
-    def start_runner(_plane: Any, namespaces: tuple[str, ...] = (), runtime: str = "process") -> None:
-        started.append(runtime)
-
-    monkeypatch.setattr(dev, "control_plane", lambda home=None: plane)
-    monkeypatch.setattr(dev, "start_runner", start_runner)
-    monkeypatch.setattr(processes, "stop_process", lambda *a, **k: True)
-    monkeypatch.setattr(processes, "read_record", lambda *a, **k: None)
-    assert dev.restart("pod-runner") == 0
-    assert started == ["docker"]
-
-
-def test_dev_up_asks_for_no_runtime_unless_given() -> None:
+def test_dev_up_asks_for_no_runtime_unless_given_and_knows_only_the_two() -> None:
     from agentrun_operator.cli import build_parser
 
     assert build_parser().parse_args(["dev", "up"]).runtime is None
-    assert build_parser().parse_args(["dev", "up", "--runtime", "docker"]).runtime == "docker"
+    assert build_parser().parse_args(["dev", "up", "--runtime", "kubelet"]).runtime == "kubelet"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["dev", "up", "--runtime", "docker"])

@@ -8,11 +8,6 @@ A runner started later reads these records and re-adopts what still runs (`Adopt
 reports what ended meanwhile with the exit code and termination message it left; a container
 whose shim is gone without an exit file is reported as lost (exit 137, ContainerStatusUnknown).
 
-The docker runtime's containers outlive the runner the same way (the engine runs them; nothing
-removes them while no runner runs): their launch record (`runtime: docker`) names the container,
-and a new runner asks the engine whether it still runs and with which exit code it ended
-(`docker.DockerAdoptedContainer`).
-
 A pod with its own network namespace records its helper process in `<pod>/network.json` the same
 way, so a new runner keeps it. `agentrun dev down` (and the test fixtures) stop whatever is left
 with `stop_leftovers`, because stopping the runner itself leaves its containers running.
@@ -31,8 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrun_devcluster.podrunner import network, pidns
+from agentrun_devcluster.podrunner.procfs import children, process_start
+
 LAUNCH_RECORD = "launch.json"
-NETWORK_RECORD = "network.json"
 _SHIM = '"$@"; code=$?; echo "$code" > "$0.tmp" && mv "$0.tmp" "$0"; exit "$code"'
 _SHIM_GROUP = (
     'setsid "$@" & pid=$!; wait "$pid"; code=$?; kill -KILL -"$pid" 2>/dev/null; '
@@ -55,26 +52,6 @@ def exit_file(pod_dir: Path, name: str, restart: int) -> Path:
     return pod_dir / "containers" / name / f"{restart}.exit"
 
 
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/pid/stat): tells a reused pid apart.
-    None when the process is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if fields[0] == "Z":
-        return None
-    return fields[19]
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
 @dataclass(frozen=True)
 class LaunchRecord:
     """What the runner wrote when it started one container (see the module docstring)."""
@@ -87,15 +64,9 @@ class LaunchRecord:
     container_id: str
     log: str
     exit_file: str
-    runtime: str = "process"
-    """What ran it: `process` (`pid` is the shim) or `docker` (`pid` is the `docker start --attach`
-    client, `container_id` names the container)."""
 
     def alive(self) -> bool:
-        if self.runtime == "docker":
-            from agentrun_devcluster.podrunner.docker import container_running
-
-            return container_running(self.container_id)
+        """The shim (`pid`) still runs: the container has not ended."""
         return process_start(self.pid) == self.pid_start
 
     def exit_code(self) -> int | None:
@@ -119,9 +90,15 @@ def read_launches(pod_dir: Path) -> dict[str, LaunchRecord]:
     found: dict[str, LaunchRecord] = {}
     for path in sorted(pod_dir.glob(f"containers/*/{LAUNCH_RECORD}")):
         with contextlib.suppress(OSError, ValueError, TypeError):
-            record = LaunchRecord(**json.loads(path.read_text()))
+            record = _launch_record(json.loads(path.read_text()))
             found[record.name] = record
     return found
+
+
+def _launch_record(doc: dict[str, Any]) -> LaunchRecord:
+    """A record as written; `runtime` (always `process`) was written until the docker runtime went."""
+    doc.pop("runtime", None)
+    return LaunchRecord(**doc)
 
 
 def any_alive(pod_dir: Path) -> bool:
@@ -175,7 +152,7 @@ PodObject = Mapping[str, Any]
 def unrecorded_launches(
     pod_dir: Path, uid: str, names: Iterable[str], recorded: Mapping[str, LaunchRecord], now: str
 ) -> dict[str, LaunchRecord]:
-    """Containers (of the process runtime) an earlier runner started but did not record: it was
+    """Containers an earlier runner started but did not record: it was
     killed between starting one and writing its launch record. Found by the shim still running
     or the exit file it left, for a restart later than the recorded one; started again they would
     run twice. `now` stands for their unknown start time."""
@@ -215,34 +192,22 @@ def launch_record(
     started_at: str,
     container_id: str,
     log: Path,
-    runtime: str = "process",
 ) -> LaunchRecord | None:
     """The record of a container just started; None for a process that already ended (its shim
-    is gone, so it cannot be adopted). A docker container is recorded whatever its client does."""
+    is gone, so it cannot be adopted)."""
     start = process_start(pid)
-    if start is None and runtime == "process":
+    if start is None:
         return None
     return LaunchRecord(
         name=name,
         restart=restart,
         pid=pid,
-        pid_start=start or "",
+        pid_start=start,
         started_at=started_at,
         container_id=container_id,
         log=str(log),
         exit_file=str(exit_file(pod_dir, name, restart)),
-        runtime=runtime,
     )
-
-
-def adopt_container(record: LaunchRecord, on_exit: Callable[[Any], None]) -> AdoptedContainer | Any:
-    """The container `record` describes, taken over by this runner (the runtime that started it
-    tells how: a shim to poll, or a container to ask the engine about)."""
-    if record.runtime == "docker":
-        from agentrun_devcluster.podrunner.docker import DockerAdoptedContainer
-
-        return DockerAdoptedContainer(record, on_exit)
-    return AdoptedContainer(record, on_exit)
 
 
 def _cmdline(pid: int) -> bytes | None:
@@ -334,36 +299,6 @@ class AdoptedContainer:
             _kill_tree(self.record)
 
 
-# -- the network helper ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class NetworkRecord:
-    pid: int
-    pid_start: str
-    namespace_pid: int
-
-    def alive(self) -> bool:
-        return process_start(self.pid) == self.pid_start and process_start(self.namespace_pid) is not None
-
-
-def write_network(pod_dir: Path, pid: int, namespace_pid: int) -> None:
-    start = process_start(pid)
-    if start is not None:
-        (pod_dir / NETWORK_RECORD).write_text(json.dumps(asdict(NetworkRecord(pid, start, namespace_pid))))
-
-
-def read_network(pod_dir: Path) -> NetworkRecord | None:
-    try:
-        return NetworkRecord(**json.loads((pod_dir / NETWORK_RECORD).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def stop_network(record: NetworkRecord) -> None:
-    if record.alive():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, signal.SIGKILL)
-
-
 # -- leftovers ---------------------------------------------------------------------------------
 def stop_leftovers(state_dir: Path) -> int:
     """Kill every container and network helper still running from the runner state `state_dir`
@@ -372,29 +307,18 @@ def stop_leftovers(state_dir: Path) -> int:
     pods = state_dir / "pods"
     if not pods.is_dir():
         return 0
-    on_docker: list[tuple[Path, LaunchRecord]] = []
     for path in pods.glob(f"*/*/*/containers/*/{LAUNCH_RECORD}"):
         with contextlib.suppress(OSError, ValueError, TypeError):
-            record = LaunchRecord(**json.loads(path.read_text()))
-            if record.runtime == "docker":
-                on_docker.append((path.parents[2], record))
-            elif record.alive():
+            record = _launch_record(json.loads(path.read_text()))
+            if record.alive():
                 _kill_tree(record)
                 stopped += 1
     for pid in _shims_under(pods).values():  # started but never recorded (the runner died)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)  # the shim is its session's leader
             stopped += 1
-    if on_docker:
-        from agentrun_devcluster.podrunner.docker import remove_recorded
-
-        stopped += remove_recorded(on_docker)
-    for path in pods.glob(f"*/*/*/{NETWORK_RECORD}"):
-        network = read_network(path.parent)
-        if network is not None:
-            stop_network(network)
-    from agentrun_devcluster.podrunner import pidns
-
+    for path in pods.glob(f"*/*/*/{network.RECORD}"):
+        network.stop_recorded(path.parent)
     for path in pods.glob(f"*/*/*/{pidns.RECORD}"):
         pidns.stop_recorded(path.parent)
     return stopped

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import ssl
 import urllib.error
 import urllib.parse
@@ -22,6 +21,7 @@ from typing import Any, Final
 import yaml
 
 JSON: Final = "application/json"
+SMP: Final = "application/strategic-merge-patch+json"
 
 
 class ApiError(Exception):
@@ -157,11 +157,6 @@ class Api:
 def pod_path(namespace: str, name: str = "") -> str:
     base = f"/api/v1/namespaces/{namespace}/pods"
     return f"{base}/{name}" if name else base
-
-
-def env_kubeconfig() -> Path | None:
-    value = os.environ.get("KUBECONFIG")
-    return Path(value.split(os.pathsep)[0]) if value else None
 
 
 def transient(exc: Exception) -> bool:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from agentrun_devcluster.podrunner.runner import DEFAULT_NODE, PodRunner, RunnerConfig
-from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
+from agentrun_devcluster.podrunner.config import DEFAULT_NODE, RunnerConfig
+from agentrun_devcluster.podrunner.runner import PodRunner
 from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable
 
 READY_LINE = "pod runner ready"
@@ -21,7 +21,6 @@ def run_pod_runner(
     node: str = DEFAULT_NODE,
     namespaces: tuple[str, ...] = (),
     restart_backoff: float = 10.0,
-    runtime: str = "process",
 ) -> int:
     logging.basicConfig(
         level=logging.INFO,
@@ -36,10 +35,9 @@ def run_pod_runner(
                 node_name=node,
                 namespaces=namespaces,
                 restart_backoff=restart_backoff,
-                runtime=runtime,
             )
         )
-    except (SandboxUnavailable, RuntimeUnavailable) as exc:
+    except SandboxUnavailable as exc:
         print(f"agentrun dev pod-runner: {exc}", file=sys.stderr)
         return 2
 

@@ -14,16 +14,17 @@ socket pair (SCM_RIGHTS). Sockets keep the namespace they were made in, so the c
 copies bytes between the two. Entering a network namespace needs root (CAP_SYS_ADMIN): elsewhere
 every pod stays on the host's network, as before.
 
-With `--netns PATH` the child joins an existing namespace instead of making one: the docker runtime
-makes it with a pause container and forwards the API server into it the same way.
+The helper runs in a session of its own and is recorded in `<pod>/network.json`, so it outlives a
+restart of the runner as the pod's containers do, and a new runner keeps it (`adopt_or_start`).
 
-    python -m agentrun_devcluster.podrunner.network HOST PORT [--netns PATH]
+    python -m agentrun_devcluster.podrunner.network HOST PORT
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -33,11 +34,15 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrun_devcluster.podrunner.procfs import process_start
+
 CLONE_NEWNET = 0x40000000
 READY = "pod network ready"
+RECORD = "network.json"
 _DIAL, _DIALED, _REFUSED = b"d", b"k", b"e"
 
 
@@ -59,15 +64,60 @@ def isolation_unavailable() -> str | None:
     return None
 
 
-class PodNetwork:
-    """The helper process holding one pod's network namespace."""
+@dataclass(frozen=True)
+class NetworkRecord:
+    """The helper (its session leader) and the child inside the namespace, as `network.json` has them."""
 
-    def __init__(self, api_host: str, api_port: int, log_path: Path, netns: str | None = None) -> None:
+    pid: int
+    pid_start: str
+    namespace_pid: int
+
+    def alive(self) -> bool:
+        return process_start(self.pid) == self.pid_start and process_start(self.namespace_pid) is not None
+
+
+def read_record(pod_dir: Path) -> NetworkRecord | None:
+    try:
+        return NetworkRecord(**json.loads((pod_dir / RECORD).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def stop_recorded(pod_dir: Path) -> None:
+    """Kill the helper `pod_dir` records, if it still runs (`agentrun dev down`'s leftovers)."""
+    record = read_record(pod_dir)
+    if record is not None and record.alive():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signal.SIGKILL)
+
+
+def adopt_or_start(pod_dir: Path, api_host: str, api_port: int) -> PodNetwork:
+    """The pod's helper: the one an earlier runner process recorded when it still runs (the pod's
+    containers run in its namespace), else a new one, recorded."""
+    record = read_record(pod_dir)
+    if record is not None and record.alive():
+        kept = PodNetwork(api_host, api_port, pod_dir / "network.log")
+        kept.namespace_pid, kept.kept = record.namespace_pid, record
+        return kept
+    network = PodNetwork(api_host, api_port, pod_dir / "network.log").start()
+    if network.proc is not None and network.namespace_pid is not None:
+        start = process_start(network.proc.pid)
+        if start is not None:
+            record = NetworkRecord(network.proc.pid, start, network.namespace_pid)
+            (pod_dir / RECORD).write_text(json.dumps(asdict(record)))
+    return network
+
+
+class PodNetwork:
+    """The helper process holding one pod's network namespace (started here, or `kept` from an
+    earlier runner process)."""
+
+    def __init__(self, api_host: str, api_port: int, log_path: Path) -> None:
         self.api_host = api_host
         self.api_port = api_port
-        self.netns = netns
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.kept: NetworkRecord | None = None
         self.namespace_pid: int | None = None
 
     def start(self, timeout: float = 15.0) -> PodNetwork:
@@ -80,7 +130,6 @@ class PodNetwork:
                     __name__,
                     self.api_host,
                     str(self.api_port),
-                    *(["--netns", self.netns] if self.netns else []),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -106,6 +155,9 @@ class PodNetwork:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        if self.kept is not None and self.kept.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.kept.pid, signal.SIGKILL)
 
 
 # -- the helper process ------------------------------------------------------------------------
@@ -121,15 +173,10 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
                 sock.shutdown(how)
 
 
-def _serve_inside(channel: socket.socket, host: str, port: int, netns: str | None = None) -> None:
-    """The child: a new network namespace (or `netns`), loopback up, the API server's address served in it."""
+def _serve_inside(channel: socket.socket, host: str, port: int) -> None:
+    """The child: a new network namespace, loopback up, the API server's address served in it."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if netns:
-        fd = os.open(netns, os.O_RDONLY)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns({netns})")
-        os.close(fd)
-    elif libc.unshare(CLONE_NEWNET) != 0:
+    if libc.unshare(CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     listener = socket.create_server((host, port), backlog=64)
@@ -163,12 +210,11 @@ def _dial_for(channel: socket.socket, host: str, port: int) -> None:
 
 def main(argv: list[str]) -> int:
     host, port = argv[0], int(argv[1])
-    netns = argv[3] if len(argv) > 3 and argv[2] == "--netns" else None
     parent_end, child_end = socket.socketpair()
     if os.fork() == 0:
         parent_end.close()
         try:
-            _serve_inside(child_end, host, port, netns)
+            _serve_inside(child_end, host, port)
         finally:
             os._exit(1)
     child_end.close()

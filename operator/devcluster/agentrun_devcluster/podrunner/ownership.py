@@ -7,7 +7,8 @@ starts: every file and directory is chgrp'ed to the group and made group-readabl
 containers create there stays in the group. A read-only volume is left as it is. With
 `fsGroupChangePolicy: OnRootMismatch` the walk is skipped when the volume's root already has the
 group, the permissions and (a directory) the setgid bit. Every container's process also gets
-`fsGroup` as a supplemental group, which the runtimes that honour users do (docker.py).
+`fsGroup` as a supplemental group (on a real node; the pod runner runs every container as its own
+user).
 
 The local pod runner does the same, so a root-owned `0755` volume of the local provisioner behaves as
 on a real node (docs/local-dev.md#volumes).

@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentrun_devcluster.podrunner.adopt import process_start
+from agentrun_devcluster.podrunner.procfs import process_start
 
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrun_devcluster.podrunner import adopt, pidns
+from agentrun_devcluster.podrunner import adopt, network, pidns
 from agentrun_devcluster.podrunner import spec as S
 from agentrun_devcluster.podrunner.network import PodNetwork
 from agentrun_devcluster.podrunner.pidns import PodPidNamespace
@@ -77,6 +77,7 @@ class ContainerProcess:
         self.command_is_pid_1 = command_is_pid_1 or shared_pidns
         self.shared_pidns = shared_pidns
         self.container_id = ""
+        self.lost = False
         self.init_pid: int | None = None
         self.exit_code: int | None = None
         self._pid_known = threading.Event()
@@ -190,16 +191,22 @@ class ProcessRuntime:
         """Nothing to do: containers outlive the runner and a new runner adopts them (adopt.py);
         `agentrun dev down` stops what is left (`adopt.stop_leftovers`)."""
 
-    def unrecorded_launches(
-        self, pod: adopt.PodObject, pod_dir: Path, names: Iterable[str], recorded: adopt.Launches, now: str
+    def earlier_launches(
+        self, pod: adopt.PodObject, pod_dir: Path, names: Iterable[str], now: str
     ) -> adopt.Launches:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
-        return adopt.unrecorded_launches(pod_dir, uid, names, recorded, now)
+        launched = adopt.read_launches(pod_dir)
+        launched.update(adopt.unrecorded_launches(pod_dir, uid, names, launched, now))
+        return launched
 
-    def start_network(
-        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
-    ) -> PodNetwork:
-        return PodNetwork(api_host, api_port, log_path).start()
+    def any_alive(self, pod_dir: Path) -> bool:
+        return adopt.any_alive(pod_dir)
+
+    def adopt(self, record: adopt.LaunchRecord, on_exit: OnExit) -> adopt.AdoptedContainer:
+        return adopt.AdoptedContainer(record, on_exit)
+
+    def start_network(self, pod_dir: Path, api_host: str, api_port: int) -> PodNetwork:
+        return network.adopt_or_start(pod_dir, api_host, api_port)
 
     def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> PodPidNamespace | None:
         if pidns.unavailable() is not None:
@@ -208,10 +215,18 @@ class ProcessRuntime:
 
     def start(self, launch: Launch, on_exit: OnExit) -> ContainerProcess:
         try:
-            return self._checked_start(launch, on_exit)
+            proc = self._checked_start(launch, on_exit)
         except S.StartError:
             self._fail_inside(launch)
             raise
+        if launch.started_at is not None:  # a later runner can adopt it (adopt.py)
+            record = adopt.launch_record(
+                launch.pod_dir, launch.name, launch.restart, proc.pid, launch.started_at,
+                proc.container_id, proc.log_path,
+            )  # fmt: skip
+            if record is not None:
+                adopt.write_launch(launch.pod_dir, record)
+        return proc
 
     def _fail_inside(self, launch: Launch) -> None:
         """A container that cannot start leaves a process come and gone in the pod's shared PID
@@ -308,8 +323,7 @@ class ProcessRuntime:
         pod_tmp = launch.pod_dir / "tmp"
         bwrap = self.bwrap
         entries = self.host_entries
-        network = launch.network
-        enter = network.enter_argv() if isinstance(network, PodNetwork) else []
+        enter = launch.network.enter_argv() if isinstance(launch.network, PodNetwork) else []
         exit_file = adopt.exit_file(launch.pod_dir, launch.name, launch.restart)
         exit_file.unlink(missing_ok=True)
         proc = ContainerProcess(

@@ -25,70 +25,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agentrun_devcluster import provisioner
-from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_devcluster.podrunner.api import Api, ApiError, pod_path, transient
+from agentrun_devcluster.podrunner.api import SMP, Api, ApiError, pod_path, transient
+from agentrun_devcluster.podrunner.config import Layout, RunnerConfig
 from agentrun_devcluster.podrunner.logserver import LogServer
 from agentrun_devcluster.podrunner.network import isolation_unavailable
-from agentrun_devcluster.podrunner.process import default_container_path
-from agentrun_devcluster.podrunner.retry import Backoff, backoff_delays, retry_until
-from agentrun_devcluster.podrunner.runtime import make_runtime
+from agentrun_devcluster.podrunner.process import ProcessRuntime
+from agentrun_devcluster.podrunner.retry import backoff_delays, retry_until
+from agentrun_devcluster.podrunner.runtime import ContainerRuntime
 from agentrun_devcluster.podrunner.status import now_rfc3339
 from agentrun_devcluster.podrunner.volumes import VolumeLookups
-from agentrun_devcluster.podrunner.worker import SMP, PodWorker
+from agentrun_devcluster.podrunner.worker import PodWorker
 
 log = logging.getLogger("agentrun.podrunner")
-
-DEFAULT_NODE = "agentrun-local"
-HEALTH_FILE = "pod-runner.health.json"
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    kubeconfig: Path
-    state_dir: Path
-    node_name: str = DEFAULT_NODE
-    namespaces: tuple[str, ...] = ()
-    container_path: str = field(default_factory=default_container_path)
-    restart_backoff: float = 10.0
-    retry_seconds: float = 2.0
-    runtime: str = "process"
-    """process | docker | auto (see runtime.py)."""
-    resync_seconds: float = 30.0
-    """How often the runner lists its pods again (a missed event is noticed by then)."""
-    api_backoff: Backoff = field(default_factory=Backoff)
-    """Retries of binds, status writes and watches while the API server does not answer."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the runner keeps things under its state directory."""
-
-    root: Path
-
-    @property
-    def run_dir(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def health_file(self) -> Path:
-        return self.run_dir / HEALTH_FILE
-
-    @property
-    def volumes_root(self) -> Path:
-        """The local provisioner's volumes live under here (and only these are mounted for claims)."""
-        return self.root / "pv"
-
-    def pods_dir(self, namespace: str, name: str) -> Path:
-        return self.root / "pods" / namespace / name
-
-    def pod_dir(self, namespace: str, name: str, uid: str) -> Path:
-        return self.pods_dir(namespace, name) / uid
 
 
 class PodRunner:
@@ -97,7 +49,7 @@ class PodRunner:
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
         self.layout = Layout(config.state_dir)
-        self.runtime = make_runtime(config.runtime, config.node_name, config.container_path)
+        self.runtime: ContainerRuntime = ProcessRuntime(config.container_path)
         self.api = Api(config.kubeconfig, config.state_dir / "run" / "pod-runner-client")
         self.volume_lookups = VolumeLookups(self.api, self.layout.volumes_root)
         self.lookups = S.Lookups(secret=self.volume_lookups.secret, config_map=self.volume_lookups.config_map)
@@ -186,7 +138,7 @@ class PodRunner:
                 "kubeletVersion": "agentrun-local-pod-runner",
                 "operatingSystem": "linux",
                 "architecture": os.uname().machine,
-                "containerRuntimeVersion": "bubblewrap" if self.runtime.name == "process" else "docker",
+                "containerRuntimeVersion": "bubblewrap",
                 "kernelVersion": os.uname().release,
                 "osImage": "host",
                 "machineID": "",
@@ -233,7 +185,7 @@ class PodRunner:
         if self.stopping.is_set():
             return
         pod_dir = self.layout.pod_dir(str(meta.get("namespace")), str(meta.get("name")), uid)
-        if meta.get("deletionTimestamp") and not (node and adopt.any_alive(pod_dir)):
+        if meta.get("deletionTimestamp") and not (node and self.runtime.any_alive(pod_dir)):
             if node:  # nothing of it runs here (any more): confirm at once
                 self.confirm_deletion(str(meta["namespace"]), str(meta["name"]), uid)
             return

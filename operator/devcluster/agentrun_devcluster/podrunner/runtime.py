@@ -1,12 +1,11 @@
-"""The seam between the pod runner and what runs a container: a process sandbox or Docker.
+"""The seam between a pod's worker and what runs its containers.
 
-The runner (runner.py) decides *when* a container starts and stops and what its volumes, environment
-and termination-message file are; a `ContainerRuntime` decides *how* it runs:
-
-- `process` (process.py): the host's tools in a bubblewrap sandbox; images are not pulled or used.
-- `docker` (docker.py): a real container from a local image (never pulled) on a Docker engine.
-
-`make_runtime` picks one from `--runtime process|docker|auto` (auto: docker when an engine answers).
+The worker (worker.py) decides *when* a container starts and stops and what its volumes, environment
+and termination-message file are; a `ContainerRuntime` decides *how* it runs, keeps what a later
+runner process needs to adopt it, and adopts it. The one runtime is the process runtime
+(process.py: the host's tools in a bubblewrap sandbox; images are not pulled or used); real
+containers run on the real node (docs/local-dev.md#real-node). The worker knows runtimes only
+through this interface, so a fake one can stand in for it in a test.
 """
 
 from __future__ import annotations
@@ -17,21 +16,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_devcluster.podrunner.adopt import Launches, PodObject
+from agentrun_devcluster.podrunner.adopt import Launches, LaunchRecord, PodObject
 from agentrun_devcluster.podrunner.sandbox import Bind
-
-RUNTIMES = ("process", "docker", "auto")
 
 
 class RuntimeUnavailable(RuntimeError):
-    """The chosen runtime cannot run here (no bwrap, no Docker engine); the message says why."""
-
-
-class ImageNeverPulled(S.ContainerConfigError):
-    """The container's image is not present locally and the runner never pulls (the kubelet's
-    `ErrImageNeverPull`): the container waits and is retried, so importing the image later works."""
-
-    reason = "ErrImageNeverPull"
+    """The chosen runtime cannot run here (no bwrap, no real node); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +39,9 @@ class Launch:
     pod_dir: Path
     log_path: Path
     restart: int
+    started_at: str | None = None
+    """When the container started: it is recorded for a later runner to adopt. None: a postStart
+    hook, which is not (a runner that dies while a hook runs leaves its container to fail it)."""
     network: PodSandbox | None = None
     """The pod's own network namespace (pods serving ports), made by the same runtime; None: the host's."""
     pid_namespace: PodSandbox | None = None
@@ -88,6 +81,8 @@ class RunningContainer(Protocol):
 
     log_path: Path
     container_id: str
+    lost: bool
+    """It ended while no runner watched and left no exit code (reported `ContainerStatusUnknown`)."""
 
     @property
     def done(self) -> bool: ...
@@ -117,41 +112,29 @@ class ContainerRuntime(Protocol):
         """The variables a runtime adds before the container's own `env` (HOSTNAME, PATH,
         KUBERNETES_SERVICE_HOST/PORT for `api_server`...)."""
 
-    def start_network(
-        self, pod: Mapping[str, Any], api_host: str, api_port: int, log_path: Path
-    ) -> PodSandbox:
-        """The pod's own network namespace with the API server forwarded into it (OSError if not)."""
+    def start_network(self, pod_dir: Path, api_host: str, api_port: int) -> PodSandbox:
+        """The pod's own network namespace with the API server forwarded into it (an earlier runner's
+        when it still holds one), recorded for a later runner (OSError if it cannot be made)."""
 
     def start_pid_namespace(self, pod: Mapping[str, Any], pod_dir: Path) -> PodSandbox | None:
         """The shared PID namespace of a pod with `shareProcessNamespace`, held by a pause-like PID 1
         (an earlier runner's when it still holds one); None where it cannot be (OSError if it fails)."""
 
     def close(self) -> None:
-        """The runner stops: remove what is left of its containers (their pods are reported lost)."""
+        """The runner stops; its containers keep running, for a later runner to adopt."""
 
-    def unrecorded_launches(
-        self, pod: PodObject, pod_dir: Path, names: Iterable[str], recorded: Launches, now: str
-    ) -> Launches:
-        """Containers an earlier runner started but did not record (it was killed in between),
-        as launch records a new runner adopts (see adopt.py); `now` stands for their start time."""
+    def earlier_launches(self, pod: PodObject, pod_dir: Path, names: Iterable[str], now: str) -> Launches:
+        """The containers of `names` an earlier runner process started for this pod: those it
+        recorded, and those it started but was killed before recording (`now` stands for their start
+        time); a new runner adopts them (see adopt.py)."""
+
+    def any_alive(self, pod_dir: Path) -> bool:
+        """True when a container an earlier runner process started for this pod still runs."""
+
+    def adopt(self, record: LaunchRecord, on_exit: OnExit) -> RunningContainer:
+        """The container an earlier runner process started and recorded, taken over: still running,
+        or ended with the exit code it left (or `lost`)."""
 
     def start(self, launch: Launch, on_exit: OnExit) -> RunningContainer:
-        """Start the container; `S.StartError` when it cannot start, `S.ContainerConfigError`
-        (e.g. `ImageNeverPulled`) when it must wait and be retried."""
-
-
-def make_runtime(choice: str, node: str, container_path: str) -> ContainerRuntime:
-    """The runtime for `--runtime`: RuntimeUnavailable (one line) when it cannot run here."""
-    from agentrun_devcluster.dockerengine import engine_problem
-
-    if choice not in RUNTIMES:
-        raise RuntimeUnavailable(f"--runtime must be one of {', '.join(RUNTIMES)}, not {choice!r}")
-    if choice == "auto":
-        choice = "docker" if engine_problem() is None else "process"
-    if choice == "docker":
-        from agentrun_devcluster.podrunner.docker import DockerRuntime
-
-        return DockerRuntime(node)
-    from agentrun_devcluster.podrunner.process import ProcessRuntime
-
-    return ProcessRuntime(container_path)
+        """Start the container (recorded when `launch.started_at` is set); `S.StartError` when it
+        cannot start, `S.ContainerConfigError` when it must wait and be retried."""

@@ -11,7 +11,7 @@ in the status that first says Succeeded or Failed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -103,9 +103,6 @@ class ContainerRecord:
         if self.container_id:
             status["containerID"] = self.container_id
         return status
-
-    def with_state(self, state: State) -> ContainerRecord:
-        return replace(self, state=state)
 
 
 def initial_records(pod_spec: Mapping[str, Any]) -> dict[str, ContainerRecord]:
@@ -248,16 +245,6 @@ def build_status(records: Sequence[ContainerRecord], view: PodView, now: str | N
         status["reason"] = view.verdict.reason
         status["message"] = view.verdict.message
     return status
-
-
-def terminate_unfinished(record: ContainerRecord, reason: str, message: str, now: str) -> ContainerRecord:
-    """A container that never ended in a pod that did: waiting becomes terminated (137, as the kubelet
-    reports containers of a terminal pod), running is left to the caller (it kills the process)."""
-    if record.state.kind != "waiting":
-        return record
-    return record.with_state(
-        State("terminated", reason=reason, message=message, exit_code=137, started_at=None, finished_at=now)
-    )
 
 
 POD_MESSAGE_BUDGET = 12 * 1024

@@ -6,8 +6,9 @@ ServiceAccount token, the PersistentVolume bound to a claim); `volume_dir` write
 `binds` maps a container's `volumeMounts` to bind mounts. A missing object or an unbound claim is a
 `ContainerConfigError`: the pod waits in `ContainerCreating` and its worker tries again, as a kubelet
 does; a volume the kubelet could not mount (a `local` path that does not exist, a `hostPath` of type
-`Directory` that is none) is a `VolumeMountError`, and the worker posts the kubelet's `FailedMount`
-Event for it (podrunner/events.py). The pod's `fsGroup` is applied to its `emptyDir` volumes and
+`Directory` that is none, a secret or configMap volume whose object is missing) is a
+`VolumeMountError`, and the worker posts the kubelet's `FailedMount` Event for it
+(podrunner/events.py). The pod's `fsGroup` is applied to its `emptyDir` volumes and
 to `local` PersistentVolumes (not to `hostPath` ones), as the kubelet applies it (ownership.py).
 """
 
@@ -197,7 +198,7 @@ def source_files(
     if data is None:
         if src.get("optional"):
             return {}
-        raise S.ContainerConfigError(
+        raise S.VolumeMountError(  # the kubelet's FailedMount, in its words; retried until it exists
             f'MountVolume.SetUp failed for volume "{volume}" : {kind.lower()} "{name}" not found'
         )
     items = src.get("items")

@@ -3,13 +3,16 @@ order, probes of nothing, status patches, deletion.
 
 `PodRunner` (runner.py) makes a `PodWorker` for every pod of its node; the worker's thread walks the
 pod through its life cycle and writes its status with strategic-merge patches of `pods/status`,
-retried with backoff until they land or the pod is gone. Its containers are processes or Docker
-containers (runtime.py); a later runner adopts those still running (adopt.py).
+retried with backoff until they land or the pod is gone. Its containers run through the runner's
+`ContainerRuntime` (runtime.py, the worker's only way to them); a later runner adopts those still
+running (adopt.py). The worker sees its runner only as a `Host` (below), so the two modules import
+in one direction.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import shutil
@@ -19,17 +22,16 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agentrun_devcluster.podrunner import adopt
 from agentrun_devcluster.podrunner import spec as S
-from agentrun_devcluster.podrunner.api import ApiError, pod_path, transient
-from agentrun_devcluster.podrunner.docker import DockerContainer, DockerPodNetwork
+from agentrun_devcluster.podrunner.adopt import Launches
+from agentrun_devcluster.podrunner.api import SMP, Api, ApiError, pod_path, transient
+from agentrun_devcluster.podrunner.config import Layout, RunnerConfig
 from agentrun_devcluster.podrunner.events import PodEvents
-from agentrun_devcluster.podrunner.network import PodNetwork, wants_own_network
-from agentrun_devcluster.podrunner.process import ContainerProcess
+from agentrun_devcluster.podrunner.network import wants_own_network
 from agentrun_devcluster.podrunner.retry import retry_until
-from agentrun_devcluster.podrunner.runtime import Launch, PodSandbox, RunningContainer
+from agentrun_devcluster.podrunner.runtime import ContainerRuntime, Launch, PodSandbox, RunningContainer
 from agentrun_devcluster.podrunner.sandbox import Bind
 from agentrun_devcluster.podrunner.status import (
     ContainerRecord,
@@ -41,15 +43,10 @@ from agentrun_devcluster.podrunner.status import (
     now_rfc3339,
     pod_phase,
 )
+from agentrun_devcluster.podrunner.volumes import VolumeLookups, volume_dir
 from agentrun_devcluster.podrunner.volumes import binds as volume_binds
-from agentrun_devcluster.podrunner.volumes import volume_dir
-
-if TYPE_CHECKING:
-    from agentrun_devcluster.podrunner.runner import PodRunner
 
 log = logging.getLogger("agentrun.podrunner")
-
-SMP = "application/strategic-merge-patch+json"
 _LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
@@ -116,8 +113,6 @@ def _status_digest(status: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _started_monotonic(start_time: str | None) -> float:
     """The monotonic clock's reading when the pod started (for its activeDeadlineSeconds)."""
-    import datetime
-
     if not start_time:
         return time.monotonic()
     try:
@@ -135,10 +130,26 @@ def _tail(path: Path, size: int = 512) -> str:
         return ""
 
 
+class Host(Protocol):
+    """What a worker uses of the runner that made it (runner.py's `PodRunner`)."""
+
+    config: RunnerConfig
+    layout: Layout
+    api: Api
+    runtime: ContainerRuntime
+    volume_lookups: VolumeLookups
+    lookups: S.Lookups
+    network_unavailable: str | None
+
+    def confirm_deletion(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
+
 class PodWorker:
     """Walks one pod through the kubelet's life cycle in its own thread."""
 
-    def __init__(self, runner: PodRunner, pod: dict[str, Any]) -> None:
+    def __init__(self, runner: Host, pod: dict[str, Any]) -> None:
         self.runner = runner
         self.api = runner.api
         self.events = PodEvents(runner.api, pod, runner.config.node_name)
@@ -166,7 +177,6 @@ class PodWorker:
         self.volume_dirs: dict[str, Path] = {}
         self._published: dict[str, Any] | None = None
         self.network: PodSandbox | None = None
-        self.adopted_network: adopt.NetworkRecord | None = None
         self.pid_namespace: PodSandbox | None = None
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
@@ -300,8 +310,6 @@ class PodWorker:
                     proc.kill()
                 if self.network is not None:
                     self.network.stop()
-                if self.adopted_network is not None:
-                    adopt.stop_network(self.adopted_network)
                 if self.pid_namespace is not None:
                     self.pid_namespace.stop()
                 self._cleanup()
@@ -314,10 +322,7 @@ class PodWorker:
         if phase in ("Succeeded", "Failed"):
             self._await_deletion()
             return
-        launched = adopt.read_launches(self.dir)
-        launched.update(  # started, then the runner died before it wrote the record
-            self.runner.runtime.unrecorded_launches(self.pod, self.dir, self.records, launched, now_rfc3339())
-        )
+        launched = self.runner.runtime.earlier_launches(self.pod, self.dir, self.records, now_rfc3339())
         if launched:  # an earlier runner process started this pod: its containers may still run
             if not self._adopt(launched):
                 self._await_deletion()
@@ -340,7 +345,7 @@ class PodWorker:
             self.pid_namespace = None
         self._await_deletion()
 
-    def _adopt(self, launched: dict[str, adopt.LaunchRecord]) -> bool:
+    def _adopt(self, launched: Launches) -> bool:
         """Take over a pod an earlier runner process started: containers still running are
         adopted, ended ones reported with the exit code and message they left (see adopt.py)."""
         status = self.pod.get("status") or {}
@@ -366,7 +371,7 @@ class PodWorker:
                 container_id=record.container_id,
                 last_state=last,
             )
-            self.procs[name] = adopt.adopt_container(record, self._notify)
+            self.procs[name] = self.runner.runtime.adopt(record, self._notify)
         log.info(
             "pod %s/%s: adopted %s from an earlier runner process",
             self.namespace,
@@ -374,22 +379,8 @@ class PodWorker:
             ", ".join(f"{n} ({'running' if not p.done else 'ended'})" for n, p in self.procs.items()),
         )
         self._reap()  # the ended ones are terminated before the first write (never back to running)
-        self.publish()
-        network = adopt.read_network(self.dir)
-        if network is not None and network.alive() and self.runner.runtime.name == "process":
-            self.adopted_network = network
-            endpoint = urllib.parse.urlsplit(self.api.server)
-            adopted = PodNetwork(
-                endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
-            )
-            adopted.namespace_pid = network.namespace_pid
-            self.network = adopted
-        else:
-            if network is not None:  # the docker runtime's forwarder: a new one into the kept pause container
-                adopt.stop_network(network)
-            if not self._start_network():
-                return False
-        return self._start_pid_namespace() and self._prepare_volumes(adopting=True)
+        self.publish()  # the network and PID namespaces: the earlier runner's, where they still run
+        return self._start_network() and self._start_pid_namespace() and self._prepare_volumes(adopting=True)
 
     def _bind(self) -> bool:
         """Bind the pod to this node, retried with backoff until it lands or the pod is gone; False
@@ -483,21 +474,19 @@ class PodWorker:
         if not wants_own_network(self.spec) or self.runner.network_unavailable is not None:
             return True
         endpoint = urllib.parse.urlsplit(self.api.server)
+        self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self.network = self.runner.runtime.start_network(
-                self.pod, endpoint.hostname or "127.0.0.1", endpoint.port or 443, self.dir / "network.log"
+                self.dir, endpoint.hostname or "127.0.0.1", endpoint.port or 443
             )
         except OSError as exc:
             self._fail_pod("FailedCreatePodSandBox", f"could not set up the pod's network: {exc}")
             return False
-        net = self.network.forwarder if isinstance(self.network, DockerPodNetwork) else self.network
-        if isinstance(net, PodNetwork) and net.proc is not None and net.namespace_pid is not None:
-            adopt.write_network(self.dir, net.proc.pid, net.namespace_pid)
         return True
 
     def _start_pid_namespace(self) -> bool:
         """A pod with `shareProcessNamespace` gets one PID namespace for all its containers and hooks,
-        held by a pause-like PID 1 (pidns.py; a pause container on Docker), kept from an earlier
+        held by a pause-like PID 1 (pidns.py), kept from an earlier
         runner process when it still runs (its containers run in it)."""
         if not S.shares_process_namespace(self.pod):
             return True
@@ -557,8 +546,8 @@ class PodWorker:
             base = self.runner.runtime.base_env(self.pod, self.api.server)
             env = S.resolve_env(self.pod, container, self.runner.lookups, base)
             now = now_rfc3339()
-            proc = self._spawn(name, container, env, restart)
-        except S.ContainerConfigError as exc:  # also ErrImageNeverPull: wait, retry
+            proc = self._spawn(name, container, env, restart, started_at=now)
+        except S.ContainerConfigError as exc:  # wait, retry
             self._set(name, State("waiting", reason=exc.reason, message=str(exc)))
             self.restart_at[name] = time.monotonic() + self.runner.config.retry_seconds
             return
@@ -588,15 +577,6 @@ class PodWorker:
             return
         self.procs[name] = proc
         self._set(name, State("running", started_at=now), container_id=proc.container_id)
-        if isinstance(proc, ContainerProcess | DockerContainer):  # a later runner can adopt it
-            pid, runtime = (
-                (proc.pid, "process") if isinstance(proc, ContainerProcess) else (proc.proc.pid, "docker")
-            )
-            record = adopt.launch_record(
-                self.dir, name, restart, pid, now, proc.container_id, proc.log_path, runtime
-            )
-            if record is not None:
-                adopt.write_launch(self.dir, record)
         self._post_start(name, env, restart)
 
     def _post_start(self, name: str, env: dict[str, str], restart: int) -> None:
@@ -631,8 +611,14 @@ class PodWorker:
         self._stop_container(name, time.monotonic() + grace)
 
     def _spawn(
-        self, name: str, container: Mapping[str, Any], env: dict[str, str], restart: int
+        self,
+        name: str,
+        container: Mapping[str, Any],
+        env: dict[str, str],
+        restart: int,
+        started_at: str | None = None,
     ) -> RunningContainer:
+        """Start a container (`started_at`: recorded for adoption) or a hook (None: not recorded)."""
         term_dir = self.dir / "containers" / name
         term_dir.mkdir(parents=True, exist_ok=True)
         term_file = term_dir / "termination-log"
@@ -648,6 +634,7 @@ class PodWorker:
             pod_dir=self.dir,
             log_path=self.dir / "logs" / name / f"{restart}.log",
             restart=restart,
+            started_at=started_at,
             network=self.network,
             pid_namespace=self.pid_namespace,
         )
@@ -662,7 +649,7 @@ class PodWorker:
         reason = S.exit_reason(code)
         message: str | None
         failure = proc.start_failure()
-        if getattr(proc, "lost", False):  # an adopted container that ended unseen, no exit code left
+        if proc.lost:  # an adopted container that ended unseen, no exit code left
             reason, message = "ContainerStatusUnknown", _LOST_MESSAGE
         elif failure is not None:  # the sandbox or container could not be set up
             code, reason = 128, "StartError"
