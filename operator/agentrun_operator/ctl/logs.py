@@ -148,7 +148,7 @@ async def logs(
     out: TextIO,
     err: TextIO,
 ) -> int:
-    kube = Kube(target.api)
+    kube = target.kube
     raw = await get_run(kube, target, name)
     try:
         run = parse_agentrun(raw)

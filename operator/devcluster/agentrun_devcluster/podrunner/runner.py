@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agentrun_devcluster import provisioner
