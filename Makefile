@@ -29,7 +29,7 @@ lint: setup
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy
 
-# The tests: lint and types, then pytest. The control plane tools (built from upstream once, then
+# The tests: lint and types, then pytest. The control plane tools and Prometheus (built from upstream once, then
 # cached) and the operator image with busybox (on a Docker engine; skipped with AGENTRUN_DOCKER=0)
 # build in the background meanwhile; pytest runs its self-contained tiers first, and the first test
 # that needs either waits for it through its file lock (docs/development.md#make-test). The image's
@@ -37,7 +37,7 @@ lint: setup
 TOOLS_LOG := $(VENV)/tools-build.log
 IMAGE_LOG := $(VENV)/image-build.log
 test: setup
-	@setsid $(BIN)/agentrun dev tools > $(TOOLS_LOG) 2>&1 & tools=$$!; image=; \
+	@setsid $(BIN)/agentrun dev tools --prometheus > $(TOOLS_LOG) 2>&1 & tools=$$!; image=; \
 	if [ "$${AGENTRUN_DOCKER:-}" != 0 ]; then \
 	  setsid $(BIN)/agentrun dev image --with-busybox > $(IMAGE_LOG) 2>&1 & image=$$!; fi; \
 	stop() { kill -- -$$tools $${image:+-$$image} 2>/dev/null; }; \
