@@ -102,6 +102,19 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    """The directory holding `prometheus` and `promtool`, built from upstream once (the toolchain)."""
+    from agentrun_devcluster import toolchain
+
+    if not toolchain.is_built(toolchain.PROMETHEUS) and shutil.which("go") is None:
+        pytest.skip(
+            "Prometheus is not built and Go is not on PATH to build it "
+            f"(cache: {toolchain.bin_dir()}); install Go >= 1.26 or run `agentrun dev tools --prometheus`"
+        )
+    return toolchain.ensure_prometheus(print)
+
+
+@pytest.fixture(scope="session")
 def docker_image() -> str:
     """The operator image (and busybox:1.36) on a Docker engine, built once and cached by content.
 

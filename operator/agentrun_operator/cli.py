@@ -78,6 +78,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             return 0
         if args.dev_command == "tools":
             print(toolchain.ensure_tools())
+            if args.prometheus:
+                toolchain.ensure_prometheus()
             return 0
         if args.dev_command == "engine":
             return dev.engine(stop=args.stop)
@@ -309,7 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev_sub.add_parser("status", help="show each component, its pid and health")
     dev_sub.add_parser("env", help='print shell exports: eval "$(agentrun dev env)"')
-    dev_sub.add_parser("tools", help="build (or reuse) the control plane tools and print their directory")
+    tools = dev_sub.add_parser(
+        "tools", help="build (or reuse) the control plane tools and print their directory"
+    )
+    tools.add_argument(
+        "--prometheus", action="store_true", help="also Prometheus and promtool (for the monitoring tests)"
+    )
     logs = dev_sub.add_parser("logs", help="print a container's log from the local pod runner")
     logs.add_argument("pod")
     logs.add_argument("-c", "--container", help="container name (default: the pod's first container)")

@@ -177,6 +177,19 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     assert moved("agentrun_status_size_bytes_count") >= 5
     assert moved("agentrun_status_size_bytes_sum") > 5 * 200  # a status is a few hundred bytes at least
     assert moved("agentrun_api_requests_total", verb="POST", resource="jobs") == 5  # 3 + 2 attempts
+    # Iteration durations, one sample per attempt (its Job started -> its pod's main ended), by result.
+    assert moved("agentrun_iteration_duration_seconds_count", result="Succeeded") == 3
+    assert moved("agentrun_iteration_duration_seconds_count", result="Retrying") == 1
+    assert moved("agentrun_iteration_duration_seconds_count", result="Failed") == 1
+    assert moved("agentrun_iteration_duration_seconds_sum", result="Succeeded") >= 0
+    # The work queue: every reconcile was dequeued once (its wait observed), and at rest nothing
+    # waits and no worker is busy.
+    dequeued = moved("agentrun_workqueue_queue_duration_seconds_count", lane="front") + moved(
+        "agentrun_workqueue_queue_duration_seconds_count", lane="background"
+    )
+    assert dequeued >= moved("agentrun_reconcile_duration_seconds_count") > 0
+    assert value(after, "agentrun_workqueue_workers") >= 1
+    assert moved("agentrun_reconcile_errors_total") == 0
 
     # The gauge of runs by phase is refreshed by the resync (every 5 s in these tests).
     def counted() -> bool:
@@ -187,6 +200,52 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
         )
 
     eventually(counted, 30, "agentrun_runs{phase} to count the finished runs")
+
+    def at_rest() -> bool:
+        now = scrape(cluster.metrics_url)
+        return (
+            value(now, "agentrun_workqueue_busy_workers") == 0
+            and value(now, "agentrun_workqueue_depth", lane="front") == 0
+            and value(now, "agentrun_run_no_progress_seconds_max") == 0  # every run here has finished
+        )
+
+    eventually(at_rest, 30, "an idle work queue and no unfinished run")
+
+
+def test_no_metric_label_takes_its_values_from_object_names(cluster: Cluster) -> None:
+    """Labels are bounded sets (result, phase, reason, lane, ...): a label whose values were run, Job,
+    pod or namespace names would add series with every run (docs/operator.md#metrics). After the runs
+    of this module, no label value of any metric the operator serves is, or contains, such a name."""
+    _create(cluster.plane, workflow_run("m-names", {"loop": {"maxIterations": 2}}))
+    assert _wait_finished(cluster, "m-names")["status"]["phase"] == "Succeeded"
+    names = {NAMESPACE}
+    for kind in ("agentruns", "jobs", "pods"):
+        listed = json.loads(cluster.plane.kubectl("get", kind, "-n", NAMESPACE, "-o", "json"))["items"]
+        names |= {item["metadata"]["name"] for item in listed} | {item["metadata"]["uid"] for item in listed}
+    assert len(names) > 10, names
+    samples = scrape(cluster.metrics_url)
+    offending = sorted(
+        (name, label, value)
+        for (name, labels), _ in samples.items()
+        for label, value in labels
+        if value in names or any(len(n) >= 8 and n in value for n in names)
+    )
+    assert offending == []
+    # and the label names are the documented, bounded ones
+    label_names = {label for (name, labels) in samples if name.startswith("agentrun_") for label, _ in labels}
+    assert label_names <= {
+        "result",
+        "reason",
+        "phase",
+        "construct",
+        "loop",
+        "case",
+        "decision",
+        "verb",
+        "resource",
+        "lane",
+        "le",
+    }, label_names
 
 
 # ----------------------------------------------------------------------------------- logs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,3 +34,23 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of every sample of `name` whose labels include `labels` (e.g. one phase, any reason)."""
     wanted = set(labels.items())
     return sum(v for (n, sample_labels), v in samples.items() if n == name and wanted <= set(sample_labels))
+
+
+def documented_metrics(page: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """The table under `### Metrics {#metrics}` of docs/operator.md: metric -> (type, label names).
+
+    The labels cell lists each label as a backticked name, followed by `:` and its values, or by `,`
+    and the next label; `;` separates labels with values; `—` or nothing: no labels.
+    """
+    section = page.split("### Metrics {#metrics}", 1)[1].split("\n## ", 1)[0]
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) < 4 or not cells[0].startswith("`agentrun_"):
+            continue
+        labels: set[str] = set()
+        for part in cells[2].split(";"):
+            names = part.split(":", 1)[0].split("(", 1)[0]
+            labels |= set(re.findall(r"`([a-z_]+)`", names))
+        found[cells[0].strip("`")] = (cells[1], frozenset(labels))
+    return found

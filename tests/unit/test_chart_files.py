@@ -67,22 +67,25 @@ def _validate(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
         "string": str,
         "boolean": bool,
         "integer": int,
+        "number": (int, float),
         "null": type(None),
     }
     expected = schema.get("type")
     if expected is not None:
         wanted = expected if isinstance(expected, list) else [expected]  # e.g. ["integer", "null"]
         ok = any(
-            isinstance(value, kinds[kind]) and not (kind == "integer" and isinstance(value, bool))
+            isinstance(value, kinds[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
             for kind in wanted
         )
         if not ok:
             return [f"{path or '/'}: want {' or '.join(wanted)}, got {type(value).__name__}"]
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path}: {value!r} not in {schema['enum']}")
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         if "minimum" in schema and value < schema["minimum"]:
             errors.append(f"{path}: below {schema['minimum']}")
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            errors.append(f"{path}: not above {schema['exclusiveMinimum']}")
         if "maximum" in schema and value > schema["maximum"]:
             errors.append(f"{path}: above {schema['maximum']}")
     if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):

@@ -139,3 +139,9 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* The PromQL matchers of this operator's series, for the rules and the dashboard (single quotes:
+the dashboard's JSON needs no escaping). */}}
+{{- define "agentrun-operator.seriesSelector" -}}
+{{- .Values.metrics.seriesSelector | default (printf "job='%s-metrics', namespace='%s'" (include "agentrun-operator.fullname" .) .Release.Namespace) -}}
+{{- end -}}

@@ -3,6 +3,7 @@ a failure (retry after the backoff while the budget lasts) or a timeout."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -500,8 +501,23 @@ def _pod_reason(pod: ObservedPod) -> str:
     return f"{pod.reason}: {clip(pod.message.strip(), 300)}" if pod.message else str(pod.reason)
 
 
-def _iteration_finished(ctx: PlanContext, step: StepView, result: IterationResult) -> None:
-    ctx.facts.append(IterationFinished(step.path, step.iteration, step.st.attempt, result))
+def _iteration_finished(
+    ctx: PlanContext, step: StepView, result: IterationResult, job: ObservedJob | None = None
+) -> None:
+    duration = attempt_duration(job, ctx.observed.pods_of(job.name), ctx.now) if job is not None else None
+    ctx.facts.append(IterationFinished(step.path, step.iteration, step.st.attempt, result, duration))
+
+
+def attempt_duration(job: ObservedJob, pods: Sequence[ObservedPod], now: datetime) -> float | None:
+    """Seconds from the Job starting (`status.startTime`, when its pod was created) to the attempt's
+    end: the latest `main` end among its pods, else the Job's completion, else now (the result is
+    recorded once every container ended, docs/design.md#early-result). Both ends are the API server's
+    whole seconds; None when the Job never started (refused, or deleted before it did)."""
+    if job.started_at is None:
+        return None
+    ends = [p.finished_at for p in pods if p.finished_at is not None]
+    end = max(ends) if ends else (job.finished_at or now)
+    return max(0.0, (end - job.started_at).total_seconds())
 
 
 def _not_before_start(finished: datetime, record: IterationRecord) -> datetime:
@@ -530,7 +546,7 @@ def _record_failure(
             record.phase = "Failed"
             record.finished_at = _not_before_start(finished, record)
             record.message = message
-        _iteration_finished(ctx, step, "Failed")
+        _iteration_finished(ctx, step, "Failed", job)
         return True
     exhausted = budget_reached(step) is not None
     if attempt <= retries and ctx.stopping is None and not exhausted:
@@ -541,14 +557,14 @@ def _record_failure(
         if record is not None:
             record.phase = "Retrying"
             record.message = message
-        _iteration_finished(ctx, step, "Retrying")
+        _iteration_finished(ctx, step, "Retrying", job)
         ctx.emit("Warning", "IterationRetrying", f"step {step.label}: {st.message}", step.where)
         return True
     if record is not None:
         record.phase = "Failed"
         record.finished_at = _not_before_start(finished, record)
         record.message = message
-    _iteration_finished(ctx, step, "Failed")
+    _iteration_finished(ctx, step, "Failed", job)
     ctx.emit("Warning", "IterationFailed", f"step {step.label}: {message}", step.where)
     if stopping is not None or (attempt <= retries and ctx.stopping is not None):
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
@@ -572,7 +588,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     if loop is None:
         st.control = control
         account_usage(ctx, step, control)
-        _iteration_finished(ctx, step, "Succeeded")
+        _iteration_finished(ctx, step, "Succeeded", job)
         ctx.emit(
             "Normal",
             "IterationSucceeded",
@@ -589,7 +605,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     loop.completed_iterations = min(max(loop.completed_iterations, step.iteration), loop.max_iterations)
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
-    _iteration_finished(ctx, step, "Succeeded")
+    _iteration_finished(ctx, step, "Succeeded", job)
     ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return

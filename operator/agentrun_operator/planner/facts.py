@@ -6,7 +6,7 @@ status reports nothing again, so the shell may count facts after the status writ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -19,13 +19,15 @@ IterationResult = Literal["Succeeded", "Failed", "Retrying"]
 class IterationFinished:
     """An attempt of an iteration ended: Succeeded, Failed (no retry left) or Retrying (one is due).
 
-    `iteration` is 1 for a step without a loop.
+    `iteration` is 1 for a step without a loop. `duration_seconds`: from the attempt's Job starting
+    to its pod ending (`attempt_duration`); None for a loop body's pass or an attempt no Job ran.
     """
 
     step: str
     iteration: int
     attempt: int
     result: IterationResult
+    duration_seconds: float | None = field(default=None, compare=False)  # a measurement, not what happened
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
@@ -24,6 +25,7 @@ from agentrun_operator import naming
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
+from agentrun_operator.planner.fleet import summarize
 from agentrun_operator.shell import health, metrics
 from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
@@ -116,10 +118,12 @@ class OperatorState:
         if changed:
             log.info("resync found changes the watches had missed", extra={"runs": len(changed)})
         counts: dict[str, int] = {}
+        runs: list[dict[str, Any]] = []
         for key in self.cache.runs.run_keys():
             run = self.cache.run(*key)
             if run is None:
                 continue
+            runs.append(run)
             phase = (run.get("status") or {}).get("phase") or "Pending"
             counts[phase] = counts.get(phase, 0) + 1
             ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
@@ -129,6 +133,10 @@ class OperatorState:
             self.enqueue(key)
         for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
             metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
+        fleet = summarize(runs, datetime.now(UTC))
+        metrics.LONGEST_NO_PROGRESS.set(fleet.no_progress_max)
+        metrics.LONGEST_APPROVAL_WAIT.set(fleet.approval_wait_max)
+        metrics.STATUS_NEAR_BUDGET.set(fleet.near_budget)
         if self.events is not None:
             await self.events.flush_due(self.cache.run_namespaces_by_uid())
 

@@ -65,6 +65,40 @@ ITERATION_TURNAROUND = Histogram(
     "Job being created.",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60),
 )
+ITERATION_SECONDS = Histogram(
+    "agentrun_iteration_duration_seconds",
+    "From an attempt's Job starting (its pod created) to its pod's main container ending, by result.",
+    ["result"],
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
+)
+RECONCILE_ERRORS = Counter(
+    "agentrun_reconcile_errors_total",
+    "Reconciles that raised (API server down, slow or 5xx) and were retried with backoff.",
+)
+QUEUE_DEPTH = Gauge(
+    "agentrun_workqueue_depth", "Runs waiting in the work queue for a worker, by lane.", ["lane"]
+)
+QUEUE_SECONDS = Histogram(
+    "agentrun_workqueue_queue_duration_seconds",
+    "From a run entering the work queue to a worker starting its reconcile, by lane.",
+    ["lane"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+QUEUE_WORKERS = Gauge("agentrun_workqueue_workers", "Workers of the work queue (`--workers`).")
+QUEUE_BUSY = Gauge("agentrun_workqueue_busy_workers", "Workers reconciling a run right now.")
+LONGEST_NO_PROGRESS = Gauge(
+    "agentrun_run_no_progress_seconds_max",
+    "Over the unfinished runs not waiting for an approval or a scheduled retry or iteration: the longest "
+    "time since one's status last changed, at the last resync.",
+)
+LONGEST_APPROVAL_WAIT = Gauge(
+    "agentrun_approval_wait_seconds_max",
+    "The longest time an approval gate of a run has been waiting, at the last resync (0: none waits).",
+)
+STATUS_NEAR_BUDGET = Gauge(
+    "agentrun_runs_status_near_budget",
+    "Runs whose status is over 80 % of the status budget (StatusSizeWarning True), at the last resync.",
+)
 API_REQUESTS = Counter(
     "agentrun_api_requests_total", "Requests the operator made to the API server.", ["verb", "resource"]
 )
@@ -106,6 +140,8 @@ def observe_fact(fact: Fact, jobs_created: Mapping[str, datetime] | None = None)
     """
     if isinstance(fact, IterationFinished):
         ITERATIONS.labels(result=fact.result).inc()
+        if fact.duration_seconds is not None:
+            ITERATION_SECONDS.labels(result=fact.result).observe(fact.duration_seconds)
     elif isinstance(fact, LoopStopped):
         LOOP_STOPS.labels(reason=fact.reason).inc()
     elif isinstance(fact, UsageReported):

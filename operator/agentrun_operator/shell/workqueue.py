@@ -11,6 +11,9 @@ iteration's turnaround (a background key enqueued again by an event moves to the
 A reconcile that raises (the API server is down, slow or answered 5xx; a watch is reconnecting) is
 retried per key with exponential backoff and jitter (`retry_delay`): no hot loop against a failing
 API server, no thundering herd of every run at once when it comes back. A success resets the count.
+
+The golden signals (docs/operator.md#metrics) are taken at the queue's boundary only: depth by lane
+as keys enter and leave it, the wait from a key's entry to its reconcile starting, busy workers.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
+from agentrun_operator.shell import metrics
+
 Key = tuple[str, str]  # (namespace, name)
 Reconcile = Callable[[Key], Awaitable[float | None]]
 
@@ -29,6 +34,7 @@ log = logging.getLogger("agentrun.queue")
 
 FRONT: Final = 0
 BACKGROUND: Final = 1
+LANE_NAMES: Final = ("front", "background")  # the `lane` label of the queue's metrics
 
 RETRY_BASE_SECONDS: Final = 1.0
 RETRY_MAX_SECONDS: Final = 60.0
@@ -69,6 +75,11 @@ class WorkQueue:
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[Key, int] = {}
         self._progress_at = time.monotonic()  # a reconcile finished, or work arrived at an idle queue
+        self._enqueued_at: dict[Key, float] = {}  # when a queued key entered the queue (any lane)
+        self._depth = [metrics.QUEUE_DEPTH.labels(lane=name) for name in LANE_NAMES]
+        self._waited = [metrics.QUEUE_SECONDS.labels(lane=name) for name in LANE_NAMES]
+        for gauge in self._depth:
+            gauge.set(0)
 
     def stalled_for(self, now: float) -> float | None:
         """Seconds keys have waited while no reconcile finished (0 while idle, paused or not yet
@@ -82,6 +93,7 @@ class WorkQueue:
         return max(now - self._progress_at, 0.0)
 
     def start(self) -> None:
+        metrics.QUEUE_WORKERS.set(self._workers)
         for i in range(self._workers):
             self._tasks.append(asyncio.create_task(self._work(), name=f"agentrun-worker-{i}"))
 
@@ -104,6 +116,10 @@ class WorkQueue:
         lane = BACKGROUND if background else FRONT
         if key in self._queued and self._queued[key] <= lane:
             return
+        if key in self._queued:
+            self._depth[self._queued[key]].dec()  # moved to the front lane
+        self._depth[lane].inc()
+        self._enqueued_at.setdefault(key, time.monotonic())
         self._queued[key] = lane
         self._sequence += 1
         self._queue.put_nowait((lane, self._sequence, key))
@@ -139,7 +155,10 @@ class WorkQueue:
                 self._queue.task_done()
                 continue
             del self._queued[key]
+            self._depth[lane].dec()
+            self._waited[lane].observe(time.monotonic() - self._enqueued_at.pop(key))
             self._active.add(key)
+            metrics.QUEUE_BUSY.inc()
             delay: float | None = None
             failed = False
             try:
@@ -148,6 +167,7 @@ class WorkQueue:
                 raise
             except Exception as exc:  # a failed reconcile is retried with backoff, never fatal
                 failed = True
+                metrics.RECONCILE_ERRORS.inc()
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 delay = retry_delay(failures)
@@ -165,6 +185,7 @@ class WorkQueue:
                 self._failures.pop(key, None)
             finally:
                 self._active.discard(key)
+                metrics.QUEUE_BUSY.dec()
                 self._queue.task_done()
                 self._progress_at = time.monotonic()
             if key in self._dirty and not failed:  # a failure waits out its backoff regardless

@@ -6,6 +6,10 @@ Nothing prebuilt is downloaded: `kube-apiserver`, `kube-controller-manager` and 
 `helm.sh/helm/v3`. All five are one `go build` in one module whose dependency versions are pinned to
 Kubernetes' own, so a package they share is compiled once. The cache lives outside the repository and
 is reused when present. See docs/development.md#local-control-plane for why these versions.
+
+Prometheus and promtool (for the monitoring tests, docs/development.md#prometheus) are a build of
+their own from `github.com/prometheus/prometheus`, with no pins: only the tests that need them build
+them (`ensure_prometheus`), never `agentrun dev up`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from agentrun_devcluster.processes import exclusive
 KUBERNETES_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.8"  # the etcd k8s.io/kubernetes v1.36.3 pins in its go.mod
 HELM_VERSION = "3.21.4"  # the Helm v3 release built against k8s.io v0.36
+# Prometheus v3.16.0: its Go module is versioned v0.3XX.Y for Prometheus v3.XX.Y.
+PROMETHEUS_MODULE_VERSION = "0.316.0"
+PROMETHEUS_VERSION = "3.16.0"
 MIN_GO = (1, 26)  # k8s.io/kubernetes v1.36 declares `go 1.26.0`
 KWOK_VERSION = "0.8.0"  # sigs.k8s.io/kwok: built against k8s.io v0.36, as the control plane
 
@@ -54,6 +61,8 @@ class Tool:
     module_ldflags: Callable[[Callable[[str], str]], str] | None = None
     # Bumped when the build recipe changes, so a cache built the old way is rebuilt.
     recipe: int = 1
+    # Go build tags (`-tags`), space-separated.
+    tags: str = ""
 
 
 def cache_root() -> Path:
@@ -334,6 +343,30 @@ KWOK = Tool(
 only what asks for it (`ensure_kwok`) builds it, and no other runtime waits for it or fails with it.
 Its own module (its dependency versions are KWOK's, not pinned to the control plane's)."""
 
+_PROMETHEUS_GO_MOD = f"""module agentrun.local/monitoring/tools
+
+go 1.26.7
+
+require github.com/prometheus/prometheus v{PROMETHEUS_MODULE_VERSION}
+"""
+
+# Prometheus' own release flags (its .promu.yml) minus `builtinassets`: without that tag the web UI's
+# assets are not embedded (web/ui/ui.go serves them from disk, and the tests use only the API), so
+# nothing needs Node. `remove_all_sd` leaves out every service discovery (AWS, Azure, GCE, Kubernetes,
+# ... SDKs: most of the build); the tests scrape with `static_configs`.
+PROMETHEUS = Tool(
+    name="prometheus",
+    binaries=("prometheus", "promtool"),
+    packages=(
+        "github.com/prometheus/prometheus/cmd/prometheus",
+        "github.com/prometheus/prometheus/cmd/promtool",
+    ),
+    version=f"prometheus {PROMETHEUS_VERSION}",
+    go_mod=lambda: _PROMETHEUS_GO_MOD,
+    ldflags=f"-s -w -X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",
+    tags="netgo remove_all_sd",
+)
+
 
 def _stamp(tool: Tool) -> Path:
     return bin_dir() / f".{tool.name}.built"
@@ -434,13 +467,15 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     if tool.module_ldflags is not None:
         ldflags = f"{ldflags} {tool.module_ldflags(lambda module: _module_version(go, work, module))}"
     flags = ["-v", "-trimpath", "-gcflags", tool.gcflags, "-ldflags", ldflags]
+    tagged = ["-tags", tool.tags] if tool.tags else []
+    flags += tagged
     cmd = [go, "build", *flags, "-o", f"{out_dir}/", *tool.packages]
     if tool.packages == (".",):
         cmd = [go, "build", *flags, "-o", str(out_dir / tool.binaries[0])]
         _run_logged([go, "mod", "tidy"], work, log, progress, f"{tool.name} (go mod tidy)", downloads=True)
     # Load every package first, which downloads the modules they are in, many at a time; `-e` leaves
     # a package's own errors to the build, which reports them.
-    fetch = [go, "list", "-e", "-deps", "-f", "{{if false}}{{end}}", *tool.packages]
+    fetch = [go, "list", "-e", "-deps", *tagged, "-f", "{{if false}}{{end}}", *tool.packages]
     _run_logged(fetch, work, log, progress, f"{tool.name} (downloading modules)", downloads=True)
     started = time.monotonic()
     _run_logged(cmd, work, log, progress, f"{tool.name} ({tool.version})")
@@ -453,14 +488,15 @@ def build_tool(tool: Tool, progress: Progress) -> None:
     progress(f"built {tool.name} ({tool.version}) in {time.monotonic() - started:.0f}s -> {bin_dir()}")
 
 
-def ensure_tools(progress: Progress | None = None) -> Path:
+def ensure_tools(progress: Progress | None = None, tools: tuple[Tool, ...] = TOOLS) -> Path:
     """Build whatever is missing and return the bin directory; reuse the cache when complete."""
     say: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if all(is_built(t) for t in TOOLS):
-        say(f"control plane tools: reusing cache at {bin_dir()} (Kubernetes v{KUBERNETES_VERSION})")
+    if all(is_built(t) for t in tools):
+        what = f"Kubernetes v{KUBERNETES_VERSION}" if tools == TOOLS else ", ".join(t.version for t in tools)
+        say(f"control plane tools: reusing cache at {bin_dir()} ({what})")
         return bin_dir()
     with _build_lock():
-        for tool in TOOLS:
+        for tool in tools:
             if is_built(tool):
                 say(f"control plane tools: {tool.name} ({tool.version}) cached")
                 continue
@@ -500,3 +536,9 @@ def ensure_kwok(progress: Progress | None = None) -> Path:
 
 def tool_path(binary: str) -> Path:
     return bin_dir() / binary
+
+
+def ensure_prometheus(progress: Progress | None = None) -> Path:
+    """Prometheus and promtool, built from upstream once (about as long as the control plane); the
+    bin directory that holds them."""
+    return ensure_tools(progress, (PROMETHEUS,))
