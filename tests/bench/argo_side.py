@@ -1,0 +1,400 @@
+"""Argo Workflows side by side: the same N x K on the same control plane, its controller measured.
+
+Each of N Workflows is a sequential loop of K steps (a `steps` template of K groups of one step, each
+a pod), the shape of an AgentRun loop of K iterations. The pods are completed by whatever plays the
+nodes (KWOK on the scale benchmark's plane: its pod Stages match Workflow-owned pods as they match
+Job-owned ones, which is KWOK's own Argo recipe). Argo's `workflow-controller` (built from its Go
+module by agentrun_devcluster.argo) runs as a process of the benchmark, at its default QPS, burst
+and worker counts, so its figures are taken the way the operator's are: peak RSS (VmHWM), CPU
+(utime + stime) per completed step, steps per second, the time until every Workflow ended, step
+turnaround (a step's pod seen Succeeded -> the next step's pod created) and its API requests by
+verb from its own metrics. Lost and repeated steps are checked as for AgentRuns: every Workflow
+Succeeded, K pod nodes Succeeded, exactly one pod created per step.
+
+    .venv/bin/python -m tests.bench.argo_side --runs 100 --iterations 3   # this plane only
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun_devcluster import argo, processes
+from agentrun_devcluster.controlplane import ControlPlane
+
+NS = "argo-bench"
+WORKFLOWS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/workflows"
+FINAL = ("Succeeded", "Failed", "Error")
+NODE_NAME = "workflows.argoproj.io/node-name"
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+
+
+def workflow(name: str, steps: int, image: str = "busybox:1.36") -> dict[str, Any]:
+    """A Workflow whose entrypoint runs `steps` one-pod steps one after another."""
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "entrypoint": "loop",
+            "templates": [
+                {
+                    "name": "loop",
+                    "steps": [[{"name": f"s{k}", "template": "step"}] for k in range(1, steps + 1)],
+                },
+                {"name": "step", "container": {"image": image, "command": ["true"]}},
+            ],
+        },
+    }
+
+
+def step_of(node_name: str) -> int | None:
+    """The step number of a pod from its node name (`wf[2].s3` -> 3); None for anything else."""
+    tail = node_name.rsplit(".", 1)[-1]
+    return int(tail[1:]) if tail.startswith("s") and tail[1:].isdigit() else None
+
+
+def controller_config(metrics_port: int) -> dict[str, Any]:
+    """The controller's ConfigMap: its defaults, but metrics on a free port over plain HTTP (the
+    default :9090 may be taken on a shared machine) so the benchmark can read its API requests."""
+    metrics = {"enabled": True, "port": metrics_port, "path": "/metrics", "secure": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "workflow-controller-configmap", "namespace": NS},
+        "data": {"metricsConfig": yaml.safe_dump(metrics)},
+    }
+
+
+def install_crds(plane: ControlPlane, home: Path) -> None:
+    """Argo's CRDs from its module's manifests (a copy without the kustomization file)."""
+    crds = home / "argo-crds"
+    crds.mkdir(parents=True, exist_ok=True)
+    for path in argo.crd_files():
+        shutil.copyfile(path, crds / path.name)
+    plane.install_crds(crds)
+
+
+@dataclass
+class PodWatch:
+    """Streams the namespace's pods: when each was first added and first seen Succeeded (monotonic),
+    and how often each was added. Resumes a broken stream from the last resourceVersion."""
+
+    plane: ControlPlane
+    added: dict[str, float] = field(default_factory=dict)
+    succeeded: dict[str, float] = field(default_factory=dict)
+    adds: collections.Counter[str] = field(default_factory=collections.Counter)
+    node_names: dict[str, str] = field(default_factory=dict)
+    workflows: dict[str, str] = field(default_factory=dict)
+    gaps: int = 0
+    _version: str = ""
+
+    def start(self) -> PodWatch:
+        threading.Thread(target=self._run, daemon=True, name="argo-pod-watch").start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a broken stream: resume below
+                self._stream()
+            time.sleep(0.1)
+
+    def _stream(self) -> None:
+        url = f"{self.plane.server}/api/v1/namespaces/{NS}/pods?watch=1&timeoutSeconds=3600"
+        if self._version:
+            url += f"&resourceVersion={self._version}"
+        ctx = self.plane._client_ssl()
+        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
+            for raw in resp:
+                event = json.loads(raw)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    self.gaps += 1
+                    self._version = ""
+                    return
+                meta = obj.get("metadata") or {}
+                self._version = str(meta.get("resourceVersion") or self._version)
+                name = meta.get("name", "")
+                now = time.monotonic()
+                if event.get("type") == "ADDED" and name not in self.added:
+                    self.added[name] = now
+                    self.adds[name] += 1
+                    self.node_names[name] = (meta.get("annotations") or {}).get(NODE_NAME, "")
+                    self.workflows[name] = (meta.get("labels") or {}).get(WORKFLOW_LABEL, "")
+                if (obj.get("status") or {}).get("phase") == "Succeeded":
+                    self.succeeded.setdefault(name, now)
+
+
+class ArgoController:
+    """Argo's workflow-controller as a process of the benchmark, watching NS only, no leader election."""
+
+    def __init__(self, plane: ControlPlane, home: Path) -> None:
+        self.plane = plane
+        self.home = home
+        self.metrics_port = processes.free_port()
+        self.proc: Any = None
+
+    def start(self) -> ArgoController:
+        binary = argo.ensure_argo(print)
+        code, body = self.plane.api_request(
+            "POST", f"/api/v1/namespaces/{NS}/configmaps", controller_config(self.metrics_port)
+        )
+        if code not in (201, 409):
+            raise RuntimeError(f"create the Argo controller's ConfigMap: {code} {body[:300]!r}")
+        env = dict(os.environ, LEADER_ELECTION_DISABLE="true")
+        argv = [
+            str(binary),
+            f"--kubeconfig={self.plane.kubeconfig}",
+            f"--namespace={NS}",
+            "--namespaced",
+            f"--managed-namespace={NS}",
+            f"--executor-image=quay.io/argoproj/argoexec:v{argo.ARGO_WORKFLOWS_VERSION}",
+            "--loglevel=warn",
+        ]
+        self.proc = processes.start_process(
+            self.home, "workflow-controller", argv, self.home / "workflow-controller.log", env=env
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"workflow-controller exited ({self.proc.returncode}); "
+                    f"see {self.home}/workflow-controller.log"
+                )
+            with contextlib.suppress(OSError):
+                if self.metrics():
+                    return self
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"workflow-controller never served its metrics; see {self.home}/workflow-controller.log"
+        )
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out: dict[str, float] = {}
+        for row in text.splitlines():
+            if row and not row.startswith("#"):
+                key, _, value = row.rpartition(" ")
+                with contextlib.suppress(ValueError):
+                    out[key] = float(value)
+        return out
+
+    def stop(self) -> None:
+        processes.stop_process(self.home, "workflow-controller")
+
+
+def requests_by_verb(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Argo's own count of its API requests (`k8s_request_total`), by verb, over the run."""
+    verbs: collections.Counter[str] = collections.Counter()
+    for key, value in after.items():
+        if "k8s_request_total{" not in key:
+            continue
+        labels = dict(
+            part.split("=", 1) for part in key.split("{", 1)[1].rstrip("}").split(",") if "=" in part
+        )
+        verb = labels.get("request_verb", labels.get("verb", "?")).strip('"')
+        verbs[verb] += value - before.get(key, 0.0)
+    return dict(verbs)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) / 1024
+    return float("nan")
+
+
+def list_workflows(plane: ControlPlane) -> list[dict[str, Any]]:
+    code, body = plane.api_request("GET", WORKFLOWS, timeout=120)
+    return list(json.loads(body).get("items", [])) if code == 200 else []
+
+
+def check(workflows: list[dict[str, Any]], names: list[str], steps: int, pods: PodWatch) -> dict[str, Any]:
+    """Lost and repeated steps, as for AgentRuns: each Workflow Succeeded with K Succeeded pod nodes
+    and exactly one pod created per step."""
+    by_name = {w["metadata"]["name"]: w for w in workflows}
+    created: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    for pod, wf in pods.workflows.items():
+        k = step_of(pods.node_names.get(pod, ""))
+        if k is not None:
+            created[wf][k] += pods.adds[pod]
+    unfinished, not_succeeded, lost, repeated = [], [], [], []
+    completed = 0
+    for name in names:
+        status = (by_name.get(name) or {}).get("status") or {}
+        nodes = (status.get("nodes") or {}).values()
+        done = [n for n in nodes if n.get("type") == "Pod" and n.get("phase") == "Succeeded"]
+        completed += len(done)
+        if status.get("phase") not in FINAL:
+            unfinished.append(name)
+            continue
+        if status.get("phase") != "Succeeded":
+            not_succeeded.append(f"{name}: {status.get('phase')} {status.get('message', '')}")
+        if len(done) != steps:
+            lost.append(f"{name}: {len(done)} of {steps} steps Succeeded")
+        for k in range(1, steps + 1):
+            if created[name][k] == 0:
+                lost.append(f"{name}: no pod for step {k}")
+            elif created[name][k] > 1:
+                repeated.append(f"{name}: step {k} had {created[name][k]} pods")
+    return {
+        "runs": len(names),
+        "succeeded": len(names) - len(unfinished) - len(not_succeeded),
+        "unfinished": len(unfinished),
+        "completed_steps": completed,
+        "not_succeeded": not_succeeded[:20],
+        "lost": len(lost),
+        "repeated": len(repeated),
+        "examples": (lost + repeated)[:20],
+        "pod_watch_gaps": pods.gaps,
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def turnaround_ms(pods: PodWatch) -> dict[str, float]:
+    """A step's pod seen Succeeded -> the next step's pod seen created, per Workflow, p50/p95/p99."""
+    by_step: dict[tuple[str, int], str] = {}
+    for pod, wf in pods.workflows.items():
+        k = step_of(pods.node_names.get(pod, ""))
+        if k is not None:
+            by_step[(wf, k)] = pod
+    values = []
+    for (wf, k), pod in by_step.items():
+        nxt = by_step.get((wf, k + 1))
+        if nxt is not None and pod in pods.succeeded:
+            values.append(1000 * (pods.added[nxt] - pods.succeeded[pod]))
+    return {"n": len(values), "p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99)}
+
+
+def run(plane: ControlPlane, home: Path, runs: int, steps: int, timeout: float) -> dict[str, Any]:
+    """N Workflows of K steps created at once on `plane`; the controller's figures until all ended.
+
+    The plane must complete pods (KWOK). Argo's CRDs are installed and its controller started and
+    stopped here, so the AgentRun figures of the same run are taken without it running."""
+    install_crds(plane, home)
+    if plane.api_get(f"/api/v1/namespaces/{NS}")[0] != 200:
+        plane.kubectl("create", "namespace", NS)
+    deadline = time.monotonic() + 60
+    while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"namespace {NS} has no default ServiceAccount after 60s")
+        time.sleep(0.1)
+    pods = PodWatch(plane).start()
+    controller = ArgoController(plane, home / "argo").start()
+    try:
+        before = controller.metrics()
+        cpu_before = cpu_seconds(controller.pid)
+        names = [f"wf-{r}" for r in range(runs)]
+        load_start = os.getloadavg()
+        started = time.monotonic()
+        for name in names:
+            code, body = plane.api_request("POST", WORKFLOWS, workflow(name, steps), timeout=30)
+            if code != 201:
+                raise RuntimeError(f"create Workflow {name}: {code} {body[:300]!r}")
+        end = started + timeout
+        workflows: list[dict[str, Any]] = []
+        while time.monotonic() < end:
+            workflows = list_workflows(plane)
+            ended = [w for w in workflows if (w.get("status") or {}).get("phase") in FINAL]
+            if len(ended) == len(names):
+                break
+            time.sleep(1.0)
+        elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
+        cpu = cpu_seconds(controller.pid) - cpu_before
+        rss = peak_rss_mb(controller.pid)
+        after = controller.metrics()
+        workflows = list_workflows(plane)
+    finally:
+        controller.stop()
+    result = check(workflows, names, steps, pods)
+    completed = max(1, result["completed_steps"])
+    verbs = requests_by_verb(before, after)
+    writes = sum(v for verb, v in verbs.items() if verb.upper() not in ("GET", "LIST", "WATCH"))
+    return {
+        "controller": f"argo-workflows v{argo.ARGO_WORKFLOWS_VERSION} workflow-controller",
+        "runs": runs,
+        "steps_per_run": steps,
+        "wall_seconds": elapsed,
+        "steps_per_second": result["completed_steps"] / elapsed if elapsed else float("nan"),
+        "cpu_seconds": cpu,
+        "cpu_ms_per_step": 1000 * cpu / completed,
+        "peak_rss_mb": rss,
+        "turnaround_ms": turnaround_ms(pods),
+        "requests_by_verb": verbs,
+        "writes_per_step": writes / completed,
+        "load_average_start": list(load_start),
+        "load_average_end": list(load_end),
+        "check": result,
+    }
+
+
+def summary(report: dict[str, Any]) -> str:
+    t, c = report["turnaround_ms"], report["check"]
+    return (
+        f"argo: runs={report['runs']} steps/run={report['steps_per_run']} wall={report['wall_seconds']:.1f}s "
+        f"steps/s={report['steps_per_second']:.1f} CPU={report['cpu_ms_per_step']:.2f} ms/step "
+        f"peak RSS={report['peak_rss_mb']:.1f} MB writes/step={report['writes_per_step']:.2f} "
+        f"turnaround p50/p95/p99={t['p50']:.0f}/{t['p95']:.0f}/{t['p99']:.0f} ms; "
+        f"{c['succeeded']}/{c['runs']} Succeeded, {c['unfinished']} unfinished, lost={c['lost']} "
+        f"repeated={c['repeated']}"
+    )
+
+
+def main() -> int:
+    """Argo alone on a fresh plane whose pods something else completes (for trying the harness)."""
+    import argparse
+
+    from agentrun_devcluster import toolchain
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="agentrun-bench-argo-"))
+    plane = ControlPlane(home / "plane", toolchain.ensure_tools(print))
+    plane.start()
+    try:
+        report = run(plane, home, args.runs, args.iterations, args.timeout)
+    finally:
+        plane.stop()
+    print(summary(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(home, ignore_errors=True)
+    c = report["check"]
+    return 0 if c["lost"] == 0 and c["repeated"] == 0 and c["succeeded"] == c["runs"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
