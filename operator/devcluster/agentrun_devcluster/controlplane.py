@@ -136,8 +136,16 @@ class ComponentStatus:
 class ControlPlane:
     """Start, check and stop the local control plane kept under `home`."""
 
-    def __init__(self, home: Path, bin_dir: Path, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        bin_dir: Path,
+        progress: Progress | None = None,
+        controller_manager_args: tuple[str, ...] = (),
+    ) -> None:
         self.home = home
+        # Extra flags of kube-controller-manager (the KWOK plane lifts its API rate limit, kwok.py).
+        self.controller_manager_args = controller_manager_args
         self.bin_dir = bin_dir
         self.pki: PKIPaths = PKIPaths(home / "pki")
         self.run_dir = home / "run"
@@ -473,6 +481,7 @@ class ControlPlane:
             "--concurrent-job-syncs=10",
             "--concurrent-gc-syncs=10",
             "--v=1",
+            *self.controller_manager_args,
         ]
 
     # -- kubeconfig & CRDs -----------------------------------------------------------------------

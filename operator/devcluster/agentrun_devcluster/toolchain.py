@@ -28,6 +28,7 @@ KUBERNETES_VERSION = "1.36.3"
 ETCD_VERSION = "3.6.8"  # the etcd k8s.io/kubernetes v1.36.3 pins in its go.mod
 HELM_VERSION = "3.21.4"  # the Helm v3 release built against k8s.io v0.36
 MIN_GO = (1, 26)  # k8s.io/kubernetes v1.36 declares `go 1.26.0`
+KWOK_VERSION = "0.8.0"  # sigs.k8s.io/kwok: built against k8s.io v0.36, as the control plane
 
 Progress = Callable[[str], None]
 
@@ -322,6 +323,18 @@ TOOLS: tuple[Tool, ...] = (
 )
 
 
+KWOK = Tool(
+    name="kwok",
+    binaries=("kwok",),
+    packages=("sigs.k8s.io/kwok/cmd/kwok",),
+    version=KWOK_VERSION,
+    go_mod=lambda: f"module agentrun.local/kwok\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok v{KWOK_VERSION}\n",
+)
+"""KWOK, the simulated nodes of the scale benchmark (docs/local-dev.md#kwok): not among `TOOLS`, so
+only what asks for it (`ensure_kwok`) builds it, and no other runtime waits for it or fails with it.
+Its own module (its dependency versions are KWOK's, not pinned to the control plane's)."""
+
+
 def _stamp(tool: Tool) -> Path:
     return bin_dir() / f".{tool.name}.built"
 
@@ -457,6 +470,32 @@ def ensure_tools(progress: Progress | None = None) -> Path:
             )
             build_tool(tool, say)
     return bin_dir()
+
+
+def ensure_kwok(progress: Progress | None = None) -> Path:
+    """The `kwok` binary, built from its Go module on first use and cached beside the control plane.
+
+    A failure is one line saying what failed and what to do (the build log keeps the rest)."""
+    say: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    path = bin_dir() / "kwok"
+    if is_built(KWOK):
+        return path
+    with _build_lock():
+        if not is_built(KWOK):
+            say(
+                f"kwok: building sigs.k8s.io/kwok v{KWOK_VERSION} from its Go module (first run only; "
+                f"log: {toolchain_dir() / 'logs' / 'kwok.log'})"
+            )
+            try:
+                build_tool(KWOK, say)
+            except ToolchainError as exc:
+                first = str(exc).splitlines()[0] if str(exc) else "unknown error"
+                raise ToolchainError(
+                    f"KWOK (sigs.k8s.io/kwok v{KWOK_VERSION}) could not be built: {first} — see "
+                    f"{toolchain_dir() / 'logs' / 'kwok.log'}; retry `python -m agentrun_devcluster.kwok up` "
+                    "once the Go module proxy answers (docs/local-dev.md#kwok); other runtimes do not need it"
+                ) from None
+    return path
 
 
 def tool_path(binary: str) -> Path:

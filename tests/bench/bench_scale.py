@@ -1,0 +1,406 @@
+"""Benchmark: the operator's cost curve on simulated nodes (KWOK), N runs x K iterations at once.
+
+Starts a KWOK plane (agentrun_devcluster/kwok.py: the local control plane, kube-scheduler, KWOK and
+fake nodes), the released operator as its own process, then creates N looped AgentRuns at once. KWOK
+plays each iteration pod: it starts, ends, and its reporter's termination message carries the control
+envelope for the payload the run declares (`AGENTRUN_SIM_CONTROL`, `{"continue":true}`, with the
+CEL condition `iteration.last.control.continue == true` and `maxIterations: K`). It writes, for that
+one size (docs/operator.md#scale):
+
+- the operator's peak RSS (VmHWM) and CPU (utime + stime) per completed iteration,
+- API requests per iteration by verb: all clients' (kube-apiserver's `apiserver_request_total`) and
+  the operator's own (its `agentrun_api_requests_total`),
+- work-queue latency: a pod's terminal status seen → the next iteration's Job seen, p50/p95/p99,
+- iterations per second and the time until all runs ended,
+- lost/repeated iterations (tests/bench/bench_iterations.py `lost_and_repeated`),
+- the CPU seconds of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, so a
+  figure limited by the two-core control plane says so,
+- with `--unrelated-pods M`: M pods that are not the operator's (another namespace and labels),
+  Running on the fake nodes before the runs start.
+
+It asserts nothing about time; the exit code is 1 only when an iteration was lost or repeated.
+
+    .venv/bin/python -m tests.bench.bench_scale --runs 100 --iterations 3 --json /tmp/scale-100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from agentrun_devcluster import processes
+from agentrun_devcluster.kwok import KWOK, SCHEDULER, KwokPlane
+from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
+from agentrun_operator import naming
+from tests.bench.bench_iterations import (
+    FINAL,
+    NS,
+    JobWatch,
+    cpu_seconds,
+    distribution,
+    line,
+    lost_and_repeated,
+    peak_rss_mb,
+    scrape,
+)
+from tests.support.processes import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+UNRELATED_NS = "unrelated"
+CONTROL = {"continue": True}
+PLANE_PARTS = ("etcd", "kube-apiserver", "kube-controller-manager", SCHEDULER, KWOK)
+PODS_PER_NODE = 1000
+
+
+def scale_run(
+    name: str, iterations: int, hang: bool = False, timeout_seconds: int = 0, node: str = ""
+) -> dict[str, Any]:
+    """A looped AgentRun whose simulated iterations report `CONTROL` (no volume: docs/local-dev.md#kwok);
+    `hang`: its container never ends; `timeout_seconds`: the step's per-attempt deadline; `node`: the
+    fake node its pods must run on."""
+    env = [{"name": CONTROL_ENV, "value": json.dumps(CONTROL, separators=(",", ":"))}]
+    if hang:
+        env.append({"name": HANG_ENV, "value": "true"})
+    workload: dict[str, Any] = {"image": "busybox:1.36", "command": ["true"], "env": env}
+    if node:
+        workload["nodeSelector"] = {"kubernetes.io/hostname": node}
+    step: dict[str, Any] = {
+        "name": "loop",
+        "loop": {
+            "maxIterations": iterations,
+            "condition": {"type": "cel", "expression": "iteration.last.control.continue == true"},
+        },
+    }
+    if timeout_seconds:
+        step["timeoutSeconds"] = timeout_seconds
+    spec: dict[str, Any] = {"workload": workload, "workflow": {"steps": [step]}}
+    return {
+        "apiVersion": "agents.proompteng.ai/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
+
+
+class PodEnds:
+    """Watches the runs' pods and records when each Job's pod was first seen terminal (monotonic)."""
+
+    def __init__(self, kwok: KwokPlane) -> None:
+        self.plane = kwok.plane
+        self.ended: dict[str, float] = {}
+        self.resumes = 0
+        self._version = ""
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self._stream()
+            self.resumes += 1
+            time.sleep(0.1)
+
+    def _stream(self) -> None:
+        url = (
+            f"{self.plane.server}/api/v1/namespaces/{NS}/pods?watch=1&timeoutSeconds=3600"
+            f"&labelSelector={naming.LABEL_RUN}"
+        )
+        if self._version:
+            url += f"&resourceVersion={self._version}"
+        ctx = self.plane._client_ssl()
+        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
+            for raw in resp:
+                event = json.loads(raw)
+                if event.get("type") == "ERROR":
+                    self._version = ""
+                    return
+                obj = event.get("object") or {}
+                meta = obj.get("metadata") or {}
+                self._version = str(meta.get("resourceVersion") or self._version)
+                if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    job = (meta.get("labels") or {}).get("job-name")
+                    if job:
+                        self.ended.setdefault(job, time.monotonic())
+
+
+def api_requests(plane_metrics: dict[str, float]) -> collections.Counter[str]:
+    """kube-apiserver's request counts by verb (every client's)."""
+    by_verb: collections.Counter[str] = collections.Counter()
+    for key, value in plane_metrics.items():
+        if key.startswith("apiserver_request_total{"):
+            labels = dict(
+                part.split("=", 1)
+                for part in key[len("apiserver_request_total{") : -1].split('",')
+                if "=" in part
+            )
+            by_verb[labels.get("verb", "?").strip('"')] += value
+    return by_verb
+
+
+def apiserver_metrics(kwok: KwokPlane) -> dict[str, float]:
+    code, body = kwok.plane.api_get("/metrics", timeout=60)
+    out: dict[str, float] = {}
+    if code != 200:
+        return out
+    for row in body.decode().splitlines():
+        if row.startswith("apiserver_request_total{"):
+            key, _, value = row.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def plane_cpu(kwok: KwokPlane) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in PLANE_PARTS:
+        record = processes.read_record(kwok.plane.run_dir, name)
+        if record is not None and record.alive():
+            out[name] = cpu_seconds(record.pid)
+    return out
+
+
+def create_all(kwok: KwokPlane, path: str, bodies: list[dict[str, Any]], threads: int = 8) -> None:
+    """POST every body, a few at a time (N at once, as a platform's burst would)."""
+
+    def post(body: dict[str, Any]) -> None:
+        code, data = kwok.plane.api_request("POST", path, body, timeout=120)
+        if code not in (201, 409):
+            raise RuntimeError(f"create {body['metadata']['name']}: {code} {data[:300]!r}")
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(post, bodies))
+
+
+def unrelated_pods(kwok: KwokPlane, count: int, timeout: float) -> float:
+    """`count` pods that are not the operator's, Running on the fake nodes; returns the seconds taken."""
+    started = time.monotonic()
+    kwok.plane.kubectl("create", "namespace", UNRELATED_NS, check=False)
+    bodies = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"other-{i}", "namespace": UNRELATED_NS, "labels": {"app": "other"}},
+            "spec": {
+                "containers": [{"name": "app", "image": "busybox:1.36"}],
+                "automountServiceAccountToken": False,
+            },
+        }
+        for i in range(count)
+    ]
+    create_all(kwok, f"/api/v1/namespaces/{UNRELATED_NS}/pods", bodies)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, body = kwok.plane.api_request(
+            "GET",
+            f"/api/v1/namespaces/{UNRELATED_NS}/pods?fieldSelector=status.phase%3DRunning&limit=1",
+            timeout=60,
+        )
+        remaining = json.loads(body).get("metadata", {}).get("remainingItemCount", 0) if code == 200 else 0
+        items = len(json.loads(body).get("items", [])) if code == 200 else 0
+        if items + remaining >= count:
+            break
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def list_all_runs(kwok: KwokPlane) -> list[dict[str, Any]]:
+    """Every AgentRun of the namespace, paged (10,000 runs' statuses are one large list)."""
+    runs: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        path = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns?limit=500"
+        if token:
+            path += f"&continue={token}"
+        code, body = kwok.plane.api_request("GET", path, timeout=120)
+        if code != 200:
+            return runs
+        doc = json.loads(body)
+        runs.extend(doc.get("items", []))
+        token = (doc.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return runs
+
+
+def status_bytes(runs: list[dict[str, Any]]) -> float:
+    sizes = [len(json.dumps(r.get("status") or {}, separators=(",", ":"))) for r in runs]
+    return sum(sizes) / len(sizes) if sizes else float("nan")
+
+
+def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
+    nodes = args.nodes or max(4, math.ceil((args.runs + args.unrelated_pods) / PODS_PER_NODE) + 1)
+    kwok = KwokPlane(home, nodes, progress=print).start(crds_dir=ROOT / "crds")
+    plane = kwok.plane
+    operator: OperatorProcess | None = None
+    try:
+        plane.kubectl("create", "namespace", NS, check=False)
+        while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
+            time.sleep(0.1)
+        unrelated_seconds = (
+            unrelated_pods(kwok, args.unrelated_pods, args.timeout) if args.unrelated_pods else 0
+        )
+        watch = JobWatch(plane).start()
+        pods = PodEnds(kwok)
+        port = processes.free_port()
+        operator = OperatorProcess(
+            plane,
+            home / "operator",
+            env={
+                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
+                "AGENTS_CONTROLLER_RESYNC_SECONDS": "60",
+            },
+            args=(f"--metrics-port={port}", "--log-format=text", *(f"--workers={w}" for w in args.workers)),
+        ).start()
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        rss_idle = peak_rss_mb(pid)
+        before_op = scrape(port)
+        before_api = apiserver_metrics(kwok)
+        cpu_before = cpu_seconds(pid)
+        plane_before = plane_cpu(kwok)
+        names = [f"scale-{r}" for r in range(args.runs)]
+        load_start = os.getloadavg()
+        started = time.monotonic()
+        create_all(
+            kwok,
+            f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
+            [scale_run(name, args.iterations) for name in names],
+        )
+        created = time.monotonic() - started
+        print(f"{args.runs} runs created in {created:.1f}s")
+        deadline = time.monotonic() + args.timeout
+        runs: list[dict[str, Any]] = []
+        last_print = 0.0
+        while time.monotonic() < deadline:
+            runs = list_all_runs(kwok)
+            done = sum((r.get("status") or {}).get("phase") in FINAL for r in runs)
+            if len(runs) == len(names) and done == len(names):
+                break
+            if time.monotonic() - last_print > 30:
+                last_print = time.monotonic()
+                print(
+                    f"  {time.monotonic() - started:6.0f}s: {done}/{len(names)} runs ended, "
+                    f"{len(watch.added)} Jobs, operator RSS {peak_rss_mb(pid):.0f} MB"
+                )
+            time.sleep(2.0 + args.runs / 1000)  # a list of 10,000 runs is work for the API server too
+        elapsed = time.monotonic() - started
+        load_end = os.getloadavg()
+        time.sleep(2.0)  # trailing TTL patches and Events
+        after_op = scrape(port)
+        after_api = apiserver_metrics(kwok)
+        cpu = cpu_seconds(pid) - cpu_before
+        plane_after = plane_cpu(kwok)
+        rss = peak_rss_mb(pid)
+        runs = list_all_runs(kwok)
+        check = lost_and_repeated(runs, names, args.iterations, watch)
+        done_iterations = max(1, check["completed_iterations"])
+        latency = [
+            watch.added[naming.job_name(name, 1, k + 1, 1)] - pods.ended[naming.job_name(name, 1, k, 1)]
+            for name in names
+            for k in range(1, args.iterations)
+            if naming.job_name(name, 1, k, 1) in pods.ended
+            and naming.job_name(name, 1, k + 1, 1) in watch.added
+        ]
+        api_before, api_after = api_requests(before_api), api_requests(after_api)
+        api_by_verb = {v: (api_after[v] - api_before.get(v, 0)) / done_iterations for v in sorted(api_after)}
+        op_by_verb: collections.Counter[str] = collections.Counter()
+        for key, value in after_op.items():
+            if key.startswith("agentrun_api_requests_total{"):
+                verb = key.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in key else "?"
+                op_by_verb[verb] += value - before_op.get(key, 0.0)
+        op_writes = sum(v for k, v in op_by_verb.items() if k not in ("GET", "LIST", "WATCH"))
+        return {
+            "runs": args.runs,
+            "iterations_per_run": args.iterations,
+            "nodes": nodes,
+            "unrelated_pods": args.unrelated_pods,
+            "unrelated_pods_seconds": unrelated_seconds,
+            "operator_workers": args.workers[0] if args.workers else 32,
+            "completed_iterations": check["completed_iterations"],
+            "create_seconds": created,
+            "wall_seconds": elapsed,
+            "iterations_per_second": check["completed_iterations"] / elapsed if elapsed else float("nan"),
+            "load_average_start": list(load_start),
+            "load_average_end": list(load_end),
+            "operator_idle_rss_mb": rss_idle,
+            "operator_peak_rss_mb": rss,
+            "operator_cpu_seconds": cpu,
+            "operator_cpu_ms_per_iteration": 1000 * cpu / done_iterations,
+            "queue_latency_ms": distribution(latency),
+            "apiserver_requests_per_iteration_by_verb": api_by_verb,
+            "operator_requests_per_iteration_by_verb": {
+                k: v / done_iterations for k, v in sorted(op_by_verb.items())
+            },
+            "operator_writes_per_iteration": op_writes / done_iterations,
+            "status_bytes_mean": status_bytes(runs),
+            "plane_cpu_seconds": {k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS},
+            "check": check,
+        }
+    finally:
+        if operator is not None:
+            operator.stop()
+        kwok.stop()
+
+
+def summary(report: dict[str, Any]) -> str:
+    c = report["check"]
+    plane = ", ".join(f"{k} {v:.0f}s" for k, v in report["plane_cpu_seconds"].items())
+    rows = [
+        f"runs={report['runs']} x {report['iterations_per_run']} on {report['nodes']} fake nodes, "
+        f"unrelated pods {report['unrelated_pods']}: all ended in {report['wall_seconds']:.1f}s, "
+        f"{report['iterations_per_second']:.1f} iterations/s",
+        f"check: {c['succeeded']}/{c['runs']} Succeeded, {c['unfinished']} unfinished, "
+        f"lost={c['lost']} repeated={c['repeated']}",
+        f"operator: peak RSS {report['operator_peak_rss_mb']:.0f} MB "
+        f"(idle {report['operator_idle_rss_mb']:.0f}), "
+        f"CPU {report['operator_cpu_ms_per_iteration']:.1f} ms/iteration, "
+        f"writes {report['operator_writes_per_iteration']:.2f}/iteration, "
+        f"status {report['status_bytes_mean']:.0f} B/run",
+        line("work-queue latency (pod ended -> next Job)", report["queue_latency_ms"]),
+        "API requests/iteration (all clients): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in report["apiserver_requests_per_iteration_by_verb"].items()),
+        "API requests/iteration (operator): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in report["operator_requests_per_iteration_by_verb"].items()),
+        f"plane CPU: {plane}; load average {report['load_average_start'][0]:.1f} -> "
+        f"{report['load_average_end'][0]:.1f}",
+    ]
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=100, help="AgentRuns created at once")
+    ap.add_argument("--iterations", type=int, default=3, help="loop iterations per run")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--unrelated-pods", type=int, default=0, help="pods not the operator's, Running first")
+    ap.add_argument("--nodes", type=int, default=0, help="fake nodes (default: one per 1,000 pods, +1)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds to wait for all runs")
+    ap.add_argument("--workers", type=int, action="append", default=[], help="the operator's --workers")
+    ap.add_argument("--keep", action="store_true", help="keep the plane's directory (logs)")
+    args = ap.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="agentrun-scale-"))
+    try:
+        report = measure(args, home)
+    finally:
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"state and logs kept in {home}")
+    print()
+    print(summary(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0 if report["check"]["lost"] == 0 and report["check"]["repeated"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The scale benchmark's small size, and the simulated node's failures, on a KWOK plane of its own.
+
+KWOK (built by the toolchain from its Go module, like the control plane) plays every iteration pod
+on fake nodes, its reporter's control envelope included (agentrun_devcluster/kwok_stages.py); the
+operator is the released one, as a process. Correctness only: no figure here is timed
+(tests/bench/bench_scale.py measures; docs/operator.md#scale).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentrun_devcluster import toolchain
+from agentrun_devcluster.kwok import KwokPlane
+from agentrun_operator import naming
+from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
+from tests.bench.bench_scale import ROOT, create_all, list_all_runs, scale_run
+from tests.support import api
+from tests.support.api import ready_namespace
+from tests.support.polling import eventually
+from tests.support.processes import OperatorProcess
+
+RUNS = int(os.environ.get("AGENTRUN_KWOK_TEST_RUNS", "100"))
+ITERATIONS = 3
+RUNS_PATH = f"{api.RUNS}/namespaces/{NS}/agentruns"
+
+
+@pytest.fixture(scope="module")
+def kwok(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KwokPlane, JobWatch]]:
+    built = toolchain.is_built(toolchain.KWOK) and all(toolchain.is_built(t) for t in toolchain.TOOLS)
+    if not built and shutil.which("go") is None:
+        pytest.skip("KWOK and the control plane are not built and Go is not on PATH to build them")
+    plane = KwokPlane(tmp_path_factory.mktemp("kwok"), nodes=2, progress=print)
+    operator: OperatorProcess | None = None
+    try:
+        plane.start(crds_dir=ROOT / "crds")
+        ready_namespace(plane.plane, NS)
+        watch = JobWatch(plane.plane).start()
+        operator = OperatorProcess(
+            plane.plane, tmp_path_factory.mktemp("operator"), env={"AGENTS_CONTROLLER_RESYNC_SECONDS": "30"}
+        ).start()
+        yield plane, watch
+    finally:
+        if operator is not None:
+            operator.stop()
+        plane.stop()
+
+
+def _phase(kwok: KwokPlane, name: str) -> str:
+    return str((api.agentrun(kwok.plane, NS, name).get("status") or {}).get("phase") or "")
+
+
+def _loop(run: dict[str, Any]) -> dict[str, Any]:
+    steps = ((run.get("status") or {}).get("workflow") or {}).get("steps") or [{}]
+    return dict(steps[0].get("loop") or {})
+
+
+def test_runs_at_once_lose_and_repeat_no_iteration(kwok: tuple[KwokPlane, JobWatch]) -> None:
+    plane, watch = kwok
+    names = [f"small-{i}" for i in range(RUNS)]
+    create_all(plane, RUNS_PATH, [scale_run(n, ITERATIONS) for n in names])
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = [r for r in list_all_runs(plane) if r["metadata"]["name"] in set(names)]
+        final = [r for r in runs if (r.get("status") or {}).get("phase") in FINAL]
+        return runs if len(final) == len(names) else None
+
+    runs = eventually(ended, timeout=1200, what=f"{RUNS} runs x {ITERATIONS} iterations to end", every=2)
+    check = lost_and_repeated(runs, names, ITERATIONS, watch)
+    assert (check["lost"], check["repeated"], check["succeeded"]) == (0, 0, RUNS), check
+    # The envelope KWOK wrote is the one the reporter would: the condition read `continue: true` from it.
+    assert {_loop(r).get("stopReason") for r in runs} == {"MaxIterations"}, _loop(runs[0])
+
+
+def test_a_container_that_never_ends_ends_by_the_attempt_timeout(kwok: tuple[KwokPlane, JobWatch]) -> None:
+    plane, watch = kwok
+    create_all(plane, RUNS_PATH, [scale_run("hangs", ITERATIONS, hang=True, timeout_seconds=5)])
+    eventually(lambda: _phase(plane, "hangs") in FINAL, timeout=300, what="the hung run to end", every=1)
+    run = api.agentrun(plane.plane, NS, "hangs")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    records = _loop(run).get("iterations") or []
+    assert [(r.get("index"), r.get("attempts")) for r in records] == [(1, 1)], records
+    assert watch.adds[naming.job_name("hangs", 1, 1, 1)] == 1
+    assert naming.job_name("hangs", 1, 2, 1) not in watch.added
+
+
+def test_a_fake_node_deleted_mid_iteration(kwok: tuple[KwokPlane, JobWatch]) -> None:
+    plane, watch = kwok
+    plane.add_node("kwok-doomed")
+    plane.wait_ready(["kwok-doomed"])
+    create_all(
+        plane,
+        RUNS_PATH,
+        [scale_run("orphaned", ITERATIONS, hang=True, timeout_seconds=20, node="kwok-doomed")],
+    )
+    selector = f"{naming.LABEL_RUN}=orphaned"
+
+    def running() -> bool:
+        pods = api.items(plane.plane, "/api/v1", NS, "pods", selector)
+        return any((p.get("status") or {}).get("phase") == "Running" for p in pods)
+
+    eventually(running, timeout=300, what="the run's pod Running on the doomed node", every=0.5)
+    plane.delete_node("kwok-doomed")
+    eventually(
+        lambda: _phase(plane, "orphaned") in FINAL, timeout=600, what="the orphaned run to end", every=1
+    )
+    run = api.agentrun(plane.plane, NS, "orphaned")
+    assert run["status"]["phase"] == "Failed", run["status"]
+    records = _loop(run).get("iterations") or []
+    assert [r.get("index") for r in records] == [1], records
+    assert watch.adds[naming.job_name("orphaned", 1, 1, 1)] == 1
+    assert naming.job_name("orphaned", 1, 2, 1) not in watch.added
