@@ -66,6 +66,61 @@ def step_of(node_name: str) -> int | None:
     return int(tail[1:]) if tail.startswith("s") and tail[1:].isdigit() else None
 
 
+STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: argo-step-ended
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Running']
+    - key: '.metadata.ownerReferences.[].kind'
+      operator: 'In'
+      values: ['Workflow']
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: PodCompleted}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: PodCompleted}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+            finishedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
+"""KWOK's own Argo recipe (its pod-complete Stage with `Job` read as `Workflow`): a Running pod that
+a Workflow owns ends Succeeded, every container terminated with exit code 0. Loaded beside the
+plane's own Stages (`KwokPlane(extra_stages=...)`), which start every pod; the operator's pods (a
+Job's) never match it."""
+
+
+def stages_file(home: Path) -> Path:
+    """The Stage above as a file for `kwok --config`."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "argo-stages.yaml"
+    path.write_text(STAGES)
+    return path
+
+
 def controller_config(metrics_port: int) -> dict[str, Any]:
     """The controller's ConfigMap: its defaults, but metrics on a free port over plain HTTP (the
     default :9090 may be taken on a shared machine) so the benchmark can read its API requests."""
@@ -140,9 +195,10 @@ class PodWatch:
 class ArgoController:
     """Argo's workflow-controller as a process of the benchmark, watching NS only, no leader election."""
 
-    def __init__(self, plane: ControlPlane, home: Path) -> None:
+    def __init__(self, plane: ControlPlane, home: Path, qps: float | None = None) -> None:
         self.plane = plane
         self.home = home
+        self.qps = qps  # None: Argo's default client rate limit (20 requests/s, burst 30)
         self.metrics_port = processes.free_port()
         self.proc: Any = None
 
@@ -162,6 +218,7 @@ class ArgoController:
             f"--managed-namespace={NS}",
             f"--executor-image=quay.io/argoproj/argoexec:v{argo.ARGO_WORKFLOWS_VERSION}",
             "--loglevel=warn",
+            *((f"--qps={self.qps:g}", f"--burst={self.qps:g}") if self.qps else ()),
         ]
         self.proc = processes.start_process(
             self.home, "workflow-controller", argv, self.home / "workflow-controller.log", env=env
@@ -294,7 +351,9 @@ def turnaround_ms(pods: PodWatch) -> dict[str, float]:
     return {"n": len(values), "p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99)}
 
 
-def run(plane: ControlPlane, home: Path, runs: int, steps: int, timeout: float) -> dict[str, Any]:
+def run(
+    plane: ControlPlane, home: Path, runs: int, steps: int, timeout: float, qps: float | None = None
+) -> dict[str, Any]:
     """N Workflows of K steps created at once on `plane`; the controller's figures until all ended.
 
     The plane must complete pods (KWOK). Argo's CRDs are installed and its controller started and
@@ -308,7 +367,7 @@ def run(plane: ControlPlane, home: Path, runs: int, steps: int, timeout: float) 
             raise RuntimeError(f"namespace {NS} has no default ServiceAccount after 60s")
         time.sleep(0.1)
     pods = PodWatch(plane).start()
-    controller = ArgoController(plane, home / "argo").start()
+    controller = ArgoController(plane, home / "controller", qps).start()
     try:
         before = controller.metrics()
         cpu_before = cpu_seconds(controller.pid)
@@ -343,6 +402,7 @@ def run(plane: ControlPlane, home: Path, runs: int, steps: int, timeout: float) 
         "controller": f"argo-workflows v{argo.ARGO_WORKFLOWS_VERSION} workflow-controller",
         "runs": runs,
         "steps_per_run": steps,
+        "client_qps": qps or "default (20, burst 30)",
         "wall_seconds": elapsed,
         "steps_per_second": result["completed_steps"] / elapsed if elapsed else float("nan"),
         "cpu_seconds": cpu,
@@ -369,29 +429,69 @@ def summary(report: dict[str, Any]) -> str:
     )
 
 
+def side_by_side(report: dict[str, Any]) -> str:
+    """The operator's and Argo's figures of one bench_scale run as a Markdown table (the docs' shape)."""
+    a, q, t = report["argo"], report["queue_latency_ms"], report["argo"]["turnaround_ms"]
+    rows = [
+        ("", "AgentRun operator", f"Argo Workflows v{argo.ARGO_WORKFLOWS_VERSION}"),
+        ("peak RSS", f"{report['operator_peak_rss_mb']:.0f} MB", f"{a['peak_rss_mb']:.0f} MB"),
+        (
+            "CPU per iteration / step",
+            f"{report['operator_cpu_ms_per_iteration']:.1f} ms",
+            f"{a['cpu_ms_per_step']:.1f} ms",
+        ),
+        (
+            "iterations / steps per second",
+            f"{report['iterations_per_second']:.1f}",
+            f"{a['steps_per_second']:.1f}",
+        ),
+        ("all ended after", f"{report['wall_seconds']:.0f} s", f"{a['wall_seconds']:.0f} s"),
+        (
+            "pod done -> next pod's owner / pod, p50 / p95 / p99",
+            f"{q['p50']:.0f} / {q['p95']:.0f} / {q['p99']:.0f} ms",
+            f"{t['p50']:.0f} / {t['p95']:.0f} / {t['p99']:.0f} ms",
+        ),
+        (
+            "its own API writes per iteration / step",
+            f"{report['operator_writes_per_iteration']:.2f}",
+            f"{a['writes_per_step']:.2f}",
+        ),
+        (
+            "lost / repeated",
+            f"{report['check']['lost']} / {report['check']['repeated']}",
+            f"{a['check']['lost']} / {a['check']['repeated']}",
+        ),
+    ]
+    head = f"| {report['runs']} x {report['iterations_per_run']} | {rows[0][1]} | {rows[0][2]} |"
+    return "\n".join([head, "| --- | --- | --- |", *(f"| {r[0]} | {r[1]} | {r[2]} |" for r in rows[1:])])
+
+
 def main() -> int:
-    """Argo alone on a fresh plane whose pods something else completes (for trying the harness)."""
+    """Argo alone on a KWOK plane of its own (to try the harness; the comparison is bench_scale --argo)."""
     import argparse
 
-    from agentrun_devcluster import toolchain
+    from agentrun_devcluster.kwok import KwokPlane
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--runs", type=int, default=10, help="Workflows created at once")
+    ap.add_argument("--iterations", type=int, default=3, help="sequential steps per Workflow")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds to wait for all Workflows")
+    ap.add_argument("--qps", type=float, default=None, help="Argo's --qps and --burst (default: its own)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--keep", action="store_true", help="keep the plane's directory (logs)")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-argo-"))
-    plane = ControlPlane(home / "plane", toolchain.ensure_tools(print))
-    plane.start()
+    nodes = max(2, args.runs * args.iterations // 1000 + 2)
+    kwok = KwokPlane(home / "plane", nodes, progress=print, extra_stages=(stages_file(home),)).start()
     try:
-        report = run(plane, home, args.runs, args.iterations, args.timeout)
+        report = run(kwok.plane, home, args.runs, args.iterations, args.timeout, args.qps)
     finally:
-        plane.stop()
+        kwok.stop()
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
     print(summary(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-    shutil.rmtree(home, ignore_errors=True)
     c = report["check"]
     return 0 if c["lost"] == 0 and c["repeated"] == 0 and c["succeeded"] == c["runs"] else 1
 

@@ -103,3 +103,41 @@ def test_argo_is_a_benchmark_tool_built_from_its_go_module_not_a_control_plane_t
     assert "replace" not in argo.ARGO.go_mod()
     assert f"v4.version=v{argo.ARGO_WORKFLOWS_VERSION}" in argo.ARGO.ldflags
     assert collections.Counter(argo.ARGO.binaries) == {"workflow-controller": 1}
+
+
+def test_kwok_completes_the_pods_a_workflow_owns_and_no_others() -> None:
+    stage = yaml.safe_load(argo_side.STAGES)
+    assert stage["kind"] == "Stage" and stage["spec"]["resourceRef"]["kind"] == "Pod"
+    owner = [e for e in stage["spec"]["selector"]["matchExpressions"] if "ownerReferences" in e["key"]]
+    assert owner == [{"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Workflow"]}]
+    assert "phase: Succeeded" in stage["spec"]["next"]["statusTemplate"]
+    assert "exitCode: 0" in stage["spec"]["next"]["statusTemplate"]
+
+
+def test_side_by_side_puts_both_controllers_of_one_run_in_one_table() -> None:
+    figures = {"p50": 10.0, "p95": 20.0, "p99": 30.0}
+    check = {"lost": 0, "repeated": 0}
+    report = {
+        "runs": 100,
+        "iterations_per_run": 3,
+        "operator_peak_rss_mb": 120.0,
+        "operator_cpu_ms_per_iteration": 9.0,
+        "iterations_per_second": 40.0,
+        "wall_seconds": 7.5,
+        "queue_latency_ms": figures,
+        "operator_writes_per_iteration": 3.0,
+        "check": check,
+        "argo": {
+            "peak_rss_mb": 80.0,
+            "cpu_ms_per_step": 12.0,
+            "steps_per_second": 5.0,
+            "wall_seconds": 60.0,
+            "turnaround_ms": figures,
+            "writes_per_step": 4.0,
+            "check": check,
+        },
+    }
+    table = argo_side.side_by_side(report).splitlines()
+    assert table[0].startswith("| 100 x 3 | AgentRun operator | Argo Workflows v")
+    assert "| peak RSS | 120 MB | 80 MB |" in table
+    assert "| CPU per iteration / step | 9.0 ms | 12.0 ms |" in table
