@@ -133,6 +133,17 @@ class KwokPlane:
         code, data = self.plane.api_request("POST", "/api/v1/nodes", body)
         if code not in (201, 409):
             raise ControlPlaneError(f"creating fake node {name}: {code} {data[:200]!r}")
+        # The API server taints a new node not-ready (admission TaintNodesByCondition); on a cluster
+        # the node-lifecycle controller lifts it once the kubelet reports Ready. Here KWOK is that
+        # kubelet and no such controller runs (it would also want the leases KWOK does not renew).
+        code, data = self.plane.api_request(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {"spec": {"taints": None}},
+            content_type="application/merge-patch+json",
+        )
+        if code != 200:
+            raise ControlPlaneError(f"untainting fake node {name}: {code} {data[:200]!r}")
 
     def delete_node(self, name: str) -> None:
         code, data = self.plane.api_request("DELETE", f"/api/v1/nodes/{name}")
