@@ -266,7 +266,7 @@ def requests_by_verb(before: dict[str, float], after: dict[str, float]) -> dict[
         labels = dict(
             part.split("=", 1) for part in key.split("{", 1)[1].rstrip("}").split(",") if "=" in part
         )
-        verb = labels.get("request_verb", labels.get("verb", "?")).strip('"')
+        verb = labels.get("verb", "?").strip('"')  # Get, List, Watch, Create, Update, Patch, Delete
         verbs[verb] += value - before.get(key, 0.0)
     return dict(verbs)
 

@@ -74,14 +74,10 @@ def test_turnaround_is_a_pod_succeeded_to_the_next_steps_pod_created() -> None:
 
 
 def test_requests_are_counted_by_verb_over_the_run() -> None:
-    before = {
-        'argo_workflows_k8s_request_total{request_kind="pods",request_verb="Create",status_code="201"}': 2.0
-    }
-    update = (
-        'argo_workflows_k8s_request_total{request_kind="workflows",request_verb="Update",status_code="200"}'
-    )
+    before = {'argo_workflows_k8s_request_total{kind="pods",verb="Create",status_code="201"}': 2.0}
+    update = 'argo_workflows_k8s_request_total{kind="workflows",verb="Update",status_code="200"}'
     after = {
-        'argo_workflows_k8s_request_total{request_kind="pods",request_verb="Create",status_code="201"}': 7.0,
+        'argo_workflows_k8s_request_total{kind="pods",verb="Create",status_code="201"}': 7.0,
         update: 4.0,
         "argo_workflows_queue_depth_count": 3.0,
     }
