@@ -17,6 +17,7 @@ Succeeded, K pod nodes Succeeded, exactly one pod created per step.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -283,6 +284,18 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def create_all(plane: ControlPlane, bodies: list[dict[str, Any]], threads: int = 8) -> None:
+    """Create the Workflows at once, as the scale benchmark creates its AgentRuns (8 at a time)."""
+
+    def post(body: dict[str, Any]) -> None:
+        code, data = plane.api_request("POST", WORKFLOWS, body, timeout=60)
+        if code != 201:
+            raise RuntimeError(f"create Workflow {body['metadata']['name']}: {code} {data[:300]!r}")
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(post, bodies))
+
+
 def list_workflows(plane: ControlPlane) -> list[dict[str, Any]]:
     code, body = plane.api_request("GET", WORKFLOWS, timeout=120)
     return list(json.loads(body).get("items", [])) if code == 200 else []
@@ -374,18 +387,22 @@ def run(
         names = [f"wf-{r}" for r in range(runs)]
         load_start = os.getloadavg()
         started = time.monotonic()
-        for name in names:
-            code, body = plane.api_request("POST", WORKFLOWS, workflow(name, steps), timeout=30)
-            if code != 201:
-                raise RuntimeError(f"create Workflow {name}: {code} {body[:300]!r}")
+        create_all(plane, [workflow(name, steps) for name in names])
         end = started + timeout
         workflows: list[dict[str, Any]] = []
+        last_print = started
         while time.monotonic() < end:
             workflows = list_workflows(plane)
             ended = [w for w in workflows if (w.get("status") or {}).get("phase") in FINAL]
             if len(ended) == len(names):
                 break
-            time.sleep(1.0)
+            if time.monotonic() - last_print > 30:
+                last_print = time.monotonic()
+                print(
+                    f"  argo {last_print - started:6.0f}s: {len(ended)}/{len(names)} Workflows ended, "
+                    f"{len(pods.added)} pods, controller RSS {peak_rss_mb(controller.pid):.0f} MB"
+                )
+            time.sleep(2.0 + runs / 1000)  # a list of thousands of Workflows is work for the API server
         elapsed = time.monotonic() - started
         load_end = os.getloadavg()
         cpu = cpu_seconds(controller.pid) - cpu_before
