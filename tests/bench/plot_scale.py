@@ -31,6 +31,9 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
     fig, (mem, lat) = plt.subplots(1, 2, figsize=(11, 4.2))
     xs = [r["runs"] for r in plain]
     mem.plot(xs, [r["operator_peak_rss_mb"] for r in plain], "o-", label="operator peak RSS")
+    for r in plain:
+        if r.get("partial"):
+            mem.annotate("stopped unfinished", (r["runs"], r["operator_peak_rss_mb"]), fontsize=8)
     if loaded:
         mem.plot(
             [r["runs"] for r in loaded],
@@ -41,11 +44,14 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
     mem.set_xscale("log")
     mem.set_xlabel("concurrent runs (x 3 iterations)")
     mem.set_ylabel("MB")
+    mem.set_ylim(bottom=0)
     mem.set_title("operator memory")
     mem.grid(True, which="both", alpha=0.3)
     mem.legend()
+    # A size stopped before its runs ended (`"partial": true`) has a memory figure and no latency.
+    timed = [r for r in plain if r.get("queue_latency_ms")]
     for q, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
-        lat.plot(xs, [r["queue_latency_ms"][q] for r in plain], style, label=q)
+        lat.plot([r["runs"] for r in timed], [r["queue_latency_ms"][q] for r in timed], style, label=q)
     lat.set_xscale("log")
     lat.set_yscale("log")
     lat.set_xlabel("concurrent runs (x 3 iterations)")

@@ -191,14 +191,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m agentrun_devcluster.kwok", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("command", choices=("up", "down"))
-    ap.add_argument("--home", type=Path, required=True, help="the plane's state directory")
+    ap.add_argument("command", choices=("up", "down", "build"))
+    ap.add_argument("--home", type=Path, default=None, help="the plane's state directory (up, down)")
     ap.add_argument("--nodes", type=int, default=10, help="fake nodes (up)")
     ap.add_argument("--crds", type=Path, default=None, help="a directory of CRDs to install (up)")
     ap.add_argument(
         "--stages", type=Path, action="append", default=[], help="a file of more KWOK Stages (up; repeatable)"
     )
     args = ap.parse_args(argv)
+    if args.command == "build":  # the tools only (`make test` builds them in the background)
+        try:
+            toolchain.ensure_tools()
+            print(toolchain.ensure_kwok())
+        except toolchain.ToolchainError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.home is None:
+        ap.error(f"{args.command} needs --home DIR")
     kwok = KwokPlane(args.home, args.nodes, extra_stages=tuple(args.stages))
     try:
         if args.command == "up":
