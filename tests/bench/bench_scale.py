@@ -44,6 +44,7 @@ from agentrun_devcluster import processes
 from agentrun_devcluster.kwok import KWOK, SCHEDULER, KwokPlane
 from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
+from tests.bench import argo_side
 from tests.bench.bench_iterations import (
     FINAL,
     NS,
@@ -234,8 +235,11 @@ def status_bytes(runs: list[dict[str, Any]]) -> float:
 
 
 def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
-    nodes = args.nodes or max(4, math.ceil((args.runs + args.unrelated_pods) / PODS_PER_NODE) + 1)
-    kwok = KwokPlane(home, nodes, progress=print).start(crds_dir=ROOT / "crds")
+    # Argo keeps a Workflow's pods (no podGC by default): room for all N x K of them as well.
+    pods = args.runs + args.unrelated_pods + (args.runs * args.iterations if args.argo else 0)
+    nodes = args.nodes or max(4, math.ceil(pods / PODS_PER_NODE) + 1)
+    stages = (argo_side.stages_file(home / "argo"),) if args.argo else ()
+    kwok = KwokPlane(home, nodes, progress=print, extra_stages=stages).start(crds_dir=ROOT / "crds")
     plane = kwok.plane
     operator: OperatorProcess | None = None
     try:
@@ -315,7 +319,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 verb = key.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in key else "?"
                 op_by_verb[verb] += value - before_op.get(key, 0.0)
         op_writes = sum(v for k, v in op_by_verb.items() if k not in ("GET", "LIST", "WATCH"))
-        return {
+        report: dict[str, Any] = {
             "runs": args.runs,
             "iterations_per_run": args.iterations,
             "nodes": nodes,
@@ -342,6 +346,18 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "plane_cpu_seconds": {k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS},
             "check": check,
         }
+        if args.argo:  # the same N x K on the same plane, the operator stopped (docs/operator.md#scale-argo)
+            operator.stop()
+            operator = None
+            plane_before = plane_cpu(kwok)
+            report["argo"] = argo_side.run(
+                plane, home / "argo", args.runs, args.iterations, args.timeout, args.argo_qps
+            )
+            plane_after = plane_cpu(kwok)
+            report["argo"]["plane_cpu_seconds"] = {
+                k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS
+            }
+        return report
     finally:
         if operator is not None:
             operator.stop()
@@ -370,6 +386,8 @@ def summary(report: dict[str, Any]) -> str:
         f"plane CPU: {plane}; load average {report['load_average_start'][0]:.1f} -> "
         f"{report['load_average_end'][0]:.1f}",
     ]
+    if "argo" in report:
+        rows += [argo_side.summary(report["argo"]), argo_side.side_by_side(report)]
     return "\n".join(rows)
 
 
@@ -383,6 +401,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds to wait for all runs")
     ap.add_argument("--workers", type=int, action="append", default=[], help="the operator's --workers")
     ap.add_argument("--keep", action="store_true", help="keep the plane's directory (logs)")
+    ap.add_argument(
+        "--argo", action="store_true", help="then the same N x K as Argo Workflows on the same plane"
+    )
+    ap.add_argument(
+        "--argo-qps", type=float, default=None, help="Argo's --qps and --burst (default: its own)"
+    )
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="agentrun-scale-"))
     try:
