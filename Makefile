@@ -40,7 +40,7 @@ lint: setup
 # checked on what the unit tests alone reach; the other tiers then append to the same data.
 COV := --cov --cov-report=
 PLANNER_BAR = $(BIN)/coverage report --include='operator/agentrun_operator/planner/*' --skip-covered \
-	--fail-under=95 || { echo "the planner's coverage by tests/unit is below 95 % (docs/development.md#coverage)" >&2; false; }
+	--fail-under=95 || { echo "the planner's coverage by tests/unit is below 95 % (docs/development.md\#coverage)" >&2; false; }
 TOOLS_LOG := $(VENV)/tools-build.log
 IMAGE_LOG := $(VENV)/image-build.log
 test: setup
