@@ -29,12 +29,19 @@ lint: setup
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy
 
-# The tests: lint and types, then pytest. The control plane tools, KWOK (the scale test,
-# docs/local-dev.md#kwok) and Prometheus (the monitoring tests), built from upstream once and then
-# cached, and the operator image with busybox (on a Docker engine; skipped with AGENTRUN_DOCKER=0)
+# The tests: lint and types, then pytest (the unit tier, the planner's coverage bar, the rest; every
+# tier runs once, and a failure of one does not stop the next). The control plane tools, KWOK (the
+# scale test, docs/local-dev.md#kwok) and Prometheus (the monitoring tests), built from upstream once
+# and then cached, and the operator image with busybox (on a Docker engine; skipped with AGENTRUN_DOCKER=0)
 # build in the background meanwhile; pytest runs its self-contained tiers first, and the first test
 # that needs either waits for it through its file lock (docs/development.md#make-test). The image's
 # own failure is the Docker tests' to report (they skip with the reason where no engine can run).
+# Coverage (docs/development.md#coverage): line and branch coverage of both packages, in-process,
+# per package at the end. The unit tier runs first in a pytest of its own, so the planner's bar is
+# checked on what the unit tests alone reach; the other tiers then append to the same data.
+COV := --cov --cov-report=
+PLANNER_BAR = $(BIN)/coverage report --include='operator/agentrun_operator/planner/*' --skip-covered \
+	--fail-under=95 || { echo "the planner's coverage by tests/unit is below 95 % (docs/development.md\#coverage)" >&2; false; }
 TOOLS_LOG := $(VENV)/tools-build.log
 IMAGE_LOG := $(VENV)/image-build.log
 test: setup
@@ -45,13 +52,19 @@ test: setup
 	trap 'stop' INT TERM; \
 	echo "control plane tools and operator image: checked, or built in the background (logs: $(TOOLS_LOG), $(IMAGE_LOG))"; \
 	$(MAKE) --no-print-directory lint || { stop; exit 1; }; \
-	$(BIN)/pytest; status=$$?; \
+	$(BIN)/pytest tests/unit $(COV); unit=$$?; \
+	$(PLANNER_BAR); planner=$$?; \
+	$(BIN)/pytest --ignore=tests/unit $(COV) --cov-append; rest=$$?; \
+	$(BIN)/python -m tests.support.coverage_report; \
 	wait $$tools; built=$$?; cat $(TOOLS_LOG); \
 	if [ -n "$$image" ]; then wait $$image; echo "operator image: exit $$?, last line: $$(tail -n 1 $(IMAGE_LOG))"; fi; \
-	exit $$(( status != 0 ? status : built ))
+	for s in $$unit $$planner $$rest $$built; do [ $$s = 0 ] || exit $$s; done
 
 unit: setup
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit $(COV); unit=$$?; \
+	$(PLANNER_BAR); planner=$$?; \
+	$(BIN)/python -m tests.support.coverage_report; \
+	exit $$(( unit != 0 ? unit : planner ))
 
 integration: setup
 	$(BIN)/pytest tests/integration

@@ -190,7 +190,8 @@ class Report:
 DUPLICATE_SAID = "this pod is a duplicate the Job controller created"
 """What the reporter of a Job's duplicate pod logs (docs/concepts.md#exactly-once): the reporter, a
 regular container listed before `main`, claims the Job (docs/design.md#reporter-first). Every pod of
-a chaos run is made by this operator, so none has the fingerprint init container of older pods."""
+a chaos run is made by this operator, so none has the fingerprint init container of older builds'
+pods (docs/operations.md#earlier-pods)."""
 
 
 def duplicates_held(home: Path) -> int:

@@ -1,8 +1,10 @@
 """Which modules a package's modules import, read from the source (nothing is imported or run).
 
 The import contracts of the operator (the planner imports no shell, kopf, Kubernetes client or dev
-cluster; product modules never import the dev cluster) are checked with this on every test run.
-Imports inside functions count too: a lazy import still runs when the function is called.
+cluster; product modules never import the dev cluster; no import cycles) are checked with this on
+every test run. Imports inside functions count too: a lazy import still runs when the function is
+called. So do imports under `if TYPE_CHECKING:`: two modules that need each other's names are one
+job in two files, whichever of them defers the import.
 """
 
 from __future__ import annotations
@@ -71,15 +73,26 @@ class _Collector(ast.NodeVisitor):
             module = node.module or ""
         if module == "__future__":
             return
-        self._add(module, node)
-        for alias in node.names:  # `from pkg import submodule` imports the submodule too
-            if f"{module}.{alias.name}" in self.known:
-                self._add(f"{module}.{alias.name}", node)
+        # `from pkg import submodule` imports the submodule; the package itself is a target only for
+        # a name it defines (its `__init__` runs either way, as for every import of a submodule).
+        submodules = [
+            f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in self.known
+        ]
+        if len(submodules) < len(node.names):
+            self._add(module, node)
+        for submodule in submodules:
+            self._add(submodule, node)
 
 
 def import_graph(root: Path, package: str) -> dict[str, list[Import]]:
     """The imports of every module of `package`, by importer."""
-    modules = modules_of(root, package)
+    return import_graph_of([(root, package)])
+
+
+def import_graph_of(packages: Iterable[tuple[Path, str]]) -> dict[str, list[Import]]:
+    """The imports of every module of several packages (each a directory under its root), by importer:
+    one graph, so an import from one package into another resolves to the module it names."""
+    modules = {name: path for root, package in packages for name, path in modules_of(root, package).items()}
     known = set(modules)
     graph: dict[str, list[Import]] = {}
     for name, path in modules.items():
@@ -127,3 +140,78 @@ def violations(
 
 def render(chains: list[list[Import]]) -> str:
     return "\n".join(" -> ".join(str(imp) for imp in chain) for chain in chains)
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """Modules that import each other, directly or through one another (a strongly connected
+    component of the import graph), and the imports that tie them."""
+
+    modules: frozenset[str]
+    imports: tuple[Import, ...]
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.modules)} modules: {', '.join(sorted(self.modules))}"]
+        lines += [f"  {imp}" for imp in self.imports]
+        return "\n".join(lines)
+
+
+def cycles(graph: dict[str, list[Import]]) -> list[Cycle]:
+    """Every import cycle between modules of the graph (Tarjan's algorithm, iterative).
+
+    An edge is an import of a module of the graph by name, at module level or inside a function; the
+    implicit import of a module's parent packages is none (every submodule has it, and a package's
+    `__init__` importing its submodules is no cycle).
+    """
+    edges: dict[str, list[str]] = {
+        module: sorted({imp.target for imp in imports if imp.target in graph and imp.target != module})
+        for module, imports in graph.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[frozenset[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            if i < len(edges[node]):
+                work.append((node, i + 1))
+                target = edges[node][i]
+                if target not in index:
+                    work.append((target, 0))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(frozenset(component))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return [
+        Cycle(
+            component,
+            tuple(
+                imp
+                for m in sorted(component)
+                for imp in graph[m]
+                if imp.target in component and imp.target != m
+            ),
+        )
+        for component in components
+    ]

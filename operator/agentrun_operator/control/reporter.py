@@ -18,8 +18,11 @@ container of the operator image runs this module: ``report``, a regular containe
 
 ``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
 kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
-older still. The report never fails the pod: problems are recorded (exit 0), and it is always a
-well-formed envelope. One exception, before ``main`` may start: a reporter that cannot see the pod's
+older still. Both stay for Jobs made by earlier builds until the release after 0.1.0 removes them
+(docs/operations.md#earlier-pods).
+
+The report never fails the pod: problems are recorded (exit 0), and it is always a well-formed
+envelope. One exception, before ``main`` may start: a reporter that cannot see the pod's
 processes (no shared PID namespace, control/mainwatch.py `blind_reason`) would wait for good, so it
 writes why to its termination message, keeps ``main``'s gate shut (its ready file says ``blind``)
 and exits ``BLIND_EXIT``; the operator fails the attempt at once with that message.

@@ -18,7 +18,8 @@ ORIGINAL_CONTAINER: Final = "agent-runner"
 WORKLOAD_CONTAINERS: Final = frozenset({MAIN_CONTAINER, ORIGINAL_CONTAINER})
 """Either name of the workload's container, as the shell finds it in a pod's status."""
 FINGERPRINT_CONTAINER: Final = "fingerprint"
-"""The init container pods made before the fingerprint hook have (the shell still reads its report)."""
+"""The init container of pods made by builds before the fingerprint hook: the shell reads its claim
+report until the release after 0.1.0 removes it (docs/operations.md#earlier-pods)."""
 META_VOLUME: Final = "agentrun-meta"
 META_MOUNT: Final = "/agentrun-meta"
 FINGERPRINT_FILE: Final = f"{META_MOUNT}/fingerprint.json"

@@ -117,7 +117,7 @@ class OperatorState:
         changed = await relist(self.kube, self.cache, self.config.watched_namespaces)
         if changed:
             log.info("resync found changes the watches had missed", extra={"runs": len(changed)})
-        counts: dict[str, int] = {}
+        phases: list[str] = []
         runs: list[dict[str, Any]] = []
         for key in self.cache.runs.run_keys():
             run = self.cache.run(*key)
@@ -125,14 +125,13 @@ class OperatorState:
                 continue
             runs.append(run)
             phase = (run.get("status") or {}).get("phase") or "Pending"
-            counts[phase] = counts.get(phase, 0) + 1
+            phases.append(phase)
             ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
             if (phase not in TERMINAL_RUN_PHASES or ttl) and self.due_for_resync(key):
                 self.enqueue(key, background=True)  # behind every event-driven reconcile
         for key in changed:
             self.enqueue(key)
-        for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
-            metrics.RUNS.labels(phase=phase).set(counts.get(phase, 0))
+        metrics.count_runs(phases)
         fleet = summarize(runs, datetime.now(UTC))
         metrics.LONGEST_NO_PROGRESS.set(fleet.no_progress_max)
         metrics.LONGEST_APPROVAL_WAIT.set(fleet.approval_wait_max)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter as Tally
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES
 from agentrun_operator.planner.facts import (
     ApprovalDecided,
     ApprovalRequested,
@@ -116,6 +118,16 @@ def api_request(verb: str, resource: str) -> None:
 RUNS = Gauge(
     "agentrun_runs", "AgentRuns in the watched namespaces by phase, counted at every resync.", ["phase"]
 )
+
+
+def count_runs(phases: Iterable[str]) -> None:
+    """Set `agentrun_runs` from the phases of every run in the cache (each resync): every phase a
+    run can have gets a value, 0 included, so a phase whose last run left drops to 0."""
+    counts = Tally(phases)
+    for phase in ("Pending", "Running", *sorted(TERMINAL_RUN_PHASES)):
+        RUNS.labels(phase=phase).set(counts.get(phase, 0))
+
+
 SERVING = Gauge(
     "agentrun_serving",
     "1 while this replica serves (always without --peering), 0 while it stands by for a peer.",

@@ -138,7 +138,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             elif terminated:
                 reporter_message = terminated.get("message")
                 claim_message = claim_message or envelope_claim(reporter_message)
-        elif cs.get("name") == FINGERPRINT_CONTAINER:  # pods made before the fingerprint hook
+        elif cs.get("name") == FINGERPRINT_CONTAINER:  # older builds: docs/operations.md#earlier-pods
             terminated = (cs.get("state") or {}).get("terminated")
             if terminated:
                 claim_message = terminated.get("message")

@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from agentrun_operator import naming
 from agentrun_operator.api import (
-    API_VERSION,
     AgentRun,
     AgentRunStatus,
     parse_agentrun,
@@ -28,6 +27,7 @@ from agentrun_operator.api import (
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs import vcs
 from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.jobs.claim_lease import idempotency_claim_lease
 from agentrun_operator.planner.actions import (
     Action,
     ClaimIdempotencyKey,
@@ -489,30 +489,9 @@ class Reconciler:
 
     async def _claim(self, raw: dict[str, Any], action: ClaimIdempotencyKey) -> None:
         meta = raw["metadata"]
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": action.name,
-                "namespace": meta["namespace"],
-                "labels": {naming.LABEL_MANAGED_BY: naming.MANAGED_BY},
-                "annotations": {
-                    ANNOTATION_RUN_NAME: meta["name"],
-                    f"{naming.GROUP}/idempotency-key": action.key[:253],
-                    f"{naming.GROUP}/agent-ref": action.agent_ref,
-                },
-                # The claim lives as long as the run that holds it.
-                "ownerReferences": [
-                    {
-                        "apiVersion": API_VERSION,
-                        "kind": "AgentRun",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                    }
-                ],
-            },
-            "spec": {"holderIdentity": meta["uid"]},
-        }
+        lease = idempotency_claim_lease(
+            action.name, meta["namespace"], meta["name"], meta["uid"], action.key, action.agent_ref
+        )
         await self.kube.create_lease(meta["namespace"], lease)
 
     async def _write_unparseable(self, raw: dict[str, Any], err: ValidationError) -> None:

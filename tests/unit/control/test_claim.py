@@ -1,5 +1,5 @@
 """The Job claim that keeps a duplicate pod of a Job from running `main` (docs/concepts.md#exactly-once):
-the pure file rule, and `agentrun reporter fingerprint --claim-dir` run for real as a pod runs it."""
+the pure file rule, and `agentrun reporter report --before-main --claim-dir` run for real as a pod runs it."""
 
 from __future__ import annotations
 
@@ -85,36 +85,8 @@ def test_old_claims_are_pruned_and_new_ones_kept(tmp_path: Path) -> None:
     assert prune_claims(str(tmp_path / "absent"), now) == 0
 
 
-def _fingerprint(tmp_path: Path, pod_uid: str) -> subprocess.Popen[str]:
-    control = tmp_path / "workspace" / ".agentrun" / "loop-control.json"
-    args = ["fingerprint", "--path", str(control), "--out", str(tmp_path / f"fp-{pod_uid}.json")]
-    args += ["--claim-dir", str(tmp_path / "claims"), "--job-uid", "job-uid-1", "--pod-uid", pod_uid]
-    return subprocess.Popen(
-        [sys.executable, "-m", MODULE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def test_a_duplicate_pod_waits_in_fingerprint_and_never_lets_main_start(tmp_path: Path) -> None:
-    first = _fingerprint(tmp_path, "pod-a")
-    _, err = first.communicate(timeout=30)
-    assert first.returncode == 0, err
-    assert "claimed Job job-uid-1 for this pod" in err
-    assert (tmp_path / "fp-pod-a.json").is_file()
-
-    duplicate = _fingerprint(tmp_path, "pod-b")
-    try:
-        assert duplicate.stderr is not None
-        said = duplicate.stderr.readline()  # written just before it starts waiting
-        assert "Job job-uid-1 already runs in pod pod-a: this pod is a duplicate" in said, said
-        assert duplicate.poll() is None  # waiting, not ended
-        assert not (tmp_path / "fp-pod-b.json").exists()  # it never got to the point before main
-    finally:
-        duplicate.terminate()  # the Job controller deletes the excess pod
-        duplicate.communicate(timeout=30)
-
-
 def test_the_claim_s_outcome_is_reported_for_the_operator() -> None:
-    """The fingerprint container's termination message, read back from the pod status."""
+    """The claim report the reporter's envelope carries, read back from the pod status."""
     text = report_text(
         Claim("unavailable", "cannot create /w/x: Permission denied"), "work", "/w/.agentrun-claims"
     )
@@ -144,21 +116,19 @@ def test_anything_else_in_the_message_is_no_report(message: str | None) -> None:
     assert report is None or (report.outcome, report.volume) == ("claimed", "")
 
 
-def test_fingerprint_writes_the_outcome_to_its_termination_log(tmp_path: Path) -> None:
+def test_legacy_the_fingerprint_command_writes_the_claim_s_outcome_to_its_termination_log(
+    tmp_path: Path,
+) -> None:
+    """`agentrun reporter fingerprint`: the init container of Jobs made by builds before the reporter
+    did the claim itself. Kept, with this one test, until the release after 0.1.0 removes it
+    (docs/operations.md#earlier-pods); the current path is `report --before-main`, tested below."""
     log = tmp_path / "termination-log"
     args = ["fingerprint", "--path", str(tmp_path / "c.json"), "--out", str(tmp_path / "fp.json")]
     args += ["--claim-dir", str(tmp_path / "claims"), "--job-uid", "job-1", "--pod-uid", "pod-a"]
     args += ["--claim-volume", "work", "--termination-log", str(log)]
     subprocess.run([sys.executable, "-m", MODULE, *args], check=True, capture_output=True, timeout=60)
     assert json.loads(log.read_text())["claim"] == "claimed"
-    (tmp_path / "blocked").write_text("a file")
-    args[args.index("--claim-dir") + 1] = str(tmp_path / "blocked" / "claims")
-    done = subprocess.run(
-        [sys.executable, "-m", MODULE, *args], check=True, capture_output=True, timeout=60, text=True
-    )
-    report = read_report(log.read_text())
-    assert report is not None and (report.outcome, report.volume) == ("unavailable", "work")
-    assert "no claim of Job job-1 on volume 'work'" in done.stderr
+    assert (tmp_path / "fp.json").is_file()
 
 
 # -------------------------------------------------------------- a helper uid on a root-owned volume
@@ -221,13 +191,15 @@ def test_with_the_pod_s_fs_group_applied_the_helper_claims(root_owned_volume: Pa
 # ----------------------------------------------- the reporter before main, and its postStart hook
 
 
-def _before_main(tmp_path: Path, pod_uid: str) -> tuple[str, subprocess.Popen[str]]:
+def _before_main(
+    tmp_path: Path, pod_uid: str, claims: Path | None = None
+) -> tuple[str, subprocess.Popen[str]]:
     """`report --before-main` as the sidecar runs it (uids from its environment); returns what its
     ready file says once written, and the process (waiting for SIGTERM)."""
     ready = tmp_path / f"ready-{pod_uid}"
     args = ["report", "--path", str(tmp_path / "c.json"), "--fingerprint", str(tmp_path / f"fp-{pod_uid}")]
     args += ["--termination-log", str(tmp_path / f"term-{pod_uid}"), "--wait-for-signal"]
-    args += ["--ready-file", str(ready), "--before-main", "--claim-dir", str(tmp_path / "claims")]
+    args += ["--ready-file", str(ready), "--before-main", "--claim-dir", str(claims or tmp_path / "claims")]
     args += ["--claim-volume", "work", "--claim-report", str(tmp_path / f"claim-{pod_uid}.json")]
     env = dict(os.environ, AGENTRUN_JOB_UID="job-uid-1", AGENTRUN_POD_UID=pod_uid)
     proc = subprocess.Popen(
@@ -271,6 +243,20 @@ def test_the_reporter_claims_and_fingerprints_before_saying_ready_and_a_duplicat
     assert envelope["claim"]["claim"] == "taken" and envelope["claim"]["detail"] == "pod-a"
     _end(first)
     assert '"claim"' not in (tmp_path / "term-pod-a").read_text()  # claimed as expected: no news
+
+
+def test_a_claim_that_cannot_be_taken_lets_main_run_and_rides_in_the_envelope(tmp_path: Path) -> None:
+    """No claims directory can be made (here a file is in its way): `main` still runs (ready with the
+    reporter's pid), the reporter says why, and the envelope carries `unavailable` for the operator."""
+    (tmp_path / "blocked").write_text("a file")
+    said, proc = _before_main(tmp_path, "pod-a", claims=tmp_path / "blocked" / "claims")
+    assert said.isdigit()
+    assert (tmp_path / "fp-pod-a").is_file()
+    err = _end(proc)
+    assert "no claim of Job job-uid-1 on volume 'work'" in err
+    envelope = json.loads((tmp_path / "term-pod-a").read_text())
+    report = read_report(json.dumps(envelope["claim"]))
+    assert report is not None and (report.outcome, report.volume) == ("unavailable", "work")
 
 
 def test_a_reporter_restarted_in_its_pod_keeps_the_fingerprint_taken_before_main(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from agentrun_operator.control.envelope import (
     encode_envelope,
 )
 from agentrun_operator.control.extras import artifact_fact, head_commit
-from agentrun_operator.control.reporter import cmd_fingerprint, report_text
+from agentrun_operator.control.reporter import prepare_for_main, report_text
 
 ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -101,7 +101,7 @@ def test_the_report_carries_a_new_commit_only(tmp_path: Path) -> None:
     git(repo, "init", "-q", "-b", "main")
     before = commit(repo, "one")
     control, fp = tmp_path / "control.json", tmp_path / "fp.json"
-    cmd_fingerprint(str(control), str(fp), None, 0.1, checkout=str(repo))
+    assert prepare_for_main(str(control), str(fp), None, "", None, checkout=str(repo))
     assert json.loads(fp.read_text())["commit"] == before
     control.write_text('{"continue": true}')
     unchanged = decode_envelope(report_text(str(control), str(fp), checkout=str(repo)))

@@ -59,7 +59,18 @@ class Pod:
         )
 
     def take_fingerprint(self) -> dict[str, Any]:
-        proc = self.run("fingerprint", "--path", str(self.control), "--out", str(self.fingerprint))
+        """What the reporter does before `main` may start (`report --before-main`, as the Job runs
+        it, here without a claim directory and reporting at once, to a log of its own)."""
+        proc = self.run(
+            "report",
+            "--path",
+            str(self.control),
+            "--fingerprint",
+            str(self.fingerprint),
+            "--termination-log",
+            str(self.root / "before-main-log"),
+            "--before-main",
+        )
         assert proc.returncode == 0, proc.stderr
         doc: dict[str, Any] = json.loads(self.fingerprint.read_text())
         return doc
@@ -235,9 +246,7 @@ def test_huge_file_is_too_large_and_not_read_whole(pod: Pod) -> None:
     obs = reporter.observe(str(pod.control))
     assert obs.size == 4 * 1024**3
     assert obs.data is not None and len(obs.data) == reporter.READ_LIMIT + 1
-    started = time.monotonic()
-    env, _ = pod.report()
-    assert time.monotonic() - started < 10
+    env, _ = pod.report()  # reads READ_LIMIT + 1 bytes, as observe() above: no clock bound needed
     assert env.status == "tooLarge"
     assert env.reason is not None and f"control file is {4 * 1024**3} bytes" in env.reason
 
@@ -252,12 +261,16 @@ def test_directory_fifo_and_unreadable_paths(pod: Pod) -> None:
     assert env.status == "invalid" and env.reason is not None and "not a regular file" in env.reason
 
 
-def test_fingerprint_never_fails_the_pod(pod: Pod, tmp_path: Path) -> None:
+def test_a_fingerprint_that_cannot_be_written_never_fails_the_pod(pod: Pod, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = pod.run("fingerprint", "--path", str(pod.control), "--out", str(blocker / "sub" / "fp.json"))
+    pod.write_control('{"continue": true}')
+    args = pod.report_args()
+    args[args.index("--fingerprint") + 1] = str(blocker / "sub" / "fp.json")
+    proc = pod.run(*args, "--before-main")
     assert proc.returncode == 0
     assert "cannot write the fingerprint" in proc.stderr
+    assert decode_envelope(pod.termination_log.read_text()).status == "found"  # not checked for staleness
 
 
 def test_unwritable_termination_log_still_prints_and_exits_zero(pod: Pod, tmp_path: Path) -> None:
@@ -328,19 +341,11 @@ def _wait_for(path: Path, timeout: float = 30) -> None:
 
 
 def test_sigterm_driven_report(pod: Pod, sidecar: subprocess.Popen[str]) -> None:
-    """Pod order: reporter sidecar, fingerprint init (waits for it), main container, SIGTERM."""
+    """The native sidecar's layout (pods of earlier builds, docs/operations.md#earlier-pods): the
+    sidecar ready, the fingerprint taken, the main container, SIGTERM."""
     pod.write_control('{"continue": true}')  # left by the previous iteration
-    fp = pod.run(
-        "fingerprint",
-        "--path",
-        str(pod.control),
-        "--out",
-        str(pod.fingerprint),
-        "--reporter-ready",
-        str(pod.ready),
-    )
-    assert fp.returncode == 0, fp.stderr
-    assert pod.ready.exists()
+    _wait_for(pod.ready)
+    pod.take_fingerprint()
     # The main container runs; the reporter must not report before it is told to.
     pod.write_control('{"continue": false, "outputs": {"remaining_tasks": 0}}')
     time.sleep(0.2)
@@ -376,36 +381,18 @@ def test_sigterm_right_after_start_is_not_lost(pod: Pod, sidecar: subprocess.Pop
     assert decode_envelope(pod.termination_log.read_text()).status == "missing"
 
 
-def test_fingerprint_gives_up_waiting_for_a_reporter_that_never_starts(pod: Pod) -> None:
-    started = time.monotonic()
-    proc = pod.run(
-        "fingerprint",
-        "--path",
-        str(pod.control),
-        "--out",
-        str(pod.fingerprint),
-        "--reporter-ready",
-        str(pod.ready),
-        "--ready-timeout",
-        "0.3",
-    )
-    assert proc.returncode == 0
-    assert time.monotonic() - started >= 0.3
-    assert "did not become ready" in proc.stderr
-    assert json.loads(pod.fingerprint.read_text())["exists"] is False
-
-
-def test_fingerprint_does_not_import_pydantic(pod: Pod) -> None:
-    """The fingerprint init container sits on the pod's critical path: stdlib only."""
+def test_the_fingerprint_before_main_does_not_import_pydantic(pod: Pod) -> None:
+    """The claim and the fingerprint before `main` sit on the pod's critical path: stdlib only."""
     code = (
         "import sys; from agentrun_operator.control import reporter; "
-        f"reporter.main(['fingerprint', '--path', {str(pod.control)!r}, '--out', {str(pod.fingerprint)!r}]); "
+        f"reporter.prepare_for_main({str(pod.control)!r}, {str(pod.fingerprint)!r}, None, '', None); "
         "print('pydantic' in sys.modules)"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.stdout.strip() == "False", proc.stderr
+    assert json.loads(pod.fingerprint.read_text())["exists"] is False
 
 
 def _unshare_works() -> bool:

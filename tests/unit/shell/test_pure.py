@@ -129,11 +129,8 @@ def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
             "metadata": {"name": "p", "labels": {"job-name": "j"}},
             "status": {
                 "phase": "Failed",
-                "initContainerStatuses": [
-                    {"name": "fingerprint", "state": {"terminated": {"exitCode": 0, "message": "claim"}}},
-                    {"name": "reporter", "state": {"terminated": {"exitCode": 0, "message": '{"v":1}'}}},
-                ],
                 "containerStatuses": [
+                    {"name": "reporter", "state": {"terminated": {"exitCode": 0, "message": '{"v":1}'}}},
                     {
                         "name": "main",
                         "state": {
@@ -143,14 +140,14 @@ def test_pod_carries_the_reporter_envelope_and_main_exit() -> None:
                                 "finishedAt": "2026-11-21T10:00:05Z",
                             }
                         },
-                    }
+                    },
                 ],
             },
         }
     )
     assert pod is not None and pod.terminal and pod.job_name == "j"
     assert pod.reporter_message == '{"v":1}'
-    assert pod.claim_message == "claim"  # the fingerprint's: how its Job claim went
+    assert pod.claim_message is None  # the claim went as expected: no news in the envelope
     assert (pod.main_exit_code, pod.main_reason) == (137, "OOMKilled")
     assert pod.finished_at is not None and pod.finished_at.second == 5
     assert pod_from_k8s({"metadata": {"name": "p", "labels": {}}}) is None
@@ -254,9 +251,8 @@ def test_pod_level_reason_and_message_are_observed() -> None:
     assert plain is not None and plain.reason is None and plain.message is None
 
 
-def test_the_claim_comes_from_the_reporter_s_envelope_or_an_older_pod_s_fingerprint() -> None:
-    """docs/design.md#fingerprint-hook: the hook's claim report rides in the reporter's envelope; pods
-    made before the hook had a `fingerprint` init container whose termination message held it."""
+def test_the_claim_comes_from_the_reporter_s_envelope() -> None:
+    """docs/design.md#reporter-first: the claim report rides in the reporter's envelope when it is news."""
     from agentrun_operator.shell.observe import envelope_claim
 
     claim = {"v": 1, "claim": "unavailable", "volume": "w", "dir": "/w/c", "detail": "denied"}
@@ -277,8 +273,26 @@ def test_the_claim_comes_from_the_reporter_s_envelope_or_an_older_pod_s_fingerpr
     pod = {
         "metadata": {"name": "p", "labels": {"job-name": "j"}},
         "status": {
-            "initContainerStatuses": [{"name": "reporter", "state": {"terminated": {"message": message}}}]
+            "containerStatuses": [{"name": "reporter", "state": {"terminated": {"message": message}}}]
         },
     }
     observed = pod_from_k8s(pod)
     assert observed is not None and json.loads(observed.claim_message or "") == claim
+
+
+def test_legacy_pods_of_earlier_builds_are_still_read() -> None:
+    """Until the release after 0.1.0 (docs/operations.md#earlier-pods): a pod of an earlier build has
+    the reporter among its init containers (the native sidecar) and, older still, a `fingerprint` init
+    container whose termination message is the claim report. Delete this test with that reading."""
+    pod = pod_from_k8s(
+        {
+            "metadata": {"name": "p", "labels": {"job-name": "j"}},
+            "status": {
+                "initContainerStatuses": [
+                    {"name": "fingerprint", "state": {"terminated": {"exitCode": 0, "message": "claim"}}},
+                    {"name": "reporter", "state": {"terminated": {"exitCode": 0, "message": '{"v":1}'}}},
+                ],
+            },
+        }
+    )
+    assert pod is not None and (pod.reporter_message, pod.claim_message) == ('{"v":1}', "claim")
