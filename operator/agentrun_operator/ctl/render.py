@@ -64,6 +64,9 @@ def _steps(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return _flatten(steps, "")
 
 
+steps_of = _steps
+
+
 def _flatten(steps: Any, prefix: str) -> list[Mapping[str, Any]]:
     result: list[Mapping[str, Any]] = []
     for step in steps if isinstance(steps, list) else []:
@@ -86,6 +89,10 @@ def _parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+parse_time = _parse_time
+"""An RFC 3339 timestamp of the status as an aware datetime (None when absent or unreadable)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -396,3 +403,52 @@ def _step_changes(
     if step_line is not None:
         lines.append(step_line)
     return lines
+
+
+# ----------------------------------------------------------------------------------- follow (dev run)
+
+ACTIVE_PHASES: Final = ("Running", "Retrying", "AwaitingApproval")
+
+
+def active_path(run: Mapping[str, Any]) -> str | None:
+    """The path of the step being executed, through every group, loop body and switch on the way, as
+    Events name it (`develop/iteration 2/sign-off`); the last step run when none is active; None
+    before any starts."""
+    steps = _steps(run)
+    active = [s for s in steps if s.get("phase") in ACTIVE_PHASES]
+    if active:  # the deepest active one: its groups are active too and come first
+        return str(active[-1].get("name"))
+    started = [s for s in steps if s.get("startedAt")]
+    return str(started[-1].get("name")) if started else None
+
+
+def approval_waits(run: Mapping[str, Any]) -> str | None:
+    """What the run's `AwaitingApproval` condition says while a gate waits (what it asks, the exact
+    approve command with its required inputs, the reject command); None when none waits."""
+    status = status_of(run)
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("type") == "AwaitingApproval"
+            and condition.get("status") == "True"
+        ):
+            return str(condition.get("message") or "a gate awaits approval (agentrun status NAME)")
+    return None
+
+
+def outcome_reason(run: Mapping[str, Any]) -> str:
+    """Why the run is where it is, always a real value: its reason; else, for a run not finished,
+    what it is doing (`still Running: develop/iteration 1/sign-off AwaitingApproval`)."""
+    status = status_of(run)
+    phase = str(status.get("phase") or "Pending")
+    if status.get("reason"):
+        return str(status["reason"])
+    if phase in TERMINAL_PHASES:
+        return phase
+    path = active_path(run)
+    if path is None:
+        return f"still {phase}: no step has started"
+    step = next((s for s in _steps(run) if s.get("name") == path), {})
+    return f"still {phase}: step {path} {step.get('phase') or 'Pending'}"
