@@ -137,7 +137,7 @@ def _median_seconds(records: list[Mapping[str, Any]]) -> float | None:
     return statistics.median(spans) if len(spans) >= 3 else None
 
 
-def _iteration_note(record: Mapping[str, Any], now: datetime, median: float | None) -> str:
+def _iteration_note(record: Mapping[str, Any], now: datetime, median: float | None, order: list[str]) -> str:
     start = parse_time(record.get("startedAt"))
     end = parse_time(record.get("finishedAt"))
     took = (end or now) - start if start is not None else None
@@ -150,8 +150,9 @@ def _iteration_note(record: Mapping[str, Any], now: datetime, median: float | No
     if median and took is not None and end is not None and took.total_seconds() > SLOW_FACTOR * median:
         parts.append(f"slow ({took.total_seconds() / median:.1f}x the median {format_duration(median)})")
     children = record.get("steps")
-    if isinstance(children, Mapping) and children:
-        parts.append(" ".join(f"{k}={v}" for k, v in children.items()))
+    if isinstance(children, Mapping) and children:  # in the body's order (the API server sorts keys)
+        names = [n for n in order if n in children] + sorted(n for n in children if n not in order)
+        parts.append(" ".join(f"{name}={children[name]}" for name in names))
     return "  ".join(parts)
 
 
@@ -191,12 +192,13 @@ def _step_rows(step: Mapping[str, Any], suffix: str, depth: int, now: datetime) 
             note.append(f"next iteration at {loop['nextIterationAt']}")
         rows.append(Row(indent + name, segments, "  ".join(note) + f"  ({done} completed)"))
         median = _median_seconds(records)
+        order = [str(c.get("name")) for c in step.get("steps") or [] if isinstance(c, Mapping)]
         for record in sorted(records, key=lambda r: int(r.get("index") or 0)):
             rows.append(
                 Row(
                     f"{indent}  #{record.get('index')}",
                     _iteration_segments(record, now),
-                    _iteration_note(record, now, median),
+                    _iteration_note(record, now, median, order),
                 )
             )
         current = loop.get("currentIteration")

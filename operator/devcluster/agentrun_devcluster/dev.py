@@ -590,7 +590,18 @@ def _progress_line(run: dict[str, Any]) -> str:
     )
 
 
-STEP_COLUMN = 28
+STEP_COLUMN = 32
+
+
+def _step_summary(step: Any) -> str:
+    """`step develop/iteration 2/sign-off: Succeeded (Approved)`; a loop's completed iterations and
+    its stop reason once it has one (nothing is printed as `None`)."""
+    loop = step.get("loop") or {}
+    reason = loop.get("stopReason") or step.get("reason")
+    line = f"step {step.get('name')}: {step.get('phase') or 'Pending'}"
+    if loop:
+        line += f", {loop.get('completedIterations') or 0} iterations"
+    return line + (f", stop reason {reason}" if loop and reason else f" ({reason})" if reason else "")
 
 
 def _approval_line(run: dict[str, Any]) -> str | None:
@@ -722,16 +733,9 @@ def run_example(
                 f"(not finished when dev run stopped following it after {timeout:.0f}s; it goes on: "
                 f"agentrun watch {name} -n {namespace})"
             )
-        for step in (status.get("workflow") or {}).get("steps") or []:
+        for step in render.steps_of(obj):
+            print(_step_summary(step))
             loop = step.get("loop") or {}
-            print(
-                f"step {step.get('name')}: {step.get('phase')}"
-                + (
-                    f", {loop.get('completedIterations')} iterations, stop reason {loop.get('stopReason')}"
-                    if loop
-                    else ""
-                )
-            )
             for it in loop.get("iterations") or []:
                 print(
                     f"  iteration {it.get('index')}: {it.get('phase')} (attempts {it.get('attempts')}) "
