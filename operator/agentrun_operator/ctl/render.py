@@ -7,6 +7,7 @@ wanted (only on a terminal, never with NO_COLOR), so every rendering is checked 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -327,7 +328,7 @@ def progress_lines(
     lines: list[str] = []
     finished = after.run[0] in TERMINAL_PHASES
     for step in _steps(current):
-        lines.extend(_step_changes(step, before, after, now, colour))
+        lines.extend(_step_changes(step, before, after, now, colour, approval_waits(current)))
     run_line = None
     if after.run != before.run:
         phase, reason = after.run
@@ -343,12 +344,26 @@ def progress_lines(
     return [f"{stamp} {line}" for line in lines]
 
 
+def _gate_commands(waiting: str | None, path: str) -> str | None:
+    """This gate's `approve with `…` (required: …), reject with `…`` from the run's AwaitingApproval
+    condition (`waiting`), so `watch` names the command the gate accepts; None when not there."""
+    if not waiting:
+        return None
+    found = re.search(rf"step {re.escape(path)}: .*?(approve with `[^`]*`.*?reject with `[^`]*`)", waiting)
+    return found.group(1) if found else None
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _step_changes(
-    step: Mapping[str, Any], before: Snapshot, after: Snapshot, now: datetime, colour: bool
+    step: Mapping[str, Any],
+    before: Snapshot,
+    after: Snapshot,
+    now: datetime,
+    colour: bool,
+    waiting: str | None = None,
 ) -> list[str]:
     name = str(step.get("name"))
     lines: list[str] = []
@@ -367,6 +382,9 @@ def _step_changes(
                 line += f": {_clip(str(step['message']), MAX_MESSAGE_CHARS)}"
         elif phase == "AwaitingApproval" and step.get("message"):
             line += f": {_clip(str(step['message']), 2 * MAX_MESSAGE_CHARS)}"
+            commands = _gate_commands(waiting, name)
+            if commands:
+                line += f"; {commands}"
         lines.append(line)
     step_line = lines.pop() if lines else None
     if step_line is not None and phase not in (*TERMINAL_PHASES, "Skipped"):
