@@ -164,6 +164,11 @@ def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="show a run: phase, conditions, steps, iterations, stop reasons, last control, durations",
     )
     add_arguments(status)
+    status.add_argument(
+        "--timeline",
+        action="store_true",
+        help="draw each step's iterations and attempts as bars on one time axis (waits, retries, slow ones)",
+    )
     status.set_defaults(func=_cmd_ctl)
 
     watch = sub.add_parser(

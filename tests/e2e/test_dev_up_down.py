@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -274,6 +275,37 @@ def test_dev_run_follows_an_example_and_logs_show_its_containers(dev: Dev) -> No
     assert logs.returncode == 0 and "iteration 3 of 3" in logs.stdout, logs.stderr
     reporter = agentrun(home, "dev", "logs", pod, "-c", "reporter")
     assert '"status":"missing"' in reporter.stdout, reporter.stdout + reporter.stderr
+
+
+def test_dev_run_shows_the_gate_it_waits_at_with_the_approve_command_and_a_real_reason(dev: Dev) -> None:
+    """docs/local-dev.md#run: the STEP column is the full path, the wait names the approve command
+    with the gate's required input, and a run still waiting when --timeout passes says so (no None)."""
+    ran = agentrun(dev.home, "dev", "run", str(EXAMPLES / "approval-loop.yaml"), "--timeout", "60")
+    shown = ran.stdout + ran.stderr
+    assert ran.returncode == 1, shown  # it waits for a person: dev run gives up, the run goes on
+    assert re.search(r"^approval-loop +Running +develop/iteration 1/sign-off +1/5$", ran.stdout, re.M), shown
+    assert (
+        "  awaiting approval: step develop/iteration 1/sign-off: awaiting approval: Review change.log"
+        in ran.stdout
+    ), shown
+    assert (
+        "approve with `agentrun approve approval-loop -n default --step develop/sign-off --input "
+        "verdict=VALUE` (required: verdict: revise (another iteration) or final)"
+    ) in ran.stdout, shown
+    assert "reason: still Running: step develop/iteration 1/sign-off AwaitingApproval" in ran.stdout, shown
+    assert "None" not in ran.stdout, shown
+    decided = agentrun(
+        dev.home,
+        "reject",
+        "approval-loop",
+        "--step",
+        "develop/sign-off",
+        "--reason",
+        "done",
+        "--kubeconfig",
+        str(dev.home / "kubeconfig"),
+    )
+    assert decided.returncode == 0, decided.stderr
 
 
 def test_up_restarts_only_what_is_down_on_the_same_ports(dev: Dev) -> None:

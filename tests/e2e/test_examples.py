@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -452,6 +454,16 @@ def test_review_loop_repeats_its_body_until_the_review_approves(local_default: L
         for child in ("implement", "test", "review")
     ]
     assert len(set(created_jobs(local_default, "review-loop"))) == 9  # 3 children x 3 iterations
+    # the timeline through the real CLI: plain text when piped, a bar per iteration and per child
+    timeline = _cli(local_default, "status", "review-loop", "--timeline")
+    assert timeline.returncode == 0 and "\x1b[" not in timeline.stdout, timeline.stderr
+    print(timeline.stdout)
+    rows = [line.split("|") for line in timeline.stdout.splitlines() if "|" in line]
+    drawn = {row[0].strip(): row[1] for row in rows}
+    assert [*drawn] == ["develop", "#1", "#2", "#3", "implement (#3)", "test (#3)", "review (#3)"], drawn
+    assert all(len(bar) == 60 and set(bar) <= {"=", " ", "."} for bar in drawn.values()), drawn
+    starts = [len(drawn[k]) - len(drawn[k].lstrip()) for k in ("#1", "#2", "#3")]
+    assert starts == sorted(starts) and starts[0] < starts[2], drawn
     paths = {f"develop/iteration {k}/{child}" for k in (1, 2, 3) for child in ("implement", "test", "review")}
 
     def ttl_paths() -> bool:  # the last Job's TTL is set by the reconcile after the run's end
@@ -718,9 +730,15 @@ def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> N
     assert approved.returncode == 0, approved.stderr
     assert "recorded as spec.approvals[0]" in approved.stdout
     _gate_waits(local_default, "approval-loop", 2)
-    final = _cli(
-        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=final"
-    )
+    # The approve command that status (and the condition, and the Event) suggests is one the gate
+    # accepts: its required input is a flag, VALUE to fill in.
+    status = _cli(local_default, "status", "approval-loop")
+    suggested = re.search(r"approve with `agentrun (approve [^`]*)`", status.stdout)
+    assert suggested is not None, status.stdout
+    assert "--input verdict=VALUE" in suggested.group(1), suggested.group(1)
+    assert "(required: verdict: revise (another iteration) or final)" in status.stdout, status.stdout
+    command = shlex.split(suggested.group(1).replace("verdict=VALUE", "verdict=final"))
+    final = _cli(local_default, *command)
     assert final.returncode == 0, final.stderr
     run = local_default.wait_for_end("approval-loop")
     assert run["status"]["phase"] == "Succeeded", run["status"]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -194,6 +195,28 @@ def test_reference_conditional_example_stops_on_false(cluster: Any, outcomes: Sc
         "LoopCompleted",
     ):
         assert reason in described, described
+
+
+def test_each_iterations_condition_decision_is_an_event_of_its_own(
+    cluster: Any, outcomes: ScriptedOutcomes
+) -> None:
+    """docs/concepts.md#events: a `ConditionEvaluated` Event per decision, with its reason and the
+    iteration in its message, so iteration 1's decision is still there after iteration 3's."""
+    plane, operator, _ = cluster
+    name = "decisions"
+    outcomes.runs[name] = lambda i, _a: PodOutcome(control={"continue": i < 3, "iteration": i})
+    _create(plane, _loop_run(name, _conditional()))
+    run = _wait_finished(plane, name, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    selector = f"involvedObject.name={name},reason=ConditionEvaluated"
+    events = api.get_json(plane, f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector={quote(selector)}")[
+        "items"
+    ]
+    messages = sorted(e["message"] for e in events)
+    assert len(messages) == 3, messages
+    for index, message in enumerate(messages, 1):
+        assert message.startswith(f"step implement: iteration {index}: "), messages
+    assert all(e["type"] == "Normal" and e.get("count", 1) == 1 for e in events), events
 
 
 @pytest.mark.parametrize(("policy", "phase"), [("stop", "Succeeded"), ("fail", "Failed")])

@@ -376,3 +376,25 @@ def test_the_change_of_a_stored_object_is_computed_once() -> None:
     store.delete(_run(4))
     assert store.upsert(_run(5, {"phase": "Succeeded"})) == (NS, "r")  # forgotten: a new arrival
     assert store.upsert(_run(6, {"phase": "Succeeded"})) is None
+
+
+def test_a_decision_is_an_event_of_its_own_with_a_name_a_replay_repeats() -> None:
+    """docs/operator.md#events: ConditionEvaluated is never merged (nor folded); its name is derived
+    from the run and the decision, so a replayed plan posts the same object."""
+    from agentrun_operator.shell.events import MAX_DECISION_EVENTS, decision_event_name, split_decisions
+
+    decided = EmitEvent("Normal", "ConditionEvaluated", "step s: iteration 2: expression `x` is true")
+    events = [
+        EmitEvent("Normal", "IterationSucceeded", "2"),
+        decided,
+        EmitEvent("Normal", "IterationStarted", "3"),
+    ]
+    own, rest = split_decisions(events, posted=0)
+    assert own == [decided] and [e.reason for e in rest] == ["IterationSucceeded", "IterationStarted"]
+    own, rest = split_decisions(events, posted=MAX_DECISION_EVENTS)  # past the bound: folded as before
+    assert own == [] and rest == events
+    name = decision_event_name("run", "uid-1", decided)
+    assert name == decision_event_name("run", "uid-1", decided) and name.startswith("run.")
+    other = EmitEvent("Normal", "ConditionEvaluated", "step s: iteration 3: expression `x` is true")
+    assert decision_event_name("run", "uid-1", other) != name
+    assert decision_event_name("run", "uid-2", decided) != name  # a new run of the same name

@@ -45,6 +45,13 @@ class IterationRecord(StatusModel):
     phase: IterationPhase = Field(description="Pending, Running, Retrying, Succeeded, Failed or Cancelled.")
     attempts: int = Field(default=0, ge=0, description="Attempts started for this iteration so far.")
     started_at: Timestamp | None = Field(default=None, description="When the first attempt started.")
+    last_attempt_started_at: Timestamp | None = Field(
+        default=None,
+        description=(
+            "When its latest attempt started, once it had more than one: the time before it went to "
+            "the failed attempts and their backoff (agentrun status --timeline draws both)."
+        ),
+    )
     finished_at: Timestamp | None = Field(default=None, description="When the iteration finished.")
     message: str | None = Field(default=None, description="Outcome in words, e.g. why it failed.")
     job_ref: JobRef | None = Field(default=None, description="Job of the latest attempt.")

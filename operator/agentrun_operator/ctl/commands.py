@@ -21,6 +21,7 @@ import aiohttp
 from agentrun_operator.api import GROUP, VERSION, AgentRun, ApprovalDecision, parse_agentrun
 from agentrun_operator.api.approval import Decision
 from agentrun_operator.ctl import render
+from agentrun_operator.ctl import timeline as ctl_timeline
 from agentrun_operator.ctl.connect import CtlError, Target
 from agentrun_operator.planner.approval import DOCS, Gate, decision_problems, find_gate, why_not_waiting
 from agentrun_operator.planner.tree import walk
@@ -84,11 +85,22 @@ async def get_run(kube: Kube, target: Target, name: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- status
 
 
-async def status(target: Target, name: str, output: str, colour: bool, out: TextIO) -> int:
+async def status(
+    target: Target,
+    name: str,
+    output: str,
+    colour: bool,
+    out: TextIO,
+    *,
+    timeline: bool = False,
+    width: int = ctl_timeline.DEFAULT_WIDTH,
+) -> int:
     kube = target.kube
     run = await get_run(kube, target, name)
     if output in ("json", "yaml"):
         out.write(render.render_object(run, output))
+    elif timeline:
+        out.write(ctl_timeline.render_timeline(run, datetime.now(UTC), width, colour))
     else:
         out.write(render.render_status(run, datetime.now(UTC), colour))
     return 0

@@ -7,12 +7,13 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
 from typing import TextIO
 
 import aiohttp
 
-from agentrun_operator.ctl import commands, render
+from agentrun_operator.ctl import commands, render, timeline
 from agentrun_operator.ctl.connect import CtlError, Target, connect
 
 
@@ -25,6 +26,16 @@ def wants_colour(stream: TextIO) -> bool:
         and not os.environ.get("NO_COLOR")
         and os.environ.get("TERM", "") != "dumb"
     )
+
+
+def bar_width(stream: TextIO) -> int:
+    """The timeline's bars fill what the terminal leaves beside the labels and notes (COLUMNS first,
+    as shells export it); piped output gets the default width, so it reads the same in a CI log."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is None or not isatty():
+        return timeline.DEFAULT_WIDTH
+    columns = shutil.get_terminal_size((timeline.DEFAULT_WIDTH + 80, 24)).columns
+    return max(timeline.MIN_WIDTH, min(columns - 80, 2 * timeline.DEFAULT_WIDTH))
 
 
 def parse_inputs(pairs: list[str]) -> dict[str, str]:
@@ -52,7 +63,10 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         target = await connect(args.kubeconfig, args.context, args.namespace)
         output = getattr(args, "output", None) or ""
         if args.command == "status":
-            return await commands.status(target, args.name, output, wants_colour(out), out)
+            timeline = getattr(args, "timeline", False)
+            return await commands.status(
+                target, args.name, output, wants_colour(out), out, timeline=timeline, width=bar_width(out)
+            )
         if args.command == "watch":
             return await commands.watch(target, args.name, output, wants_colour(out), args.timeout, out, err)
         if args.command == "cancel":

@@ -7,6 +7,7 @@ wanted (only on a terminal, never with NO_COLOR), so every rendering is checked 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -64,6 +65,9 @@ def _steps(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return _flatten(steps, "")
 
 
+steps_of = _steps
+
+
 def _flatten(steps: Any, prefix: str) -> list[Mapping[str, Any]]:
     result: list[Mapping[str, Any]] = []
     for step in steps if isinstance(steps, list) else []:
@@ -86,6 +90,10 @@ def _parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+parse_time = _parse_time
+"""An RFC 3339 timestamp of the status as an aware datetime (None when absent or unreadable)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -320,7 +328,7 @@ def progress_lines(
     lines: list[str] = []
     finished = after.run[0] in TERMINAL_PHASES
     for step in _steps(current):
-        lines.extend(_step_changes(step, before, after, now, colour))
+        lines.extend(_step_changes(step, before, after, now, colour, approval_waits(current)))
     run_line = None
     if after.run != before.run:
         phase, reason = after.run
@@ -336,12 +344,26 @@ def progress_lines(
     return [f"{stamp} {line}" for line in lines]
 
 
+def _gate_commands(waiting: str | None, path: str) -> str | None:
+    """This gate's `approve with `…` (required: …), reject with `…`` from the run's AwaitingApproval
+    condition (`waiting`), so `watch` names the command the gate accepts; None when not there."""
+    if not waiting:
+        return None
+    found = re.search(rf"step {re.escape(path)}: .*?(approve with `[^`]*`.*?reject with `[^`]*`)", waiting)
+    return found.group(1) if found else None
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def _step_changes(
-    step: Mapping[str, Any], before: Snapshot, after: Snapshot, now: datetime, colour: bool
+    step: Mapping[str, Any],
+    before: Snapshot,
+    after: Snapshot,
+    now: datetime,
+    colour: bool,
+    waiting: str | None = None,
 ) -> list[str]:
     name = str(step.get("name"))
     lines: list[str] = []
@@ -360,6 +382,9 @@ def _step_changes(
                 line += f": {_clip(str(step['message']), MAX_MESSAGE_CHARS)}"
         elif phase == "AwaitingApproval" and step.get("message"):
             line += f": {_clip(str(step['message']), 2 * MAX_MESSAGE_CHARS)}"
+            commands = _gate_commands(waiting, name)
+            if commands:
+                line += f"; {commands}"
         lines.append(line)
     step_line = lines.pop() if lines else None
     if step_line is not None and phase not in (*TERMINAL_PHASES, "Skipped"):
@@ -396,3 +421,52 @@ def _step_changes(
     if step_line is not None:
         lines.append(step_line)
     return lines
+
+
+# ----------------------------------------------------------------------------------- follow (dev run)
+
+ACTIVE_PHASES: Final = ("Running", "Retrying", "AwaitingApproval")
+
+
+def active_path(run: Mapping[str, Any]) -> str | None:
+    """The path of the step being executed, through every group, loop body and switch on the way, as
+    Events name it (`develop/iteration 2/sign-off`); the last step run when none is active; None
+    before any starts."""
+    steps = _steps(run)
+    active = [s for s in steps if s.get("phase") in ACTIVE_PHASES]
+    if active:  # the deepest active one: its groups are active too and come first
+        return str(active[-1].get("name"))
+    started = [s for s in steps if s.get("startedAt")]
+    return str(started[-1].get("name")) if started else None
+
+
+def approval_waits(run: Mapping[str, Any]) -> str | None:
+    """What the run's `AwaitingApproval` condition says while a gate waits (what it asks, the exact
+    approve command with its required inputs, the reject command); None when none waits."""
+    status = status_of(run)
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("type") == "AwaitingApproval"
+            and condition.get("status") == "True"
+        ):
+            return str(condition.get("message") or "a gate awaits approval (agentrun status NAME)")
+    return None
+
+
+def outcome_reason(run: Mapping[str, Any]) -> str:
+    """Why the run is where it is, always a real value: its reason; else, for a run not finished,
+    what it is doing (`still Running: develop/iteration 1/sign-off AwaitingApproval`)."""
+    status = status_of(run)
+    phase = str(status.get("phase") or "Pending")
+    if status.get("reason"):
+        return str(status["reason"])
+    if phase in TERMINAL_PHASES:
+        return phase
+    path = active_path(run)
+    if path is None:
+        return f"still {phase}: no step has started"
+    step = next((s for s in _steps(run) if s.get("name") == path), {})
+    return f"still {phase}: step {path} {step.get('phase') or 'Pending'}"

@@ -40,6 +40,7 @@ REASON_TIMED_OUT: Final = "ApprovalTimedOut"
 REASON_REFUSED: Final = "ApprovalRefused"
 EVENT_AWAITING: Final = "AwaitingApproval"
 DOCS: Final = concepts("approval-gates")
+MAX_INPUT_NOTE: Final = 80
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,32 @@ def _spec(view: StepView) -> StepApproval:
     return view.spec.approval
 
 
+def approve_command(run: str, namespace: str | None, path: str, gate: StepApproval) -> str:
+    """The `agentrun approve` command that this gate accepts as it is: every required input as an
+    `--input NAME=VALUE` flag (a command without them is refused), so a person can copy it and fill
+    in the values. Shared by the condition, the Event, `agentrun status` and `agentrun dev run`."""
+    target = f"{run} -n {namespace}" if namespace else run
+    flags = "".join(f" --input {i.name}=VALUE" for i in gate.inputs or [] if i.required)
+    return f"agentrun approve {target} --step {path}{flags}"
+
+
+def required_inputs_note(gate: StepApproval) -> str:
+    """`(verdict: revise (another iteration) or final)`: what each required input means, for the
+    approver who fills in VALUE; empty when the gate requires none."""
+    parts = [
+        f"{i.name}: {clip(i.description, MAX_INPUT_NOTE)}" if i.description else i.name
+        for i in gate.inputs or []
+        if i.required
+    ]
+    return f" (required: {'; '.join(parts)})" if parts else ""
+
+
 def _commands(ctx: PlanContext, view: StepView) -> str:
+    spec = _spec(view)
     run = f"{ctx.name} -n {ctx.namespace}" if ctx.namespace else ctx.name
     return (
-        f"approve with `agentrun approve {run} --step {view.path}`, reject with "
+        f"approve with `{approve_command(ctx.name, ctx.namespace, view.path, spec)}`"
+        f"{required_inputs_note(spec)}, reject with "
         f"`agentrun reject {run} --step {view.path} --reason TEXT`"
     )
 

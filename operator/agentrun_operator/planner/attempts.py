@@ -228,6 +228,7 @@ def _enter_attempt(
         else:
             record.phase = "Running"
             record.attempts = attempt
+            record.last_attempt_started_at = ctx.now
             record.job_ref = JobRef(name=name)
 
 

@@ -8,11 +8,16 @@ cost 2-3 writes per iteration. Here (docs/operator.md#events):
 - an Event whose reason and type repeat the run's existing series only updates that series in memory
   (count, lastTimestamp, newest message); the series object is patched when `flush_seconds` have
   passed since it was last written, when the run finishes, or when the operator stops, so
-  `kubectl describe` shows e.g. `IterationStarted (x19 over 40s)` with the newest message.
+  `kubectl describe` shows e.g. `IterationStarted (x19 over 40s)` with the newest message;
+- a decision (`ConditionEvaluated`: a loop's condition after an iteration) is its own Event, never
+  merged nor folded, so each iteration's decision stays findable (a series would keep only the
+  newest message). Its name is derived from the run and the decision, so a replayed plan posts it
+  once. Past `MAX_DECISION_EVENTS` of one run (per operator process) decisions fold as the rest do.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -41,6 +46,30 @@ _RANK = {
     "StepSkipped": 20,
 }
 MAX_MESSAGE = 1024
+DECISION_REASONS = frozenset({"ConditionEvaluated"})
+MAX_DECISION_EVENTS = 200
+"""Decisions posted as Events of their own per run (and operator process); later ones fold. A loop
+of 1,000 iterations keeps the first 200 decisions as Events, its status keeps every counter."""
+
+
+def split_decisions(events: Sequence[EmitEvent], posted: int) -> tuple[list[EmitEvent], list[EmitEvent]]:
+    """The decisions to post as Events of their own (while fewer than `MAX_DECISION_EVENTS` were),
+    and the rest, to merge into one."""
+    own: list[EmitEvent] = []
+    rest: list[EmitEvent] = []
+    for event in events:
+        if event.reason in DECISION_REASONS and posted + len(own) < MAX_DECISION_EVENTS:
+            own.append(event)
+        else:
+            rest.append(event)
+    return own, rest
+
+
+def decision_event_name(run_name: str, uid: str, event: EmitEvent) -> str:
+    """A decision Event's name: the run's, then a digest of the run's uid and the decision (its
+    message names the step and the iteration), so posting it again after a replay adopts it."""
+    digest = hashlib.sha256(f"{uid}\0{event.reason}\0{event.message}".encode()).hexdigest()[:16]
+    return f"{run_name[:200]}.{digest}"
 
 
 def merge(events: Sequence[EmitEvent]) -> EmitEvent:
@@ -80,6 +109,7 @@ class Series:
 @dataclass
 class RunSeries:
     by_reason: dict[tuple[str, str], Series] = field(default_factory=dict)
+    decisions: int = 0  # decision Events posted as their own
 
 
 class EventRecorder:
@@ -93,6 +123,10 @@ class EventRecorder:
         """Post (or fold into a series) what one reconcile planned; flush all when `finished`."""
         meta = run["metadata"]
         uid = str(meta["uid"])
+        own, events = split_decisions(events, self._runs.get(uid, RunSeries()).decisions)
+        for decision in own:
+            self._runs.setdefault(uid, RunSeries()).decisions += 1
+            await self._post(run, decision, name=decision_event_name(str(meta["name"]), uid, decision))
         if events:
             event = merge(events)
             series = self._runs.setdefault(uid, RunSeries()).by_reason.get((event.type, event.reason))
@@ -129,13 +163,15 @@ class EventRecorder:
         self.flush_seconds = 0.0
         await self.flush_due(namespaces)
 
-    async def _post(self, run: dict[str, Any], action: EmitEvent) -> None:
+    async def _post(self, run: dict[str, Any], action: EmitEvent, name: str | None = None) -> None:
+        """Post `action` as a new Event (a series, unless `name` is given: a decision of its own)."""
         meta = run["metadata"]
         now = _now()
+        identity = {"name": name} if name else {"generateName": f"{meta['name'][:200]}."}
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+            "metadata": {**identity, "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": run.get("apiVersion", API_VERSION),
                 "kind": "AgentRun",
@@ -157,8 +193,11 @@ class EventRecorder:
         try:
             created = await self.kube.create_event(meta["namespace"], event)
         except KubeError as exc:  # Events are best effort; never fail a reconcile on them
-            log.warning("event not posted: %s", exc)
+            if not (name and exc.status == 409):  # a decision posted before a replay: it is there
+                log.warning("event not posted: %s", exc)
             return
+        if name:
+            return  # a decision is no series: nothing folds into it
         name = str((created.get("metadata") or {}).get("name") or "")
         if name:
             series = Series(name, 1, action.message, now, time.monotonic())

@@ -28,6 +28,7 @@ from agentrun_devcluster import processes, toolchain, webhookcert
 from agentrun_devcluster.controlplane import COMPONENTS, ControlPlane, ControlPlaneError, check_state_format
 from agentrun_devcluster.podrunner.adopt import stop_leftovers
 from agentrun_operator import naming
+from agentrun_operator.ctl import render
 
 RUNNER = "pod-runner"
 OPERATOR = "operator"
@@ -550,17 +551,44 @@ def _claims(run: dict[str, Any]) -> list[str]:
 
 
 def _progress_line(run: dict[str, Any]) -> str:
+    """NAME, PHASE, the full path of the step being executed (through groups, loop bodies and
+    switches), the innermost loop's iteration, the reason; a line is printed when any changes."""
     status = run.get("status") or {}
-    steps = (status.get("workflow") or {}).get("steps") or []
-    current = next(
-        (s for s in steps if s.get("phase") in ("Running", "Retrying")), steps[-1] if steps else {}
-    )
-    loop = current.get("loop") or {}
+    path = render.active_path(run)
+    loops = [
+        s.get("loop") or {}
+        for s in render.steps_of(run)
+        if s.get("loop")
+        and path is not None
+        and (path == s.get("name") or path.startswith(f"{s.get('name')}/"))
+    ]
+    loop = loops[-1] if loops else {}
     iteration = f"{loop.get('currentIteration', '-')}/{loop.get('maxIterations', '-')}" if loop else "-"
     return (
         f"{run['metadata']['name']:<40} {status.get('phase') or 'Pending':<10} "
-        f"{current.get('name') or '-':<12} {iteration:<9} {status.get('reason') or ''}"
+        f"{path or '-':<{STEP_COLUMN}} {iteration:<9} {status.get('reason') or ''}".rstrip()
     )
+
+
+STEP_COLUMN = 32
+
+
+def _step_summary(step: Any) -> str:
+    """`step develop/iteration 2/sign-off: Succeeded (Approved)`; a loop's completed iterations and
+    its stop reason once it has one (nothing is printed as `None`)."""
+    loop = step.get("loop") or {}
+    reason = loop.get("stopReason") or step.get("reason")
+    line = f"step {step.get('name')}: {step.get('phase') or 'Pending'}"
+    if loop:
+        line += f", {loop.get('completedIterations') or 0} iterations"
+    return line + (f", stop reason {reason}" if loop and reason else f" ({reason})" if reason else "")
+
+
+def _approval_line(run: dict[str, Any]) -> str | None:
+    """While a gate waits: what it asks and the exact approve command (its required inputs as flags),
+    from the run's AwaitingApproval condition; `dev run` keeps following meanwhile."""
+    waiting = render.approval_waits(run)
+    return f"  awaiting approval: {waiting}" if waiting else None
 
 
 JOB_CLAIMS = Path(".agentrun-claims")
@@ -646,9 +674,10 @@ def run_example(
                 "delete", "pvc", claim, "-n", namespace, "--wait=true", "--timeout=120s", "--ignore-not-found"
             )
     _say(plane.kubectl("apply", "-n", namespace, "-f", str(manifest)).rstrip())
-    print(f"{'NAME':<40} {'PHASE':<10} {'STEP':<12} {'ITERATION':<9} REASON", flush=True)
+    print(f"{'NAME':<40} {'PHASE':<10} {'STEP':<{STEP_COLUMN}} {'ITERATION':<9} REASON", flush=True)
     deadline = time.monotonic() + timeout
     last: dict[str, str] = {}
+    waits: dict[str, str | None] = {}
     final: dict[str, dict[str, Any]] = {}
     while time.monotonic() < deadline and len(final) < len(runs):
         for run in runs:
@@ -658,9 +687,13 @@ def run_example(
                 continue
             obj = json.loads(body)
             line = _progress_line(obj)
+            gate = _approval_line(obj)
             if last.get(name) != line:
                 last[name] = line
                 print(line, flush=True)
+            if gate is not None and waits.get(name) != gate:
+                print(gate, flush=True)
+            waits[name] = gate
             if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled"):
                 final[name] = obj
         time.sleep(0.5)
@@ -672,18 +705,17 @@ def run_example(
         obj = json.loads(body) if code == 200 else {}
         status = obj.get("status") or {}
         print(
-            f"phase: {status.get('phase')}  reason: {status.get('reason')}  message: {status.get('message')}"
+            f"phase: {status.get('phase') or 'Pending'}  reason: {render.outcome_reason(obj)}  "
+            f"message: {status.get('message') or '-'}"
         )
-        for step in (status.get("workflow") or {}).get("steps") or []:
-            loop = step.get("loop") or {}
+        if name not in final:
             print(
-                f"step {step.get('name')}: {step.get('phase')}"
-                + (
-                    f", {loop.get('completedIterations')} iterations, stop reason {loop.get('stopReason')}"
-                    if loop
-                    else ""
-                )
+                f"(not finished when dev run stopped following it after {timeout:.0f}s; it goes on: "
+                f"agentrun watch {name} -n {namespace})"
             )
+        for step in render.steps_of(obj):
+            print(_step_summary(step))
+            loop = step.get("loop") or {}
             for it in loop.get("iterations") or []:
                 print(
                     f"  iteration {it.get('index')}: {it.get('phase')} (attempts {it.get('attempts')}) "

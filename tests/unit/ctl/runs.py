@@ -288,3 +288,109 @@ def polling() -> dict[str, Any]:
         "no pod runs until then"
     )
     return run
+
+
+def _at(seconds: float) -> str:
+    """10:00:00Z plus `seconds`, as the status writes it."""
+    whole = int(seconds)
+    return f"2026-11-23T{10 + whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}Z"
+
+
+def forty_with_retries() -> dict[str, Any]:
+    """A 40-iteration loop, finished: each iteration 3 s and a 10 s wait (loop.intervalSeconds)
+    before the next; every 7th needed 3 attempts (8 s of failed attempts and backoff first), iteration
+    20 took 20 s, iteration 40 failed twice and gave up."""
+    records: list[dict[str, Any]] = []
+    clock = 1.0
+    for index in range(1, 41):
+        start = clock
+        record: dict[str, Any] = {
+            "index": index,
+            "phase": "Succeeded",
+            "attempts": 1,
+            "startedAt": _at(start),
+        }
+        if index % 7 == 0:
+            record.update(attempts=3, lastAttemptStartedAt=_at(start + 8))
+            clock += 8
+        clock += 20 if index == 20 else 3
+        if index == 40:
+            clock += 4
+            record.update(phase="Failed", attempts=2, lastAttemptStartedAt=_at(start + 4))
+            record["message"] = "main container exited with code 2 (Error)"
+        record["finishedAt"] = _at(clock)
+        records.append(record)
+        clock += 10
+    end = records[-1]["finishedAt"]
+    step = {
+        "name": "poll",
+        "phase": "Failed",
+        "attempt": 2,
+        "startedAt": _at(1),
+        "finishedAt": end,
+        "reason": "LoopIterationFailed",
+        "loop": {
+            "currentIteration": 40,
+            "completedIterations": 39,
+            "maxIterations": 50,
+            "stopReason": "LoopIterationFailed",
+            "retainedIterations": 40,
+            "prunedIterations": 0,
+            "iterations": records,
+        },
+    }
+    return {
+        "metadata": {**META, "name": "poller"},
+        "status": {
+            "phase": "Failed",
+            "reason": "LoopIterationFailed",
+            "startedAt": _at(1),
+            "finishedAt": end,
+            "workflow": {"phase": "Failed", "steps": [step]},
+        },
+    }
+
+
+def awaiting_approval() -> dict[str, Any]:
+    """The approval-loop example waiting at its gate in iteration 1 since 10:00:04."""
+    gate = {
+        "name": "sign-off",
+        "phase": "AwaitingApproval",
+        "startedAt": "2026-11-23T10:00:04Z",
+        "approval": {"iteration": 1},
+        "message": "awaiting approval: Review change.log in /workspace and approve",
+    }
+    develop = {
+        "name": "develop",
+        "phase": "Running",
+        "startedAt": "2026-11-23T10:00:01Z",
+        "loop": {
+            "currentIteration": 1,
+            "completedIterations": 0,
+            "maxIterations": 5,
+            "iterations": [
+                {"index": 1, "phase": "Running", "attempts": 0, "startedAt": "2026-11-23T10:00:01Z"}
+            ],
+        },
+        "steps": [_child("implement", "2026-11-23T10:00:01Z", "2026-11-23T10:00:04Z", "a-job"), gate],
+    }
+    command = "agentrun approve approval-loop -n e2e --step develop/sign-off --input verdict=VALUE"
+    return {
+        "metadata": {**META, "name": "approval-loop"},
+        "status": {
+            "phase": "Running",
+            "startedAt": "2026-11-23T10:00:01Z",
+            "workflow": {"phase": "Running", "steps": [develop]},
+            "conditions": [
+                _cond(
+                    "AwaitingApproval",
+                    "True",
+                    "AwaitingApproval",
+                    f"step develop/iteration 1/sign-off: awaiting approval: Review change.log in /workspace "
+                    f"and approve; approve with `{command}` (required: verdict: revise (another iteration) "
+                    "or final), reject with `agentrun reject approval-loop -n e2e --step develop/sign-off "
+                    "--reason TEXT`",
+                )
+            ],
+        },
+    }

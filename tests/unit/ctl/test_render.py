@@ -128,3 +128,16 @@ def test_the_status_table_lists_children_of_groups_by_path() -> None:
     rows = [line[:width].rstrip() for line in lines[header + 1 : header + 4]]
     # the children of the body's last iteration, named as Events name them
     assert rows == ["dev", "dev/iteration 2/implement", "dev/iteration 2/review"]
+
+
+def test_watch_names_the_approve_command_the_gate_accepts() -> None:
+    """The line for a gate that starts waiting carries the commands of the run's condition, the
+    approve command with the gate's required input as a flag."""
+    lines = render.progress_lines(None, runs.awaiting_approval(), NOW)
+    gate = next(line for line in lines if "step develop/iteration 1/sign-off: AwaitingApproval" in line)
+    assert gate.endswith(
+        "awaiting approval: Review change.log in /workspace and approve; approve with `agentrun approve "
+        "approval-loop -n e2e --step develop/sign-off --input verdict=VALUE` (required: verdict: revise "
+        "(another iteration) or final), reject with `agentrun reject approval-loop -n e2e --step "
+        "develop/sign-off --reason TEXT`"
+    ), gate

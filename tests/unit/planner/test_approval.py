@@ -9,8 +9,15 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agentrun_operator.api import AgentRun, ApprovalDecision, agentrun_errors, immutability_violations
+from agentrun_operator.api.approval import StepApproval
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.planner.approval import Gate, decision_problems, find_gate
+from agentrun_operator.planner.approval import (
+    Gate,
+    approve_command,
+    decision_problems,
+    find_gate,
+    required_inputs_note,
+)
 from agentrun_operator.planner.facts import ApprovalDecided, ApprovalRequested
 from agentrun_operator.planner.remedies import with_remedy
 from agentrun_operator.planner.validate import validate_manifest
@@ -62,7 +69,14 @@ def test_a_gate_waits_without_a_job_and_says_so_everywhere() -> None:
     assert world.status.message == f"step sign-off: awaiting approval: {MESSAGE}"
     assert world.status.current_step == "sign-off"
     waiting = _condition(world, "AwaitingApproval")
-    assert waiting.status == "True" and "agentrun approve run -n ns --step sign-off" in waiting.message
+    assert waiting.status == "True"
+    # The hint is a command the gate accepts: its required input is a flag (without it, refused).
+    assert "`agentrun approve run -n ns --step sign-off --input verdict=VALUE`" in waiting.message
+    assert "--input note" not in waiting.message  # optional inputs keep their defaults
+    awaiting = next(
+        a for p in world.plans for a in p.actions if getattr(a, "reason", "") == "AwaitingApproval"
+    )
+    assert "--input verdict=VALUE" in awaiting.message
     assert "AwaitingApproval" in world.event_reasons()
     assert ApprovalRequested("sign-off", "sign-off") in _facts(world)
     world.plan()  # waiting stays quiet
@@ -328,3 +342,23 @@ def test_metrics_count_waits_and_decisions() -> None:
     metrics.observe_fact(ApprovalDecided("develop/sign-off", "Refused", 3))
     assert sample("agentrun_approval_waits_total") == waits + 1
     assert sample("agentrun_approval_decisions_total", decision="Refused") == refused + 1
+
+
+def test_the_approve_hint_names_each_required_input_with_its_description() -> None:
+    gate = StepApproval.model_validate(
+        {
+            "message": "m",
+            "inputs": [
+                {"name": "verdict", "required": True, "description": "revise or final"},
+                {"name": "ticket", "required": True},
+                {"name": "note", "default": ""},
+            ],
+        }
+    )
+    assert approve_command("r", None, "develop/sign-off", gate) == (
+        "agentrun approve r --step develop/sign-off --input verdict=VALUE --input ticket=VALUE"
+    )
+    assert required_inputs_note(gate) == " (required: verdict: revise or final; ticket)"
+    bare = StepApproval(message="m")
+    assert approve_command("r", "ns", "gate", bare) == "agentrun approve r -n ns --step gate"
+    assert required_inputs_note(bare) == ""
