@@ -252,6 +252,36 @@ def test_a_stale_cached_run_gets_409_and_is_replanned_from_a_fresh_read(env: Any
     assert _run(plane, name)["status"]["phase"] == "Running"
 
 
+def test_the_cache_keeps_no_managed_fields_and_the_status_write_keeps_the_servers(env: Any) -> None:
+    """managedFields were a third of a cached run and nothing reads them: the cache drops them; the
+    status PUT then sends none, and the API server keeps the stored ones (its field manager takes
+    the live object's when a request has none) and records the operator's status fields."""
+    plane = env[0]
+    name = "unmanaged"
+    _create(plane, workflow_run(name, {}))
+    assert _run_with_managed_fields(plane, name)["metadata"]["managedFields"]
+
+    async def body(kube: Kube) -> None:
+        cache = RunCache()
+        await relist(kube, cache, (NAMESPACE,))
+        cached = cache.run(NAMESPACE, name)
+        assert cached is not None and "managedFields" not in cached["metadata"]
+        assert (await Reconciler(kube, OperatorConfig(), cache).reconcile(NAMESPACE, name)).wrote_status
+        written = cache.run(NAMESPACE, name)
+        assert written is not None and "managedFields" not in written["metadata"]
+        assert written["status"]["phase"] == "Running"
+
+    _in_process(plane, body)
+    managed = _run_with_managed_fields(plane, name)["metadata"]["managedFields"]
+    assert any(m.get("operation") == "Update" and m.get("subresource") != "status" for m in managed)
+    assert any(m.get("subresource") == "status" and "f:status" in (m.get("fieldsV1") or {}) for m in managed)
+
+
+def _run_with_managed_fields(plane: ControlPlane, name: str) -> dict[str, Any]:
+    out = plane.kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json", "--show-managed-fields")
+    return dict(json.loads(out))
+
+
 def test_relist_finds_what_the_cache_missed_and_forgets_what_is_gone(env: Any) -> None:
     plane = env[0]
     name = "relisted"
@@ -269,18 +299,23 @@ def test_relist_finds_what_the_cache_missed_and_forgets_what_is_gone(env: Any) -
     _in_process(plane, body)
 
 
-def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
-    """One Event per reconcile; a repeated reason bumps the series count, written when the run ends."""
+@pytest.mark.parametrize("writers", [False, True], ids=["in-reconcile", "by-writer-tasks"])
+def test_event_series_fold_repeats_into_one_object(env: Any, writers: bool) -> None:
+    """One Event per reconcile; a repeated reason bumps the series count, written when the run ends.
+    Started (as the operator starts it), the recorder writes nothing while a reconcile submits: its
+    writer tasks post afterwards, the same objects in the same order."""
     plane = env[0]
-    name = "events"
+    name = f"events-{int(writers)}"
     _create(plane, workflow_run(name, {}))
     run = _run(plane, name)
 
     async def body(kube: Kube) -> int:
         recorder = EventRecorder(kube, "test", flush_seconds=3600)
+        if writers:
+            recorder.start()
         before = kube.counters.writes
         for k in range(1, 4):
-            await recorder.record(
+            await recorder.submit(
                 run,
                 [
                     EmitEvent("Normal", "IterationSucceeded", f"iteration {k} succeeded"),
@@ -288,7 +323,10 @@ def test_event_series_fold_repeats_into_one_object(env: Any) -> None:
                 ],
                 finished=False,
             )
-        await recorder.record(run, [EmitEvent("Normal", "RunSucceeded", "run succeeded")], finished=True)
+        await recorder.submit(run, [EmitEvent("Normal", "RunSucceeded", "run succeeded")], finished=True)
+        if writers:
+            assert kube.counters.writes == before  # nothing written on the reconcile's path
+            await recorder.stop()
         return kube.counters.writes - before
 
     writes = _in_process(plane, body)

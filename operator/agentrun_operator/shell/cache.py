@@ -104,6 +104,16 @@ def run_view(run: Obj) -> tuple[Any, ...]:
     )
 
 
+def _kept(obj: Obj) -> Obj:
+    """The body as the cache keeps it: without `metadata.managedFields`, which no reader reads and
+    which was a third of a cached AgentRun (docs/operator.md#scale). A status write sends no
+    managedFields, and the API server then keeps the stored ones."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _identity(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
@@ -237,7 +247,7 @@ class Store:
             return None  # unchanged: the echo of an answer written through, a relist of the same
         view = self._view(obj)
         now = self._change(view)
-        entries[name] = (obj if self._keep_body else _identity(obj), view)
+        entries[name] = (_kept(obj) if self._keep_body else _identity(obj), view)
         self._where[where] = key
         moved = old_key is not None and old_key != key
         if current is None:
