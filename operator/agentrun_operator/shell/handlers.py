@@ -191,6 +191,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         state.kube = await Kube.connect(state.kubeconfig)
         state.events = EventRecorder(state.kube, "agentrun-operator")
+        state.events.start()
         state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
         namespaces = state.config.watched_namespaces
         kube, cache = state.kube, state.cache
@@ -283,6 +284,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out
+                await state.events.stop()
                 await state.events.flush_all(uids)
         if state.kube is not None:
             await state.kube.close()

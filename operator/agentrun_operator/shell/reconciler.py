@@ -482,7 +482,7 @@ class Reconciler:
                     extra={**corr, **_where(None), "decision": "delete-run"},
                 )
         finished = decision.status.phase in TERMINAL_RUN_PHASES
-        await self.events.record(raw, events, finished=finished)
+        await self.events.submit(raw, events, finished=finished)
         for fact in decision.facts:
             metrics.observe_fact(fact, jobs_created)
         return result
