@@ -1,7 +1,8 @@
 """The periodic resync's reads: compare every cached kind with the API server (docs/operator.md#cache).
 
 The watch cache (shell/cache.py) only keeps and merges; the requests that check it are made here.
-Each kind is listed as metadata only (`Store.compare`), and only the objects the cache does not hold
+Each kind is listed as metadata only, in pages cut to names and versions (`Kube.list_identities`,
+`Store.compare`), and only the objects the cache does not hold
 at their listed version are read in full, each with a GET whose answer is merged in as a read
 (`Store.answer`): a resync of an up-to-date cache decodes names and versions, not every pod's spec
 and status. Whatever a watch missed is found here, one resync period late at most.
@@ -31,7 +32,7 @@ async def relist(kube: Kube, cache: RunCache, namespaces: tuple[str, ...]) -> se
         store: Store = getattr(cache, attr)
         for ns in scopes:
             since = store.clock()
-            metas, _ = await kube.list_with_version(prefix, plural, ns, selector, metadata_only=True)
+            metas = await kube.list_identities(prefix, plural, ns, selector)
             fetch, dropped = store.compare(metas, since, {ns} if ns else None)
             changed |= dropped
             for obj_ns, name in fetch:
