@@ -34,6 +34,7 @@ import yaml
 
 from agentrun_devcluster import argo, processes
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.kwok_stages import owned_by, pod_completed_stage
 
 NS = "argo-bench"
 WORKFLOWS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/workflows"
@@ -67,47 +68,7 @@ def step_of(node_name: str) -> int | None:
     return int(tail[1:]) if tail.startswith("s") and tail[1:].isdigit() else None
 
 
-STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: argo-step-ended
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.metadata.ownerReferences.[].kind'
-      operator: 'In'
-      values: ['Workflow']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: PodCompleted}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: PodCompleted}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: 0
-            reason: Completed
-            startedAt: {{ $now | Quote }}
-            finishedAt: {{ $now | Quote }}
-      {{ end }}
-      phase: Succeeded
-"""
+STAGES = pod_completed_stage("argo-step-ended", (owned_by("Workflow"),))
 """KWOK's own Argo recipe (its pod-complete Stage with `Job` read as `Workflow`): a Running pod that
 a Workflow owns ends Succeeded, every container terminated with exit code 0. Loaded beside the
 plane's own Stages (`KwokPlane(extra_stages=...)`), which start every pod; the operator's pods (a
