@@ -28,15 +28,12 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import contextlib
 import json
 import math
 import os
 import shutil
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +42,10 @@ from agentrun_devcluster.kwok import KWOK, SCHEDULER, KwokPlane
 from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
 from tests.bench import argo_side
-from tests.bench.bench_iterations import (
-    FINAL,
-    NS,
-    JobWatch,
-    cpu_seconds,
-    distribution,
-    line,
-    lost_and_repeated,
-    peak_rss_mb,
-    scrape,
-)
+from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
+from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
+from tests.bench.harness import start_operator
+from tests.bench.watch import ResumableWatch
 from tests.support.processes import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,44 +85,19 @@ def scale_run(
     }
 
 
-class PodEnds:
+class PodEnds(ResumableWatch):
     """Watches the runs' pods and records when each Job's pod was first seen terminal (monotonic)."""
 
     def __init__(self, kwok: KwokPlane) -> None:
-        self.plane = kwok.plane
+        super().__init__(kwok.plane, f"/api/v1/namespaces/{NS}/pods", f"&labelSelector={naming.LABEL_RUN}")
         self.ended: dict[str, float] = {}
-        self.resumes = 0
-        self._version = ""
-        threading.Thread(target=self._run, daemon=True).start()
+        self.start()
 
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                self._stream()
-            self.resumes += 1
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = (
-            f"{self.plane.server}/api/v1/namespaces/{NS}/pods?watch=1&timeoutSeconds=3600"
-            f"&labelSelector={naming.LABEL_RUN}"
-        )
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                event = json.loads(raw)
-                if event.get("type") == "ERROR":
-                    self._version = ""
-                    return
-                obj = event.get("object") or {}
-                meta = obj.get("metadata") or {}
-                self._version = str(meta.get("resourceVersion") or self._version)
-                if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                    job = (meta.get("labels") or {}).get("job-name")
-                    if job:
-                        self.ended.setdefault(job, time.monotonic())
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            job = ((obj.get("metadata") or {}).get("labels") or {}).get("job-name")
+            if job:
+                self.ended.setdefault(job, now)
 
 
 def api_requests(plane_metrics: dict[str, float]) -> collections.Counter[str]:
@@ -251,18 +216,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         )
         watch = JobWatch(plane).start()
         pods = PodEnds(kwok)
-        port = processes.free_port()
-        operator = OperatorProcess(
-            plane,
-            home / "operator",
-            env={
-                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
-                "AGENTS_CONTROLLER_RESYNC_SECONDS": "60",
-            },
-            args=(f"--metrics-port={port}", "--log-format=text", *(f"--workers={w}" for w in args.workers)),
-        ).start()
-        assert operator.proc is not None
-        pid = operator.proc.pid
+        operator, pid, port = start_operator(plane, home, args.iterations, 60, workers=args.workers)
         rss_idle = peak_rss_mb(pid)
         before_op = scrape(port)
         before_api = apiserver_metrics(kwok)
