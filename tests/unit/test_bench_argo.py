@@ -4,13 +4,10 @@ the lost/repeated check and the request count, and the controller's build recipe
 from __future__ import annotations
 
 import collections
-from pathlib import Path
 
-import pytest
 import yaml
 
 from agentrun_devcluster import argo, toolchain
-from agentrun_devcluster.toolchain import ToolchainError
 from tests.bench import argo_side
 from tests.bench.argo_side import PodWatch
 
@@ -140,19 +137,3 @@ def test_side_by_side_puts_both_controllers_of_one_run_in_one_table() -> None:
     assert table[0].startswith("| 100 x 3 | AgentRun operator | Argo Workflows v")
     assert "| peak RSS | 120 MB | 80 MB |" in table
     assert "| CPU per iteration / step | 9.0 ms | 12.0 ms |" in table
-
-
-def test_no_go_is_one_line_naming_argo_and_that_the_agentrun_figures_do_not_need_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no `go`
-    monkeypatch.setenv("AGENTRUN_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(ToolchainError) as err:
-        argo.ensure_argo(lambda _m: None)
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.startswith(
-        f"Argo Workflows' workflow-controller ({argo.ARGO_MODULE} v{argo.ARGO_WORKFLOWS_VERSION}) "
-        "could not be built: Go toolchain not found"
-    )
-    assert "argo-workflow-controller.log" in message and "docs/operator.md#scale-argo" in message
