@@ -23,10 +23,7 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,9 @@ import yaml
 
 from agentrun_devcluster import argo, processes
 from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.kwok_stages import owned_by, pod_completed_stage
+from tests.bench.figures import cpu_seconds, peak_rss_mb, percentiles, scrape
+from tests.bench.watch import ResumableWatch
 
 NS = "argo-bench"
 WORKFLOWS = f"/apis/argoproj.io/v1alpha1/namespaces/{NS}/workflows"
@@ -67,47 +67,7 @@ def step_of(node_name: str) -> int | None:
     return int(tail[1:]) if tail.startswith("s") and tail[1:].isdigit() else None
 
 
-STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: argo-step-ended
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.metadata.ownerReferences.[].kind'
-      operator: 'In'
-      values: ['Workflow']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: PodCompleted}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: PodCompleted}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: 0
-            reason: Completed
-            startedAt: {{ $now | Quote }}
-            finishedAt: {{ $now | Quote }}
-      {{ end }}
-      phase: Succeeded
-"""
+STAGES = pod_completed_stage("argo-step-ended", (owned_by("Workflow"),))
 """KWOK's own Argo recipe (its pod-complete Stage with `Job` read as `Workflow`): a Running pod that
 a Workflow owns ends Succeeded, every container terminated with exit code 0. Loaded beside the
 plane's own Stages (`KwokPlane(extra_stages=...)`), which start every pod; the operator's pods (a
@@ -143,54 +103,28 @@ def install_crds(plane: ControlPlane, home: Path) -> None:
     plane.install_crds(crds)
 
 
-@dataclass
-class PodWatch:
-    """Streams the namespace's pods: when each was first added and first seen Succeeded (monotonic),
-    and how often each was added. Resumes a broken stream from the last resourceVersion."""
+class PodWatch(ResumableWatch):
+    """The namespace's pods: when each was first added and first seen Succeeded (monotonic), how
+    often each was added, and its Workflow and node name (its step)."""
 
-    plane: ControlPlane
-    added: dict[str, float] = field(default_factory=dict)
-    succeeded: dict[str, float] = field(default_factory=dict)
-    adds: collections.Counter[str] = field(default_factory=collections.Counter)
-    node_names: dict[str, str] = field(default_factory=dict)
-    workflows: dict[str, str] = field(default_factory=dict)
-    gaps: int = 0
-    _version: str = ""
+    def __init__(self, plane: ControlPlane) -> None:
+        super().__init__(plane, f"/api/v1/namespaces/{NS}/pods", thread_name="argo-pod-watch")
+        self.added: dict[str, float] = {}
+        self.succeeded: dict[str, float] = {}
+        self.adds: collections.Counter[str] = collections.Counter()
+        self.node_names: dict[str, str] = {}
+        self.workflows: dict[str, str] = {}
 
-    def start(self) -> PodWatch:
-        threading.Thread(target=self._run, daemon=True, name="argo-pod-watch").start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):  # a broken stream: resume below
-                self._stream()
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = f"{self.plane.server}/api/v1/namespaces/{NS}/pods?watch=1&timeoutSeconds=3600"
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                event = json.loads(raw)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    self.gaps += 1
-                    self._version = ""
-                    return
-                meta = obj.get("metadata") or {}
-                self._version = str(meta.get("resourceVersion") or self._version)
-                name = meta.get("name", "")
-                now = time.monotonic()
-                if event.get("type") == "ADDED" and name not in self.added:
-                    self.added[name] = now
-                    self.adds[name] += 1
-                    self.node_names[name] = (meta.get("annotations") or {}).get(NODE_NAME, "")
-                    self.workflows[name] = (meta.get("labels") or {}).get(WORKFLOW_LABEL, "")
-                if (obj.get("status") or {}).get("phase") == "Succeeded":
-                    self.succeeded.setdefault(name, now)
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        if kind == "ADDED" and name not in self.added:
+            self.added[name] = now
+            self.adds[name] += 1
+            self.node_names[name] = (meta.get("annotations") or {}).get(NODE_NAME, "")
+            self.workflows[name] = (meta.get("labels") or {}).get(WORKFLOW_LABEL, "")
+        if (obj.get("status") or {}).get("phase") == "Succeeded":
+            self.succeeded.setdefault(name, now)
 
 
 class ArgoController:
@@ -244,15 +178,7 @@ class ArgoController:
         return int(self.proc.pid)
 
     def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        out: dict[str, float] = {}
-        for row in text.splitlines():
-            if row and not row.startswith("#"):
-                key, _, value = row.rpartition(" ")
-                with contextlib.suppress(ValueError):
-                    out[key] = float(value)
-        return out
+        return scrape(self.metrics_port)
 
     def stop(self) -> None:
         processes.stop_process(self.home, "workflow-controller")
@@ -270,18 +196,6 @@ def requests_by_verb(before: dict[str, float], after: dict[str, float]) -> dict[
         verb = labels.get("verb", "?").strip('"')  # Get, List, Watch, Create, Update, Patch, Delete
         verbs[verb] += value - before.get(key, 0.0)
     return dict(verbs)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mb(pid: int) -> float:
-    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if row.startswith("VmHWM:"):
-            return int(row.split()[1]) / 1024
-    return float("nan")
 
 
 def create_all(plane: ControlPlane, bodies: list[dict[str, Any]], threads: int = 8) -> None:
@@ -342,13 +256,6 @@ def check(workflows: list[dict[str, Any]], names: list[str], steps: int, pods: P
     }
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 def turnaround_ms(pods: PodWatch) -> dict[str, float]:
     """A step's pod seen Succeeded -> the next step's pod seen created, per Workflow, p50/p95/p99."""
     by_step: dict[tuple[str, int], str] = {}
@@ -361,7 +268,7 @@ def turnaround_ms(pods: PodWatch) -> dict[str, float]:
         nxt = by_step.get((wf, k + 1))
         if nxt is not None and pod in pods.succeeded:
             values.append(1000 * (pods.added[nxt] - pods.succeeded[pod]))
-    return {"n": len(values), "p50": pct(values, 50), "p95": pct(values, 95), "p99": pct(values, 99)}
+    return percentiles(values)
 
 
 def run(

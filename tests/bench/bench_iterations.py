@@ -26,22 +26,21 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import shutil
-import statistics
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agentrun_devcluster import processes, toolchain
+from agentrun_devcluster import toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.bench.cpu_profile import top as profile_top
+from tests.bench.figures import cpu_seconds, cpu_times, distribution, line, peak_rss_mb, scrape
+from tests.bench.harness import start_operator
+from tests.bench.watch import ResumableWatch
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.support.processes import OperatorProcess
 
@@ -49,77 +48,22 @@ NS = "bench"
 FINAL = ("Succeeded", "Failed", "Cancelled")
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+class JobWatch(ResumableWatch):
+    """When each Job of the namespace was first added (monotonic) and how often it was added.
 
-
-def distribution(values: list[float], scale: float = 1000.0) -> dict[str, float]:
-    v = [x * scale for x in values]
-    return {
-        "n": len(v),
-        "p50": pct(v, 50),
-        "p95": pct(v, 95),
-        "p99": pct(v, 99),
-        "mean": statistics.fmean(v) if v else float("nan"),
-    }
-
-
-def line(name: str, d: dict[str, float], unit: str = "ms") -> str:
-    return (
-        f"{name:<44} n={d['n']:<5.0f} p50={d['p50']:8.2f}{unit} p95={d['p95']:8.2f}{unit} "
-        f"p99={d['p99']:8.2f}{unit} mean={d['mean']:8.2f}{unit}"
-    )
-
-
-class JobWatch:
-    """Streams Job events and records when each Job was first added (monotonic) and how often.
-
-    A stream that ends (the API server closes a watch whose reader falls behind, as this one may at
-    500 runs on a loaded machine) is resumed from the last resourceVersion seen, so no ADDED event is
-    missed; `gaps` counts the times the server no longer had that version (410), after which
-    the lost/repeated check cannot vouch for the Jobs created meanwhile."""
+    Its stream is resumed from the last resourceVersion (tests/bench/watch.py), so no ADDED event is
+    missed; after a gap (410) the lost/repeated check cannot vouch for the Jobs created meanwhile."""
 
     def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+        super().__init__(plane, f"/apis/batch/v1/namespaces/{NS}/jobs")
         self.added: dict[str, float] = {}
         self.adds: collections.Counter[str] = collections.Counter()
-        self.resumes = 0
-        self.gaps = 0
-        self._version = ""
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> JobWatch:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):  # a broken stream: resume below
-                self._stream()
-            self.resumes += 1
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = f"{self.plane.server}/apis/batch/v1/namespaces/{NS}/jobs?watch=1&timeoutSeconds=3600"
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                event = json.loads(raw)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":  # 410 Gone: list-free resume impossible
-                    self.gaps += 1
-                    self._version = ""
-                    return
-                self._version = str((obj.get("metadata") or {}).get("resourceVersion") or self._version)
-                if event.get("type") == "ADDED":
-                    name = obj["metadata"]["name"]
-                    self.added.setdefault(name, time.monotonic())
-                    self.adds[name] += 1
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        if kind == "ADDED":
+            name = obj["metadata"]["name"]
+            self.added.setdefault(name, now)
+            self.adds[name] += 1
 
 
 def raw_round_trips(plane: ControlPlane, n: int = 200) -> tuple[list[float], list[float]]:
@@ -133,34 +77,6 @@ def raw_round_trips(plane: ControlPlane, n: int = 200) -> tuple[list[float], lis
         plane.api_request("POST", f"/api/v1/namespaces/{NS}/configmaps", body)
         writes.append(time.perf_counter() - t)
     return gets, writes
-
-
-def scrape(port: int) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for row in text.splitlines():
-        if row and not row.startswith("#"):
-            key, _, value = row.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-def cpu_times(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def cpu_seconds(pid: int) -> float:
-    return sum(cpu_times(pid))
-
-
-def peak_rss_mb(pid: int) -> float:
-    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if row.startswith("VmHWM:"):
-            return int(row.split()[1]) / 1024
-    return float("nan")
 
 
 def agentrun(name: str, iterations: int) -> dict[str, Any]:
@@ -180,6 +96,18 @@ def list_runs(plane: ControlPlane) -> list[dict[str, Any]]:
         "GET", f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns", timeout=60
     )
     return list(json.loads(body).get("items", [])) if code == 200 else []
+
+
+def create_runs(plane: ControlPlane, names: list[str], iterations: int) -> None:
+    """Create one looped AgentRun of `iterations` per name, one after another."""
+    for name in names:
+        code, body = plane.api_request(
+            "POST",
+            f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
+            agentrun(name, iterations),
+        )
+        if code != 201:
+            raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
 
 
 def lost_and_repeated(
@@ -274,35 +202,14 @@ def main() -> int:
             plane, NS, lambda _pod: PodOutcome(), poll=0.01, field_selector=KubeletDriver.UNFINISHED
         ).start()
         watch = JobWatch(plane).start()
-        port = processes.free_port()
-        operator = OperatorProcess(
-            plane,
-            home / "operator",
-            env={
-                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
-                "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
-            },
-            args=(
-                f"--metrics-port={port}",
-                "--log-format=text",
-                *((f"--workers={args.workers}",) if args.workers else ()),
-            ),
-        ).start()
-        assert operator.proc is not None
-        pid = operator.proc.pid
+        workers = (args.workers,) if args.workers else ()
+        operator, pid, port = start_operator(plane, home, args.iterations, 30, workers=workers)
         before = scrape(port)
         user_before, system_before = cpu_times(pid)
         names = [f"bench-{r}" for r in range(args.runs)]
         load_start = os.getloadavg()
         started = time.monotonic()
-        for name in names:
-            code, body = plane.api_request(
-                "POST",
-                f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
-                agentrun(name, args.iterations),
-            )
-            if code != 201:
-                raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
+        create_runs(plane, names, args.iterations)
         deadline = time.monotonic() + args.timeout
         runs: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
@@ -456,19 +363,8 @@ def main_kubelet(args: argparse.Namespace) -> int:
         pods = node_stages.Watch(plane, f"/api/v1/namespaces/{NS}/pods").start()
         run_watch = node_stages.Watch(plane, f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns")
         run_watch.start()
-        port = processes.free_port()
-        operator = OperatorProcess(
-            plane,
-            home / "operator",
-            env={
-                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
-                "AGENTS_CONTROLLER_NAMESPACES": NS,
-                "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
-            },
-            args=(f"--metrics-port={port}", "--log-format=text"),
-        ).start()
-        assert operator.proc is not None
-        pid = operator.proc.pid
+        env = {"AGENTS_CONTROLLER_NAMESPACES": NS}
+        operator, pid, port = start_operator(plane, home, args.iterations, 30, env=env)
         before = scrape(port)
         cpu_before = cpu_seconds(pid)
         names = [f"bench-{r}" for r in range(args.runs)]
@@ -477,14 +373,7 @@ def main_kubelet(args: argparse.Namespace) -> int:
         deadline = started + args.timeout
         for at in range(0, len(names), max(1, args.parallel)):
             batch = names[at : at + max(1, args.parallel)]
-            for name in batch:
-                code, body = plane.api_request(
-                    "POST",
-                    f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
-                    agentrun(name, args.iterations),
-                )
-                if code != 201:
-                    raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
+            create_runs(plane, batch, args.iterations)
             while time.monotonic() < deadline:
                 phases = {
                     r["metadata"]["name"]: (r.get("status") or {}).get("phase") for r in list_runs(plane)

@@ -28,15 +28,12 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import contextlib
 import json
 import math
 import os
 import shutil
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +42,10 @@ from agentrun_devcluster.kwok import KWOK, SCHEDULER, KwokPlane
 from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
 from tests.bench import argo_side
-from tests.bench.bench_iterations import (
-    FINAL,
-    NS,
-    JobWatch,
-    cpu_seconds,
-    distribution,
-    line,
-    lost_and_repeated,
-    peak_rss_mb,
-    scrape,
-)
+from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
+from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
+from tests.bench.harness import start_operator
+from tests.bench.watch import ResumableWatch
 from tests.support.processes import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,84 +85,36 @@ def scale_run(
     }
 
 
-class PodEnds:
+class PodEnds(ResumableWatch):
     """Watches the runs' pods and records when each Job's pod was first seen terminal (monotonic)."""
 
     def __init__(self, kwok: KwokPlane) -> None:
-        self.plane = kwok.plane
+        super().__init__(kwok.plane, f"/api/v1/namespaces/{NS}/pods", f"&labelSelector={naming.LABEL_RUN}")
         self.ended: dict[str, float] = {}
-        self.resumes = 0
-        self._version = ""
-        threading.Thread(target=self._run, daemon=True).start()
+        self.start()
 
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                self._stream()
-            self.resumes += 1
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = (
-            f"{self.plane.server}/api/v1/namespaces/{NS}/pods?watch=1&timeoutSeconds=3600"
-            f"&labelSelector={naming.LABEL_RUN}"
-        )
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                event = json.loads(raw)
-                if event.get("type") == "ERROR":
-                    self._version = ""
-                    return
-                obj = event.get("object") or {}
-                meta = obj.get("metadata") or {}
-                self._version = str(meta.get("resourceVersion") or self._version)
-                if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                    job = (meta.get("labels") or {}).get("job-name")
-                    if job:
-                        self.ended.setdefault(job, time.monotonic())
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            job = ((obj.get("metadata") or {}).get("labels") or {}).get("job-name")
+            if job:
+                self.ended.setdefault(job, now)
 
 
-class RunPhases:
+class RunPhases(ResumableWatch):
     """Watches the runs and keeps each one's phase: how the benchmark learns that all runs ended.
     Polling with a LIST instead (10,000 runs' full statuses every few seconds) cost the API server
     more CPU than the operator's own requests (docs/operator.md#scale)."""
 
     def __init__(self, kwok: KwokPlane) -> None:
-        self.plane = kwok.plane
+        super().__init__(kwok.plane, f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns")
         self.phase: dict[str, str] = {}
-        self._version = ""
-        threading.Thread(target=self._run, daemon=True).start()
 
     def ended(self) -> int:
         return sum(phase in FINAL for phase in list(self.phase.values()))
 
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                self._stream()
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = (
-            f"{self.plane.server}/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns"
-            "?watch=1&timeoutSeconds=3600"
-        )
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                event = json.loads(raw)
-                if event.get("type") == "ERROR":  # 410: start over (a fresh watch lists every run)
-                    self._version = ""
-                    return
-                obj = event.get("object") or {}
-                meta = obj.get("metadata") or {}
-                self._version = str(meta.get("resourceVersion") or self._version)
-                self.phase[str(meta.get("name"))] = str((obj.get("status") or {}).get("phase") or "")
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        self.phase[name] = str((obj.get("status") or {}).get("phase") or "")
 
 
 def api_requests(plane_metrics: dict[str, float]) -> collections.Counter[str]:
@@ -311,19 +253,8 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         )
         watch = JobWatch(plane).start()
         pods = PodEnds(kwok)
-        phases = RunPhases(kwok)
-        port = processes.free_port()
-        operator = OperatorProcess(
-            plane,
-            home / "operator",
-            env={
-                "AGENTS_CONTROLLER_WORKFLOW_LOOP_MAX_ITERATIONS": str(max(20, args.iterations)),
-                "AGENTS_CONTROLLER_RESYNC_SECONDS": "60",
-            },
-            args=(f"--metrics-port={port}", "--log-format=text", *(f"--workers={w}" for w in args.workers)),
-        ).start()
-        assert operator.proc is not None
-        pid = operator.proc.pid
+        phases = RunPhases(kwok).start()
+        operator, pid, port = start_operator(plane, home, args.iterations, 60, workers=args.workers)
         rss_idle = peak_rss_mb(pid)
         before_op = scrape(port)
         before_api = apiserver_metrics(kwok)

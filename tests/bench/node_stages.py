@@ -25,17 +25,14 @@ The machine is host-wide one node: run it under the host lock (docs/operator.md#
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
+from tests.bench.figures import pct, percentiles
+from tests.bench.watch import ResumableWatch
 
 NS = "bench"
 FINAL = ("Succeeded", "Failed", "Cancelled")
@@ -55,41 +52,15 @@ ASIDE = ("reported_to_pod_succeeded", "next_job_to_recorded")
 """Stages beside the chain: the kubelet's teardown, and the operator's status write."""
 
 
-@dataclass
-class Watch:
-    """Every event of one collection as it arrives: (monotonic time, type, object), resumed from
-    the last resourceVersion when the stream ends."""
+class Watch(ResumableWatch):
+    """Every event of one collection as it arrives: (monotonic time, type, object)."""
 
-    plane: ControlPlane
-    path: str
-    events: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
-    _version: str = ""
+    def __init__(self, plane: ControlPlane, path: str) -> None:
+        super().__init__(plane, path)
+        self.events: list[tuple[float, str, dict[str, Any]]] = []
 
-    def start(self) -> Watch:
-        threading.Thread(target=self._run, daemon=True).start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                self._stream()
-            time.sleep(0.1)
-
-    def _stream(self) -> None:
-        url = f"{self.plane.server}{self.path}?watch=1&timeoutSeconds=3600"
-        if self._version:
-            url += f"&resourceVersion={self._version}"
-        ctx = self.plane._client_ssl()
-        with urllib.request.urlopen(urllib.request.Request(url), context=ctx, timeout=3600) as resp:
-            for raw in resp:
-                now = time.monotonic()
-                event = json.loads(raw)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    self._version = ""
-                    return
-                self._version = str((obj.get("metadata") or {}).get("resourceVersion") or self._version)
-                self.events.append((now, str(event.get("type")), obj))
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        self.events.append((now, kind, obj))
 
     def first_added(self) -> tuple[dict[str, float], dict[str, int]]:
         """When each object was first seen, and how many times it was added (a repeat is a bug)."""
@@ -254,20 +225,9 @@ def bare_pod_seconds(plane: ControlPlane, pods: Watch, count: int, image: str) -
     return times
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
 def ms(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": 1000 * pct(values, 50),
-        "p95": 1000 * pct(values, 95),
-        "p99": 1000 * pct(values, 99),
-    }
+    """Seconds as n/p50/p95/p99 in milliseconds."""
+    return percentiles([1000 * v for v in values])
 
 
 def summarize(rows: list[dict[str, float]], bare: list[float]) -> dict[str, Any]:

@@ -263,9 +263,7 @@ class Kube:
             query["fieldSelector"] = fields
         body = await self._ok("GET", path, f"list {plural}", query=query or None)
         version = (body.get("metadata") or {}).get("resourceVersion")
-        return list(body.get("items") or []), str(
-            version
-        ) if version else None  # null for none
+        return list(body.get("items") or []), str(version) if version else None  # null for none
 
     async def list_identities(
         self,

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from agentrun_devcluster import toolchain
-from agentrun_devcluster.processes import exclusive
 from agentrun_devcluster.toolchain import Progress, Tool, ToolchainError
 
 ARGO_WORKFLOWS_VERSION = "4.0.5"  # the only v4 the Go module proxy lists here
@@ -44,35 +42,15 @@ ARGO = Tool(
 )
 
 
-def _say(progress: Progress | None) -> Progress:
-    return progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-
-
 def ensure_argo(progress: Progress | None = None) -> Path:
-    """The `workflow-controller` binary, built on first use (several minutes) and cached.
-
-    A failure is one line saying what failed and what to do; the build log keeps the rest."""
-    say = _say(progress)
-    path = toolchain.bin_dir() / ARGO.binaries[0]
-    if toolchain.is_built(ARGO):
-        return path
-    log = toolchain.toolchain_dir() / "logs" / f"{ARGO.name}.log"
-    with exclusive(toolchain.toolchain_dir() / ".lock"):
-        if not toolchain.is_built(ARGO):
-            say(
-                f"argo: building {ARGO_MODULE} v{ARGO_WORKFLOWS_VERSION} workflow-controller "
-                f"(first run only; log: {log})"
-            )
-            try:
-                toolchain.build_tool(ARGO, say)
-            except ToolchainError as exc:
-                first = str(exc).splitlines()[0] if str(exc) else "unknown error"
-                raise ToolchainError(
-                    f"Argo Workflows' workflow-controller ({ARGO_MODULE} v{ARGO_WORKFLOWS_VERSION}) "
-                    f"could not be built: {first} — see {log}; the benchmark's AgentRun figures do not "
-                    "need it (docs/operator.md#scale-argo)"
-                ) from None
-    return path
+    """The `workflow-controller` binary, built on first use (several minutes) and cached."""
+    return toolchain.ensure_on_demand(
+        ARGO,
+        f"argo: building {ARGO_MODULE} v{ARGO_WORKFLOWS_VERSION} workflow-controller",
+        f"Argo Workflows' workflow-controller ({ARGO_MODULE} v{ARGO_WORKFLOWS_VERSION})",
+        "the benchmark's AgentRun figures do not need it (docs/operator.md#scale-argo)",
+        progress,
+    )
 
 
 def module_dir() -> Path:

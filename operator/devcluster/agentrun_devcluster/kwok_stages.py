@@ -15,6 +15,7 @@ as on a real node; nothing in the product knows it is simulated. Pure data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
@@ -31,21 +32,37 @@ NODE_CAPACITY: Final = {"cpu": "1000", "memory": "4Ti", "pods": "2000"}
 
 _WORKLOADS: Final = " ".join(f'"{n}"' for n in sorted(WORKLOAD_CONTAINERS))
 
-_NODE_READY: Final = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: agentrun-node-ready
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Node
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: 'NotIn'
-      values: ['True']
-  next:
-    statusTemplate: |
+
+def expression(key: str, operator: str, *values: str) -> str:
+    """One entry of a Stage's `selector.matchExpressions` (`key` is KWOK's jq-like path)."""
+    row = f"    - key: '{key}'\n      operator: '{operator}'\n"
+    if values:
+        row += "      values: [" + ", ".join(f"'{v}'" for v in values) + "]\n"
+    return row
+
+
+def live_pods_in(phase: str) -> tuple[str, str]:
+    """The selector of pods in `phase` that are not being deleted (the gone Stage takes those)."""
+    return expression(".metadata.deletionTimestamp", "DoesNotExist"), expression(".status.phase", "In", phase)
+
+
+def owned_by(kind: str) -> str:
+    """The selector of pods an object of `kind` owns (KWOK's own recipe for Jobs, Workflows...)."""
+    return expression(".metadata.ownerReferences.[].kind", "In", kind)
+
+
+def stage(name: str, kind: str, match: tuple[str, ...], then: str) -> str:
+    """A Stage: objects of `kind` (v1) that every `match` expression selects move to `then` (the
+    indented body of its `next`)."""
+    head = (
+        "apiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\nmetadata:\n"
+        f"  name: {name}\nspec:\n  resourceRef:\n    apiGroup: v1\n    kind: {kind}\n"
+        "  selector:\n    matchExpressions:\n"
+    )
+    return head + "".join(match) + "  next:\n" + then
+
+
+_NODE_READY: Final = """    statusTemplate: |
       {{ $now := Now }}
       conditions:
       {{ range NodeConditions }}
@@ -65,23 +82,7 @@ spec:
       phase: Running
 """
 
-_POD_RUNNING: Final = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: agentrun-pod-running
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Pending']
-  next:
-    statusTemplate: |
+_POD_RUNNING: Final = """    statusTemplate: |
       {{ $now := Now }}
       conditions:
       - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
@@ -115,47 +116,11 @@ spec:
       startTime: {{ $now | Quote }}
 """  # noqa: E501 (KWOK's template language, one expression a line)
 
-# The envelope is built as a string and quoted once: the control payload goes in verbatim (it is the
-# run's own JSON), the path is the one the reporter was told (its `--path` argument).
-_ITERATION_ENDED: Final = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: agentrun-iteration-ended
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Running']
-    - key: '.metadata.labels["%(run_label)s"]'
-      operator: 'Exists'
-    - key: '.spec.containers.[] | select( .name == "main" or .name == "agent-runner" ) | .env.[]? | select( .name == "%(hang_env)s" ) | .value'
-      operator: 'NotIn'
-      values: ['true']
-  next:
-    statusTemplate: |
+# Pod completion, for every owner kind: `%(setup)s` computes a termination message once per pod,
+# `%(message)s` writes it into one container's terminated state (both empty: no message).
+_POD_COMPLETED: Final = """    statusTemplate: |
       {{ $now := Now }}
-      {{ $control := "" }}
-      {{ $path := "" }}
-      {{ range .spec.containers }}
-      {{ if has .name (list %(workloads)s) }}
-      {{ range .env }}{{ if eq .name "%(control_env)s" }}{{ $control = .value }}{{ end }}{{ end }}
-      {{ end }}
-      {{ if eq .name "%(reporter)s" }}
-      {{ $args := .args }}
-      {{ range $i, $a := $args }}{{ if eq $a "--path" }}{{ $path = index $args (add1 $i) }}{{ end }}{{ end }}
-      {{ end }}
-      {{ end }}
-      {{ $envelope := printf `{"v":1,"status":"missing","path":%%s,"size":null,"reason":null,"control":null}` ( $path | Quote ) }}
-      {{ if $control }}
-      {{ $envelope = printf `{"v":1,"status":"found","path":%%s,"size":%%d,"reason":null,"control":%%s}` ( $path | Quote ) ( len $control ) $control }}
-      {{ end }}
-      conditions:
+%(setup)s      conditions:
       - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
       - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: PodCompleted}
       - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: PodCompleted}
@@ -172,39 +137,90 @@ spec:
             reason: Completed
             startedAt: {{ $now | Quote }}
             finishedAt: {{ $now | Quote }}
-            {{ if eq .name "%(reporter)s" }}
-            message: {{ $envelope | Quote }}
-            {{ end }}
-      {{ end }}
+%(message)s      {{ end }}
       phase: Succeeded
+"""
+
+_MESSAGE: Final = """            {{ if eq .name "%(container)s" }}
+            message: {{ %(value)s | Quote }}
+            {{ end }}
+"""
+
+
+@dataclass(frozen=True)
+class TerminationMessage:
+    """What one container's terminated state says: `setup` (template lines, run once per pod) leaves
+    it in the template variable `value`."""
+
+    container: str
+    setup: str
+    value: str
+
+
+def pod_completed_stage(name: str, owner: tuple[str, ...], message: TerminationMessage | None = None) -> str:
+    """The Stage that ends a Running pod `owner` selects: Succeeded, every container terminated with
+    exit code 0 and reason Completed, and `message` (if any) as its container's termination message.
+    One template for every owner kind: an AgentRun's iteration pods here, Argo's in its benchmark."""
+    fill = {"setup": "", "message": ""}
+    if message is not None:
+        fill = {
+            "setup": message.setup,
+            "message": _MESSAGE % {"container": message.container, "value": message.value},
+        }
+    return stage(name, "Pod", (*live_pods_in("Running"), *owner), _POD_COMPLETED % fill)
+
+
+# The envelope is built as a string and quoted once: the control payload goes in verbatim (it is the
+# run's own JSON), the path is the one the reporter was told (its `--path` argument).
+_ENVELOPE: Final = """      {{ $control := "" }}
+      {{ $path := "" }}
+      {{ range .spec.containers }}
+      {{ if has .name (list %(workloads)s) }}
+      {{ range .env }}{{ if eq .name "%(control_env)s" }}{{ $control = .value }}{{ end }}{{ end }}
+      {{ end }}
+      {{ if eq .name "%(reporter)s" }}
+      {{ $args := .args }}
+      {{ range $i, $a := $args }}{{ if eq $a "--path" }}{{ $path = index $args (add1 $i) }}{{ end }}{{ end }}
+      {{ end }}
+      {{ end }}
+      {{ $envelope := printf `{"v":1,"status":"missing","path":%%s,"size":null,"reason":null,"control":null}` ( $path | Quote ) }}
+      {{ if $control }}
+      {{ $envelope = printf `{"v":1,"status":"found","path":%%s,"size":%%d,"reason":null,"control":%%s}` ( $path | Quote ) ( len $control ) $control }}
+      {{ end }}
 """  # noqa: E501 (KWOK's template language, one expression a line)
 
-_POD_GONE: Final = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: agentrun-pod-gone
-spec:
-  resourceRef:
-    apiGroup: v1
-    kind: Pod
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'Exists'
-  next:
-    delete: true
-"""
+_WORKLOAD_SELECTOR: Final = '.spec.containers.[] | select( .name == "main" or .name == "agent-runner" )'
 
 
 def stages_yaml() -> str:
     """Every Stage, as one multi-document YAML file for `kwok --config`."""
     capacity = "{" + ", ".join(f"{k}: {v!r}" for k, v in NODE_CAPACITY.items()) + "}"
-    ended = _ITERATION_ENDED % {
-        "run_label": LABEL_RUN,
-        "hang_env": HANG_ENV,
+    node_ready = stage(
+        "agentrun-node-ready",
+        "Node",
+        (expression('.status.conditions.[] | select( .type == "Ready" ) | .status', "NotIn", "True"),),
+        _NODE_READY % {"capacity": capacity},
+    )
+    running = stage("agentrun-pod-running", "Pod", live_pods_in("Pending"), _POD_RUNNING)
+    envelope = _ENVELOPE % {
         "control_env": CONTROL_ENV,
         "workloads": _WORKLOADS,
         "reporter": REPORTER_CONTAINER,
     }
-    docs = [_NODE_READY % {"capacity": capacity}, _POD_RUNNING, ended, _POD_GONE]
-    return "---\n".join(docs)
+    iteration_ended = pod_completed_stage(
+        "agentrun-iteration-ended",
+        (
+            expression(f'.metadata.labels["{LABEL_RUN}"]', "Exists"),
+            expression(
+                f'{_WORKLOAD_SELECTOR} | .env.[]? | select( .name == "{HANG_ENV}" ) | .value', "NotIn", "true"
+            ),
+        ),
+        TerminationMessage(REPORTER_CONTAINER, envelope, "$envelope"),
+    )
+    gone = stage(
+        "agentrun-pod-gone",
+        "Pod",
+        (expression(".metadata.deletionTimestamp", "Exists"),),
+        "    delete: true\n",
+    )
+    return "---\n".join([node_ready, running, iteration_ended, gone])

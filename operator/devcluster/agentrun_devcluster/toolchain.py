@@ -508,30 +508,40 @@ def ensure_tools(progress: Progress | None = None, tools: tuple[Tool, ...] = TOO
     return bin_dir()
 
 
-def ensure_kwok(progress: Progress | None = None) -> Path:
-    """The `kwok` binary, built from its Go module on first use and cached beside the control plane.
+def ensure_on_demand(
+    tool: Tool, building: str, failed: str, hint: str, progress: Progress | None = None
+) -> Path:
+    """The first binary of a tool no runtime needs (KWOK; Argo's controller for a benchmark), built
+    from its Go module on first use, under the build lock, and cached beside the control plane.
 
-    A failure is one line saying what failed and what to do (the build log keeps the rest)."""
+    A failure is one line: `failed` could not be built, the first line of why, the build log, `hint`
+    (what to do); `building` is said before a build starts."""
     say: Progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    path = bin_dir() / "kwok"
-    if is_built(KWOK):
+    path = bin_dir() / tool.binaries[0]
+    if is_built(tool):
         return path
+    log = toolchain_dir() / "logs" / f"{tool.name}.log"
     with _build_lock():
-        if not is_built(KWOK):
-            say(
-                f"kwok: building sigs.k8s.io/kwok v{KWOK_VERSION} from its Go module (first run only; "
-                f"log: {toolchain_dir() / 'logs' / 'kwok.log'})"
-            )
+        if not is_built(tool):
+            say(f"{building} (first run only; log: {log})")
             try:
-                build_tool(KWOK, say)
+                build_tool(tool, say)
             except ToolchainError as exc:
                 first = str(exc).splitlines()[0] if str(exc) else "unknown error"
-                raise ToolchainError(
-                    f"KWOK (sigs.k8s.io/kwok v{KWOK_VERSION}) could not be built: {first} — see "
-                    f"{toolchain_dir() / 'logs' / 'kwok.log'}; retry `python -m agentrun_devcluster.kwok up` "
-                    "once the Go module proxy answers (docs/local-dev.md#kwok); other runtimes do not need it"
-                ) from None
+                raise ToolchainError(f"{failed} could not be built: {first} — see {log}; {hint}") from None
     return path
+
+
+def ensure_kwok(progress: Progress | None = None) -> Path:
+    """The `kwok` binary, built from its Go module on first use and cached beside the control plane."""
+    return ensure_on_demand(
+        KWOK,
+        f"kwok: building sigs.k8s.io/kwok v{KWOK_VERSION} from its Go module",
+        f"KWOK (sigs.k8s.io/kwok v{KWOK_VERSION})",
+        "retry `python -m agentrun_devcluster.kwok up` once the Go module proxy answers "
+        "(docs/local-dev.md#kwok); other runtimes do not need it",
+        progress,
+    )
 
 
 def tool_path(binary: str) -> Path:

@@ -1,0 +1,108 @@
+"""The benchmarks' shared parts: nearest-rank percentiles in the shapes their JSON keeps, and the
+resumable watch every benchmark times its events with (against a local HTTP stream)."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.bench import figures
+from tests.bench.watch import ResumableWatch
+from tests.support.polling import eventually
+
+
+def test_percentiles_are_nearest_rank_and_nan_without_samples() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert (figures.pct(values, 50), figures.pct(values, 95), figures.pct(values, 99)) == (51.0, 95.0, 99.0)
+    assert figures.pct([3.0, 1.0, 2.0], 50) == 2.0  # unsorted input
+    assert math.isnan(figures.pct([], 50))
+
+
+def test_a_distribution_is_in_ms_with_its_mean_and_percentiles_keep_their_unit() -> None:
+    d = figures.distribution([0.001, 0.002, 0.003])
+    assert list(d) == ["n", "p50", "p95", "p99", "mean"]  # the keys and order the JSON files keep
+    assert d["n"] == 3 and d["p50"] == 2.0 and d["mean"] == pytest.approx(2.0)
+    assert figures.percentiles([5.0, 7.0]) == {
+        "n": 2,
+        "p50": 5.0,
+        "p95": 7.0,
+        "p99": 7.0,
+    }  # round half to even
+    empty = figures.distribution([])
+    assert empty["n"] == 0 and all(math.isnan(empty[k]) for k in ("p50", "mean"))
+
+
+def _event(kind: str, name: str, version: str) -> bytes:
+    return json.dumps(
+        {"type": kind, "object": {"metadata": {"name": name, "resourceVersion": version}}}
+    ).encode()
+
+
+class _Streams(BaseHTTPRequestHandler):
+    """Answers each watch request with the next scripted stream, then ends it; the last one is empty."""
+
+    script: list[list[bytes]] = []
+    paths: list[str] = []
+
+    def do_GET(self) -> None:
+        self.paths.append(self.path)
+        events = self.script.pop(0) if self.script else []
+        self.send_response(200)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(event + b"\n")
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    _Streams.paths = []
+    _Streams.script = [
+        [_event("ADDED", "a", "1"), _event("MODIFIED", "a", "2")],  # then the stream ends: resume at 2
+        [json.dumps({"type": "ERROR", "object": {"code": 410}}).encode()],  # 410: start over
+        [_event("ADDED", "b", "3")],
+    ]
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Streams)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _Plane:
+    """What a watch reads of a ControlPlane: its server URL and TLS context (none over plain HTTP)."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def _client_ssl(self) -> None:
+        return None
+
+
+class _Recorder(ResumableWatch):
+    def __init__(self, plane: Any) -> None:
+        super().__init__(plane, "/api/v1/namespaces/x/pods", "&labelSelector=app")
+        self.seen: list[tuple[str, str]] = []
+
+    def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        self.seen.append((kind, obj["metadata"]["name"]))
+
+
+def test_a_watch_resumes_from_the_last_version_and_starts_over_after_a_gap(
+    server: ThreadingHTTPServer,
+) -> None:
+    watch = _Recorder(_Plane(f"http://127.0.0.1:{server.server_address[1]}")).start()
+    eventually(lambda: len(_Streams.paths) >= 4, timeout=30, what="four watch requests")
+    assert watch.seen[:3] == [("ADDED", "a"), ("MODIFIED", "a"), ("ADDED", "b")]
+    base = "/api/v1/namespaces/x/pods?watch=1&timeoutSeconds=3600&labelSelector=app"
+    assert _Streams.paths[:4] == [base, f"{base}&resourceVersion=2", base, f"{base}&resourceVersion=3"]
+    assert watch.gaps == 1 and watch.resumes >= 3
