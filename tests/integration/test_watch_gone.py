@@ -139,7 +139,9 @@ def test_a_410_gone_lists_afresh_and_the_cache_ends_equal_to_the_servers_objects
             assert status == 201
             await asyncio.to_thread(_compact, plane)
             policy.drop = None
-            assert await asyncio.to_thread(proxy.end_streams, "configmaps") == 1
+            # Closed (none is open only if the informer gave up its silent stream meanwhile and
+            # is resuming on its own: from the same old version, into the same 410).
+            await asyncio.to_thread(proxy.end_streams, "configmaps")
             items = await asyncio.to_thread(
                 api.items, plane, "/api/v1", NAMESPACE, "configmaps", f"{label}=yes"
             )
