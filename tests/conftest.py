@@ -3,15 +3,15 @@ started per session."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.support.planes import started_control_plane
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,35 +70,12 @@ def repo_root() -> Path:
     return REPO
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A running etcd + kube-apiserver + kube-controller-manager with our CRDs installed."""
-    from agentrun_devcluster import toolchain
-    from agentrun_devcluster.controlplane import ControlPlane
-
-    if not all(toolchain.is_built(t) for t in toolchain.TOOLS) and shutil.which("go") is None:
-        pytest.skip(
-            "the local control plane is not built and Go is not on PATH to build it "
-            f"(cache: {toolchain.bin_dir()}); install Go >= 1.26 or run `agentrun dev tools`"
-        )
-    bin_dir = toolchain.ensure_tools(print)
-    home = tmp_path_factory.mktemp("controlplane")
-    plane = ControlPlane(home, bin_dir, progress=print)
-    atexit.register(plane.stop)  # even if the session dies between yield and teardown
-    # A SIGTERM (a CI timeout, a `kill`) would skip both `finally` and atexit: make it an
-    # interrupt, which pytest turns into an orderly stop with fixture teardown.
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        plane.start(crds_dir=REPO / "crds")
+    with started_control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
         os.environ.setdefault("AGENTRUN_TEST_KUBECONFIG", str(plane.kubeconfig))
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")

@@ -143,6 +143,21 @@ def test_fixed_loop_runs_to_max(cluster: Any, outcomes: ScriptedOutcomes) -> Non
     ]
 
 
+def test_kopf_delivers_a_run_and_writes_nothing_to_it(cluster: Any, outcomes: ScriptedOutcomes) -> None:
+    """kopf's one resource handler is an event handler (shell/handlers.py): the run is delivered and
+    reconciled to its end, and kopf leaves nothing of its own on it -- a deletion handler, a daemon
+    or a timer would leave kopf's finalizer (a run then waits for the operator to be deleted), a
+    handler that failed or retried its progress (annotations, `status.kopf`)."""
+    plane, operator, _ = cluster
+    _create(plane, _loop_run("kopf-free", {"maxIterations": 1}))
+    run = _wait_finished(plane, "kopf-free", operator)
+    assert run["status"]["phase"] == "Succeeded"
+    meta = run["metadata"]
+    assert meta.get("finalizers", []) == []
+    assert [k for k in meta.get("annotations") or {} if "kopf" in k] == []
+    assert "kopf" not in run["status"]  # nor its progress (status.kopf)
+
+
 def test_reference_conditional_example_stops_on_false(cluster: Any, outcomes: ScriptedOutcomes) -> None:
     plane, operator, _ = cluster
     manifest = yaml.safe_load((REFERENCE / "agentrun-workflow-loop-conditional.yaml").read_text())

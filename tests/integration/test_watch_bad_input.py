@@ -1,6 +1,7 @@
 """Bad input on a real watch (docs/design.md#watch-path): the API server is real, and `WatchProxy`
 between it and an informer garbles a line, sends an event of another shape, strips a field a
-reader reads, or keeps a stream silent (a 410 Gone: tests/unit/shell/test_watch_bad_input.py).
+reader reads, or keeps a stream silent (a 410 Gone: tests/unit/shell/test_watch_bad_input.py through
+the decode, tests/integration/test_watch_gone.py from a real API server).
 Each time the informer goes on -- resumes, or skips with a warning -- and the object it was sent
 still arrives: never a crash, never a lost change. Nothing here is timed but a hung task's
 timeout."""

@@ -4,8 +4,10 @@ The operator is pointed at it with its own kubeconfig; every request is forwarde
 Watch streams (`?watch=...`) are relayed line by line through a policy the test sets per resource
 plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, drop the events a predicate
 picks, send other text in an event's place (`rewrite`: bad input), or keep the first streams open
-without sending anything (`silent_streams`). That is how the tests make a watch lag, lose events or
-go wrong against real parts. Every other request is forwarded as it is and noted in `requests`.
+without sending anything (`silent_streams`); `end_streams` closes a kind's open streams, as a load
+balancer or a restarted API server would, and the policy keeps each ERROR event the API server sent
+(`errors`: e.g. its 410 Gone). That is how the tests make a watch lag, lose events or go wrong
+against real parts. Every other request is forwarded as it is and noted in `requests`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, TCPConnector, web
 
 from agentrun_devcluster import processes
 from agentrun_devcluster.controlplane import ControlPlane
@@ -36,6 +38,7 @@ class StreamPolicy:
     rewrite: Callable[[bytes], list[bytes] | None] | None = None
     rewritten: int = 0
     silent_streams: int = 0  # this many streams, the first ones opened, send nothing at all
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the object of each ERROR event sent
     dropped: int = 0
     relayed: int = 0
     streams: int = 0  # watch streams opened under this policy
@@ -57,6 +60,7 @@ class WatchProxy:
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
     _session: ClientSession | None = None
+    _open: dict[str, set[ClientResponse]] = field(default_factory=dict)  # open upstream watches by plural
 
     @property
     def kubeconfig(self) -> Path:
@@ -90,6 +94,19 @@ class WatchProxy:
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def end_streams(self, plural: str) -> int:
+        """Close every open watch stream of `plural` (its clients see the stream end and watch
+        again); returns how many were open."""
+        assert self._loop is not None
+
+        async def end() -> int:
+            streams = list(self._open.get(plural, ()))
+            for upstream in streams:
+                upstream.close()
+            return len(streams)
+
+        return asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=10)
 
     def _serve(self, started: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -142,7 +159,8 @@ class WatchProxy:
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.headers.get("Content-Type", "application/json").split(";")[0]
             await response.prepare(request)
-            policy = self.policies.get(_plural(request.path))
+            plural = _plural(request.path)
+            policy = self.policies.get(plural)
             if policy is not None:
                 policy.streams += 1
                 if policy.streams <= policy.silent_streams:
@@ -155,15 +173,21 @@ class WatchProxy:
                 try:
                     async for line in upstream.content:
                         await lines.put((loop.time(), line))
+                except ClientError:  # closed by `end_streams`
+                    pass
                 finally:
                     await lines.put(None)
 
+            self._open.setdefault(plural, set()).add(upstream)
             reader = asyncio.create_task(read())
             try:
                 while (item := await lines.get()) is not None:
                     received, line = item
                     if policy is not None:
-                        if policy.drop is not None and policy.drop(json.loads(line)):
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR":
+                            policy.errors.append(event.get("object") or {})
+                        if policy.drop is not None and policy.drop(event):
                             policy.dropped += 1
                             continue
                         wait = received + policy.delay_seconds - loop.time()
@@ -179,4 +203,5 @@ class WatchProxy:
                     await response.write(line)
             finally:
                 reader.cancel()
+                self._open[plural].discard(upstream)
             return response

@@ -5,9 +5,11 @@ The planner (functional core) imports no shell, no kopf, no Kubernetes client an
 directly or through another module of the package. No product module imports the dev cluster, but
 the `agentrun dev` command of the CLI. No two modules of the two packages under operator/ (the
 product, agentrun_operator, and the dev cluster, agentrun_devcluster) import each other, directly
-or through others, at module level or inside a function. The checker itself is tested on synthetic
-packages and on a copy of the real one with a forbidden import added, so a passing contract cannot
-be vacuous.
+or through others, at module level or inside a function. Neither the product nor the tests use the
+private API of kopf, aiohttp or kubernetes_asyncio (tests/support/private_api.py: their private
+modules, and private attributes such as kopf's registry internals, `registry._watching`). The
+checkers themselves are tested on synthetic packages and on a copy of the real one with a forbidden
+import added, so a passing contract cannot be vacuous.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from tests.support import private_api
 from tests.support.import_contracts import (
     Cycle,
     Import,
@@ -27,6 +30,7 @@ from tests.support.import_contracts import (
 )
 
 ROOT = Path(__file__).resolve().parents[2] / "operator"
+TESTS = ROOT.parent / "tests"
 PACKAGE = "agentrun_operator"
 DEVCLUSTER = "agentrun_devcluster"  # its own distribution, operator/devcluster/
 CLIENTS = ("kopf", "kubernetes_asyncio", "kubernetes")
@@ -218,3 +222,45 @@ def test_an_import_circle_added_to_the_shell_breaks_the_contract(tmp_path: Path)
     )
     new = [c for c in operator_cycles(root) if not any(c.modules <= known for known in KNOWN_CYCLES)]
     assert [c.modules for c in new] == [{f"{PACKAGE}.shell.reconciler", f"{PACKAGE}.shell.writes"}]
+
+
+# ------------------------------------------------------------------------- libraries' private API
+
+
+def _ours() -> list[Path]:
+    return [*private_api.python_files(ROOT), *private_api.python_files(TESTS)]
+
+
+def test_neither_product_nor_tests_use_a_librarys_private_api() -> None:
+    """Behaviour is tested through what a library documents (kopf's handlers driven, its operator
+    run against the real API server), never through its internals (docs/development.md#tiers)."""
+    files = _ours()
+    ours = private_api.defined_private_names(files)
+    uses = private_api.private_uses(files, private_api.library_private_names(), ours, ROOT.parent)
+    assert uses == [], "private API of a library:\n" + "\n".join(map(str, uses))
+
+
+def test_the_private_api_check_finds_kopfs_registry_internals_and_private_modules(tmp_path: Path) -> None:
+    """What the tests once did (`registry._watching`, `registry._webhooks`), and private modules,
+    named in a string too (a logger); our own privates (`self._tasks`, `informer._resume`) pass."""
+    bad = tmp_path / "test_bad.py"
+    bad.write_text(
+        "import logging\n"
+        "import kopf\n"
+        "import kopf._core.engines.peering\n"
+        "from aiohttp import _websocket\n"
+        "from kopf._cogs.structs import bodies\n"
+        "registry = kopf.OperatorRegistry()\n"
+        "watching = registry._watching.get_all_handlers()\n"
+        "hooks = registry._webhooks.get_all_handlers()\n"
+        "logging.getLogger('kopf._core.engines.peering')\n"
+        "informer._resume.clear()\n"
+        "class X:\n"
+        "    def f(self) -> None:\n"
+        "        self._tasks = []\n"
+    )
+    files = [*_ours(), bad]
+    ours = private_api.defined_private_names(files)
+    uses = private_api.private_uses([bad], private_api.library_private_names(), ours, tmp_path)
+    assert [u.line for u in uses] == [3, 4, 5, 7, 8, 9], "\n".join(map(str, uses))
+    assert "registry._watching" in str(uses[3]) and "registry._webhooks" in str(uses[4])

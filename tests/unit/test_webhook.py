@@ -223,30 +223,30 @@ def test_the_handshake_check_names_a_closed_port() -> None:
     assert problem is not None and problem.startswith("cannot connect")
 
 
-def test_the_handlers_are_registered_with_kopf_only_when_a_port_is_set(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    registry = kopf.OperatorRegistry()
-    admission.register(registry, CONFIG, None)
-    assert not registry._webhooks.get_all_handlers()
-    monkeypatch.setenv("AGENTS_WEBHOOK_PORT", "9443")
-    monkeypatch.setenv("AGENTS_WEBHOOK_CERT_DIR", "/etc/tls")
-    admission.register(registry, CONFIG, None)
-    ids = sorted(h.id for h in registry._webhooks.get_all_handlers())
-    assert ids == sorted(f"validate-{p}" for p in KINDS)
+def test_a_refusal_reaches_kopf_as_a_422_with_the_verdicts_message() -> None:
+    """What each registered validation handler does (`admission.admit`); that kopf serves it at the
+    path the configuration names is the integration tier's (test_admission_webhook.py)."""
+    manifest = OPERATOR_ONLY_AGENTRUNS[0][1]
+    warnings: list[str] = []
+    with pytest.raises(kopf.AdmissionError) as refused:
+        admission.admit(manifest, None, "CREATE", warnings, CONFIG)
+    assert refused.value.code == 422
+    assert str(refused.value) == review(manifest, None, "CREATE", CONFIG).message
+
+
+def test_an_admitted_objects_warnings_reach_kopf() -> None:
+    manifest = base_manifest()
+    manifest["apiVersion"] = "agents.proompteng.ai/v0"
+    warnings: list[str] = []
+    admission.admit(manifest, None, "CREATE", warnings, CONFIG)
+    assert warnings == list(review(manifest, None, "CREATE", CONFIG).warnings) and warnings
 
 
 def test_an_internal_error_admits_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AGENTS_WEBHOOK_PORT", "9443")
-    monkeypatch.setenv("AGENTS_WEBHOOK_CERT_DIR", "/etc/tls")
-
     def broken(*_: Any) -> None:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(admission, "review", broken)
-    registry = kopf.OperatorRegistry()
-    admission.register(registry, CONFIG, None)
-    handler = next(h for h in registry._webhooks.get_all_handlers() if h.id == "validate-agentruns")
     warnings: list[str] = []
-    handler.fn(body=base_manifest(), old=None, operation="CREATE", warnings=warnings)
+    admission.admit(base_manifest(), None, "CREATE", warnings, CONFIG)
     assert warnings == [admission.UNCHECKED]

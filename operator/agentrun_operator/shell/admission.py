@@ -1,14 +1,15 @@
 """The validating admission webhook, served by kopf (docs/operations.md#admission-webhook).
 
 `register` adds one `kopf.on.validate` handler per kind of our group (webhook.KINDS), each answering
-with `webhook.review` (the rules of `agentrun validate`), and, when `AGENTS_WEBHOOK_PORT` is set, a
-startup handler that gives kopf its webhook server: kopf's `WebhookServer` with the certificate of
-shell/webhook_tls.py, wrapped so that every client configuration the server yields (at start, and
-after a certificate renewal) is server-side applied as our ValidatingWebhookConfiguration — kopf's own
-managed mode fixes the timeout at 30 s and the failure policy per handler, so the operator writes the
-configuration itself with the chosen ones. Every replica serves the same certificate (a mounted
-Secret), so they all write the same CA bundle; a check every minute applies the configuration again
-if it was deleted or changed, and reports a certificate the API server would not trust.
+with `admit` (`webhook.review`'s verdict: the rules of `agentrun validate`), and, when
+`AGENTS_WEBHOOK_PORT` is set, a startup handler that gives kopf its webhook server: kopf's
+`WebhookServer` with the certificate of shell/webhook_tls.py, wrapped so that every client
+configuration the server yields (at start, and after a certificate renewal) is server-side applied
+as our ValidatingWebhookConfiguration — kopf's own managed mode fixes the timeout at 30 s and the
+failure policy per handler, so the operator writes the configuration itself with the chosen ones.
+Every replica serves the same certificate (a mounted Secret), so they all write the same CA bundle;
+a check every minute applies the configuration again if it was deleted or changed, and reports a
+certificate the API server would not trust.
 
 What never happens: a refused or failed webhook call stopping the operator, or an object admitted
 earlier being refused later (UPDATEs of AgentRuns always pass; see `webhook.review`).
@@ -22,7 +23,7 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,27 @@ def _server(settings: WebhookSettings) -> kopf.WebhookServer:
     )
 
 
+def admit(
+    body: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    operation: str,
+    warnings: list[str],
+    config: OperatorConfig,
+) -> None:
+    """What each validation handler does with one admission request: `webhook.review`'s verdict, as
+    kopf takes it (its warnings appended, a refusal raised as `kopf.AdmissionError`, 422). A bug of
+    ours admits, with a warning saying the object went unchecked, and never refuses."""
+    try:
+        verdict = review(body, old, operation, config)
+    except Exception:  # a bug of ours must not refuse the user's object: admit, say so
+        log.exception("the webhook could not check an object; admitted unchecked")
+        warnings.append(UNCHECKED)
+        return
+    warnings.extend(verdict.warnings)
+    if not verdict.allowed:
+        raise kopf.AdmissionError(verdict.message, code=422)
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig: str | None) -> None:
     """The validation handlers, and (when `AGENTS_WEBHOOK_PORT` is set) the server that serves them."""
     webhook = WebhookSettings.from_env(os.environ, config.watched_namespaces)
@@ -189,15 +211,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kubeconfig
             registry=registry,
         )
         def check(**kwargs: Any) -> None:  # a sync handler: kopf runs it in its thread pool
-            try:
-                verdict = review(kwargs["body"], kwargs.get("old"), kwargs["operation"], config)
-            except Exception:  # a bug of ours must not refuse the user's object: admit, say so
-                log.exception("the webhook could not check an object; admitted unchecked")
-                kwargs["warnings"].append(UNCHECKED)
-                return
-            kwargs["warnings"].extend(verdict.warnings)
-            if not verdict.allowed:
-                raise kopf.AdmissionError(verdict.message, code=422)
+            admit(kwargs["body"], kwargs.get("old"), kwargs["operation"], kwargs["warnings"], config)
 
     tasks: list[asyncio.Task[None]] = []
 

@@ -142,10 +142,13 @@ class ControlPlane:
         bin_dir: Path,
         progress: Progress | None = None,
         controller_manager_args: tuple[str, ...] = (),
+        apiserver_args: tuple[str, ...] = (),
     ) -> None:
         self.home = home
         # Extra flags of kube-controller-manager (the KWOK plane lifts its API rate limit, kwok.py).
         self.controller_manager_args = controller_manager_args
+        # Extra flags of kube-apiserver (a test's plane that reads some kinds from etcd uncached).
+        self.apiserver_args = apiserver_args
         self.bin_dir = bin_dir
         self.pki: PKIPaths = PKIPaths(home / "pki")
         self.run_dir = home / "run"
@@ -446,6 +449,7 @@ class ControlPlane:
             f"--kubelet-client-certificate={k.client_cert('apiserver-kubelet-client')}",
             f"--kubelet-client-key={k.client_key('apiserver-kubelet-client')}",
             "--v=1",
+            *self.apiserver_args,
         ]
 
     @property

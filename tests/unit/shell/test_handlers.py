@@ -1,5 +1,7 @@
-"""AgentRuns reach the reconciler through a kopf handler: registered in kopf's registry, it feeds the
-watch cache and the work queue, and asks kopf for nothing that writes to the object."""
+"""AgentRuns reach the reconciler through kopf's event handler (shell/handlers.py), which hands each
+event to `OperatorState.agentrun_event`: it feeds the watch cache and the work queue. That the
+handler is registered, and that kopf writes nothing to a run it delivers (no finalizer, no
+annotation), is shown against the real API server (tests/integration/test_operator_loops.py)."""
 
 from __future__ import annotations
 
@@ -9,30 +11,12 @@ import kopf
 
 from agentrun_operator.api import GROUP, VERSION
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.shell.handlers import OperatorState, register
+from agentrun_operator.shell.handlers import OperatorState
 from agentrun_operator.shell.workqueue import Key
 
 
-def _registered() -> tuple[kopf.OperatorRegistry, OperatorState]:
-    registry = kopf.OperatorRegistry()
-    state = OperatorState(OperatorConfig(), None, workers=1)
-    register(registry, state)
-    return registry, state
-
-
-def test_the_agentrun_handler_is_in_kopfs_registry_and_needs_no_finalizer() -> None:
-    registry, _ = _registered()
-    watching = registry._watching.get_all_handlers()
-    selectors = [
-        (h.selector.group, h.selector.version, h.selector.plural or h.selector.any_name)
-        for h in watching
-        if h.selector
-    ]
-    assert selectors == [(GROUP, VERSION, "agentruns")]
-    # Nothing that makes kopf write to an AgentRun: no change handlers (their progress annotations),
-    # no daemons or timers (their finalizer); an event handler never needs one.
-    assert registry._changing.get_all_handlers() == []
-    assert registry._spawning.get_all_handlers() == []
+def _state() -> OperatorState:
+    return OperatorState(OperatorConfig(), None, workers=1)
 
 
 def _run(version: int, phase: str | None = None, generation: int = 1) -> dict[str, Any]:
@@ -61,7 +45,7 @@ class Queue:
 
 def test_an_agentrun_event_fills_the_cache_and_enqueues_only_what_the_planner_reads() -> None:
     """What kopf's AgentRun handler does with each event (`OperatorState.agentrun_event`)."""
-    _, state = _registered()
+    state = _state()
     queue = Queue()
     state.queue = queue  # type: ignore[assignment]
 
