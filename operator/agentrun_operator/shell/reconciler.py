@@ -46,7 +46,7 @@ from agentrun_operator.planner.plan import plan
 from agentrun_operator.resolution import implementation_spec_refs
 from agentrun_operator.shell import metrics
 from agentrun_operator.shell.cache import RunCache
-from agentrun_operator.shell.codec import encode_json
+from agentrun_operator.shell.codec import canonical_json
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
@@ -107,13 +107,15 @@ class Reconciler:
         self.instance = instance
         self.events = events or EventRecorder(kube, instance)
         self.writes = Writes(kube, cache)  # every write the cache must know of goes through it
-        # The last parse of each run, by (uid, resourceVersion): between two writes a run is
-        # reconciled several times unchanged, and validating it was the costliest step of a reconcile.
-        self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, dict[str, Any]]] = {}
+        # The last parse of each unfinished run, by (uid, resourceVersion), with its persisted status
+        # as canonical JSON: between two writes a run is reconciled several times unchanged, and
+        # validating it was the costliest step of a reconcile. A finished run is parsed when it is
+        # reconciled (rarely: its TTL): holding its model was memory for nothing at 10,000 runs.
+        self._parsed: dict[tuple[str, str], tuple[tuple[str, str], AgentRun, bytes]] = {}
 
-    def _parse(self, raw: dict[str, Any]) -> tuple[AgentRun, dict[str, Any]]:
-        """The run as the planner's model and its status as persisted (the planner never mutates
-        either: it is pure, and copies what it changes)."""
+    def _parse(self, raw: dict[str, Any]) -> tuple[AgentRun, bytes]:
+        """The run as the planner's model (the planner never mutates it: it is pure, and copies what
+        it changes) and its status as persisted, as canonical JSON."""
         meta = raw["metadata"]
         key = (str(meta["namespace"]), str(meta["name"]))
         stamp = (str(meta.get("uid")), str(meta.get("resourceVersion")))
@@ -121,9 +123,15 @@ class Reconciler:
         if hit is not None and hit[0] == stamp:
             return hit[1], hit[2]
         run = parse_agentrun(raw)
-        persisted = status_dict(run)
-        self._parsed[key] = (stamp, run, persisted)
+        persisted = canonical_json(status_dict(run))
+        self._hold(key, stamp, run, persisted)
         return run, persisted
+
+    def _hold(self, key: tuple[str, str], stamp: tuple[str, str], run: AgentRun, persisted: bytes) -> None:
+        if run.status is not None and run.status.phase in TERMINAL_RUN_PHASES:
+            self._parsed.pop(key, None)
+        else:
+            self._parsed[key] = (stamp, run, persisted)
 
     def _remember(
         self,
@@ -131,7 +139,7 @@ class Reconciler:
         run: AgentRun,
         answer: dict[str, Any],
         status: AgentRunStatus,
-        persisted: dict[str, Any],
+        persisted: bytes,
     ) -> None:
         """Our status write's answer as the next reconcile will parse it, without validating the whole
         run again: its spec is the one we planned with (a status write cannot change it, and a spec
@@ -139,11 +147,11 @@ class Reconciler:
         wrote, when the API server stored it unchanged (otherwise the next reconcile parses it)."""
         meta = answer.get("metadata") or {}
         same_spec = meta.get("generation") == before["metadata"].get("generation")
-        if not same_spec or answer.get("status") != persisted:
+        if not same_spec or canonical_json(answer.get("status") or {}) != persisted:
             return
         stamp = (str(meta.get("uid")), str(meta.get("resourceVersion")))
         copy = run.model_copy(update={"metadata": meta, "status": status})
-        self._parsed[(str(meta.get("namespace")), str(meta.get("name")))] = (stamp, copy, persisted)
+        self._hold((str(meta.get("namespace")), str(meta.get("name"))), stamp, copy, persisted)
 
     async def _observe(self, raw: dict[str, Any], run: AgentRun) -> Observed:
         """The run's Jobs and Pods from the watch cache (docs/operator.md#cache), already converted."""
@@ -445,14 +453,15 @@ class Reconciler:
         status_model = decision.status_after(job_uids)
         unchanged = status_model == run.status
         new_status = {} if unchanged else status_dict_of(status_model)
-        if not unchanged and new_status != self._parse(raw)[1]:  # the persisted status, parsed once
+        new_json = b"" if unchanged else canonical_json(new_status)
+        if not unchanged and new_json != self._parse(raw)[1]:  # the persisted status, parsed once
             body = dict(raw)
             body["status"] = new_status
             try:
                 answer = await self.writes.replace_run_status(body)
-                self._remember(raw, run, answer, status_model, new_status)
+                self._remember(raw, run, answer, status_model, new_json)
                 result.wrote_status = True
-                metrics.STATUS_BYTES.observe(len(encode_json(new_status)))
+                metrics.STATUS_BYTES.observe(len(new_json))
             except KubeError as exc:
                 if exc.status == 409:  # the cached run is stale: fetch it, re-plan from the fresh one
                     await self.writes.refresh_run(namespace, name)
