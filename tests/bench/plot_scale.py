@@ -59,7 +59,7 @@ def plot(reports: list[dict[str, Any]], out: Path) -> None:
     lat.set_title("work-queue latency: pod ended → next Job")
     lat.grid(True, which="both", alpha=0.3)
     lat.legend()
-    fig.suptitle("AgentRun operator on KWOK (2-core shared machine)")
+    fig.suptitle("AgentRun operator on KWOK (2-core machine; the API server is the limit)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
