@@ -121,6 +121,10 @@ BACKLOG = 10_000
 broadcaster drops when its queue is full: an Event must never hold up a run."""
 
 
+STOP_GRACE_SECONDS = 10.0
+"""How long the operator, stopping, waits for its writers to post what reconciles handed them."""
+
+
 class EventRecorder:
     """Posts what reconciles plan. Once `start`ed, off the work queue's path: `submit` returns at once
     and writer tasks post (docs/operator.md#events). Each Event write waited for in the reconcile cost
@@ -140,10 +144,15 @@ class EventRecorder:
         self._backlogs = [asyncio.Queue(maxsize=max(1, BACKLOG // writers)) for _ in range(writers)]
         self._writers = [asyncio.create_task(self._write(q)) for q in self._backlogs]
 
-    async def stop(self) -> None:
-        """Post what is waiting, then stop the writers."""
-        for backlog in self._backlogs:
-            await backlog.join()
+    async def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        """Post what is waiting (for `grace_seconds` at most: an API server that is gone must not
+        hold the operator's exit), then stop the writers."""
+        waiting = asyncio.gather(*(backlog.join() for backlog in self._backlogs))
+        try:
+            await asyncio.wait_for(waiting, grace_seconds)
+        except TimeoutError:
+            left = sum(backlog.qsize() for backlog in self._backlogs)
+            log.warning("stopping with events not posted", extra={"reconciles": left})
         for task in self._writers:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
