@@ -158,12 +158,14 @@ def read_hook_done(path: str) -> tuple[int | None, int | None] | None:
     return number(0), number(1)
 
 
+BLIND_ANCHOR: Final = "docs/troubleshooting.md#reporter-cannot-see-main"
+"""How every refusal of a blind reporter ends: the operator knows one by it as well as by its exit code."""
 BLIND: Final = (
     "the reporter cannot see main's processes: this pod's containers do not share one PID namespace "
     "(PID 1 of the reporter's namespace is {what}, so the namespace is its container's alone; "
     "shareProcessNamespace is ignored here). Fix: run the iteration pods where their containers share "
     "one PID namespace (a Kubernetes node does; the local pod runner does as root, or as an ordinary "
-    "user where unprivileged user namespaces are allowed); docs/troubleshooting.md#reporter-cannot-see-main"
+    "user where unprivileged user namespaces are allowed); " + BLIND_ANCHOR
 )
 """Why the reporter fails a pod in which it could never see `main` end (`blind_reason`)."""
 

@@ -19,6 +19,7 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
 from agentrun_operator.control.claim import read_report
+from agentrun_operator.control.mainwatch import BLIND_ANCHOR
 from agentrun_operator.control.reporter import BLIND_EXIT
 from agentrun_operator.jobs.reporter_container import (
     FINGERPRINT_CONTAINER,
@@ -133,7 +134,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
                 "terminated"
             )
-            if terminated and terminated.get("exitCode") == BLIND_EXIT:
+            if terminated and refused_blind(terminated):
                 refusal = str(terminated.get("message") or "").strip() or BLIND_UNSAID
             elif terminated:
                 reporter_message = terminated.get("message")
@@ -217,6 +218,14 @@ def held_at_gate(cs: dict[str, Any]) -> bool:
     )
 
 
+def refused_blind(terminated: dict[str, Any]) -> bool:
+    """A reporter's end that is its refusal to run blind (control/reporter.py `refuse_blind`): its exit
+    code, or its message when something else ended it first -- the gate's hook may give up and have
+    the container killed after the reporter wrote why and before it exited (seen on the pod runner)."""
+    said = str(terminated.get("message") or "").rstrip()
+    return terminated.get("exitCode") == BLIND_EXIT or said.endswith(BLIND_ANCHOR)
+
+
 def reporter_lost(status: dict[str, Any]) -> str | None:
     """What a reporter that ended before it was ready said, when `main` is held at its shut gate
     because of it (docs/troubleshooting.md#reporter-ended-before-main); None otherwise. The reporter
@@ -226,7 +235,7 @@ def reporter_lost(status: dict[str, Any]) -> str | None:
         return None
     reporter = next((cs for cs in statuses if cs.get("name") == REPORTER_CONTAINER), None)
     ended = ((reporter or {}).get("state") or {}).get("terminated")
-    if not ended or ended.get("exitCode") == BLIND_EXIT:
+    if not ended or refused_blind(ended):
         return None
     said = str(ended.get("message") or "").strip()
     report = read_report(said)

@@ -187,6 +187,7 @@ def test_a_reporter_that_ended_before_it_was_ready_is_lost_unless_its_pod_is_a_d
     a reporter that ended: lost, with what it said; a duplicate's reporter ends so on purpose (its
     message is its `taken` claim report), and a reporter that refused (exit 3) is a refusal."""
     from agentrun_operator.control.claim import Claim, report_text
+    from agentrun_operator.control.mainwatch import BLIND
     from agentrun_operator.control.reporter import BLIND_EXIT
     from agentrun_operator.jobs.reporter_container import GATE_REFUSAL
 
@@ -204,6 +205,10 @@ def test_a_reporter_that_ended_before_it_was_ready_is_lost_unless_its_pod_is_a_d
     assert pod_from_k8s(pod(status(1, duplicate, held))).reporter_lost is None  # type: ignore[union-attr]
     blind = pod_from_k8s(pod(status(BLIND_EXIT, "cannot see main", held)))
     assert blind is not None and blind.reporter_lost is None and blind.reporter_refusal
+    # Killed after it wrote its refusal (its gate's hook gave up first): still the refusal.
+    killed = pod_from_k8s(pod(status(137, BLIND.format(what="the reporter itself"), held)))
+    assert killed is not None and killed.reporter_lost is None
+    assert killed.reporter_refusal == BLIND.format(what="the reporter itself")
     running = {"running": {"startedAt": "2026-11-27T10:00:00Z"}}
     assert pod_from_k8s(pod(status(1, "boom", running))).reporter_lost is None  # type: ignore[union-attr]
     creating = {"waiting": {"reason": "ContainerCreating"}}
