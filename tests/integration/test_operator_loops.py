@@ -92,20 +92,7 @@ def _create(plane: ControlPlane, manifest: dict[str, Any]) -> None:
 def _wait_finished(
     plane: ControlPlane, name: str, operator: OperatorProcess, timeout: float = 90
 ) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-
-    def done() -> bool:
-        run = _get(plane, "agentrun", name)
-        result.update(run)
-        return (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
-
-    try:
-        eventually(done, timeout, f"agentrun {name} to finish")
-    except AssertionError:
-        print(json.dumps(result.get("status"), indent=1))
-        print(operator.logs()[-5000:])
-        raise
-    return result
+    return api.finished_run(plane, NAMESPACE, name, operator.logs, timeout)
 
 
 def _loop_run(name: str, loop: dict[str, Any], **step: Any) -> dict[str, Any]:

@@ -99,19 +99,7 @@ def _jobs(plane: ControlPlane, run: str) -> list[dict[str, Any]]:
 def _finished(
     plane: ControlPlane, name: str, operator: OperatorProcess, timeout: float = 120
 ) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-
-    def done() -> bool:
-        seen.update(_run(plane, name))
-        return (seen.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
-
-    try:
-        eventually(done, timeout, f"agentrun {name} to finish")
-    except AssertionError:
-        print(json.dumps(seen.get("status"), indent=1))
-        print(operator.logs()[-6000:])
-        raise
-    return seen
+    return api.finished_run(plane, NAMESPACE, name, operator.logs, timeout)
 
 
 def _assert_each_iteration_once(plane: ControlPlane, run: dict[str, Any], iterations: int) -> None:

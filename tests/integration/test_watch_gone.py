@@ -200,18 +200,7 @@ def test_a_run_whose_job_finished_while_its_watches_were_gone_is_recorded(
         for plural in kinds:
             proxy.policies[plural].drop = None
             proxy.end_streams(plural)
-        seen: dict[str, Any] = {}
-
-        def finished() -> bool:
-            seen.update(api.agentrun(plane, NAMESPACE, name))
-            return (seen.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Cancelled")
-
-        try:
-            eventually(finished, HUNG, f"agentrun {name} to finish")
-        except AssertionError:
-            print(json.dumps(seen.get("status"), indent=1))
-            print(operator.logs()[-6000:])
-            raise
+        seen = api.finished_run(plane, NAMESPACE, name, operator.logs, HUNG)
         assert seen["status"]["phase"] == "Succeeded", seen["status"]
         loop = seen["status"]["workflow"]["steps"][0]["loop"]
         assert loop["completedIterations"] == 2

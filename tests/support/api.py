@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
+from tests.support.polling import eventually
 
 RUNS = f"/apis/{naming.GROUP}/v1alpha1"
 
@@ -24,6 +26,29 @@ def get_json(plane: ControlPlane, path: str) -> dict[str, Any]:
 
 def agentrun(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return get_json(plane, f"{RUNS}/namespaces/{namespace}/agentruns/{name}")
+
+
+FINAL_PHASES = ("Succeeded", "Failed", "Cancelled")
+
+
+def finished_run(
+    plane: ControlPlane, namespace: str, name: str, logs: Callable[[], str], timeout: float
+) -> dict[str, Any]:
+    """The run once its phase is final. When it is not within `timeout`, its last status and the tail
+    of the operator's log (`logs`) are printed before the failure, to say why."""
+    seen: dict[str, Any] = {}
+
+    def done() -> bool:
+        seen.update(agentrun(plane, namespace, name))
+        return (seen.get("status") or {}).get("phase") in FINAL_PHASES
+
+    try:
+        eventually(done, timeout, f"agentrun {name} to finish")
+    except AssertionError:
+        print(json.dumps(seen.get("status"), indent=1))
+        print(logs()[-6000:])
+        raise
+    return seen
 
 
 def items(
