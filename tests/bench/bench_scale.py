@@ -46,6 +46,7 @@ from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
 from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
 from tests.bench.harness import start_operator
 from tests.bench.watch import ResumableWatch
+from tests.support import metrics as prom
 from tests.support.processes import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,12 +109,14 @@ class RunPhases(ResumableWatch):
     def __init__(self, kwok: KwokPlane) -> None:
         super().__init__(kwok.plane, f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns")
         self.phase: dict[str, str] = {}
+        self.first_seen: dict[str, float] = {}  # when each run was first seen (monotonic)
 
     def ended(self) -> int:
         return sum(phase in FINAL for phase in list(self.phase.values()))
 
     def on_event(self, kind: str, obj: dict[str, Any], now: float) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
+        self.first_seen.setdefault(name, now)
         self.phase[name] = str((obj.get("status") or {}).get("phase") or "")
 
 
@@ -170,6 +173,16 @@ def plane_cpu(kwok: KwokPlane) -> dict[str, float]:
         if record is not None and record.alive():
             out[name] = cpu_seconds(record.pid)
     return out
+
+
+def job_controller_queue(kwok: KwokPlane) -> float | None:
+    """kube-controller-manager's Job queue depth (`workqueue_depth{name="job"}`): a deep one says the
+    Job controller, not the operator, is pacing the run (docs/operator.md#scale)."""
+    code, body = kwok.plane.controller_manager_get("/metrics", timeout=30)
+    if code != 200:
+        return None
+    samples = prom.parse(body.decode())
+    return prom.value(samples, "workqueue_depth", name="job")
 
 
 def create_all(kwok: KwokPlane, path: str, bodies: list[dict[str, Any]], threads: int = 8) -> None:
@@ -241,7 +254,9 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     pods = args.runs + args.unrelated_pods + (args.runs * args.iterations if args.argo else 0)
     nodes = args.nodes or max(4, math.ceil(pods / PODS_PER_NODE) + 1)
     stages = (argo_side.stages_file(home / "argo"),) if args.argo else ()
-    kwok = KwokPlane(home, nodes, progress=print, extra_stages=stages).start(crds_dir=ROOT / "crds")
+    kwok = KwokPlane(
+        home, nodes, progress=print, extra_stages=stages, controller_syncs=args.controller_syncs
+    ).start(crds_dir=ROOT / "crds")
     plane = kwok.plane
     operator: OperatorProcess | None = None
     try:
@@ -272,15 +287,20 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         print(f"{args.runs} runs created in {created:.1f}s")
         deadline = time.monotonic() + args.timeout
         last_print = 0.0
+        job_queue: list[float] = []
         while time.monotonic() < deadline:
             done = phases.ended()
             if done == len(names):
                 break
             if time.monotonic() - last_print > 30:
                 last_print = time.monotonic()
+                depth = job_controller_queue(kwok)
+                if depth is not None:
+                    job_queue.append(depth)
                 print(
                     f"  {time.monotonic() - started:6.0f}s: {done}/{len(names)} runs ended, "
-                    f"{len(watch.added)} Jobs, operator RSS {peak_rss_mb(pid):.0f} MB"
+                    f"{len(watch.added)} Jobs, operator RSS {peak_rss_mb(pid):.0f} MB, "
+                    f"Job controller queue {depth if depth is None else int(depth)}"
                 )
             time.sleep(1.0)
         elapsed = time.monotonic() - started
@@ -301,6 +321,11 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             if naming.job_name(name, 1, k, 1) in pods.ended
             and naming.job_name(name, 1, k + 1, 1) in watch.added
         ]
+        first_job = [
+            watch.added[naming.job_name(name, 1, 1, 1)] - phases.first_seen[name]
+            for name in names
+            if name in phases.first_seen and naming.job_name(name, 1, 1, 1) in watch.added
+        ]
         api_before, api_after = api_requests(before_api), api_requests(after_api)
         api_by_verb = {v: (api_after[v] - api_before.get(v, 0)) / done_iterations for v in sorted(api_after)}
         op_by_verb: collections.Counter[str] = collections.Counter()
@@ -316,6 +341,8 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "unrelated_pods": args.unrelated_pods,
             "unrelated_pods_seconds": unrelated_seconds,
             "operator_workers": args.workers[0] if args.workers else 32,
+            "controller_syncs": args.controller_syncs,
+            "job_controller_queue_max": max(job_queue, default=None),
             "completed_iterations": check["completed_iterations"],
             "create_seconds": created,
             "wall_seconds": elapsed,
@@ -327,10 +354,15 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "operator_cpu_seconds": cpu,
             "operator_cpu_ms_per_iteration": 1000 * cpu / done_iterations,
             "queue_latency_ms": distribution(latency),
+            # A new run seen -> its first Job seen: how long a run created in a burst waits.
+            "first_job_latency_ms": distribution(first_job),
             # The operator's own share of it, from its metrics (bucket bounds): a key's wait in the
             # work queue, and one reconcile (its API requests included).
             "operator_queue_wait_ms": histogram_quantiles(
                 before_op, after_op, "agentrun_workqueue_queue_duration_seconds", 'lane="front"'
+            ),
+            "operator_turnaround_wait_ms": histogram_quantiles(
+                before_op, after_op, "agentrun_workqueue_queue_duration_seconds", 'lane="turnaround"'
             ),
             "operator_reconcile_ms": histogram_quantiles(
                 before_op, after_op, "agentrun_reconcile_duration_seconds"
@@ -377,8 +409,13 @@ def summary(report: dict[str, Any]) -> str:
         f"writes {report['operator_writes_per_iteration']:.2f}/iteration, "
         f"status {report['status_bytes_mean']:.0f} B/run",
         line("work-queue latency (pod ended -> next Job)", report["queue_latency_ms"]),
-        "operator's own (bucket bounds): queue wait "
+        line("first Job (run seen -> its first Job)", report["first_job_latency_ms"]),
+        f"Job controller: {report['controller_syncs'] or 'default'} workers, "
+        f"queue at most {report['job_controller_queue_max']} (sampled every 30 s)",
+        "operator's own (bucket bounds): queue wait (front) "
         + ", ".join(f"{k} {v:.0f}" for k, v in report["operator_queue_wait_ms"].items())
+        + " ms; (turnaround) "
+        + ", ".join(f"{k} {v:.0f}" for k, v in report["operator_turnaround_wait_ms"].items())
         + " ms; reconcile "
         + ", ".join(f"{k} {v:.0f}" for k, v in report["operator_reconcile_ms"].items())
         + " ms",
@@ -404,6 +441,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds to wait for all runs")
     ap.add_argument("--workers", type=int, action="append", default=[], help="the operator's --workers")
     ap.add_argument("--keep", action="store_true", help="keep the plane's directory (logs)")
+    ap.add_argument(
+        "--controller-syncs",
+        type=int,
+        default=None,
+        help="kube-controller-manager's Job, GC and TTL workers (default: the plane's 10/10/5); "
+        "50 lets 5,000 runs and more finish (docs/operator.md#scale)",
+    )
     ap.add_argument(
         "--argo", action="store_true", help="then the same N x K as Argo Workflows on the same plane"
     )

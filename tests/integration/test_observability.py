@@ -182,12 +182,14 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
     assert moved("agentrun_iteration_duration_seconds_count", result="Retrying") == 1
     assert moved("agentrun_iteration_duration_seconds_count", result="Failed") == 1
     assert moved("agentrun_iteration_duration_seconds_sum", result="Succeeded") >= 0
-    # The work queue: every reconcile was dequeued once (its wait observed), and at rest nothing
-    # waits and no worker is busy.
-    dequeued = moved("agentrun_workqueue_queue_duration_seconds_count", lane="front") + moved(
-        "agentrun_workqueue_queue_duration_seconds_count", lane="background"
-    )
-    assert dequeued >= moved("agentrun_reconcile_duration_seconds_count") > 0
+    # The work queue: every reconcile was dequeued once (its wait observed), pods that stopped were
+    # taken from the turnaround lane, and at rest nothing waits and no worker is busy.
+    waits = {
+        lane: moved("agentrun_workqueue_queue_duration_seconds_count", lane=lane)
+        for lane in ("turnaround", "front", "background")
+    }
+    assert sum(waits.values()) >= moved("agentrun_reconcile_duration_seconds_count") > 0
+    assert waits["turnaround"] >= 1
     assert value(after, "agentrun_workqueue_workers") >= 1
     assert moved("agentrun_reconcile_errors_total") == 0
 
@@ -206,6 +208,7 @@ def test_metrics_move_as_the_runs_go(cluster: Cluster) -> None:
         return (
             value(now, "agentrun_workqueue_busy_workers") == 0
             and value(now, "agentrun_workqueue_depth", lane="front") == 0
+            and value(now, "agentrun_workqueue_depth", lane="turnaround") == 0
             and value(now, "agentrun_run_no_progress_seconds_max") == 0  # every run here has finished
         )
 

@@ -48,7 +48,14 @@ def _through(kubeconfig: str, label: str, body: Body) -> None:
         cache = RunCache(gates=())
         store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
         watcher = informer.Informer(
-            kube, cache, store, "/api/v1", "configmaps", f"{label}=yes", (NAMESPACE,), lambda _key: None
+            kube,
+            cache,
+            store,
+            "/api/v1",
+            "configmaps",
+            f"{label}=yes",
+            (NAMESPACE,),
+            lambda _key, _ending: None,
         )
         watcher.start()
         try:

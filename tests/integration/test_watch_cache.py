@@ -425,7 +425,14 @@ def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
         cache = RunCache(gates=())
         store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
         watcher = informer.Informer(
-            kube, cache, store, "/api/v1", "configmaps", "perf-resume=yes", (NAMESPACE,), lambda _key: None
+            kube,
+            cache,
+            store,
+            "/api/v1",
+            "configmaps",
+            "perf-resume=yes",
+            (NAMESPACE,),
+            lambda _key, _ending: None,
         )
         watcher.start()
         try:

@@ -115,7 +115,14 @@ def test_a_410_gone_lists_afresh_and_the_cache_ends_equal_to_the_servers_objects
         cache = RunCache(gates=())
         store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
         watcher = informer.Informer(
-            kube, cache, store, "/api/v1", "configmaps", f"{label}=yes", (NAMESPACE,), lambda _key: None
+            kube,
+            cache,
+            store,
+            "/api/v1",
+            "configmaps",
+            f"{label}=yes",
+            (NAMESPACE,),
+            lambda _key, _ending: None,
         )
 
         def cached() -> dict[str, Any]:

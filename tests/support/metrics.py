@@ -13,7 +13,11 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def scrape(url: str) -> Samples:
     """Every sample the operator serves, by (name, sorted labels)."""
     with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+        return parse(response.read().decode())
+
+
+def parse(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition (any component's `/metrics`), by (name, sorted labels)."""
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -40,7 +40,7 @@ from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
 from agentrun_operator.planner.observed import ObservedJob
 from agentrun_operator.planner.waiting import VOLUME_REASONS
 from agentrun_operator.shell.observe import job_from_k8s, resource_version
-from agentrun_operator.shell.relevance import job_change, pod_arrival, pod_change
+from agentrun_operator.shell.relevance import job_change, job_ended, pod_arrival, pod_change, pod_ended
 from agentrun_operator.shell.volume_waits import VolumeEventStore, VolumeWaits
 
 Key = tuple[str, str]  # (namespace, run name)
@@ -142,12 +142,14 @@ class Store:
         keep_body: bool = True,
         arrival: Callable[[Any, list[Any]], bool] = lambda view, others: True,
         forget: Callable[[str, str], None] | None = None,
+        ended: Callable[[Any], bool] = lambda view: False,
     ) -> None:
         self._run_of = run_of
         self._view = view
         self._change = change
         self._arrival = arrival  # whether a new object (its view, its run's others) is worth a re-plan
         self._forget = forget  # told (namespace, name) of each object the store drops
+        self._ended = ended  # whether a view ends an iteration's work (`ending`)
         # Jobs and Pods are read only through their views: keeping just their identity (not the
         # whole object, kilobytes per pod) is what keeps 500 concurrent runs in little memory.
         self._keep_body = keep_body
@@ -182,6 +184,13 @@ class Store:
                 return None
             del self._ahead[where]
         return self._put(obj)
+
+    def ending(self, obj: Obj) -> bool:
+        """Whether the change just taken in (`upsert` answered its run's key) ends an attempt: its pod
+        stopped, or its Job failed. The reconcile it asks for is a turnaround (the next Job), which
+        the work queue takes before other work (shell/workqueue.py)."""
+        entry = self._entry(where_of(obj))
+        return entry is not None and self._ended(entry[1])
 
     def listed(self, obj: Obj) -> Key | None:
         """One object of a LIST that a watch resumes from (kopf's, before its watch): its version is
@@ -400,7 +409,7 @@ class RunCache:
 
     def __init__(self, gates: Iterable[str] = ()) -> None:
         self.runs = Store(run_of_run, run_view)
-        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False)
+        self.jobs = Store(run_of_job, job_view, job_change, keep_body=False, ended=job_ended)
         # A pod's view holds its volume wait, from the Events informers' stores (shell/volume_waits.py).
         self.volume_waits = VolumeWaits()
         self.pods = Store(
@@ -410,6 +419,7 @@ class RunCache:
             keep_body=False,
             arrival=pod_arrival,
             forget=self.volume_waits.forget_pod,
+            ended=pod_ended,
         )
         self.volume_waits.review = self.pods.review
         self.volume_events = {

@@ -34,7 +34,7 @@ from agentrun_operator.shell.kube import Kube, kopf_login
 from agentrun_operator.shell.peering import PEERING_API, Peering
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.resync import relist
-from agentrun_operator.shell.workqueue import Key, WorkQueue
+from agentrun_operator.shell.workqueue import BACKGROUND, FRONT, TURNAROUND, Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
 
@@ -63,9 +63,13 @@ class OperatorState:
         self.cache = RunCache()
         self.reconciled_at: dict[Key, float] = {}  # monotonic time of each run's last reconcile
 
-    def enqueue(self, key: Key | None, background: bool = False) -> None:
+    def enqueue(self, key: Key | None, lane: int = FRONT) -> None:
         if key is not None and self.queue is not None:
-            self.queue.enqueue(key, background=background)
+            self.queue.enqueue(key, lane)
+
+    def enqueue_watched(self, key: Key, ending: bool) -> None:
+        """An informer's change: one that ends an attempt is a turnaround, reconciled first."""
+        self.enqueue(key, TURNAROUND if ending else FRONT)
 
     def agentrun_event(self, event: kopf.RawEvent) -> None:
         """An AgentRun's watch event, from kopf: into the cache; the run is enqueued when what its
@@ -76,7 +80,7 @@ class OperatorState:
         key = runs.delete(obj) if kind == "DELETED" else runs.upsert(obj) if kind else runs.listed(obj)
         self.enqueue(key)
 
-    def enqueue_namespace(self, key: Key) -> None:
+    def enqueue_namespace(self, key: Key, ending: bool = False) -> None:
         """Something runs refer to changed: re-plan the unfinished runs of its namespace."""
         for run_key in self.cache.runs.run_keys():
             run = self.cache.run(*run_key) if run_key[0] == key[0] else None
@@ -128,7 +132,7 @@ class OperatorState:
             phases.append(phase)
             ttl = (run.get("spec") or {}).get("ttlSecondsAfterFinished")
             if (phase not in TERMINAL_RUN_PHASES or ttl) and self.due_for_resync(key):
-                self.enqueue(key, background=True)  # behind every event-driven reconcile
+                self.enqueue(key, BACKGROUND)  # behind every event-driven reconcile
         for key in changed:
             self.enqueue(key)
         metrics.count_runs(phases)
@@ -209,8 +213,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         # causes about ten of their events, and kopf's per-event machinery cost more than our use of
         # each (docs/design.md#handlers). Each event is decoded whole. AgentRuns come through kopf
         # (`agentrun_event`).
-        watch(cache.jobs, "/apis/batch/v1", "jobs", naming.LABEL_RUN, on_change=state.enqueue)
-        watch(cache.pods, "/api/v1", "pods", naming.LABEL_RUN, on_change=state.enqueue)
+        watch(cache.jobs, "/apis/batch/v1", "jobs", naming.LABEL_RUN, on_change=state.enqueue_watched)
+        watch(cache.pods, "/api/v1", "pods", naming.LABEL_RUN, on_change=state.enqueue_watched)
         # Why a pod's volume cannot be attached or mounted: Events only, not the pod's status
         # (docs/design.md#pod-waits). One watch per reason, filtered on the server by field (a field
         # selector takes no set of values), so only these Events are sent; core/v1, the API the
@@ -221,7 +225,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 "/api/v1",
                 "events",
                 None,
-                on_change=state.enqueue,
+                on_change=state.enqueue_watched,
                 optional=True,
                 unlisted="a volume that cannot be attached or mounted is not named in the step's message",
                 fields=f"involvedObject.kind=Pod,reason={reason}",
@@ -237,7 +241,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 PEERING_API,
                 peering.plural,
                 None,
-                on_change=state.enqueue,
+                on_change=state.enqueue_watched,
                 fields=f"metadata.name={peering.name}",
             )
         for informer in state.informers:

@@ -54,6 +54,10 @@ class Fed(Protocol):
 
     def delete(self, obj: dict[str, Any]) -> Key | None: ...
 
+    def ending(self, obj: dict[str, Any]) -> bool:
+        """Whether the object just taken in ends an attempt (a turnaround, shell/workqueue.py)."""
+        ...
+
     def clock(self) -> int: ...
 
     def relist(
@@ -73,7 +77,7 @@ class Informer:
         plural: str,
         selector: str | None,
         namespaces: tuple[str, ...],
-        on_change: Callable[[Key], None],
+        on_change: Callable[[Key, bool], None],
         optional: bool = False,
         unlisted: str = "reading them per reconcile",
         fields: str | None = None,
@@ -86,7 +90,7 @@ class Informer:
         self.selector = selector
         self.fields = fields  # a field selector (Events: `involvedObject.kind=Pod,reason=FailedMount`)
         self.scopes: list[str | None] = list(namespaces) or [None]
-        self.on_change = on_change
+        self.on_change = on_change  # (run key, whether the change ends an attempt: `Fed.ending`)
         # An optional kind (what runs refer to) is also read with a GET on a cache miss: when the
         # operator may not list it (RBAC from before it was watched), the cache stays empty and
         # every read falls back to GET, as before; its gate opens anyway.
@@ -149,7 +153,7 @@ class Informer:
         )
         self._received_at = time.monotonic()
         for key in self.store.relist(items, since, {scope} if scope else None):
-            self.on_change(key)
+            self.on_change(key, False)  # a change the watch missed: no turnaround to hurry
         self._mark_listed(scope)
         return version
 
@@ -215,7 +219,12 @@ class Informer:
             self._resume[scope] = version
         if kind == "BOOKMARK":
             return True
-        key = self.store.delete(obj) if kind == "DELETED" else self.store.upsert(obj)
+        if kind == "DELETED":
+            key = self.store.delete(obj)
+            if key is not None:
+                self.on_change(key, False)
+            return True
+        key = self.store.upsert(obj)
         if key is not None:
-            self.on_change(key)
+            self.on_change(key, self.store.ending(obj))
         return True

@@ -118,6 +118,9 @@ class Peering:
         self.decide()
         return None
 
+    def ending(self, obj: Obj) -> bool:
+        return False  # a peer's change is no run's turnaround
+
     def clock(self) -> int:
         return self._clock
 

@@ -88,3 +88,18 @@ def pod_arrival(view: Any, others: list[Any]) -> bool:
     every iteration starts with, still pending, does not."""
     known = tuple(other for other in others if other is not None)
     return view is not None and pod_arrival_relevant(view, known)
+
+
+def pod_ended(view: Any) -> bool:
+    """A pod that has stopped (its containers ended, or it is terminal): its run's next reconcile
+    records the iteration and creates the next Job, so it goes first (a turnaround, shell/workqueue.py).
+    Asked only of a change that re-plans its run: a stopped pod's later changes (its phase turning
+    Succeeded after its report) re-plan nothing."""
+    return view is not None and bool(view.stopped)
+
+
+def job_ended(view: Any) -> bool:
+    """A Job that failed (its pod's own end may never show: deleted, evicted, past its deadline). A
+    Job that succeeded is not one: its turnaround was its pod stopping, seen first."""
+    job = view[0]
+    return job is not None and job.outcome in ("Failed", "DeadlineExceeded")

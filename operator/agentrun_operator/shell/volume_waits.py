@@ -152,6 +152,9 @@ class VolumeEventStore:
         meta = event.get("metadata") or {}
         return self.waits.remove(self.reason, str(meta.get("namespace")), str(meta.get("name")))
 
+    def ending(self, event: Obj) -> bool:
+        return False  # a volume's wait starts or ends nothing of an attempt
+
     def clock(self) -> int:
         return self.waits.clock()
 

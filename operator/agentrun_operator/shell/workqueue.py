@@ -4,9 +4,14 @@ Watch events for a run, its Jobs and its Pods all collapse into one key; a key e
 being reconciled is reconciled once more afterwards (never concurrently), so there is exactly one
 writer of each run's status in this process. Delayed requeues keep only the earliest deadline.
 
-Keys the periodic resync enqueues wait in a background lane: a worker takes one only when no key
-enqueued by a watch event or a timer is waiting, so a resync of many idle runs never delays an
-iteration's turnaround (a background key enqueued again by an event moves to the front lane).
+Keys wait in one of three lanes, and a worker takes a key from a lane only when the lanes before it
+are empty (docs/operator.md#reconcile, "Turnarounds first"):
+- `turnaround`: a watch event that stops a run's pod or fails its Job (`Store.ending`). The
+  reconcile it asks for records the iteration and creates the next Job: the latency a user waits on.
+- `front`: every other watch event and every timer.
+- `background`: the periodic resync, so a resync of many idle runs never delays an iteration.
+A key asked for again in an earlier lane moves up; a key asked for while it is being reconciled is
+reconciled once more afterwards, in the earliest lane it was asked for meanwhile.
 
 A reconcile that raises (the API server is down, slow or answered 5xx; a watch is reconnecting) is
 retried per key with exponential backoff and jitter (`retry_delay`): no hot loop against a failing
@@ -32,9 +37,10 @@ Reconcile = Callable[[Key], Awaitable[float | None]]
 
 log = logging.getLogger("agentrun.queue")
 
-FRONT: Final = 0
-BACKGROUND: Final = 1
-LANE_NAMES: Final = ("front", "background")  # the `lane` label of the queue's metrics
+TURNAROUND: Final = 0
+FRONT: Final = 1
+BACKGROUND: Final = 2
+LANE_NAMES: Final = ("turnaround", "front", "background")  # the `lane` label of the queue's metrics
 
 RETRY_BASE_SECONDS: Final = 1.0
 RETRY_MAX_SECONDS: Final = 60.0
@@ -65,12 +71,12 @@ class WorkQueue:
         self._serving = serving
         self._workers = workers
         # (lane, sequence, key): lane 0 first, then in order; an entry whose key has been taken or
-        # moved to the front lane since is skipped.
+        # moved to an earlier lane since is skipped.
         self._queue: asyncio.PriorityQueue[tuple[int, int, Key]] = asyncio.PriorityQueue()
         self._queued: dict[Key, int] = {}  # key -> its lane
         self._sequence = 0
         self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
+        self._dirty: dict[Key, int] = {}  # asked for during its reconcile -> the earliest lane asked
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[Key, int] = {}
@@ -106,18 +112,17 @@ class WorkQueue:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def enqueue(self, key: Key, background: bool = False) -> None:
-        """Reconcile `key` soon; `background` (the resync's) only when nothing else is waiting."""
+    def enqueue(self, key: Key, lane: int = FRONT) -> None:
+        """Reconcile `key` soon, once the lanes before `lane` are empty."""
         if key in self._active:
-            self._dirty.add(key)
+            self._dirty[key] = min(lane, self._dirty.get(key, lane))
             return
         if not self._queued and not self._active:
             self._progress_at = time.monotonic()  # the wait starts now, not at the last reconcile
-        lane = BACKGROUND if background else FRONT
         if key in self._queued and self._queued[key] <= lane:
             return
         if key in self._queued:
-            self._depth[self._queued[key]].dec()  # moved to the front lane
+            self._depth[self._queued[key]].dec()  # moved to an earlier lane
         self._depth[lane].inc()
         self._enqueued_at.setdefault(key, time.monotonic())
         self._queued[key] = lane
@@ -151,7 +156,7 @@ class WorkQueue:
             if self._serving is not None and not self._serving.is_set():
                 await self._serving.wait()
                 self._progress_at = time.monotonic()  # resumed: the wait starts now
-            if self._queued.get(key) != lane:  # taken already, or moved to the front lane
+            if self._queued.get(key) != lane:  # taken already, or moved to an earlier lane
                 self._queue.task_done()
                 continue
             del self._queued[key]
@@ -188,9 +193,8 @@ class WorkQueue:
                 metrics.QUEUE_BUSY.dec()
                 self._queue.task_done()
                 self._progress_at = time.monotonic()
-            if key in self._dirty and not failed:  # a failure waits out its backoff regardless
-                self._dirty.discard(key)
-                self.enqueue(key)
+            asked = self._dirty.pop(key, None)
+            if asked is not None and not failed:  # a failure waits out its backoff regardless
+                self.enqueue(key, asked)
             elif delay is not None:
-                self._dirty.discard(key)
                 self.enqueue_after(key, delay)

@@ -8,6 +8,7 @@ detached process with a pid file under the state directory, so `stop()` works fr
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import ssl
@@ -216,14 +217,26 @@ class ControlPlane:
             return False
 
     def _kcm_healthy(self, port: int) -> bool:
+        return self.controller_manager_get("/healthz", port)[0] == 200
+
+    def controller_manager_get(
+        self, path: str, port: int | None = None, timeout: float = 2.0
+    ) -> tuple[int, bytes]:
+        """GET from kube-controller-manager's secure port as the admin user (`/healthz`, `/metrics`);
+        (status, body), status 0 when unreachable."""
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # its serving cert is self-signed by itself
+        with contextlib.suppress(OSError, ssl.SSLError):  # no client cert yet: anonymous (healthz)
+            ctx.load_cert_chain(str(self.pki.client_cert("admin")), str(self.pki.client_key("admin")))
+        url = f"https://127.0.0.1:{port or self.ports().controller_manager}{path}"
         try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=2) as r:
-                return bool(r.status == 200)
+            with urllib.request.urlopen(url, context=ctx, timeout=timeout) as r:
+                return int(r.status), bytes(r.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
         except (OSError, ssl.SSLError):
-            return False
+            return 0, b""
 
     def component_status(self) -> list[ComponentStatus]:
         ports = self.ports()

@@ -38,6 +38,24 @@ pod waited about 12 s to start at 1,000 runs, while the operator's queue stood e
 NODE_PREFIX = "kwok-node-"
 
 
+def controller_sync_args(syncs: int | None) -> tuple[str, ...]:
+    """kube-controller-manager's workers for Jobs, garbage collection and finished-Job TTLs, when
+    set (`KwokPlane(controller_syncs=N)`, `bench_scale --controller-syncs N`).
+
+    At 5,000 runs and more, the Job controller's 10 workers, each waiting on a saturated API server,
+    fall behind: its queue grew past 12,000 Jobs while the operator stood idle. More workers let those
+    sizes finish; at 1,000 and fewer they make every client's requests slower (100 x 3: pod ended ->
+    next Job p95 450 ms with the defaults, 8.2 s with 50), so the plane keeps its defaults unless
+    asked (docs/operator.md#scale)."""
+    if syncs is None:
+        return ()
+    return (
+        f"--concurrent-job-syncs={syncs}",
+        f"--concurrent-gc-syncs={syncs}",
+        f"--concurrent-ttl-after-finished-syncs={syncs}",
+    )
+
+
 def kwok_configuration() -> str:
     """KWOK's own options (config.kwok.x-k8s.io KwokConfiguration), loaded with the Stages. A
     configuration file given leaves KWOK's other parallelism options at 0 (its defaulting does not
@@ -61,6 +79,7 @@ class KwokPlane:
         nodes: int = 10,
         progress: Progress | None = None,
         extra_stages: tuple[Path, ...] = (),
+        controller_syncs: int | None = None,
     ) -> None:
         self.home = home
         self.nodes = nodes
@@ -71,7 +90,11 @@ class KwokPlane:
             home,
             toolchain.bin_dir(),
             progress=self.say,
-            controller_manager_args=(f"--kube-api-qps={API_QPS}", f"--kube-api-burst={API_QPS}"),
+            controller_manager_args=(
+                f"--kube-api-qps={API_QPS}",
+                f"--kube-api-burst={API_QPS}",
+                *controller_sync_args(controller_syncs),
+            ),
         )
 
     @property

@@ -345,7 +345,7 @@ def through_informer(plural: str, line: bytes, before: dict[str, Any] | None) ->
         plural,
         naming.LABEL_RUN,
         (),
-        changed.append,
+        lambda key, _ending: changed.append(key),
     )
     assert informer._event(None, line)
     return held(cache, plural), changed

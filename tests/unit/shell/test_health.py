@@ -34,7 +34,9 @@ class Failing:
 
 def _informer(kube: Any) -> Informer:
     cache = RunCache()
-    return Informer(cast(Kube, kube), cache, cache.jobs, "/apis/batch/v1", "jobs", None, (), lambda _k: None)
+    return Informer(
+        cast(Kube, kube), cache, cache.jobs, "/apis/batch/v1", "jobs", None, (), lambda _k, _e: None
+    )
 
 
 def test_an_informer_that_hears_nothing_is_silent_and_one_whose_task_died_has_stopped() -> None:

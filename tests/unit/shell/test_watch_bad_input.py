@@ -17,10 +17,19 @@ from agentrun_operator.shell.informer import Informer
 from agentrun_operator.shell.kube import Kube
 
 
-def _informer(cache: RunCache, changed: list[Any]) -> Informer:
-    return Informer(
-        cast(Kube, None), cache, cache.pods, "/api/v1", "pods", naming.LABEL_RUN, (), changed.append
-    )
+def _informer(
+    cache: RunCache, changed: list[Any], plural: str = "pods", endings: list[bool] | None = None
+) -> Informer:
+    """An informer of the runs' pods (or Jobs) into `cache`; each run key it enqueues goes to
+    `changed`, and whether the change ends an attempt (a turnaround) to `endings`."""
+
+    def on_change(key: Any, ending: bool) -> None:
+        changed.append(key)
+        if endings is not None:
+            endings.append(ending)
+
+    store, prefix = (cache.pods, "/api/v1") if plural == "pods" else (cache.jobs, "/apis/batch/v1")
+    return Informer(cast(Kube, None), cache, store, prefix, plural, naming.LABEL_RUN, (), on_change)
 
 
 def _line(event: Any) -> bytes:
@@ -110,3 +119,62 @@ def test_a_bookmark_moves_the_resume_point_and_stores_nothing() -> None:
     bookmark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "opaque-9"}}
     assert informer._event(None, _line({"type": "BOOKMARK", "object": bookmark}))
     assert informer._resume[None] == "opaque-9" and len(cache.pods) == 0
+
+
+def _job(version: str, conditions: list[dict[str, str]]) -> dict[str, Any]:
+    owner = {"apiVersion": "agents.proompteng.ai/v1alpha1", "kind": "AgentRun", "name": "r", "uid": "ru"}
+    meta = {
+        "name": "j",
+        "namespace": "ns",
+        "uid": "ju",
+        "resourceVersion": version,
+        "labels": {
+            naming.LABEL_RUN: "r",
+            naming.LABEL_STEP_INDEX: "0",
+            naming.LABEL_STEP_ITERATION: "1",
+            naming.LABEL_ATTEMPT: "1",
+        },
+        "ownerReferences": [owner],
+    }
+    return {"kind": "Job", "apiVersion": "batch/v1", "metadata": meta, "status": {"conditions": conditions}}
+
+
+def _ended(container: str) -> dict[str, Any]:
+    return {"name": container, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+
+
+def test_a_pod_stopping_is_a_turnaround_and_its_creation_start_and_deletion_are_not() -> None:
+    """Through the real decode: the change that stops a run's pod asks for its reconcile in the
+    turnaround lane (shell/workqueue.py); a second pod of the Job arriving, and the pod's deletion,
+    re-plan the run in the front lane."""
+    cache, changed, endings = RunCache(), cast(list[Any], []), cast(list[bool], [])
+    informer = _informer(cache, changed, endings=endings)
+    running = {"phase": "Running", "containerStatuses": [{"name": "main", "state": {"running": {}}}]}
+    assert informer._event(None, _line({"type": "ADDED", "object": _pod("1", status={"phase": "Pending"})}))
+    assert informer._event(None, _line({"type": "MODIFIED", "object": _pod("2", status=running)}))
+    assert changed == []  # pending and running are alike to every plan: nothing to re-plan
+    stopped = {"phase": "Running", "containerStatuses": [_ended("main"), _ended("reporter")]}
+    assert informer._event(None, _line({"type": "MODIFIED", "object": _pod("3", status=stopped)}))
+    assert (changed, endings) == ([("ns", "r")], [True])
+    second = _pod("4", status={"phase": "Pending"})
+    second["metadata"]["name"], second["metadata"]["uid"] = "p2", "u2"
+    assert informer._event(None, _line({"type": "ADDED", "object": second}))
+    assert informer._event(None, _line({"type": "DELETED", "object": _pod("5", status=stopped)}))
+    assert (changed, endings) == ([("ns", "r")] * 3, [True, False, False])
+
+
+def test_a_job_failing_is_a_turnaround_and_a_job_completing_is_not() -> None:
+    """A Job's failure may be all the operator ever sees of its attempt's end (its pod deleted or
+    past its deadline), so it is a turnaround; a Job completing follows its pod's end, which was."""
+    cache, changed, endings = RunCache(), cast(list[Any], []), cast(list[bool], [])
+    informer = _informer(cache, changed, "jobs", endings)
+    assert informer._event(None, _line({"type": "ADDED", "object": _job("1", [])}))
+    failed = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"}]
+    assert informer._event(None, _line({"type": "MODIFIED", "object": _job("2", failed)}))
+    assert endings == [False, True]
+    other = RunCache(), cast(list[Any], []), cast(list[bool], [])
+    informer = _informer(other[0], other[1], "jobs", other[2])
+    complete = [{"type": "Complete", "status": "True"}]
+    assert informer._event(None, _line({"type": "ADDED", "object": _job("1", [])}))
+    assert informer._event(None, _line({"type": "MODIFIED", "object": _job("2", complete)}))
+    assert other[1] == [("ns", "r")] * 2 and other[2] == [False, False]

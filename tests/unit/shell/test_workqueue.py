@@ -6,8 +6,11 @@ import asyncio
 import random
 
 from agentrun_operator.shell.workqueue import (
+    BACKGROUND,
+    FRONT,
     RETRY_BASE_SECONDS,
     RETRY_MAX_SECONDS,
+    TURNAROUND,
     Key,
     WorkQueue,
     retry_delay,
@@ -139,15 +142,16 @@ def test_failing_key_backs_off_and_events_do_not_bypass_it() -> None:
     assert failures == 1
 
 
-def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward() -> None:
-    """The resync's keys (background) are reconciled only when no event-driven key waits."""
+def _order_after_first(asks: list[tuple[str, int]]) -> list[str]:
+    """The order one worker reconciles keys in, when `asks` ((name, lane), in order) come while it is
+    busy with the key "first"; "first" may be among them (asked for during its own reconcile)."""
 
     async def scenario() -> list[str]:
         order: list[str] = []
         gate = asyncio.Event()
 
         async def reconcile(key: Key) -> float | None:
-            if key[1] == "first":
+            if key[1] == "first" and not order:
                 await gate.wait()
             order.append(key[1])
             return None
@@ -156,17 +160,43 @@ def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward(
         queue.start()
         queue.enqueue(("ns", "first"))
         await until(lambda: ("ns", "first") in queue._active)  # the one worker is busy with "first"
-        for name in ("idle-1", "idle-2", "moved"):
-            queue.enqueue(("ns", name), background=True)
-        queue.enqueue(("ns", "event"))
-        queue.enqueue(("ns", "moved"))  # an event for a run the resync had queued
-        queue.enqueue(("ns", "event"), background=True)  # already waiting in front: stays there
+        for name, lane in asks:
+            queue.enqueue(("ns", name), lane)
         gate.set()
         await until(lambda: idle(queue))
         await queue.stop()
         return order
 
-    assert asyncio.run(scenario()) == ["first", "event", "moved", "idle-1", "idle-2"]
+    return asyncio.run(scenario())
+
+
+def test_background_keys_wait_for_the_front_lane_and_an_event_moves_one_forward() -> None:
+    """The resync's keys (background) are reconciled only when no event-driven key waits."""
+    asks = [
+        ("idle-1", BACKGROUND),
+        ("idle-2", BACKGROUND),
+        ("moved", BACKGROUND),
+        ("event", FRONT),
+        ("moved", FRONT),  # an event for a run the resync had queued
+        ("event", BACKGROUND),  # already waiting in front: stays there
+    ]
+    assert _order_after_first(asks) == ["first", "event", "moved", "idle-1", "idle-2"]
+
+
+def test_turnaround_keys_go_before_the_front_lane_also_when_asked_for_during_their_reconcile() -> None:
+    """A pod that stopped (a turnaround) is reconciled before other events' keys, also one asked for
+    in the front lane first; a key asked for during its own reconcile keeps the earliest lane it was
+    asked for."""
+    asks = [
+        ("event", FRONT),
+        ("idle", BACKGROUND),
+        ("ended", FRONT),
+        ("ended", TURNAROUND),  # its pod stopped: moves up
+        ("first", FRONT),
+        ("first", TURNAROUND),  # asked for twice during its reconcile: once more, as a turnaround
+        ("first", BACKGROUND),
+    ]
+    assert _order_after_first(asks) == ["first", "ended", "first", "event", "idle"]
 
 
 def test_a_standby_reconciles_nothing_and_its_queued_keys_run_once_it_serves() -> None:
