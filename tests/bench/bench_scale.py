@@ -372,6 +372,10 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 k: v / done_iterations for k, v in sorted(op_by_verb.items())
             },
             "operator_writes_per_iteration": op_writes / done_iterations,
+            # Reconciles whose Events the operator dropped (its writers' backlog full): their writes
+            # are missing from the figure above.
+            "operator_events_dropped": after_op.get("agentrun_events_dropped_total", 0.0)
+            - before_op.get("agentrun_events_dropped_total", 0.0),
             "status_bytes_mean": status_bytes(runs),
             "plane_cpu_seconds": {k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS},
             "check": check,
@@ -406,7 +410,8 @@ def summary(report: dict[str, Any]) -> str:
         f"operator: peak RSS {report['operator_peak_rss_mb']:.0f} MB "
         f"(idle {report['operator_idle_rss_mb']:.0f}), "
         f"CPU {report['operator_cpu_ms_per_iteration']:.1f} ms/iteration, "
-        f"writes {report['operator_writes_per_iteration']:.2f}/iteration, "
+        f"writes {report['operator_writes_per_iteration']:.2f}/iteration "
+        f"(Events of {report['operator_events_dropped']:.0f} reconciles dropped), "
         f"status {report['status_bytes_mean']:.0f} B/run",
         line("work-queue latency (pod ended -> next Job)", report["queue_latency_ms"]),
         line("first Job (run seen -> its first Job)", report["first_job_latency_ms"]),

@@ -30,6 +30,7 @@ from typing import Any
 from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION, format_timestamp
 from agentrun_operator.planner.actions import EmitEvent
+from agentrun_operator.shell import metrics
 from agentrun_operator.shell.kube import Kube, KubeError
 
 log = logging.getLogger("agentrun.events")
@@ -140,8 +141,8 @@ class EventRecorder:
         self._writers: list[asyncio.Task[None]] = []
         self.dropped = 0
 
-    def start(self, writers: int = WRITERS) -> None:
-        self._backlogs = [asyncio.Queue(maxsize=max(1, BACKLOG // writers)) for _ in range(writers)]
+    def start(self, writers: int = WRITERS, backlog: int = BACKLOG) -> None:
+        self._backlogs = [asyncio.Queue(maxsize=max(1, backlog // writers)) for _ in range(writers)]
         self._writers = [asyncio.create_task(self._write(q)) for q in self._backlogs]
 
     async def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
@@ -174,6 +175,7 @@ class EventRecorder:
             backlog.put_nowait((run, list(events), finished))
         except asyncio.QueueFull:
             self.dropped += 1
+            metrics.EVENTS_DROPPED.inc()
             log.warning(
                 "event backlog full; events of a reconcile dropped", extra={"run": run["metadata"]["name"]}
             )

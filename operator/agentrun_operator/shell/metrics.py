@@ -77,6 +77,10 @@ RECONCILE_ERRORS = Counter(
     "agentrun_reconcile_errors_total",
     "Reconciles that raised (API server down, slow or 5xx) and were retried with backoff.",
 )
+EVENTS_DROPPED = Counter(
+    "agentrun_events_dropped_total",
+    "Reconciles whose Events were dropped because the Event writers' backlog was full.",
+)
 QUEUE_DEPTH = Gauge(
     "agentrun_workqueue_depth", "Runs waiting in the work queue for a worker, by lane.", ["lane"]
 )

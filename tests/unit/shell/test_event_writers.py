@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from kubernetes_asyncio import client
+from prometheus_client import REGISTRY
 
 from agentrun_operator.planner.actions import EmitEvent
 from agentrun_operator.shell.events import EventRecorder
@@ -70,3 +71,31 @@ def test_a_submit_without_started_writers_posts_in_the_reconcile() -> None:
     recorder = EventRecorder(kube, "test")  # type: ignore[arg-type]
     asyncio.run(recorder.submit(RUN, [EmitEvent("Normal", "IterationStarted", "iteration 1")], False))
     assert kube.posted == ["iteration 1"]
+
+
+def test_events_past_a_full_backlog_are_dropped_and_counted() -> None:
+    """An API server that answers slower than runs make Events: the reconcile never waits, and what
+    does not fit the backlog is dropped, counted in `agentrun_events_dropped_total`."""
+
+    async def body() -> int:
+        silent = SilentServer()
+        server = await asyncio.start_server(silent.handle, "127.0.0.1", 0)
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        kube = Kube(configuration)
+        recorder = EventRecorder(kube, "test")
+        recorder.start(writers=1, backlog=1)
+        for k in range(3):  # handed over without a pause: the writer has taken none yet
+            await recorder.submit(RUN, [EmitEvent("Normal", "IterationStarted", f"iteration {k}")], False)
+        await silent.requests.wait()
+        await recorder.stop(grace_seconds=0.2)
+        await kube.close()
+        server.close()
+        return recorder.dropped
+
+    def dropped() -> float:
+        return REGISTRY.get_sample_value("agentrun_events_dropped_total") or 0.0
+
+    before = dropped()
+    assert asyncio.run(body()) == 2
+    assert dropped() - before == 2
