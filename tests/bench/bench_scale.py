@@ -182,7 +182,7 @@ def job_controller_queue(kwok: KwokPlane) -> float | None:
     if code != 200:
         return None
     samples = prom.parse(body.decode())
-    return prom.value(samples, "workqueue_depth", name="job")
+    return prom.value(samples, "workqueue_depth", name="job")  # `name`: a label (the metric is positional)
 
 
 def create_all(kwok: KwokPlane, path: str, bodies: list[dict[str, Any]], threads: int = 8) -> None:

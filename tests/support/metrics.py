@@ -25,7 +25,7 @@ def parse(text: str) -> Samples:
     return samples
 
 
-def value(samples: Samples, name: str, **labels: str) -> float:
+def value(samples: Samples, name: str, /, **labels: str) -> float:
     """One sample; 0 when it is not there (a counter never incremented has no labelled sample)."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
