@@ -255,8 +255,20 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     nodes = args.nodes or max(4, math.ceil(pods / PODS_PER_NODE) + 1)
     stages = (argo_side.stages_file(home / "argo"),) if args.argo else ()
     kwok = KwokPlane(
-        home, nodes, progress=print, extra_stages=stages, controller_syncs=args.controller_syncs
+        home,
+        nodes,
+        progress=print,
+        extra_stages=stages,
+        controller_syncs=args.controller_syncs,
+        profiling=args.profiling,
     ).start(crds_dir=ROOT / "crds")
+    if args.profiling:
+        pki = kwok.plane.pki
+        print(
+            "profiles: /debug/pprof/ on the API server and the controller manager, e.g. "
+            f"curl -sk --cert {pki.client_cert('admin')} --key {pki.client_key('admin')} "
+            f"'{kwok.plane.server}/debug/pprof/profile?seconds=60' > cpu.pprof; go tool pprof -top cpu.pprof"
+        )
     plane = kwok.plane
     operator: OperatorProcess | None = None
     try:
@@ -446,6 +458,11 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds to wait for all runs")
     ap.add_argument("--workers", type=int, action="append", default=[], help="the operator's --workers")
     ap.add_argument("--keep", action="store_true", help="keep the plane's directory (logs)")
+    ap.add_argument(
+        "--profiling",
+        action="store_true",
+        help="serve /debug/pprof on the API server too (the controller manager always does)",
+    )
     ap.add_argument(
         "--controller-syncs",
         type=int,

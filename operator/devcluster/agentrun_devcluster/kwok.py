@@ -80,6 +80,7 @@ class KwokPlane:
         progress: Progress | None = None,
         extra_stages: tuple[Path, ...] = (),
         controller_syncs: int | None = None,
+        profiling: bool = False,
     ) -> None:
         self.home = home
         self.nodes = nodes
@@ -95,6 +96,9 @@ class KwokPlane:
                 f"--kube-api-burst={API_QPS}",
                 *controller_sync_args(controller_syncs),
             ),
+            # kube-apiserver's /debug/pprof (the dev plane turns it off; the controller manager
+            # serves it by default), for a benchmark that asks where the plane's CPU goes.
+            apiserver_args=("--profiling=true",) if profiling else (),
         )
 
     @property
