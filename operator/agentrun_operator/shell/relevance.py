@@ -69,7 +69,7 @@ def pod_arrival_relevant(pod: ObservedPod, others: tuple[ObservedPod, ...]) -> b
     )
 
 
-# The cache's hooks (`Store(change=..., arrival=..., settled=...)`), on its stored views.
+# The cache's hooks (`Store(change=..., arrival=..., ended=...)`), on its stored views.
 
 
 def job_change(view: Any) -> Any:
