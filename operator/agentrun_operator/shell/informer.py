@@ -219,12 +219,8 @@ class Informer:
             self._resume[scope] = version
         if kind == "BOOKMARK":
             return True
-        if kind == "DELETED":
-            key = self.store.delete(obj)
-            if key is not None:
-                self.on_change(key, False)
-            return True
-        key = self.store.upsert(obj)
+        deleted = kind == "DELETED"
+        key = self.store.delete(obj) if deleted else self.store.upsert(obj)
         if key is not None:
-            self.on_change(key, self.store.ending(obj))
+            self.on_change(key, not deleted and self.store.ending(obj))
         return True
