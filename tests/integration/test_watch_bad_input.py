@@ -17,10 +17,11 @@ import pytest
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator.shell import informer
-from agentrun_operator.shell.cache import RunCache, Store
+from agentrun_operator.shell.cache import Store
 from agentrun_operator.shell.kube import Kube
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 from tests.support.api import ready_namespace
+from tests.support.informers import configmap_informer
 from tests.support.polling import until
 
 NAMESPACE = "badwatch"
@@ -45,18 +46,7 @@ def _through(kubeconfig: str, label: str, body: Body) -> None:
 
     async def main() -> None:
         kube = await Kube.connect(kubeconfig)
-        cache = RunCache(gates=())
-        store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
-        watcher = informer.Informer(
-            kube,
-            cache,
-            store,
-            "/api/v1",
-            "configmaps",
-            f"{label}=yes",
-            (NAMESPACE,),
-            lambda _key, _ending: None,
-        )
+        cache, store, watcher = configmap_informer(kube, f"{label}=yes", NAMESPACE)
         watcher.start()
         try:
             await asyncio.wait_for(cache.ready.wait(), HUNG)

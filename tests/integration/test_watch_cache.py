@@ -20,7 +20,7 @@ from agentrun_operator import naming
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.planner.actions import EmitEvent
 from agentrun_operator.shell import informer
-from agentrun_operator.shell.cache import RunCache, Store
+from agentrun_operator.shell.cache import RunCache
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
@@ -30,6 +30,7 @@ from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 from tests.support import api
 from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
+from tests.support.informers import configmap_informer
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
@@ -422,18 +423,7 @@ def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
     names = [f"resumed-{k}" for k in range(4)]
 
     async def body(kube: Kube) -> tuple[int, int, list[str]]:
-        cache = RunCache(gates=())
-        store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
-        watcher = informer.Informer(
-            kube,
-            cache,
-            store,
-            "/api/v1",
-            "configmaps",
-            "perf-resume=yes",
-            (NAMESPACE,),
-            lambda _key, _ending: None,
-        )
+        cache, store, watcher = configmap_informer(kube, "perf-resume=yes", NAMESPACE)
         watcher.start()
         try:
             await asyncio.wait_for(cache.ready.wait(), 30)

@@ -30,14 +30,13 @@ import pytest
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
-from agentrun_operator.shell import informer
-from agentrun_operator.shell.cache import RunCache, Store
 from agentrun_operator.shell.kube import Kube
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
 from tests.integration.watch_proxy import StreamPolicy, WatchProxy
 from tests.support import api
 from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
+from tests.support.informers import configmap_informer
 from tests.support.manifests import workflow_run
 from tests.support.planes import started_control_plane
 from tests.support.polling import eventually, until
@@ -112,18 +111,7 @@ def test_a_410_gone_lists_afresh_and_the_cache_ends_equal_to_the_servers_objects
 
     async def main() -> tuple[int, int]:
         kube = await Kube.connect(str(proxy.kubeconfig))
-        cache = RunCache(gates=())
-        store = Store(lambda _obj: "all", lambda obj: obj.get("data"))
-        watcher = informer.Informer(
-            kube,
-            cache,
-            store,
-            "/api/v1",
-            "configmaps",
-            f"{label}=yes",
-            (NAMESPACE,),
-            lambda _key, _ending: None,
-        )
+        cache, store, watcher = configmap_informer(kube, f"{label}=yes", NAMESPACE)
 
         def cached() -> dict[str, Any]:
             return {obj["metadata"]["name"]: view for obj, view in store.entries((NAMESPACE, "all"))}
