@@ -13,17 +13,26 @@ that would not fit becomes ``tooLarge``, and over-long reasons or paths are shor
 
 Everything in this module is pure and total: parsing never raises, whatever the bytes, so no control
 payload can crash the reporter or the operator. The same rules apply on both ends.
+
+The envelope is a standard-library dataclass, and this module imports no pydantic until the
+operator decodes a message (`decode_envelope`): the reporter builds and encodes envelopes inside
+every iteration pod, between `main`'s end and the kubelet's next look, where pydantic's import
+(about 150 ms of CPU) and its teardown were most of the reporter's time (docs/design.md#reporter-first).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
-from typing import Any, Final, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from agentrun_operator.fieldpath import error_path
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter, ValidationError
 
 ENVELOPE_VERSION: Final = 1
 #: Kubernetes' cap on one container's termination message (kubelet keeps the *last* 4096 bytes).
@@ -50,19 +59,19 @@ def _clean_text(value: str, limit: int | None = None) -> str:
     return value
 
 
-class ControlEnvelope(BaseModel):
+@dataclass(frozen=True)
+class ControlEnvelope:
     """What the reporter found at the control path, in the shape written to the termination message.
 
     ``control`` is set exactly when ``status`` is ``found``. ``size`` is the control file's size in
     bytes when the file exists (also for ``stale``, ``invalid`` and ``tooLarge``), else ``None``.
+    Every envelope, built here or decoded, passes `__post_init__`: the path and reason cleaned, the
+    rules above checked (a ValueError otherwise). `replace` makes a changed copy.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
-
-    v: Literal[1] = ENVELOPE_VERSION
     status: ControlStatus
     path: str
-    size: int | None = Field(default=None, ge=0)
+    size: int | None = None
     reason: str | None = None
     control: dict[str, Any] | None = None
     claim: dict[str, Any] | None = None
@@ -74,24 +83,25 @@ class ControlEnvelope(BaseModel):
     artifacts: list[dict[str, Any]] | None = None
     """The provider's output artifacts the pod left: name, path, size, digest
     (docs/api.md#output-artifacts)."""
+    v: Literal[1] = ENVELOPE_VERSION
 
-    @field_validator("path")
-    @classmethod
-    def _clean_path(cls, value: str) -> str:
-        return _clean_text(value)
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"strict": True}
+    """How `decode_envelope` checks a document: types exactly as JSON gives them (no "1" for 1)."""
 
-    @field_validator("reason")
-    @classmethod
-    def _clean_reason(cls, value: str | None) -> str | None:
-        return None if value is None else _clean_text(value, MAX_REASON_CHARS)
-
-    @model_validator(mode="after")
-    def _control_iff_found(self) -> ControlEnvelope:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", _clean_text(self.path))
+        if self.reason is not None:
+            object.__setattr__(self, "reason", _clean_text(self.reason, MAX_REASON_CHARS))
+        if self.size is not None and self.size < 0:
+            raise ValueError(f"size must be 0 or more, got {self.size}")
         if self.status == "found" and self.control is None:
             raise ValueError("a 'found' envelope must carry a control object")
         if self.status != "found" and self.control is not None:
             raise ValueError(f"a {self.status!r} envelope must not carry a control object")
-        return self
+
+    def replace(self, **changes: Any) -> ControlEnvelope:
+        """A copy with `changes`, checked as a new envelope is."""
+        return dataclasses.replace(self, **changes)
 
 
 def effective_status(env: ControlEnvelope) -> EffectiveStatus:
@@ -141,9 +151,7 @@ def attach_extras(
     env = fit_envelope(env)
     kept = list(artifacts or [])
     while True:
-        candidate = env.model_copy(
-            update={"commit": commit, "artifacts": kept if artifacts is not None else None}
-        )
+        candidate = env.replace(commit=commit, artifacts=kept if artifacts is not None else None)
         try:
             if len(_wire(candidate)) <= MAX_ENVELOPE_BYTES:
                 return candidate
@@ -195,11 +203,11 @@ def _fit_text_fields(env: ControlEnvelope) -> ControlEnvelope:
         lo, hi = 0, len(text)  # binary search the longest prefix that fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if len(_wire(env.model_copy(update={field: _shrunk(text, mid)}))) <= MAX_ENVELOPE_BYTES:
+            if len(_wire(env.replace(**{field: _shrunk(text, mid)}))) <= MAX_ENVELOPE_BYTES:
                 lo = mid
             else:
                 hi = mid - 1
-        env = env.model_copy(update={field: _shrunk(text, lo)})
+        env = env.replace(**{field: _shrunk(text, lo)})
     return env
 
 
@@ -210,11 +218,11 @@ def fit_envelope(env: ControlEnvelope) -> ControlEnvelope:
     encodable JSON becomes ``invalid``; over-long reasons and paths are shortened. The claim is
     kept only when it fits beside the rest.
     """
-    claim, env = env.claim, env.model_copy(update={"claim": None})
+    claim, env = env.claim, env.replace(claim=None)
     fitted = _fit_without_claim(env)
     if claim is None:
         return fitted
-    with_claim = fitted.model_copy(update={"claim": claim})
+    with_claim = fitted.replace(claim=claim)
     try:
         return with_claim if len(_wire(with_claim)) <= MAX_ENVELOPE_BYTES else fitted
     except (ValueError, TypeError, RecursionError):
@@ -376,6 +384,15 @@ def parse_control_payload(data: bytes, path: str, *, file_size: int | None = Non
 # --------------------------------------------------------------------------------------- decoding
 
 
+@functools.cache
+def _wire_adapter() -> TypeAdapter[ControlEnvelope]:
+    """pydantic's strict check of a message as an envelope (types as JSON gives them, then
+    `__post_init__`). Imported on first use: only the operator decodes, never the reporter."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ControlEnvelope)
+
+
 def _validation_reason(exc: ValidationError) -> str:
     first = exc.errors(include_url=False)[0]
     loc = error_path(tuple(first["loc"])) or "envelope"
@@ -411,8 +428,10 @@ def decode_envelope(message: str | None, path: str = "") -> ControlEnvelope:
             return _foreign(path, f"unsupported envelope version {doc['v']!r} (this operator reads v1)")
         if isinstance(doc.get("path"), str) and doc["path"]:
             path = doc["path"]
+        from pydantic import ValidationError
+
         try:
-            env = ControlEnvelope.model_validate(doc)
+            env = _wire_adapter().validate_json(message)
         except ValidationError as exc:
             return _foreign(path, _validation_reason(exc))
         if env.control is not None:

@@ -27,8 +27,8 @@ processes (no shared PID namespace, control/mainwatch.py `blind_reason`) would w
 writes why to its termination message, keeps ``main``'s gate shut (its ready file says ``blind``)
 and exits ``BLIND_EXIT``; the operator fails the attempt at once with that message.
 
-Startup is kept light: only the standard library is imported before the signal is blocked;
-pydantic (via ``envelope``) is imported afterwards, and never by ``fingerprint``.
+The reporter imports the standard library only, `envelope` included: it runs in every iteration
+pod, and its start and its end sit on the iteration's critical path (docs/design.md#reporter-first).
 """
 
 from __future__ import annotations
@@ -41,18 +41,17 @@ import os
 import signal
 import stat
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-if TYPE_CHECKING:  # imported lazily at run time: pydantic is slow to import
+if TYPE_CHECKING:
     from agentrun_operator.control.envelope import ControlEnvelope
 
 FINGERPRINT_VERSION: Final = 1
-#: Same value as ``envelope.MAX_CONTROL_FILE_BYTES`` (checked by a test); duplicated so that
-#: ``fingerprint`` does not import pydantic.
+#: Same value as ``envelope.MAX_CONTROL_FILE_BYTES`` (checked by a test); ``fingerprint`` needs no
+#: more of the envelope module than this.
 READ_LIMIT: Final = 64 * 1024
 DEFAULT_READY_TIMEOUT: Final = 10.0
 TAKEN: Final = "taken"
@@ -420,7 +419,7 @@ def report_text(
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
-            envelope = envelope.model_copy(update={"claim": claim})
+            envelope = envelope.replace(claim=claim)
         if checkout or artifacts:
             try:
                 envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
@@ -457,35 +456,14 @@ def _signalled(timeout: float) -> bool:
     return signal.sigtimedwait(_WAIT_SIGNALS, timeout) is not None
 
 
-def _import_envelope() -> None:
-    try:  # pydantic, imported while `main` runs rather than after it ended
-        import agentrun_operator.control.envelope  # noqa: F401
-    except Exception as exc:  # pragma: no cover - report_text falls back to stdlib JSON
-        _log(f"cannot import the envelope module: {exc}")
-
-
-def _join(thread: threading.Thread | None) -> None:
-    if thread is not None:
-        thread.join()
-
-
-def start_envelope_import() -> threading.Thread:
-    """Import the envelope module (pydantic) in a thread while `main` runs. Started before the ready
-    file is written: a thread takes a PID of the pod's namespace too, and one taken after the hook's
-    watermark would read as `main` having started (control/mainwatch.py)."""
-    importer = threading.Thread(target=_import_envelope, name="import-envelope", daemon=True)
-    importer.start()
-    return importer
-
-
-def wait_for_main(hook_done: str, importer: threading.Thread | None = None) -> str:
+def wait_for_main(hook_done: str) -> str:
     """Block until `main` has ended (control/mainwatch.py), or SIGTERM/SIGINT arrives; says which.
 
     First the postStart hook's last line (its watermark and PID: `main` may start once the hook has
     ended), then looks at the pod's processes every `WATCH_POLL` seconds (`WATCH_POLL_LATER` once
     `main` has run for `WATCH_FAST_SECONDS`: an agent that works for minutes does not need its end
-    seen within milliseconds). The reporter creates no process or thread meanwhile: `importer`, the
-    envelope module's import, was started before the hook's watermark (`start_envelope_import`)."""
+    seen within milliseconds). The reporter creates no process or thread meanwhile: one would take a
+    PID of the pod's namespace after the hook's watermark and read as `main` (control/mainwatch.py)."""
     from agentrun_operator.control.mainwatch import MainWatch, look, read_hook_done
 
     done = read_hook_done(hook_done)
@@ -503,10 +481,8 @@ def wait_for_main(hook_done: str, importer: threading.Thread | None = None) -> s
     while not watch.observe(seen):
         fast = not watch.started or time.monotonic() - since < WATCH_FAST_SECONDS
         if _signalled(WATCH_POLL if fast else WATCH_POLL_LATER):
-            _join(importer)
             return "signal"
         seen = look(ignore, watermark=watermark)
-    _join(importer)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
 
@@ -561,17 +537,15 @@ def cmd_report(
         path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
     )
     ready = str(os.getpid()) if prepared else TAKEN
-    importer = start_envelope_import() if hook_done and prepared else None
     if ready_file:
         try:
             _write_atomically(ready_file, ready)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
     if hook_done:
-        why = wait_for_main(hook_done, importer)
+        why = wait_for_main(hook_done)
         _log(f"{why}; reporting {path}")
     elif wait:
-        _import_envelope()  # now, while idle, rather than after SIGTERM
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
     text = report_text(path, fingerprint_path, claim_report, checkout, artifacts)

@@ -411,9 +411,7 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
         return None
     envelope = decode_envelope(None, path)
     if not pods:
-        return envelope.model_copy(
-            update={"reason": f"the pod of Job {job.name} was gone before its report could be read"}
-        )
+        return envelope.replace(reason=f"the pod of Job {job.name} was gone before its report could be read")
     return envelope
 
 

@@ -381,18 +381,25 @@ def test_sigterm_right_after_start_is_not_lost(pod: Pod, sidecar: subprocess.Pop
     assert decode_envelope(pod.termination_log.read_text()).status == "missing"
 
 
-def test_the_fingerprint_before_main_does_not_import_pydantic(pod: Pod) -> None:
-    """The claim and the fingerprint before `main` sit on the pod's critical path: stdlib only."""
+@pytest.mark.parametrize("found", [True, False], ids=["found", "missing"])
+def test_the_reporter_never_imports_pydantic(pod: Pod, found: bool) -> None:
+    """Its start (the claim and the fingerprint before `main`) and its end (the envelope after
+    `main`) sit on every iteration's critical path: stdlib only, the envelope module included."""
+    pod.take_fingerprint()
+    if found:  # as `main` would
+        pod.write_control('{"continue": true}')
     code = (
-        "import sys; from agentrun_operator.control import reporter; "
-        f"reporter.prepare_for_main({str(pod.control)!r}, {str(pod.fingerprint)!r}, None, '', None); "
-        "print('pydantic' in sys.modules)"
+        "import sys, atexit; "
+        "atexit.register(lambda: print('pydantic' in sys.modules, file=sys.stderr)); "
+        f"from {MODULE} import main; sys.exit(main({pod.report_args()!r}))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
     )
-    assert proc.stdout.strip() == "False", proc.stderr
-    assert json.loads(pod.fingerprint.read_text())["exists"] is False
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "False", proc.stderr
+    env = decode_envelope(pod.termination_log.read_text())
+    assert env.status == ("found" if found else "missing"), env
 
 
 def _unshare_works() -> bool:
@@ -474,5 +481,5 @@ def test_the_claim_never_takes_the_control_s_room() -> None:
     text = envelope.encode_envelope(packed)
     assert len(text.encode()) <= MAX_ENVELOPE_BYTES
     assert decode_envelope(text).control == full and '"claim"' not in text
-    small = packed.model_copy(update={"control": {"k": 1}})
+    small = packed.replace(control={"k": 1})
     assert decode_envelope(envelope.encode_envelope(small)).claim == claim
