@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrun_devcluster import toolchain
+from agentrun_devcluster import imagebuild, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from tests.bench.cpu_profile import top as profile_top
@@ -352,6 +352,8 @@ def main_kubelet(args: argparse.Namespace) -> int:
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-node-"))
     crds = Path(__file__).resolve().parents[2] / "crds"
     plane, node = node_stages.start_node(home, toolchain.ensure_tools(print), crds)
+    events = node_stages.ContainerdEvents(node.paths.containerd_socket, home / "containerd-events.txt")
+    in_pod: dict[str, list[float]] = {}
     operator: OperatorProcess | None = None
     report: dict[str, Any] = {}
     ok = False
@@ -388,6 +390,8 @@ def main_kubelet(args: argparse.Namespace) -> int:
         after = scrape(port)
         cpu = cpu_seconds(pid) - cpu_before
         bare = node_stages.bare_pod_seconds(plane, pods, args.bare_pods, "busybox:1.36")
+        if args.parallel == 1:
+            in_pod = node_stages.in_pod_stages(events.stop(), imagebuild.DEFAULT_TAG)
         runs = list_runs(plane)
         added, adds = jobs.first_added()
         seen = JobWatch(plane)
@@ -396,7 +400,7 @@ def main_kubelet(args: argparse.Namespace) -> int:
         rows = node_stages.iteration_figures(
             names, args.iterations, added, node_stages.pods_by_job(pods.events), run_watch.events
         )
-        figures = node_stages.summarize(rows, bare)
+        figures = node_stages.summarize(rows, bare, in_pod)
         completed = max(1, check["completed_iterations"])
         writes = sum(
             v - before.get(k, 0.0)
@@ -440,6 +444,7 @@ def main_kubelet(args: argparse.Namespace) -> int:
     finally:
         if operator is not None:
             operator.stop()
+        events.stop()
         node.stop()
         plane.stop()
         if not args.keep:

@@ -18,14 +18,23 @@ next Job):
   `main` finished → reported (the reporter terminated: the envelope is in the pod status) → next
   Job; beside them, reported → pod `Succeeded` (the kubelet's teardown) and next Job → the status
   recording iteration k;
-- bare pod: created → phase `Succeeded` seen.
+- bare pod: created → phase `Succeeded` seen;
+- inside the pod, from containerd's own event stream (`ctr events`, nanosecond times the kubelet's
+  ~1 s relist does not blur; `--parallel 1` only, as pods are told apart by their order), each a
+  distribution in `containerd_ms`: `reporter_start_to_hook_done` (the reporter's start, claim and
+  fingerprint, and its postStart hook's polls), `hook_done_to_main_start` (the kubelet and
+  containerd making `main`), `main_exit_to_reporter_exit` (the reporter seeing `main` end,
+  writing the envelope and exiting).
 
 The machine is host-wide one node: run it under the host lock (docs/operator.md#performance).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +81,101 @@ class Watch(ResumableWatch):
             if kind == "ADDED":
                 adds[name] = adds.get(name, 0) + 1
         return added, adds
+
+
+class ContainerdEvents:
+    """`ctr events` of the node's containerd, to a file, for the in-pod stages (`in_pod_stages`)."""
+
+    def __init__(self, socket: Path, out: Path) -> None:
+        self.out = out
+        self._file = out.open("w")
+        self._proc = subprocess.Popen(
+            ["ctr", "--address", str(socket), "events"], stdout=self._file, stderr=subprocess.STDOUT
+        )
+
+    def stop(self) -> list[tuple[float, str, dict[str, Any]]]:
+        """Stop the stream (again: nothing more); its events as (epoch seconds, topic, payload)."""
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+        self._file.close()
+        return parse_ctr_events(self.out.read_text())
+
+
+def parse_ctr_events(text: str) -> list[tuple[float, str, dict[str, Any]]]:
+    """Lines of `ctr events` (`2026-11-28 18:31:49.4117 +0000 UTC k8s.io /tasks/exit {...}`). Pure."""
+    events: list[tuple[float, str, dict[str, Any]]] = []
+    for line in text.splitlines():
+        parts = line.split(" ", 6)
+        if len(parts) < 7 or parts[2] != "+0000" or not parts[5].startswith("/"):
+            continue
+        day, clock = parts[0], parts[1]
+        whole, _, frac = clock.partition(".")
+        at = datetime.fromisoformat(f"{day}T{whole}+00:00").timestamp() + float(f"0.{frac or 0}")
+        try:
+            payload = json.loads(parts[6])
+        except ValueError:
+            continue
+        events.append((at, parts[5], payload))
+    return events
+
+
+def in_pod_stages(
+    events: list[tuple[float, str, dict[str, Any]]], operator_image: str
+) -> dict[str, list[float]]:
+    """Per iteration pod, from containerd's events, when pods ran one at a time (seconds). Pure.
+
+    A pod is its sandbox (a `/containers/update` naming a pod of a Job); the reporter and `main`
+    are the next containers made of the operator's image and of another image; the hook is the
+    reporter's exec. Pods made while another was still running are skipped, not guessed."""
+    stages: dict[str, list[float]] = {
+        "reporter_start_to_hook_done": [],
+        "hook_done_to_main_start": [],
+        "main_exit_to_reporter_exit": [],
+    }
+    sandboxes: set[str] = set()
+    pods: list[dict[str, str]] = []
+    images: dict[str, str] = {}
+    started: dict[str, float] = {}
+    exited: dict[str, float] = {}
+    hook_exit: dict[str, float] = {}
+    for at, topic, body in events:
+        if topic == "/containers/create":
+            images[body["id"]] = str(body.get("image", ""))
+            if pods and images[body["id"]] != "" and body["id"] not in sandboxes:
+                pod = pods[-1]
+                role = "reporter" if images[body["id"]] == operator_image else "main"
+                if role not in pod:
+                    pod[role] = body["id"]
+        elif topic == "/containers/update":
+            labels = body.get("labels") or {}
+            if "batch.kubernetes.io/job-name" in labels and body["id"] not in sandboxes:
+                sandboxes.add(body["id"])
+                pods.append({})
+        elif topic == "/tasks/start":
+            started[body["container_id"]] = at
+        elif topic == "/tasks/exit":
+            if body.get("id") == body.get("container_id"):
+                exited.setdefault(body["container_id"], at)
+            else:
+                hook_exit.setdefault(body["container_id"], at)
+    for pod in pods:
+        reporter, main = pod.get("reporter"), pod.get("main")
+        if reporter is None or main is None:
+            continue
+        marks = (started.get(reporter), hook_exit.get(reporter), started.get(main))
+        ends = (exited.get(main), exited.get(reporter))
+        if None in marks or None in ends:
+            continue
+        r_start, hook_done, m_start = marks
+        m_exit, r_exit = ends
+        assert r_start and hook_done and m_start and m_exit and r_exit
+        if not r_start <= hook_done <= m_start <= m_exit <= r_exit:
+            continue  # overlapping pods: not told apart
+        stages["reporter_start_to_hook_done"].append(hook_done - r_start)
+        stages["hook_done_to_main_start"].append(m_start - hook_done)
+        stages["main_exit_to_reporter_exit"].append(r_exit - m_exit)
+    return stages
 
 
 def _condition(status: dict[str, Any], kind: str) -> bool:
@@ -230,8 +334,10 @@ def ms(values: list[float]) -> dict[str, float]:
     return percentiles([1000 * v for v in values])
 
 
-def summarize(rows: list[dict[str, float]], bare: list[float]) -> dict[str, Any]:
-    """The figures of one run: distributions, stage p50s, and the bare pod baseline."""
+def summarize(
+    rows: list[dict[str, float]], bare: list[float], in_pod: dict[str, list[float]] | None = None
+) -> dict[str, Any]:
+    """The figures of one run: distributions, stage p50s, the in-pod stages, and the bare pod baseline."""
     stages = {stage: 1000 * pct([r[stage] for r in rows if stage in r], 50) for stage in (*STAGES, *ASIDE)}
     return {
         "wall_ms": ms([r["wall"] for r in rows]),
@@ -239,6 +345,7 @@ def summarize(rows: list[dict[str, float]], bare: list[float]) -> dict[str, Any]
         "overhead_ms": ms([r["overhead"] for r in rows]),
         "bare_pod_ms": ms(bare),
         "stages_ms": stages,
+        "containerd_ms": {stage: ms(values) for stage, values in (in_pod or {}).items()},
     }
 
 
@@ -258,6 +365,10 @@ def print_summary(figures: dict[str, Any]) -> None:
     print("beside the chain (p50):")
     for stage in ASIDE:
         print(f"    {stage:<36} {figures['stages_ms'][stage]:8.1f} ms")
+    if figures["containerd_ms"]:
+        print("inside the pod (containerd's events):")
+        for stage, d in figures["containerd_ms"].items():
+            print(row(f"    {stage}", d))
 
 
 def node_images() -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench import figures
+from tests.bench import figures, node_stages
 from tests.bench.watch import ResumableWatch
 from tests.support.polling import eventually
 
@@ -106,3 +106,41 @@ def test_a_watch_resumes_from_the_last_version_and_starts_over_after_a_gap(
     base = "/api/v1/namespaces/x/pods?watch=1&timeoutSeconds=3600&labelSelector=app"
     assert _Streams.paths[:4] == [base, f"{base}&resourceVersion=2", base, f"{base}&resourceVersion=3"]
     assert watch.gaps == 1 and watch.resumes >= 3
+
+
+JOB = {"batch.kubernetes.io/job-name": "r-1"}
+CTR_EVENTS = [  # (clock, topic, payload): one pod, then a second that never finished
+    ("49.411785595", "/containers/create", {"id": "sb1", "image": "pause:1"}),
+    ("49.415242589", "/containers/update", {"id": "sb1", "labels": JOB}),
+    ("49.552820904", "/tasks/start", {"container_id": "sb1", "pid": 1}),
+    ("49.591603501", "/containers/create", {"id": "rep1", "image": "op:1"}),
+    ("49.682982874", "/tasks/start", {"container_id": "rep1", "pid": 2}),
+    ("49.771542772", "/tasks/exit", {"container_id": "rep1", "id": "hook1", "pid": 3}),
+    ("49.802001949", "/containers/create", {"id": "main1", "image": "busybox:1.36"}),
+    ("49.937138747", "/tasks/start", {"container_id": "main1", "pid": 4}),
+    ("49.94880072", "/tasks/exit", {"container_id": "main1", "id": "main1", "pid": 4}),
+    ("50.089172131", "/tasks/exit", {"container_id": "rep1", "id": "rep1", "pid": 2}),
+    ("51.000000000", "/containers/update", {"id": "sb2", "labels": JOB}),
+    ("51.100000000", "/containers/create", {"id": "rep2", "image": "op:1"}),
+]
+
+
+def _ctr_lines() -> str:
+    """The events as `ctr events` prints them, with a line that is not one among them."""
+    lines = [
+        f"2026-11-28 18:31:{t} +0000 UTC k8s.io {topic} {json.dumps(body)}" for t, topic, body in CTR_EVENTS
+    ]
+    return "\n".join([*lines[:9], "not an event line", *lines[9:]]) + "\n"
+
+
+def test_the_in_pod_stages_come_from_containerds_own_times_and_skip_an_unfinished_pod() -> None:
+    events = node_stages.parse_ctr_events(_ctr_lines())
+    assert len(events) == len(CTR_EVENTS)
+    assert events[0][:2] == (pytest.approx(1795890709.411785595, abs=1e-6), "/containers/create")
+    stages = node_stages.in_pod_stages(events, "op:1")
+    ms = {stage: [round(1000 * v, 1) for v in values] for stage, values in stages.items()}
+    assert ms == {
+        "reporter_start_to_hook_done": [88.6],
+        "hook_done_to_main_start": [165.6],
+        "main_exit_to_reporter_exit": [140.4],
+    }
