@@ -279,8 +279,23 @@ def test_dev_run_follows_an_example_and_logs_show_its_containers(dev: Dev) -> No
 
 def test_dev_run_shows_the_gate_it_waits_at_with_the_approve_command_and_a_real_reason(dev: Dev) -> None:
     """docs/local-dev.md#run: the STEP column is the full path, the wait names the approve command
-    with the gate's required input, and a run still waiting when --timeout passes says so (no None)."""
-    ran = agentrun(dev.home, "dev", "run", str(EXAMPLES / "approval-loop.yaml"), "--timeout", "60")
+    with the gate's required input, and a run still waiting when --timeout passes says so (no None).
+    The run is brought to its gate first (applied by `dev run`, then waited for by its condition),
+    and followed again with `--keep`: the timeout passes while it waits there, however busy the
+    machine, and nobody waits out a long one."""
+    example = str(EXAMPLES / "approval-loop.yaml")
+    started = agentrun(dev.home, "dev", "run", example, "--timeout", "1")
+    assert started.returncode in (0, 1), started.stdout + started.stderr
+
+    def at_gate() -> bool:
+        code, body = dev.plane.api_get(
+            "/apis/agents.proompteng.ai/v1alpha1/namespaces/default/agentruns/approval-loop"
+        )
+        conditions = (json.loads(body).get("status") or {}).get("conditions") or [] if code == 200 else []
+        return any(c.get("type") == "AwaitingApproval" and c.get("status") == "True" for c in conditions)
+
+    eventually(at_gate, timeout=300, what="approval-loop waiting at its gate")
+    ran = agentrun(dev.home, "dev", "run", example, "--keep", "--timeout", "2")
     shown = ran.stdout + ran.stderr
     assert ran.returncode == 1, shown  # it waits for a person: dev run gives up, the run goes on
     assert re.search(r"^approval-loop +Running +develop/iteration 1/sign-off +1/5$", ran.stdout, re.M), shown
