@@ -3,6 +3,7 @@ skips with the reason where no Docker engine answers and none can be started).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from collections.abc import Sequence
@@ -123,7 +124,7 @@ class PodFiles:
             image, "report", "--path", CONTROL, "--fingerprint", FINGERPRINT, "--termination-log", TERMINATION
         )
         envelope = decode_envelope((self.meta / "termination-log").read_text())
-        return envelope.model_dump(by_alias=True)
+        return dataclasses.asdict(envelope)
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ PID namespace (`shareProcessNamespace`), so the reporter's /proc lists every pro
 sandbox's pause (PID 1), its own, and `main`'s. Two facts decide:
 
 - **`main` has started** once a process that is not the reporter's (nor PID 1, nor its postStart
-  hook, which is exiting) is seen, or once the namespace has allocated a PID after the hook's
-  watermark (the last PID of /proc/loadavg, which the kernel gives per the reader's namespace): a
+  hook, which is exiting, nor one already there when the hook ended: `before_main`) is seen, or
+  once the namespace has allocated a PID after the hook's watermark (the last PID of
+  /proc/loadavg, which the kernel gives per the reader's namespace): a
   `main` such as `true` may start and end between two looks, and still leaves its PID behind.
   Nothing else creates processes in the pod after the hook (an exec into a container would count).
 - **`main` has ended** once it has started and two looks in a row find no such process, no PID
@@ -99,14 +100,36 @@ def last_pid(proc: str = "/proc") -> int | None:
         return None
 
 
-def _alive(proc: str, pid: str) -> bool:
+def _live_identity(proc: str, pid: int) -> tuple[int, str] | None:
+    """A live process as (PID, start time in clock ticks), so a PID used again is another process;
+    None for one that has ended (a zombie awaiting its reaper, or dead) or is gone."""
     try:
-        with open(os.path.join(proc, pid, "stat"), encoding="utf-8", errors="replace") as handle:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8", errors="replace") as handle:
             stat = handle.read()
     except OSError:  # gone meanwhile
-        return False
-    fields = stat.rpartition(")")[2].split()
-    return bool(fields) and fields[0] not in _GONE_STATES
+        return None
+    fields = stat.rpartition(")")[2].split()  # from the state on: field 3 of proc_pid_stat(5)
+    if not fields or fields[0] in _GONE_STATES:
+        return None
+    return pid, fields[19] if len(fields) > 19 else ""
+
+
+def _listed(proc: str) -> set[int]:
+    return {int(name) for name in os.listdir(proc) if name.isdigit()}
+
+
+def before_main(
+    ignore: frozenset[int], watermark: int | None, proc: str = "/proc"
+) -> frozenset[tuple[int, str]]:
+    """The processes that were there before `main` could start: those listed now (but PID 1 and
+    `ignore`) whose PIDs are the watermark's or older. Taken right after the hook's last line, they
+    are never `main`'s. On a node that is nothing; the local pod runner's sandbox helper for the
+    hook's container can still be on its way out (the reporter once took its last moment for
+    `main`, and `main`'s end, before `main` had run)."""
+    if watermark is None:
+        return frozenset()
+    found = (_live_identity(proc, p) for p in _listed(proc) if p != 1 and p not in ignore and p <= watermark)
+    return frozenset(i for i in found if i is not None)
 
 
 def pid_in_use(pid: int, probe: int) -> bool:
@@ -121,12 +144,19 @@ def pid_in_use(pid: int, probe: int) -> bool:
     return True
 
 
-def look(ignore: frozenset[int], proc: str = "/proc", watermark: int | None = None) -> Look:
-    """The live processes of the namespace but PID 1 and `ignore`, its last PID, and (when none is
-    listed) which of the latest PIDs past `watermark` are in use though unlisted (`FORMING_SPAN`)."""
+def look(
+    ignore: frozenset[int],
+    proc: str = "/proc",
+    watermark: int | None = None,
+    before: frozenset[tuple[int, str]] = frozenset(),
+) -> Look:
+    """The live processes of the namespace but PID 1, `ignore` and those there `before` main
+    (`before_main`, by identity: a PID used again counts), its last PID, and (when none is listed)
+    which of the latest PIDs past `watermark` are in use though unlisted (`FORMING_SPAN`)."""
     latest = last_pid(proc)
-    listed = {int(name) for name in os.listdir(proc) if name.isdigit()}
-    others = frozenset(p for p in listed if p != 1 and p not in ignore and _alive(proc, str(p)))
+    listed = _listed(proc)
+    live = (_live_identity(proc, p) for p in listed if p != 1 and p not in ignore)
+    others = frozenset(i[0] for i in live if i is not None and i not in before)
     forming: frozenset[int] = frozenset()
     if not others and latest is not None and watermark is not None and latest > watermark:
         try:

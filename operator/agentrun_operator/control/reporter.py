@@ -464,7 +464,7 @@ def wait_for_main(hook_done: str) -> str:
     `main` has run for `WATCH_FAST_SECONDS`: an agent that works for minutes does not need its end
     seen within milliseconds). The reporter creates no process or thread meanwhile: one would take a
     PID of the pod's namespace after the hook's watermark and read as `main` (control/mainwatch.py)."""
-    from agentrun_operator.control.mainwatch import MainWatch, look, read_hook_done
+    from agentrun_operator.control.mainwatch import MainWatch, before_main, look, read_hook_done
 
     done = read_hook_done(hook_done)
     while done is None:
@@ -477,12 +477,13 @@ def wait_for_main(hook_done: str) -> str:
     if watermark is None:
         _log("no watermark from the postStart hook: a main that ends within a look may be missed")
     since = time.monotonic()
-    seen = look(ignore, watermark=watermark)
+    before = before_main(ignore, watermark)
+    seen = look(ignore, watermark=watermark, before=before)
     while not watch.observe(seen):
         fast = not watch.started or time.monotonic() - since < WATCH_FAST_SECONDS
         if _signalled(WATCH_POLL if fast else WATCH_POLL_LATER):
             return "signal"
-        seen = look(ignore, watermark=watermark)
+        seen = look(ignore, watermark=watermark, before=before)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
 

@@ -17,6 +17,7 @@ from agentrun_operator.control.mainwatch import (
     QUIET_LOOKS,
     Look,
     MainWatch,
+    before_main,
     last_pid,
     look,
     pid_in_use,
@@ -163,3 +164,37 @@ def test_every_state_of_a_live_process_counts_as_alive(tmp_path: Path) -> None:
     seen = look(frozenset(), str(tmp_path))
     assert seen.others == {11, 12, 13, 14, 15, 19}
     assert seen.last_pid == 20
+
+
+def _fake_proc(root: Path, last: int, processes: dict[int, str]) -> None:
+    """A /proc of its own: the last PID and each process's stat line with its start time (field 22)."""
+    (root / "loadavg").write_text(f"0.00 0.00 0.00 1/99 {last}\n")
+    for pid in [int(p.name) for p in root.iterdir() if p.name.isdigit()]:
+        if pid not in processes:
+            (root / str(pid) / "stat").unlink()
+            (root / str(pid)).rmdir()
+    for pid, start in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        rest = " ".join(["0"] * 15)  # fields 7 to 21
+        (root / str(pid) / "stat").write_text(f"{pid} (sh) S 0 {pid} {pid} {rest} {start} 0\n")
+
+
+def test_a_process_there_before_the_hook_ended_is_not_mains(tmp_path: Path) -> None:
+    """The pod runner's helper for the hook's container (PID 3, older than the watermark) can still
+    be exiting at the reporter's first look: it is not `main`, and its going is not `main`'s end
+    (once, `main` was reported ended before it ran). A PID used again later is a new process."""
+    proc = str(tmp_path)
+    _fake_proc(tmp_path, 12, {2: "100", 3: "101"})  # the reporter (ignored) and the exiting helper
+    before = before_main(frozenset({2}), 12, proc)
+    assert before == {(3, "101")}
+    watch = MainWatch(watermark=12)
+    assert not watch.observe(look(frozenset({2}), proc, 12, before))
+    _fake_proc(tmp_path, 12, {2: "100"})  # the helper gone, `main` not yet made
+    assert not any(watch.observe(look(frozenset({2}), proc, 12, before)) for _ in range(5))
+    assert not watch.started
+    _fake_proc(tmp_path, 13, {2: "100", 13: "105"})  # `main`
+    assert not watch.observe(look(frozenset({2}), proc, 12, before))
+    assert watch.started and watch.seen == {13}
+    _fake_proc(tmp_path, 13, {2: "100", 3: "900"})  # PID 3 again, another process: counts
+    assert look(frozenset({2}), proc, 12, before).others == {3}
+    assert before_main(frozenset({2}), None, proc) == frozenset()  # no watermark: nothing known
