@@ -430,7 +430,7 @@ def decode_envelope(message: str | None, path: str = "") -> ControlEnvelope:
             path = doc["path"]
         from pydantic import ValidationError
 
-        try:
+        try:  # the message again, not `doc`: strict mode takes an object for a dataclass only from JSON
             env = _wire_adapter().validate_json(message)
         except ValidationError as exc:
             return _foreign(path, _validation_reason(exc))

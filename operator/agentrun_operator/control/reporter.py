@@ -44,15 +44,20 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    from agentrun_operator.control.envelope import ControlEnvelope
+from agentrun_operator.control.envelope import (
+    MAX_CONTROL_FILE_BYTES,
+    MAX_ENVELOPE_BYTES,
+    ControlEnvelope,
+    attach_extras,
+    encode_envelope,
+    parse_control_payload,
+)
 
 FINGERPRINT_VERSION: Final = 1
-#: Same value as ``envelope.MAX_CONTROL_FILE_BYTES`` (checked by a test); ``fingerprint`` needs no
-#: more of the envelope module than this.
-READ_LIMIT: Final = 64 * 1024
+READ_LIMIT: Final = MAX_CONTROL_FILE_BYTES
+"""The most of the control file the reporter reads (+1, to see that there is more)."""
 DEFAULT_READY_TIMEOUT: Final = 10.0
 TAKEN: Final = "taken"
 BLIND: Final = "blind"
@@ -65,7 +70,6 @@ JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
 POD_UID_ENV: Final = "AGENTRUN_POD_UID"
 """Set on the reporter from the downward API; read by ``report --before-main``."""
 _WAIT_SIGNALS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
-_FALLBACK_MAX_BYTES: Final = 4096
 HOOK_POLL: Final = 0.01
 """How often the reporter looks for its postStart hook's last line."""
 WATCH_POLL: Final = 0.02
@@ -338,8 +342,6 @@ def _load_fingerprint(fingerprint_path: str | None, path: str) -> tuple[dict[str
 
 def build_report(path: str, fingerprint_path: str | None) -> ControlEnvelope:
     """Look at the control file now and decide its envelope (found/missing/stale/invalid/tooLarge)."""
-    from agentrun_operator.control.envelope import ControlEnvelope, parse_control_payload
-
     obs = observe(path)
     fingerprint, why_not = _load_fingerprint(fingerprint_path, path)
     if not obs.exists:
@@ -365,7 +367,8 @@ def build_report(path: str, fingerprint_path: str | None) -> ControlEnvelope:
 
 
 def _fallback_text(path: str, reason: str) -> str:
-    """A stdlib-only ``invalid`` envelope, for when even the envelope module cannot be used."""
+    """An ``invalid`` envelope in plain JSON, for when even building one with the envelope module
+    failed."""
     path = path.encode("utf-8", "replace").decode("utf-8")
     reason = reason.encode("utf-8", "replace").decode("utf-8") or "reporter error"
     for limit in (None, 1024, 256):
@@ -378,7 +381,7 @@ def _fallback_text(path: str, reason: str) -> str:
             "control": None,
         }
         text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-        if len(text.encode("utf-8")) <= _FALLBACK_MAX_BYTES:
+        if len(text.encode("utf-8")) <= MAX_ENVELOPE_BYTES:
             return text
     return '{"v":1,"status":"invalid","path":"","size":null,"reason":"reporter error","control":null}'
 
@@ -414,8 +417,6 @@ def report_text(
     """The encoded envelope for the control file (with the claim's outcome when it is news, the
     commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
     try:
-        from agentrun_operator.control.envelope import attach_extras, encode_envelope
-
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
@@ -430,8 +431,6 @@ def report_text(
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
         reason = f"reporter failed: {type(exc).__name__}: {exc}"
         try:
-            from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
-
             return encode_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
         except Exception:
             return _fallback_text(path, reason)
