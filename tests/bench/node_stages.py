@@ -135,18 +135,13 @@ def in_pod_stages(
     }
     sandboxes: set[str] = set()
     pods: list[dict[str, str]] = []
-    images: dict[str, str] = {}
     started: dict[str, float] = {}
     exited: dict[str, float] = {}
     hook_exit: dict[str, float] = {}
     for at, topic, body in events:
-        if topic == "/containers/create":
-            images[body["id"]] = str(body.get("image", ""))
-            if pods and images[body["id"]] != "" and body["id"] not in sandboxes:
-                pod = pods[-1]
-                role = "reporter" if images[body["id"]] == operator_image else "main"
-                if role not in pod:
-                    pod[role] = body["id"]
+        if topic == "/containers/create" and pods and body["id"] not in sandboxes:
+            role = "reporter" if body.get("image") == operator_image else "main"
+            pods[-1].setdefault(role, body["id"])
         elif topic == "/containers/update":
             labels = body.get("labels") or {}
             if "batch.kubernetes.io/job-name" in labels and body["id"] not in sandboxes:
@@ -155,23 +150,21 @@ def in_pod_stages(
         elif topic == "/tasks/start":
             started[body["container_id"]] = at
         elif topic == "/tasks/exit":
-            if body.get("id") == body.get("container_id"):
-                exited.setdefault(body["container_id"], at)
-            else:
-                hook_exit.setdefault(body["container_id"], at)
+            ended = exited if body.get("id") == body.get("container_id") else hook_exit
+            ended.setdefault(body["container_id"], at)
     for pod in pods:
-        reporter, main = pod.get("reporter"), pod.get("main")
-        if reporter is None or main is None:
-            continue
-        marks = (started.get(reporter), hook_exit.get(reporter), started.get(main))
-        ends = (exited.get(main), exited.get(reporter))
-        if None in marks or None in ends:
-            continue
-        r_start, hook_done, m_start = marks
-        m_exit, r_exit = ends
-        assert r_start and hook_done and m_start and m_exit and r_exit
-        if not r_start <= hook_done <= m_start <= m_exit <= r_exit:
-            continue  # overlapping pods: not told apart
+        reporter, main = pod.get("reporter", ""), pod.get("main", "")
+        times = [
+            started.get(reporter),
+            hook_exit.get(reporter),
+            started.get(main),
+            exited.get(main),
+            exited.get(reporter),
+        ]
+        marks = [t for t in times if t is not None]
+        if len(marks) < len(times) or marks != sorted(marks):
+            continue  # unfinished, or overlapping pods: not told apart
+        r_start, hook_done, m_start, m_exit, r_exit = marks
         stages["reporter_start_to_hook_done"].append(hook_done - r_start)
         stages["hook_done_to_main_start"].append(m_start - hook_done)
         stages["main_exit_to_reporter_exit"].append(r_exit - m_exit)
@@ -335,7 +328,7 @@ def ms(values: list[float]) -> dict[str, float]:
 
 
 def summarize(
-    rows: list[dict[str, float]], bare: list[float], in_pod: dict[str, list[float]] | None = None
+    rows: list[dict[str, float]], bare: list[float], in_pod: dict[str, list[float]]
 ) -> dict[str, Any]:
     """The figures of one run: distributions, stage p50s, the in-pod stages, and the bare pod baseline."""
     stages = {stage: 1000 * pct([r[stage] for r in rows if stage in r], 50) for stage in (*STAGES, *ASIDE)}
@@ -345,7 +338,7 @@ def summarize(
         "overhead_ms": ms([r["overhead"] for r in rows]),
         "bare_pod_ms": ms(bare),
         "stages_ms": stages,
-        "containerd_ms": {stage: ms(values) for stage, values in (in_pod or {}).items()},
+        "containerd_ms": {stage: ms(values) for stage, values in in_pod.items()},
     }
 
 
