@@ -1,14 +1,17 @@
-"""Compaction: the bounded iteration history of each loop, and the whole status within its budget."""
+"""Compaction: the bounded iteration history of each loop, and the whole status within its budget
+(docs/concepts.md#status-budget)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
 from agentrun_operator.api import AgentRunStatus, IterationRecord, LoopStatus, StepStatus
 from agentrun_operator.planner.conditions import exact_size, size_upper_bound
+from agentrun_operator.planner.context import TERMINAL_STEP_PHASES, clip
 
 
 def compact_history(records: Iterable[IterationRecord], limit: int) -> tuple[list[IterationRecord], int]:
@@ -41,6 +44,9 @@ BUDGET_RESERVE_BYTES: Final = 2048
 """Room kept under the status budget for what is decided after compaction (the conditions); at
 most a tenth of the budget, so a status past 80 % of it is warned about before it is compacted."""
 
+MIN_CLIPPED_MESSAGE_CHARS: Final = 64
+"""Compaction clips no message to fewer characters than this (its `…` included)."""
+
 _TERMINAL_RECORD_PHASES: Final = frozenset({"Succeeded", "Failed", "Cancelled"})
 _NEVER: Final = datetime.max.replace(tzinfo=UTC)
 
@@ -66,16 +72,24 @@ def fit_to_budget(status: AgentRunStatus, budget_bytes: int, bound: int | None =
     whole status (large messages, many looped steps, large collected outputs). It drops, oldest first
     across all loops, finished iteration records (counted in each loop's `prunedIterations`, the
     newest failure of each loop always kept); then, if still too big, the oldest collected output
-    values (counted in `workflow.prunedOutputs`). Returns the bytes it removed (0: nothing to do).
-    `bound` is `size_upper_bound(status)` when the caller has it already.
+    values (counted in `workflow.prunedOutputs`); then, if still too big, it clips messages
+    (`_clip_messages`): a failure deep in groups, loop bodies and switches is repeated by every entry
+    above it, so messages alone can outgrow a small budget when nothing is left to drop. Returns the
+    bytes it removed (0: nothing to do). `bound` is `size_upper_bound(status)` when the caller has it
+    already.
     """
     target = budget_bytes - min(BUDGET_RESERVE_BYTES, budget_bytes // 10)
     if (size_upper_bound(status) if bound is None else bound) <= target:
         return 0
     start = size = exact_size(status)
-    # Each pass drops by estimated sizes, then measures: a pass drops at least one entry while any
-    # is left, so this ends; two passes are the rule (the estimate is off by the odd counter digit).
-    while size > target and (_drop_records(status, size - target) or _drop_outputs(status, size - target)):
+    # Each pass shrinks by estimated sizes, then measures: a pass drops an entry or shortens a
+    # message while any is left to, so this ends; two passes are the rule (the estimate is off by the
+    # odd counter digit).
+    while size > target and (
+        _drop_records(status, size - target)
+        or _drop_outputs(status, size - target)
+        or _clip_messages(status, size - target)
+    ):
         size = exact_size(status)
     return start - size
 
@@ -129,3 +143,84 @@ def _drop_outputs(status: AgentRunStatus, excess: int) -> bool:
     workflow.outputs = outputs
     workflow.pruned_outputs = pruned or None
     return dropped
+
+
+_Message = tuple[str, Callable[[str], None]]
+"""A message of the status and how to replace it."""
+
+
+def _clip_messages(status: AgentRunStatus, excess: int) -> bool:
+    """Clip the messages of the first tier that still has one over `MIN_CLIPPED_MESSAGE_CHARS`: every
+    one longer than a common length is clipped to it (the longest lose most), the length chosen so
+    that about `excess` bytes go. False when no message is left to clip.
+
+    The tiers, in order (`_message_tiers`): finished entries (step entries at any depth with their
+    last failures, iteration records), whose failure text the entries above them repeat; then
+    unfinished ones, which say what is happening now; the run's own message, the headline its
+    conditions repeat, last. A clipped message keeps its head (the chain of failed steps) and ends
+    with `…`. Later plans do not write a finished entry's message again, so it stays clipped; an
+    unfinished one written anew is clipped again while the status needs it.
+    """
+    for tier in _message_tiers(status):
+        long = [(text, put) for text, put in tier if len(text) > MIN_CLIPPED_MESSAGE_CHARS]
+        if not long:
+            continue
+        cap = _clip_length([text for text, _ in long], excess)
+        for text, put in long:
+            if len(text) > cap:
+                put(clip(text, cap))
+        return True
+    return False
+
+
+def _clip_length(texts: list[str], excess: int) -> int:
+    """The longest length (characters) that, every longer text clipped to it, removes `excess` bytes;
+    `MIN_CLIPPED_MESSAGE_CHARS` when none does. Below the longest text, so a text always shrinks."""
+
+    def saved(cap: int) -> int:
+        return sum(_text_len(t) - _text_len(clip(t, cap)) for t in texts if len(t) > cap)
+
+    low, high = MIN_CLIPPED_MESSAGE_CHARS, max(len(t) for t in texts) - 1
+    if high <= low or saved(low) < excess:
+        return low
+    while low < high:  # saved(low) >= excess: the longest such length (saved falls as the length grows)
+        mid = (low + high + 1) // 2
+        if saved(mid) >= excess:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _text_len(text: str) -> int:
+    """The bytes of `text` as a JSON string in the status (UTF-8, as written)."""
+    return len(json.dumps(text, ensure_ascii=False).encode())
+
+
+def _message_tiers(status: AgentRunStatus) -> list[list[_Message]]:
+    """The status's messages in the order `_clip_messages` clips them. A record or a last failure is
+    replaced by a copy (the planner's working copy shares them with the status it was given)."""
+    finished: list[_Message] = []
+    unfinished: list[_Message] = []
+    for st in _entries(status.workflow.steps if status.workflow is not None else []):
+        tier = finished if st.phase in TERMINAL_STEP_PHASES else unfinished
+        if st.message:
+            tier.append((st.message, partial(setattr, st, "message")))
+        if st.last_failure is not None and st.last_failure.message:
+            tier.append((st.last_failure.message, partial(_set_failure_message, st)))
+        for i, record in enumerate(st.loop.iterations if st.loop is not None else []):
+            if record.message:
+                record_tier = finished if record.phase in _TERMINAL_RECORD_PHASES else unfinished
+                record_tier.append((record.message, partial(_set_record_message, st, i)))
+    run: list[_Message] = [(status.message, partial(setattr, status, "message"))] if status.message else []
+    return [finished, unfinished, run]
+
+
+def _set_failure_message(st: StepStatus, text: str) -> None:
+    assert st.last_failure is not None
+    st.last_failure = st.last_failure.model_copy(update={"message": text})
+
+
+def _set_record_message(st: StepStatus, index: int, text: str) -> None:
+    assert st.loop is not None
+    st.loop.iterations[index] = st.loop.iterations[index].model_copy(update={"message": text})

@@ -11,13 +11,19 @@ from hypothesis import strategies as st
 
 from agentrun_operator.api import (
     AgentRunStatus,
+    AttemptFailure,
     IterationRecord,
     LoopStatus,
     StepStatus,
     WorkflowStatus,
 )
-from agentrun_operator.planner.compaction import BUDGET_RESERVE_BYTES, fit_to_budget
+from agentrun_operator.planner.compaction import (
+    BUDGET_RESERVE_BYTES,
+    MIN_CLIPPED_MESSAGE_CHARS,
+    fit_to_budget,
+)
 from agentrun_operator.planner.conditions import exact_size
+from agentrun_operator.planner.context import working_copy
 from tests.unit.planner.world import LOOPS_ON, PlannerWorld, loop_step, manifest
 
 T = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -132,6 +138,113 @@ def test_any_status_of_finished_records_fits_any_budget(messages: list[list[int]
     pruned = sum(s.loop.pruned_iterations for s in steps if s.loop is not None)
     assert kept + pruned == total
     assert exact_size(status) <= target(budget)
+
+
+def _failed_chain(depth: int, cause: str) -> AgentRunStatus:
+    """A run failed `depth` groups down: every entry above the failed step repeats its message with a
+    prefix, as groups do, and the innermost group is a loop body whose only record is that failure."""
+    failure = AttemptFailure(attempt=1, reason="Error", exit_code=1, message=cause)
+    step = StepStatus(name="leaf", phase="Failed", message=f"attempt 1 failed: {cause}", last_failure=failure)
+    for level in range(depth):
+        message = f"step {step.name} failed: {step.message}"
+        loop = None
+        if level == 0:
+            loop = LoopStatus(current_iteration=1, max_iterations=3, retained_iterations=1)
+            loop.iterations = [record(1, "Failed", message)]
+        step = StepStatus(name=f"group{level}", phase="Failed", message=message, loop=loop, steps=[step])
+    return AgentRunStatus(
+        phase="Failed",
+        message=f"step {step.name}: {step.message}",
+        workflow=WorkflowStatus(phase="Failed", steps=[step]),
+    )
+
+
+def _messages(status: AgentRunStatus) -> list[str]:
+    found: list[str] = []
+
+    def walk(steps: list[StepStatus]) -> None:
+        for entry in steps:
+            failure = entry.last_failure
+            found.extend(m for m in (entry.message, failure.message if failure else None) if m)
+            found.extend(r.message for r in (entry.loop.iterations if entry.loop else []) if r.message)
+            walk(entry.steps or [])
+
+    walk(status.workflow.steps if status.workflow else [])
+    return found
+
+
+def test_messages_are_clipped_when_nothing_is_left_to_drop() -> None:
+    """A failure deep in the tree is repeated by every entry above it: with no record left that may go
+    (the one record is the newest failure) and no outputs, the entries' messages are clipped, the
+    run's headline is kept whole while that is enough, and the newest failure stays."""
+    status = _failed_chain(4, "main container exited with code 1 (Error): " + "e" * 400)
+    assert status.message is not None
+    run_message = status.message
+    budget = 4096
+    assert exact_size(status) > target(budget)
+    assert fit_to_budget(status, budget) > 0
+    assert exact_size(status) <= target(budget)
+    assert status.message == run_message
+    clipped = [m for m in _messages(status) if m.endswith("…")]
+    assert clipped and all(len(m) >= MIN_CLIPPED_MESSAGE_CHARS for m in _messages(status))
+    assert len({len(m) for m in clipped}) == 1  # one length: the longest lost most
+    body = status.workflow.steps[0].steps[0].steps[0].steps[0]  # type: ignore[union-attr,index]
+    assert body.loop is not None and [r.phase for r in body.loop.iterations] == ["Failed"]
+    assert body.loop.iterations[0].message is not None
+    assert body.loop.iterations[0].message.startswith("step leaf failed: attempt 1 failed: main container")
+
+
+def test_the_runs_message_is_clipped_last_and_the_budget_holds() -> None:
+    status = _failed_chain(6, "x" * 1000)
+    assert status.message is not None and len(status.message) > 1000
+    budget = 2048
+    fit_to_budget(status, budget)
+    assert exact_size(status) <= target(budget)
+    assert all(len(m) == MIN_CLIPPED_MESSAGE_CHARS for m in _messages(status))  # every entry's first
+    assert status.message.startswith("step group5: step group4 failed: ") and status.message.endswith("…")
+
+
+def test_finished_entries_are_clipped_before_unfinished_ones_and_the_run_last() -> None:
+    def running(n: int) -> AgentRunStatus:
+        done = [StepStatus(name=f"done{i}", phase="Failed", message="d" * n) for i in range(3)]
+        live = StepStatus(name="live", phase="Running", message="w" * n)
+        return AgentRunStatus(
+            phase="Running",
+            message="r" * n,
+            workflow=WorkflowStatus(phase="Running", steps=[*done, live]),
+        )
+
+    base = exact_size(running(0))
+    # room for the live entry and the run whole, the finished ones clipped
+    status = running(800)
+    fit_to_budget(status, (base + 2 * 800 + 3 * 300) * 10 // 9 + 20)
+    assert status.workflow is not None and status.message == "r" * 800
+    *done, live = status.workflow.steps
+    assert live.message == "w" * 800
+    assert all(s.message is not None and 64 < len(s.message) < 800 for s in done)
+    # less room: the finished ones at the floor, the live one clipped, still not the run
+    status = running(800)
+    budget = (base + 800 + 400 + 3 * 64) * 10 // 9 + 20
+    fit_to_budget(status, budget)
+    assert exact_size(status) <= target(budget)
+    assert status.workflow is not None and status.message == "r" * 800
+    *done, live = status.workflow.steps
+    assert all(s.message is not None and len(s.message) == MIN_CLIPPED_MESSAGE_CHARS for s in done)
+    assert live.message is not None and 64 < len(live.message) < 800
+
+
+def test_clipping_leaves_the_status_it_was_copied_from_alone() -> None:
+    """The planner compacts a working copy that shares old records and last failures with the run's
+    persisted status (context.working_copy): those are replaced, never edited."""
+    prior = _failed_chain(3, "y" * 600)
+    step = prior.workflow.steps[0].steps[0].steps[0]  # type: ignore[union-attr,index]
+    assert step.loop is not None
+    step.loop.iterations.append(record(2, "Running"))  # the failed record is not the newest
+    before = prior.model_dump()
+    status = working_copy(prior)
+    fit_to_budget(status, 2048)
+    assert exact_size(status) <= target(2048)
+    assert prior.model_dump() == before
 
 
 def test_a_long_run_under_a_small_budget_succeeds_within_it() -> None:

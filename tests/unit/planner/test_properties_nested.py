@@ -121,6 +121,39 @@ def test_nested_worlds_keep_the_invariants_and_always_finish(spec: dict[str, Any
     finish(world, checker, max_plans=600)  # nested runs take more plans
 
 
+def test_a_failed_nested_run_whose_message_chains_its_steps_stays_within_budget() -> None:
+    """Found by the property above: a switch child four levels down fails for good, and its failure
+    text is repeated by every entry above it (switch, loop body and its iteration record, two groups,
+    the run), each with its own prefix. Nothing is left to drop (no outputs, the one record left is
+    the body's newest failure), so only clipping the messages keeps the status within its budget."""
+    switch = {
+        "expression": "steps.implement.control.continue",
+        "cases": [{"value": True, "steps": [_leaf("ship", 0, False)]}],
+        "default": {"steps": [_leaf("repair", 1, False)]},
+    }
+    children = [
+        _leaf("implement", 0, False),
+        {"name": "refine", "loop": {"maxIterations": 1}},
+        {"name": "route", "switch": switch},
+        _leaf("review", 0, False),
+    ]
+    body = {"name": "body", "loop": {"maxIterations": 1}, "steps": children}
+    spec = manifest([{"name": "prep"}, {"name": "wrap1", "steps": [{"name": "wrap0", "steps": [body]}]}])
+    ops = [("plan", 0)] * 30 + [("succeed", 0), ("plan", 0), ("succeed", 2), ("plan", 0), ("succeed", 0)]
+    ops += [("plan", 0), ("fail", 0), ("advance", 1), ("plan", 0), ("fail", 0)]
+    world = PlannerWorld(spec, config=CONFIG)
+    checker = NestedChecker()
+    for op in ops:
+        apply_op(world, checker, op)
+        checker.check(world)
+    finish(world, checker, max_plans=600)
+    assert world.status is not None and world.phase == "Failed"
+    assert world.status.message is not None and "step repair failed" in world.status.message
+    body_status = world.step_status(1).steps[0].steps[0]
+    assert body_status.name == "body" and body_status.phase == "Failed"
+    assert [r.phase for r in body_status.loop.iterations] == ["Failed"]  # the newest failure is kept
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=nested_specs(), ops=st.lists(OPS, min_size=5, max_size=80))
 def test_replanning_a_nested_world_without_change_is_quiet(spec: dict[str, Any], ops: list[Any]) -> None:
