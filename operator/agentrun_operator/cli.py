@@ -210,6 +210,27 @@ def _add_ctl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     reject.add_argument("--reason", required=True, help="why (required; shown in the run's message)")
     reject.set_defaults(func=_cmd_ctl)
 
+    checkpoints = sub.add_parser(
+        "checkpoints", help="list a run's checkpoints (loop.checkpoint): id, iteration, size, time"
+    )
+    add_arguments(checkpoints)
+    checkpoints.set_defaults(func=_cmd_ctl)
+
+    resume = sub.add_parser(
+        "resume", help="create a new run that starts from a run's state at the end of an iteration"
+    )
+    add_arguments(resume)
+    resume.add_argument(
+        "--from-iteration",
+        type=int,
+        required=True,
+        metavar="N",
+        help="the source iteration whose end to start from",
+    )
+    resume.add_argument("--name", dest="new_name", help="the new run's name (default: NAME-from-N)")
+    resume.add_argument("--step", help="the source's looping step (default: the first with loop.checkpoint)")
+    resume.set_defaults(func=_cmd_ctl)
+
     logs = sub.add_parser(
         "logs",
         help="print the workload's log of a run's attempt (default: its latest), following with -f",
@@ -361,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-CLUSTER_COMMANDS = ("status", "watch", "cancel", "approve", "reject", "logs")
+CLUSTER_COMMANDS = ("status", "watch", "cancel", "approve", "reject", "logs", "checkpoints", "resume")
 USAGE_ERROR_EXIT = 4
 """Bad arguments of a cluster command exit 4, not argparse's 2 (which `watch` uses for Cancelled)."""
 

@@ -86,3 +86,22 @@ def idempotency_claim_name(namespace: str, agent_ref: str, key: str) -> str:
     """The name of the claim object that makes (namespace, agentRef, idempotencyKey) unique."""
     digest = hashlib.sha256(f"{namespace}\0{agent_ref}\0{key}".encode()).hexdigest()[:20]
     return f"agentrun-idem-{digest}"
+
+
+CHECKPOINT_ID_MAX = 200
+
+
+def checkpoint_prefix(run_name: str, address: str) -> str:
+    """The ids of one loop's checkpoints start with `<run>_<address>_` (`_` is in no run name or
+    address, so one loop's prefix never matches another's); a long run name is cut with a hash."""
+    head = run_name
+    if len(head) + len(address) + 16 > CHECKPOINT_ID_MAX:
+        digest = hashlib.sha256(run_name.encode()).hexdigest()[:_HASH_LEN]
+        head = f"{run_name[: CHECKPOINT_ID_MAX - len(address) - 32].rstrip('-.')}-{digest}"
+    return f"{head}_{address}_"
+
+
+def checkpoint_id(run_name: str, address: str, iteration: int) -> str:
+    """The checkpoint of an iteration's start: `<run>_<address>_<iteration>` (docs/concepts.md#checkpoints).
+    Deterministic, so every attempt of the iteration, and a run resumed from it, names the same one."""
+    return f"{checkpoint_prefix(run_name, address)}{iteration}"

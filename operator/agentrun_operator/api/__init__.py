@@ -20,6 +20,7 @@ from .agentrun import (
 )
 from .approval import ApprovalDecision, ApprovalInput, StepApproval
 from .base import API_VERSION, GROUP, VERSION, Timestamp, format_timestamp
+from .checkpoint import LoopCheckpoint, ResumeFrom
 from .common import Condition, JobRef, ObjectRef
 from .errors import error_path, format_validation_error
 from .immutability import immutability_violations
@@ -48,6 +49,7 @@ from .resources import (
 from .status import (
     AgentRunStatus,
     AttemptFailure,
+    IterationCheckpoint,
     IterationPhase,
     IterationRecord,
     LoopStatus,
@@ -84,10 +86,12 @@ __all__ = [
     "ImplementationSpec",
     "ImplementationSpecSpec",
     "InlineImplementation",
+    "IterationCheckpoint",
     "IterationPhase",
     "IterationRecord",
     "JobRef",
     "LoopBudget",
+    "LoopCheckpoint",
     "LoopCondition",
     "LoopConditionSource",
     "LoopOutput",
@@ -97,6 +101,7 @@ __all__ = [
     "LoopStopReason",
     "ObjectRef",
     "ResourceRequirements",
+    "ResumeFrom",
     "RunPhase",
     "Runtime",
     "SimpleStatus",

@@ -27,6 +27,7 @@ from .base import (
     ApiModel,
     ApiVersion,
 )
+from .checkpoint import ResumeFrom
 from .common import ObjectRef, SystemPromptRef
 from .errors import format_validation_error
 from .implementation import ImplementationFields
@@ -494,6 +495,13 @@ class AgentRunSpec(ApiModel):
     )
     workload: Workload | None = Field(default=None, description="Default workload of every step.")
     workflow: Workflow | None = Field(default=None, description="The steps to run.")
+    resume_from: ResumeFrom | None = Field(
+        default=None,
+        description=(
+            "Start from another run's checkpoint: the workspace is the source run's state at the end "
+            "of the named iteration before this run's first pod starts (agentrun resume)."
+        ),
+    )
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,

@@ -19,6 +19,7 @@ from .base import (
     MAX_VOLUME_NAMES,
     ApiModel,
 )
+from .checkpoint import LoopCheckpoint
 
 DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 DEFAULT_OUTPUT_EXPRESSION: Final = "iteration.last.control.outputs"
@@ -254,6 +255,13 @@ class StepLoop(ApiModel):
     stall: LoopStall | None = Field(
         default=None,
         description="Stop the loop (LoopStalled) once its progress value repeats window times in a row.",
+    )
+    checkpoint: LoopCheckpoint | None = Field(
+        default=None,
+        description=(
+            "Checkpoints of the state volume at each iteration's start: a retry can start from its "
+            "iteration's start state, a new run can resume from an iteration's end."
+        ),
     )
     interval_seconds: int = Field(
         default=0,

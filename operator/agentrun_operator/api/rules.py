@@ -395,6 +395,36 @@ LOOP_INTERVAL: Final = Rule(
     ),
 )
 
+CHECKPOINT_KEEP: Final = Rule(
+    anchor="loop-checkpoint",
+    rule="self >= 1 && self <= 100",
+    text=(
+        "loop.checkpoint.keep must be between 1 and 100 (each loop keeps at least its current "
+        "iteration's checkpoint); set e.g. keep: 10."
+    ),
+)
+
+CHECKPOINT_EXCLUDE_RELATIVE: Final = Rule(
+    anchor="loop-checkpoint",
+    rule=(
+        "self.all(p, !p.startsWith('/') && p != '..' && !p.startsWith('../') && !p.endsWith('/..') "
+        "&& !p.contains('/../'))"
+    ),
+    text=(
+        "loop.checkpoint.exclude entries are paths relative to the state volume's mountPath, inside it "
+        "(no leading '/', no '..'); write e.g. exclude: [node_modules, .cache]."
+    ),
+)
+
+RESUME_ITERATION: Final = Rule(
+    anchor="resume",
+    rule="self >= 1",
+    text=(
+        "resumeFrom.iteration names an iteration of the source run's loop, 1 or more; see its "
+        "checkpoints with agentrun checkpoints SOURCE."
+    ),
+)
+
 NESTING_DEPTH_RANGE: Final = Rule(
     anchor="nesting",
     rule="self >= 1 && self <= 10",
@@ -457,6 +487,9 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     NESTING_DEPTH_RANGE,
     STALL_WINDOW,
     LOOP_INTERVAL,
+    CHECKPOINT_KEEP,
+    CHECKPOINT_EXCLUDE_RELATIVE,
+    RESUME_ITERATION,
     APPROVAL_NO_LOOP,
     APPROVAL_INPUT_NAME,
     APPROVAL_INPUTS_UNIQUE,

@@ -38,6 +38,21 @@ class Usage(StatusModel):
         )
 
 
+class IterationCheckpoint(StatusModel):
+    """The checkpoint recorded at an iteration's start (loop.checkpoint), as its pod reported it."""
+
+    id: str = Field(description="The checkpoint's id in the volume's store (agentrun checkpoints NAME).")
+    files: int | None = Field(default=None, ge=0, description="Files in the checkpoint.")
+    bytes: int | None = Field(default=None, ge=0, description="Bytes of the files in the checkpoint.")
+    added_bytes: int | None = Field(
+        default=None, ge=0, description="Bytes this checkpoint added to the store (what changed)."
+    )
+    restored: str | None = Field(
+        default=None,
+        description="The checkpoint the pod restored before main (a retry's own, or a resumed run's source).",
+    )
+
+
 class IterationRecord(StatusModel):
     """One iteration of a looped step, kept in the bounded history."""
 
@@ -63,6 +78,9 @@ class IterationRecord(StatusModel):
     commit: str | None = Field(
         default=None,
         description="The commit the iteration left the repository checkout at, when it made a new one.",
+    )
+    checkpoint: IterationCheckpoint | None = Field(
+        default=None, description="loop.checkpoint: the checkpoint of the iteration's start."
     )
 
 

@@ -83,6 +83,9 @@ class ControlEnvelope:
     artifacts: list[dict[str, Any]] | None = None
     """The provider's output artifacts the pod left: name, path, size, digest
     (docs/api.md#output-artifacts)."""
+    checkpoint: dict[str, Any] | None = None
+    """loop.checkpoint: the checkpoint the pod recorded or restored before `main` (id, files, bytes,
+    addedBytes, restored, ms; control/checkpointing.py); docs/concepts.md#checkpoints."""
     v: Literal[1] = ENVELOPE_VERSION
 
     __pydantic_config__: ClassVar[dict[str, Any]] = {"strict": True}
@@ -140,7 +143,23 @@ def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
         doc["commit"] = env.commit
     if env.artifacts is not None:
         doc["artifacts"] = env.artifacts
+    if env.checkpoint is not None:
+        doc["checkpoint"] = env.checkpoint
     return doc
+
+
+def attach_checkpoint(env: ControlEnvelope, facts: dict[str, Any]) -> ControlEnvelope:
+    """`env` with the checkpoint's facts when they fit in the termination message (they are small:
+    an id and a few numbers); else with the id alone, else unchanged."""
+    env = fit_envelope(env)
+    for candidate in (facts, {"id": facts.get("id")}):
+        try:
+            attached = env.replace(checkpoint=candidate)
+            if len(_wire(attached)) <= MAX_ENVELOPE_BYTES:
+                return attached
+        except (ValueError, TypeError):
+            return env
+    return env
 
 
 def attach_extras(

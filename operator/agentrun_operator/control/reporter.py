@@ -46,10 +46,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agentrun_operator.control.checkpointing import (
+    CHECKPOINT_EXIT,
+    REFUSED,
+    CheckpointArgs,
+    CheckpointRefusal,
+    load_facts,
+    prepare_workspace,
+    save_facts,
+)
 from agentrun_operator.control.envelope import (
     MAX_CONTROL_FILE_BYTES,
     MAX_ENVELOPE_BYTES,
     ControlEnvelope,
+    attach_checkpoint,
     attach_extras,
     encode_envelope,
     parse_control_payload,
@@ -287,16 +297,27 @@ def prepare_for_main(
     claim_volume: str,
     claim_report: str | None,
     checkout: str | None = None,
+    checkpoint: CheckpointArgs | None = None,
+    checkpoint_facts: str | None = None,
 ) -> bool:
     """What must happen before `main` starts, done by the reporter itself: claim the Job for this pod
-    (uids from the downward API in its environment), then fingerprint the control file. False when
+    (uids from the downward API in its environment), restore and record the workspace's checkpoint
+    (loop.checkpoint, control/checkpointing.py), then fingerprint the control file. False when
     another pod holds the claim: this pod is a duplicate and must never run `main`. A reporter that
-    restarts in the same pod keeps the first fingerprint (``main`` may have written the file since),
-    and finds the claim its own."""
+    restarts in the same pod keeps the first fingerprint (``main`` may have written the file since)
+    and the first checkpoint's facts, and finds the claim its own. Raises `CheckpointRefusal` when
+    the checkpoint failed (`main` must not start)."""
     if claim_dir:
         job_uid, pod_uid = os.environ.get(JOB_UID_ENV, ""), os.environ.get(POD_UID_ENV, "")
         if not claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, claim_report, fail_if_taken=True):
             return False
+    if checkpoint is not None and checkpoint_facts and load_facts(checkpoint_facts) is None:
+        facts = prepare_workspace(checkpoint)
+        _log(f"checkpoint: {json.dumps(facts, separators=(',', ':'))}")
+        try:
+            save_facts(checkpoint_facts, facts)
+        except OSError as exc:
+            _log(f"cannot keep the checkpoint's facts in {checkpoint_facts}: {exc}")
     if os.path.exists(fingerprint):
         _log(f"keeping the fingerprint taken before main started ({fingerprint})")
     else:
@@ -413,14 +434,18 @@ def report_text(
     claim_report: str | None = None,
     checkout: str | None = None,
     artifacts: Sequence[str] = (),
+    checkpoint_facts: str | None = None,
 ) -> str:
     """The encoded envelope for the control file (with the claim's outcome when it is news, the
-    commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
+    checkpoint's facts, the commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
     try:
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
             envelope = envelope.replace(claim=claim)
+        facts = load_facts(checkpoint_facts) if checkpoint_facts else None
+        if facts is not None:
+            envelope = attach_checkpoint(envelope, facts)
         if checkout or artifacts:
             try:
                 envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
@@ -505,6 +530,24 @@ def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
     return BLIND_EXIT
 
 
+def refuse_checkpoint(why: str, termination_log: str, ready_file: str | None) -> int:
+    """The checkpoint failed before `main` (control/checkpointing.py): why, in the termination message
+    (the operator fails the attempt with it, `CheckpointFailed`); the ready file says `checkpoint`, so
+    the hook keeps `main`'s gate shut; `CHECKPOINT_EXIT`."""
+    _log(why)
+    try:
+        with open(termination_log, "w", encoding="utf-8") as handle:
+            handle.write(why)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {termination_log}: {exc}")
+    if ready_file:
+        try:
+            _write_atomically(ready_file, REFUSED)
+        except Exception as exc:
+            _log(f"cannot write the ready file {ready_file}: {exc}")
+    return CHECKPOINT_EXIT
+
+
 def cmd_report(
     path: str,
     fingerprint_path: str | None,
@@ -518,6 +561,8 @@ def cmd_report(
     checkout: str | None = None,
     artifacts: Sequence[str] = (),
     hook_done: str | None = None,
+    checkpoint: CheckpointArgs | None = None,
+    checkpoint_facts: str | None = None,
 ) -> int:
     """Report the control envelope (after SIGTERM when ``wait``; once `main` has ended, or at SIGTERM,
     with ``hook_done``); exit 0 whatever happens.
@@ -533,9 +578,19 @@ def cmd_report(
         blind = blind_reason(os.getpid(), parent_pid)
         if blind is not None:
             return refuse_blind(blind, termination_log, ready_file)
-    prepared = not (before_main and fingerprint_path) or prepare_for_main(
-        path, fingerprint_path, claim_dir, claim_volume, claim_report, checkout
-    )
+    try:
+        prepared = not (before_main and fingerprint_path) or prepare_for_main(
+            path,
+            fingerprint_path,
+            claim_dir,
+            claim_volume,
+            claim_report,
+            checkout,
+            checkpoint,
+            checkpoint_facts,
+        )
+    except CheckpointRefusal as refusal:
+        return refuse_checkpoint(str(refusal), termination_log, ready_file)
     ready = str(os.getpid()) if prepared else TAKEN
     if ready_file:
         try:
@@ -548,7 +603,7 @@ def cmd_report(
     elif wait:
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
-    text = report_text(path, fingerprint_path, claim_report, checkout, artifacts)
+    text = report_text(path, fingerprint_path, claim_report, checkout, artifacts, checkpoint_facts)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -641,7 +696,36 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="report the size and sha256 of an output artifact (repeatable)",
     )
+    rep.add_argument("--checkpoint-root", metavar="DIR", help="loop.checkpoint: the state volume's mountPath")
+    rep.add_argument(
+        "--checkpoint-id", metavar="ID", help="the iteration's checkpoint (naming.checkpoint_id)"
+    )
+    rep.add_argument("--checkpoint-prefix", default="", help="the loop's checkpoint ids start with it")
+    rep.add_argument("--checkpoint-keep", type=int, default=10, help="checkpoints of the loop kept")
+    rep.add_argument("--checkpoint-exclude", action="append", default=[], metavar="PATH", help="not recorded")
+    rep.add_argument("--checkpoint-restore", action="store_true", help="restore the iteration's checkpoint")
+    rep.add_argument("--checkpoint-expected", action="store_true", help="an earlier attempt recorded it")
+    rep.add_argument("--checkpoint-from", metavar="ID", help="a resumed run: first restore this checkpoint")
+    rep.add_argument("--checkpoint-owner", default="", help="the run's uid")
+    rep.add_argument("--checkpoint-facts", metavar="FILE", help="where the checkpoint's facts are kept")
     return parser
+
+
+def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
+    """The checkpoint arguments, when the pod's loop has checkpoints."""
+    if not args.checkpoint_root or not args.checkpoint_id:
+        return None
+    return CheckpointArgs(
+        root=args.checkpoint_root,
+        checkpoint_id=args.checkpoint_id,
+        prefix=args.checkpoint_prefix,
+        keep=args.checkpoint_keep,
+        exclude=tuple(args.checkpoint_exclude),
+        restore_own=args.checkpoint_restore,
+        expected=args.checkpoint_expected,
+        restore_from=args.checkpoint_from,
+        owner=args.checkpoint_owner,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -676,6 +760,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.checkout,
         args.artifact,
         args.hook_done,
+        checkpoint_args(args),
+        args.checkpoint_facts,
     )
 
 

@@ -83,6 +83,14 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 output=output,
                 out=out,
             )
+        if args.command in ("checkpoints", "resume"):
+            from agentrun_operator.ctl import checkpoints
+
+            if args.command == "checkpoints":
+                return await checkpoints.checkpoints(target, args.name, output, out)
+            return await checkpoints.resume(
+                target, args.name, args.from_iteration, args.new_name, args.step, output, out
+            )
         if args.command == "logs":
             from agentrun_operator.ctl.attempts import Selection
             from agentrun_operator.ctl.logs import logs

@@ -52,6 +52,14 @@ from agentrun_operator.api import (
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.jobs import system_prompt
+from agentrun_operator.jobs.checkpoint_args import (
+    CHECKPOINT_FACTS_NAME,
+    CHECKPOINT_SECURITY_CONTEXT,
+    CheckpointPlan,
+    checkpoint_volume,
+    excluded_paths,
+    reporter_checkpoint_args,
+)
 from agentrun_operator.jobs.pod_compat import PodParts, extend_pod
 from agentrun_operator.jobs.reporter_container import (
     MAIN_CONTAINER,
@@ -114,6 +122,9 @@ class PlannedAttempt:
     it, where the volume is attached (docs/design.md#next-pod-placement)."""
     """For a nested step: its path as Events and logs name it (`develop/iteration 2/review`), kept in
     the Job's `naming.ANNOTATION_STEP` annotation so every decision about the Job can name it."""
+
+    checkpoint: CheckpointPlan | None = None
+    """loop.checkpoint: what the reporter restores and records before `main` (planner/checkpoints.py)."""
 
     @property
     def top_index(self) -> int:
@@ -517,6 +528,8 @@ def _pod_spec(
     affinity = same_node_affinity(attempt.prefer_node, volumes.claim_volume)
     if affinity is not None:
         pod["affinity"] = affinity
+    if attempt.checkpoint is not None:
+        _add_checkpoint(pod["containers"][0], attempt.checkpoint, step, workload, path, volumes)
     parts = PodParts(
         pod,
         pod["containers"][1],
@@ -526,6 +539,31 @@ def _pod_spec(
     )
     companions += extend_pod(parts, run, step, workload, refs)
     return pod
+
+
+def _add_checkpoint(
+    reporter: dict[str, Any],
+    plan: CheckpointPlan,
+    step: WorkflowStep,
+    workload: Workload,
+    path: str,
+    volumes: _PodVolumes,
+) -> None:
+    """The reporter restores and records the loop's checkpoint before `main` (docs/concepts.md#checkpoints):
+    it mounts the checkpointed volume read-write where `main` does, and runs with the file
+    capabilities a restore of `main`'s files needs. Nothing changes for a loop without checkpoints."""
+    user = list(workload.volumes or [])
+    volume = checkpoint_volume(step.loop, user, volume_holding(path, user))
+    if volume is None:  # validation refuses such a loop before any Job; never a half-made pod
+        return
+    mounts = reporter["volumeMounts"]
+    if not any(m["name"] == volume.name for m in mounts):
+        mounts.append(_mount(volume.name, volume.mount_path, False))
+    claims_here = volumes.claim_volume is not None and volumes.claim_volume.name == volume.name
+    excluded = excluded_paths(plan, volume, path, claims_here)
+    facts = posixpath.join(META_MOUNT, CHECKPOINT_FACTS_NAME)
+    reporter["args"] = [*reporter["args"], *reporter_checkpoint_args(plan, volume, excluded, facts)]
+    reporter["securityContext"] = dict(CHECKPOINT_SECURITY_CONTEXT)
 
 
 def same_node_affinity(node: str | None, claim: WorkloadVolume | None) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from agentrun_operator.jobs.builder import PlannedAttempt, build_iteration_objec
 from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.admission import problems_message
 from agentrun_operator.planner.budgets import account_usage, budget_reached, check_budget
+from agentrun_operator.planner.checkpoints import REASON_CHECKPOINT_FAILED, checkpoint_plan, record_checkpoint
 from agentrun_operator.planner.context import (
     REASON_STEP_FAILED,
     RESULT_REQUEUE_SECONDS,
@@ -106,6 +107,7 @@ def _planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: 
         control_path=pod_control_path(step) if nested else None,
         path=step.label if nested else None,
         prefer_node=preferred_node(ctx.observed.pods),
+        checkpoint=checkpoint_plan(ctx, step, iteration, attempt),
     )
     looping = _loop_env(step, iteration)
     if looping is None:
@@ -353,8 +355,12 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
     refused = next((p for p in ctx.observed.pods_of(job.name) if p.reporter_refusal), None)
     if refused is not None and refused.reporter_refusal:
         # The pod can never report (docs/design.md#reporter-first): fail now, not at the timeout.
-        ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
         cause = f"pod {refused.name} cannot run main: {clip(refused.reporter_refusal, 600)}"
+        if refused.reporter_refusal_reason == REASON_CHECKPOINT_FAILED:
+            ctx.delete_reasons[job.name] = "its pod's checkpoint failed before main; the attempt failed"
+            ctx.emit("Warning", REASON_CHECKPOINT_FAILED, f"step {step.label}: {cause}", step.where)
+            return _record_failure(ctx, step, None, cause, REASON_CHECKPOINT_FAILED)
+        ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
         return _record_failure(ctx, step, None, cause, REASON_REPORTER_BLIND)
     pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
     if pods and all(p.reporter_lost for p in pods):
@@ -415,12 +421,16 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
     return envelope
 
 
-def _failed_attempt_control(
+def _control_of(envelope: ControlEnvelope | None) -> dict[str, Any] | None:
+    return envelope.control if envelope is not None and envelope.status == "found" else None
+
+
+def _failed_attempt_envelope(
     ctx: PlanContext, step: StepView, job: ObservedJob | None
-) -> dict[str, Any] | None:
-    """The control file a failed attempt left, as its pod reported it (None when it reported none,
-    or a file this attempt did not write: `stale` is never counted twice). Only a pod whose `main`
-    ran counts: a duplicate pod of the Job never runs it (docs/concepts.md#exactly-once)."""
+) -> ControlEnvelope | None:
+    """The envelope of the failed attempt's pod whose `main` ran: its control file (None when it
+    reported none, or a file this attempt did not write: `stale` is never counted twice) and its
+    checkpoint. A duplicate pod of the Job never runs `main` (docs/concepts.md#exactly-once)."""
     if job is None:
         return None
     ran = [
@@ -431,8 +441,7 @@ def _failed_attempt_control(
     if not ran:
         return None
     newest = max(ran, key=lambda p: (p.finished_at is not None, p.finished_at or ctx.now, p.name))
-    envelope = decode_envelope(newest.reporter_message, pod_control_path(step))
-    return envelope.control if envelope.status == "found" else None
+    return decode_envelope(newest.reporter_message, pod_control_path(step))
 
 
 def _failure_cause(ctx: PlanContext, step: StepView, job: ObservedJob) -> str:
@@ -540,7 +549,9 @@ def _record_failure(
     record = step.record()
     stopping = ctx.stopping  # a stop requested before this result (the usage may spend the goal's)
     whose = f"{clip(message, 300)}; its control file"
-    if not account_usage(ctx, step, _failed_attempt_control(ctx, step, job), whose):
+    failed_envelope = _failed_attempt_envelope(ctx, step, job)
+    record_checkpoint(step, failed_envelope)
+    if not account_usage(ctx, step, _control_of(failed_envelope), whose):
         if record is not None:  # the loop's onInvalid ended the step
             record.phase = "Failed"
             record.finished_at = _not_before_start(finished, record)
@@ -582,6 +593,7 @@ def _record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope
     control = envelope.control if envelope.status == "found" else None
     loop = step.loop
     record_reported(ctx, step, envelope)
+    record_checkpoint(step, envelope)
     retries = step_retries(step.spec, ctx.refs)
     tries = f" on attempt {st.attempt}/{retries + 1}" if st.attempt > 1 else ""
     if loop is None:

@@ -73,6 +73,9 @@ class ObservedPod:
     # Why the reporter refused to start `main`, when it did: it cannot see the pod's processes (no
     # shared PID namespace, control/mainwatch.py `blind_reason`); the attempt fails at once with it.
     reporter_refusal: str | None = None
+    # Which refusal: ReporterCannotSeeMain, or CheckpointFailed (loop.checkpoint could not restore or
+    # record the workspace before main, control/checkpointing.py).
+    reporter_refusal_reason: str | None = None
     # The reporter ended before it was ready (it crashed, was OOM-killed, or its hook gave up), so
     # `main` is held at its shut gate for good: what it said (shell/observe.py `reporter_lost`).
     reporter_lost: str | None = None

@@ -123,6 +123,83 @@ def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Ite
             _concepts("stall-detection"),
         )
     yield from _state_problems(run, view)
+    yield from _checkpoint_problems(run, view)
+
+
+def _checkpoint_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
+    """loop.checkpoint needs a read-write PVC to keep the checkpoints on, and a looping workload step
+    (each attempt's pod records and restores; a loop body's children are several pods)."""
+    loop = view.step.loop
+    if loop is None or loop.checkpoint is None or not loop.checkpoint.enabled:
+        return
+    path = f"{view.field_path}.loop.checkpoint.mode"
+    if view.step.steps is not None or view.step.switch is not None:
+        yield Problem(
+            path,
+            loop.checkpoint.mode,
+            "loop.checkpoint is supported on a looping workload step, not on a loop body (steps:) or a "
+            "switch: each attempt's own pod records and restores the volume",
+            "move loop.checkpoint to the looping workload step whose retries should start clean, or "
+            "remove it",
+            _concepts("checkpoints"),
+        )
+        return
+    volumes, volumes_path = _effective_volumes(run, view)
+    if not any(v.type == "pvc" and not v.read_only for v in volumes):
+        yield Problem(
+            path,
+            loop.checkpoint.mode,
+            "loop.checkpoint needs a read-write pvc volume (a ReadWriteOnce or ReadWriteMany claim) to keep "
+            f"the checkpoints on, and {volumes_path} has none",
+            f"add a volume of type pvc (claimName, not readOnly) to {volumes_path} and list it in "
+            "loop.state.volumeNames, or set mode: None",
+            _concepts("checkpoints"),
+        )
+        return
+    named = list(loop.state.volume_names or []) if loop.state is not None else []
+    by_name = {v.name: v for v in volumes}
+    if named and not any(
+        by_name.get(n) is not None and by_name[n].type == "pvc" and not by_name[n].read_only for n in named
+    ):
+        yield Problem(
+            f"{view.field_path}.loop.state.volumeNames",
+            named,
+            "loop.checkpoint records the loop's state volume, and none of loop.state.volumeNames is a "
+            "read-write pvc volume",
+            "list the read-write pvc volume that holds the workspace first in loop.state.volumeNames",
+            _concepts("checkpoints"),
+        )
+
+
+def _resume_problems(run: AgentRun) -> Iterator[Problem]:
+    """spec.resumeFrom restores the source's checkpoint in a looping step with loop.checkpoint."""
+    resume = run.spec.resume_from
+    if resume is None:
+        return
+    steps = run.spec.workflow.steps if run.spec.workflow is not None else []
+    checkpointed = [
+        s.name
+        for s in steps
+        if s.loop is not None and s.loop.checkpoint is not None and s.loop.checkpoint.enabled
+    ]
+    if resume.step is not None and resume.step not in checkpointed:
+        yield Problem(
+            "spec.resumeFrom.step",
+            resume.step,
+            "resumeFrom.step must name a top-level looping step with loop.checkpoint "
+            f"(this run has: {', '.join(checkpointed) or 'none'})",
+            "name the looping step the source run's checkpoints belong to, or leave step out",
+            _concepts("resume"),
+        )
+    elif not checkpointed:
+        yield Problem(
+            "spec.resumeFrom",
+            resume.model_dump(by_alias=True, exclude_none=True),
+            "resumeFrom starts a looping step from a checkpoint, and no top-level step has loop.checkpoint "
+            "with mode: Files",
+            "keep the source run's loop.checkpoint in this run's spec (agentrun resume copies it)",
+            _concepts("resume"),
+        )
 
 
 def _state_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
@@ -341,6 +418,7 @@ def _spec_problems(
     problems: list[Problem] = list(_runtime_problems(run, config, check_flag))
     for view in _step_views(run):
         problems.extend(_loop_problems(run, view, config))
+    problems.extend(_resume_problems(run))
     problems.extend(_volume_problems(run, observed))
     problems.extend(flow_problems(run))
     problems.extend(compat.static_problems(run))

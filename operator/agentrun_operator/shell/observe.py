@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import AgentRun
+from agentrun_operator.control.checkpointing import CHECKPOINT_ANCHOR, CHECKPOINT_EXIT
 from agentrun_operator.control.claim import read_report
 from agentrun_operator.control.mainwatch import BLIND_ANCHOR
 from agentrun_operator.control.reporter import BLIND_EXIT
@@ -27,6 +28,8 @@ from agentrun_operator.jobs.reporter_container import (
     REPORTER_CONTAINER,
     WORKLOAD_CONTAINERS,
 )
+from agentrun_operator.planner.checkpoints import REASON_CHECKPOINT_FAILED
+from agentrun_operator.planner.feedback import REASON_REPORTER_BLIND
 from agentrun_operator.planner.observed import JobOutcome, ObservedJob, ObservedPod, PodWait
 from agentrun_operator.planner.waiting import CONTAINER_WAIT_REASONS, UNSCHEDULABLE, VOLUME_REASONS
 from agentrun_operator.resolution import effective_steps, effective_workload
@@ -126,7 +129,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
     if not job_name:
         return None
     status = pod.get("status") or {}
-    reporter_message = claim_message = refusal = None
+    reporter_message = claim_message = refusal = refusal_reason = None
     # The reporter is a regular container (docs/design.md#reporter-first); in pods made before, a
     # native sidecar, listed among the init containers.
     for cs in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
@@ -134,8 +137,12 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
             terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
                 "terminated"
             )
-            if terminated and refused_blind(terminated):
+            if terminated and refused_checkpoint(terminated):
+                refusal = str(terminated.get("message") or "").strip() or CHECKPOINT_UNSAID
+                refusal_reason = REASON_CHECKPOINT_FAILED
+            elif terminated and refused_blind(terminated):
                 refusal = str(terminated.get("message") or "").strip() or BLIND_UNSAID
+                refusal_reason = REASON_REPORTER_BLIND
             elif terminated:
                 reporter_message = terminated.get("message")
                 claim_message = claim_message or envelope_claim(reporter_message)
@@ -161,6 +168,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         reporter_message=reporter_message,
         claim_message=claim_message,
         reporter_refusal=refusal,
+        reporter_refusal_reason=refusal_reason,
         reporter_lost=None if refusal else reporter_lost(status),
         main_exit_code=exit_code,
         main_reason=reason,
@@ -226,6 +234,19 @@ def refused_blind(terminated: dict[str, Any]) -> bool:
     return terminated.get("exitCode") == BLIND_EXIT or said.endswith(BLIND_ANCHOR)
 
 
+CHECKPOINT_UNSAID: Final = (
+    f"the reporter's checkpoint failed before main (exit code {CHECKPOINT_EXIT}, no message); "
+    f"see {CHECKPOINT_ANCHOR}"
+)
+
+
+def refused_checkpoint(terminated: dict[str, Any]) -> bool:
+    """A reporter's end that is its refusal to start `main` because the checkpoint failed
+    (control/checkpointing.py): its exit code, or its message when something else ended it first."""
+    said = str(terminated.get("message") or "").rstrip()
+    return terminated.get("exitCode") == CHECKPOINT_EXIT or said.endswith(CHECKPOINT_ANCHOR)
+
+
 def reporter_lost(status: dict[str, Any]) -> str | None:
     """What a reporter that ended before it was ready said, when `main` is held at its shut gate
     because of it (docs/troubleshooting.md#reporter-ended-before-main); None otherwise. The reporter
@@ -235,7 +256,7 @@ def reporter_lost(status: dict[str, Any]) -> str | None:
         return None
     reporter = next((cs for cs in statuses if cs.get("name") == REPORTER_CONTAINER), None)
     ended = ((reporter or {}).get("state") or {}).get("terminated")
-    if not ended or refused_blind(ended):
+    if not ended or refused_blind(ended) or refused_checkpoint(ended):
         return None
     said = str(ended.get("message") or "").strip()
     report = read_report(said)
