@@ -36,6 +36,9 @@ lint: setup
 # build in the background meanwhile; pytest runs its self-contained tiers first, and the first test
 # that needs either waits for it through its file lock (docs/development.md#make-test). The image's
 # own failure is the Docker tests' to report (they skip with the reason where no engine can run).
+# What the run starts it stops: on its way out (also on a failure, Ctrl-C, TERM or HUP) it stops the
+# background steps and ends its engine session, which stops a dockerd this run (its image step or its
+# tests) started and leaves one that was running before alone (docs/development.md#docker).
 # Coverage (docs/development.md#coverage): line and branch coverage of both packages, in-process,
 # per package at the end. The unit tier runs first in a pytest of its own, so the planner's bar is
 # checked on what the unit tests alone reach; the other tiers then append to the same data.
@@ -45,19 +48,22 @@ PLANNER_BAR = $(BIN)/coverage report --include='operator/agentrun_operator/plann
 TOOLS_LOG := $(VENV)/tools-build.log
 IMAGE_LOG := $(VENV)/image-build.log
 test: setup
-	@setsid sh -c '$(BIN)/agentrun dev tools && $(BIN)/python -m agentrun_devcluster.kwok build && $(BIN)/agentrun dev tools --prometheus' > $(TOOLS_LOG) 2>&1 & tools=$$!; image=; \
+	@export AGENTRUN_ENGINE_SESSION=$$$$; \
+	setsid sh -c '$(BIN)/agentrun dev tools && $(BIN)/python -m agentrun_devcluster.kwok build && $(BIN)/agentrun dev tools --prometheus' > $(TOOLS_LOG) 2>&1 & tools=$$!; image=; \
 	if [ "$${AGENTRUN_DOCKER:-}" != 0 ]; then \
 	  setsid $(BIN)/agentrun dev image --with-busybox > $(IMAGE_LOG) 2>&1 & image=$$!; fi; \
-	stop() { kill -- -$$tools $${image:+-$$image} 2>/dev/null; }; \
-	trap 'stop' INT TERM; \
+	stop() { for group in $$tools $$image; do kill -- -$$group 2>/dev/null; done; }; \
+	finish() { trap '' HUP INT TERM; stop; [ -z "$$image" ] || wait $$image; \
+	  $(BIN)/python -m agentrun_devcluster.dockerengine end-session; }; \
+	trap finish EXIT; trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM; \
 	echo "control plane tools and operator image: checked, or built in the background (logs: $(TOOLS_LOG), $(IMAGE_LOG))"; \
-	$(MAKE) --no-print-directory lint || { stop; exit 1; }; \
+	$(MAKE) --no-print-directory lint || exit 1; \
 	$(BIN)/pytest tests/unit $(COV); unit=$$?; \
 	$(PLANNER_BAR); planner=$$?; \
 	$(BIN)/pytest --ignore=tests/unit $(COV) --cov-append; rest=$$?; \
 	$(BIN)/python -m tests.support.coverage_report; \
-	wait $$tools; built=$$?; cat $(TOOLS_LOG); \
-	if [ -n "$$image" ]; then wait $$image; echo "operator image: exit $$?, last line: $$(tail -n 1 $(IMAGE_LOG))"; fi; \
+	wait $$tools; built=$$?; tools=; cat $(TOOLS_LOG); \
+	if [ -n "$$image" ]; then wait $$image; echo "operator image: exit $$?, last line: $$(tail -n 1 $(IMAGE_LOG))"; image=; fi; \
 	for s in $$unit $$planner $$rest $$built; do [ $$s = 0 ] || exit $$s; done
 
 unit: setup

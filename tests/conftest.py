@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support.planes import started_control_plane
+from tests.support.planes import interrupt, started_control_plane
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,6 +48,37 @@ def _tier_rank(item: pytest.Item) -> int:
     if parts and parts[0] in TIERS_FIRST_WITH_CONTROL_PLANE:
         return len(TIERS_WITHOUT_CONTROL_PLANE) + TIERS_FIRST_WITH_CONTROL_PLANE.index(parts[0])
     return len(TIERS_WITHOUT_CONTROL_PLANE) + len(TIERS_FIRST_WITH_CONTROL_PLANE)
+
+
+# The Docker engine: what the tests start, they stop. A pytest run is one engine session (its pid in
+# AGENTRUN_ENGINE_SESSION, which the xdist workers and every process they start inherit) unless it
+# runs inside one already (`make test`, which ends its session itself). At the end, also on a failure
+# or an interrupt, a dockerd the session started is stopped and one that was running before is left
+# alone (agentrun_devcluster.dockerengine, docs/development.md#docker).
+ENGINE_SESSION_OWNER = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("AGENTRUN_ENGINE_SESSION"):
+        return  # inside `make test`'s session, or an xdist worker of this run
+    os.environ["AGENTRUN_ENGINE_SESSION"] = str(os.getpid())
+    config.stash[ENGINE_SESSION_OWNER] = os.getpid()
+    # A SIGTERM would end this process before the session's end: make it an interrupt.
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(ENGINE_SESSION_OWNER, None)
+    if session != os.getpid():
+        return
+    try:
+        from agentrun_devcluster import dockerengine
+    except ImportError:  # no dev cluster installed: nothing here can have started an engine
+        return
+    reason = dockerengine.end_session(session)
+    if reason != dockerengine.NOTHING_TO_STOP:
+        print(f"docker engine: {reason}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

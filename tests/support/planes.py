@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported when a plane starts: the tiers without one need no
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _interrupt(signum: int, _frame: object) -> None:
+def interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -41,7 +41,7 @@ def started_control_plane(home: Path, apiserver_args: tuple[str, ...] = ()) -> I
     # A SIGTERM (a CI timeout, a `kill`) would skip both `finally` and atexit: make it an
     # interrupt, which pytest turns into an orderly stop with fixture teardown.
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGTERM, interrupt)
     try:
         plane.start(crds_dir=REPO / "crds")
         yield plane

@@ -456,6 +456,8 @@ def engine(stop: bool = False) -> int:
         )
         return 0
     dockerengine.ensure_engine(_say)
+    if dockerengine.current_session() is None and dockerengine.keep_engine():
+        _say("the dockerd a test run started is yours now: no test run's end will stop it")
     _say("a Docker engine answers")
     return 0
 

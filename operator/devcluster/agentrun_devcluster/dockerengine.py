@@ -8,17 +8,34 @@ containers use the host's network), and `--storage-driver=overlay2` when the
 kernel mounts an overlay here, else `vfs` (which works everywhere but copies a whole image for every
 container: a container of the operator image takes seconds to create instead of a fraction). Its
 data, exec root, pid file and log live under `<cache>/docker/`; it listens on the default socket,
-so the plain `docker` CLI finds it. Every failure is an `EngineUnavailable` with a one-line reason.
+so the plain `docker` CLI finds it (on `DOCKER_HOST` instead when that names a unix socket). Every
+failure is an `EngineUnavailable` with a one-line reason.
+
+Who started it is recorded, so a test run stops only what it started. A test run is a *session*: its
+process id in `AGENTRUN_ENGINE_SESSION` (`make test` sets it to its shell's, a pytest run outside
+`make test` to its own). Every `ensure_engine` inside a session registers the session as a user of
+the engine (`<cache>/docker/sessions/<pid>.json`, with the process's start time, so a pid used again
+is not taken for it); a dockerd started inside a session is marked as the tests'
+(`<cache>/docker/started-by-tests.json`, naming that dockerd's pid). At its end the session calls
+`end_session`: the dockerd is stopped when it is ours, the tests started it, and no other live session
+uses it (`end_decision`). An engine that answered without us (the user's own) has no pid record of
+ours, and one started outside a session (`agentrun dev engine`, `make image`) has no marker: both
+are left running. A dockerd the tests started whose sessions all died (a `kill -9`) is stopped by the
+next session that ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from agentrun_devcluster import processes, toolchain
@@ -27,6 +44,8 @@ from agentrun_devcluster.processes import exclusive
 DOCKERD = "dockerd"
 DOCKERD_FLAGS = ("--iptables=false", "--bridge=none")
 START_TIMEOUT = 60.0
+SESSION_ENV = "AGENTRUN_ENGINE_SESSION"
+NOTHING_TO_STOP = "no dockerd of ours runs (an engine that answers is someone else's): nothing to stop"
 Progress = Callable[[str], None]
 
 
@@ -137,7 +156,14 @@ def storage_driver(state: Path) -> str:
     return "overlay2" if overlay_works(state / "overlay-probe") else "vfs"
 
 
-def dockerd_argv(dockerd: str, state: Path, driver: str) -> list[str]:
+def listen_address() -> str | None:
+    """`DOCKER_HOST` when it names a unix socket (where the client will look), else None (the
+    default socket)."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host if host.startswith("unix://") else None
+
+
+def dockerd_argv(dockerd: str, state: Path, driver: str, host: str | None = None) -> list[str]:
     """The dockerd command line: our flags, everything it writes under `state`."""
     return [
         dockerd,
@@ -146,12 +172,98 @@ def dockerd_argv(dockerd: str, state: Path, driver: str) -> list[str]:
         f"--data-root={state / 'data'}",
         f"--exec-root={state / 'exec'}",
         f"--pidfile={state / 'dockerd.pid'}",
+        *([f"--host={host}"] if host else []),
     ]
+
+
+# ----------------------------------------------------------------------------------- who started it
+
+
+def current_session() -> int | None:
+    """The test session this process belongs to (`AGENTRUN_ENGINE_SESSION`, a pid), or None."""
+    value = os.environ.get(SESSION_ENV, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/PID/stat), or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return fields[19] if len(fields) > 19 else None
+
+
+def _sessions_dir() -> Path:
+    return state_dir() / "sessions"
+
+
+def _marker() -> Path:
+    return state_dir() / "started-by-tests.json"
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _register(session: int) -> None:
+    """Record `session` as a user of the engine (with its start time); under the lock."""
+    sessions = _sessions_dir()
+    sessions.mkdir(parents=True, exist_ok=True)
+    entry = {"pid": session, "start": _start_time(session)}
+    (sessions / f"{session}.json").write_text(json.dumps(entry))
+
+
+def live_sessions() -> list[int]:
+    """The registered sessions whose process still runs (the entries of dead ones are removed)."""
+    sessions = _sessions_dir()
+    alive: list[int] = []
+    for path in sorted(sessions.glob("*.json")) if sessions.is_dir() else []:
+        entry = _read_json(path)
+        pid, start = entry.get("pid"), entry.get("start")
+        if isinstance(pid, int) and start is not None and _start_time(pid) == start:
+            alive.append(pid)
+        else:
+            path.unlink(missing_ok=True)
+    return alive
+
+
+def started_by_tests(dockerd_pid: int) -> bool:
+    """True when the marker says a test session started the dockerd with this pid."""
+    return _read_json(_marker()).get("dockerd") == dockerd_pid
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP back while dockerd is started and recorded: a session
+    interrupted at that moment still finds the pid record and the marker of the dockerd it
+    started, and stops it. (On exec the child gets the default handlers back.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in received:
+            signal.raise_signal(signum)
 
 
 def ensure_engine(progress: Progress | None = None) -> None:
     """Make sure an engine answers: use a running one, else start ours; EngineUnavailable says why not."""
     say = progress or (lambda _m: None)
+    session = current_session()
+    if session is not None:  # first, so the engine is not stopped by another session's end meanwhile
+        with _lock():
+            _register(session)
     if engine_problem() is None:
         return
     with _lock():
@@ -171,9 +283,14 @@ def ensure_engine(progress: Progress | None = None) -> None:
         run_dir = state / "run"
         log = state / "dockerd.log"
         processes.stop_process(run_dir, DOCKERD)  # a stale record of one that died
-        argv = dockerd_argv(dockerd, state, storage_driver(state))
+        argv = dockerd_argv(dockerd, state, storage_driver(state), listen_address())
         say(f"starting {' '.join(argv[:4])}; data and log under {state}")
-        proc = processes.start_process(run_dir, DOCKERD, argv, log)
+        with _signals_deferred():
+            proc = processes.start_process(run_dir, DOCKERD, argv, log)
+            if session is None:  # started outside the tests: theirs to keep (`agentrun dev engine --stop`)
+                _marker().unlink(missing_ok=True)
+            else:
+                _marker().write_text(json.dumps({"dockerd": proc.pid, "session": session}))
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if engine_problem() is None:
@@ -190,9 +307,81 @@ def ensure_engine(progress: Progress | None = None) -> None:
 
 
 def stop_engine() -> bool:
-    """Stop the dockerd we started (its containers stop with it); False when we started none."""
-    return processes.stop_process(state_dir() / "run", DOCKERD, grace=30)
+    """Stop the dockerd we started (its containers and its containerd stop with it); False when we
+    started none."""
+    stopped = processes.stop_process(state_dir() / "run", DOCKERD, grace=30)
+    _marker().unlink(missing_ok=True)
+    if stopped:
+        # It leaves the host's network namespace bind-mounted under its exec root (made for
+        # `--network host` builds and containers): released, so no mount of it stays behind either.
+        netns = state_dir() / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", str(netns)], capture_output=True, check=False)
+    return stopped
+
+
+def keep_engine() -> bool:
+    """Make a running dockerd the tests started the user's (`agentrun dev engine` outside a
+    session): no session's end stops it. True when there was such a dockerd."""
+    if not state_dir().is_dir():
+        return False
+    with _lock():
+        record = processes.read_record(state_dir() / "run", DOCKERD)
+        if record is None or not record.alive() or not started_by_tests(record.pid):
+            return False
+        _marker().unlink(missing_ok=True)
+        return True
+
+
+def end_decision(ours_running: bool, started_by_tests: bool, sessions_left: int) -> tuple[bool, str]:
+    """At a session's end: stop the engine (True) or leave it, and why.
+
+    `ours_running`: the dockerd our pid record names runs; `started_by_tests`: a test session
+    started it; `sessions_left`: other live sessions registered as its users."""
+    if not ours_running:
+        return False, NOTHING_TO_STOP
+    if not started_by_tests:
+        return False, "the dockerd that runs was started outside the tests: left running"
+    if sessions_left:
+        return False, f"the dockerd the tests started is left running for {sessions_left} other session(s)"
+    return True, "stopped the dockerd the tests started"
+
+
+def end_session(session: int) -> str:
+    """The end of a test session: unregister it, and stop the dockerd when `end_decision` says so.
+    Returns the reason, one line."""
+    registered = _sessions_dir() / f"{session}.json"
+    if not registered.exists() and not processes.pid_file(state_dir() / "run", DOCKERD).exists():
+        return NOTHING_TO_STOP  # without waiting for the lock (another run may be starting an engine)
+    with _lock():
+        registered.unlink(missing_ok=True)
+        record = processes.read_record(state_dir() / "run", DOCKERD)
+        running = record is not None and record.alive()
+        by_tests = running and record is not None and started_by_tests(record.pid)
+        stop, reason = end_decision(running, by_tests, len(live_sessions()))
+        if stop:
+            stop_engine()
+        return reason
 
 
 def image_exists(ref: str) -> bool:
     return docker("image", "inspect", "--format", "{{.Id}}", ref, timeout=30).returncode == 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m agentrun_devcluster.dockerengine end-session`: the end of the session named by
+    `AGENTRUN_ENGINE_SESSION` (`make test` calls it on its way out, also on failure or interrupt)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["end-session"]:
+        print("usage: python -m agentrun_devcluster.dockerengine end-session", file=sys.stderr)
+        return 2
+    session = current_session()
+    if session is None:
+        print(f"docker engine: {SESSION_ENV} is not set: no session to end", file=sys.stderr)
+        return 2
+    print(f"docker engine: {end_session(session)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
