@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -143,3 +143,22 @@ def docker_image() -> str:
         pytest.skip(f"no Docker engine: {exc}")
     built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
     return built.tag
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed e2e or real-node test's report shows the cluster as it was (`LocalDefault.diagnosis`):
+    a CI log is all there is afterwards, and a status in an assertion's repr is cut short."""
+    report: pytest.TestReport = yield
+    funcargs = getattr(item, "funcargs", {})
+    local = funcargs.get("local_default") if isinstance(funcargs, dict) else None
+    diagnosis = getattr(local, "diagnosis", None)
+    if report.failed and call.when == "call" and callable(diagnosis):
+        try:
+            text = str(diagnosis())
+        except Exception as exc:  # the test's own failure is what matters
+            text = f"no diagnosis: {exc!r}"
+        report.sections.append(("the local default at the failure", text))
+    return report

@@ -107,6 +107,40 @@ class LocalDefault:
         result: dict[str, Any] = json.loads(body)
         return result
 
+    def diagnosis(self) -> str:
+        """What a failed test's report shows of the cluster (tests/conftest.py): every run's phase with
+        its conditions' and steps' messages in full (an assertion's repr of a status is cut short),
+        its recent Events, and the tails of the runner's and the operator's logs."""
+        lines: list[str] = []
+        code, body = self.plane.api_get(runs_path(self.namespace))
+        items = json.loads(body).get("items", []) if code == 200 else []
+        for run in items:
+            status = run.get("status") or {}
+            lines.append(f"AgentRun {run['metadata']['name']}: {status.get('phase')}")
+            for condition in status.get("conditions") or []:
+                lines.append(
+                    f"  condition {condition.get('type')}={condition.get('status')}: "
+                    f"{condition.get('reason')}: {condition.get('message')}"
+                )
+            for step in (status.get("workflow") or {}).get("steps") or []:
+                lines.append(f"  step {step.get('name')}: {step.get('phase')}: {step.get('message')}")
+                for record in ((step.get("loop") or {}).get("iterations") or [])[-3:]:
+                    lines.append(f"    iteration {json.dumps(record, sort_keys=True)}")
+            try:
+                events = self.events(run["metadata"]["name"])[-8:]
+            except Exception as exc:  # a diagnosis never hides the failure it describes
+                lines.append(f"  (its Events could not be read: {exc})")
+                events = []
+            for event in events:
+                lines.append(f"  event {event.get('type')} {event.get('reason')}: {event.get('message')}")
+        return "\n".join(
+            [
+                *lines,
+                f"--- runner log (tail) ---\n{self.runner.logs()[-4000:]}",
+                f"--- operator log (tail) ---\n{self.operator.logs()[-4000:]}",
+            ]
+        )
+
     def wait_for_end(self, name: str, timeout: float = 240.0) -> dict[str, Any]:
         def ended() -> dict[str, Any] | None:
             obj = self.run(name)
