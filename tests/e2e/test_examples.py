@@ -83,7 +83,14 @@ def test_retries_with_a_command_that_fails_once(local_default: LocalDefault) -> 
 
 def test_timeout_kills_the_sleeping_process_and_the_retry_succeeds(local_default: LocalDefault) -> None:
     sleep = local_default.own_sleep("7777")
-    local_default.apply_example("timeout.yaml", edit=local_default.own_sleeps)
+
+    def roomier(text: str) -> str:
+        # The deadline counts from the Job's start, the pod's start included: on a loaded machine
+        # (CI, with the real-node tier beside it) 10 s could end attempt 1 before its sleep ever ran,
+        # and the test would not see what it is about. 30 s leaves the start room; the kill is the same.
+        return local_default.own_sleeps(text).replace("timeoutSeconds: 10", "timeoutSeconds: 30")
+
+    local_default.apply_example("timeout.yaml", edit=roomier)
     eventually(lambda: processes_with("sleep", sleep), what="attempt 1's sleep to run", timeout=120)
     run = local_default.wait_for_end("timeout")
     assert run["status"]["phase"] == "Succeeded", run["status"]
