@@ -66,7 +66,9 @@ from agentrun_operator.jobs.reporter_container import (
     META_MOUNT,
     META_VOLUME,
     ORIGINAL_CONTAINER,
+    READY_HOOK_POLLS_CHECKPOINT,
     gate_mount,
+    ready_hook,
     reporter_container,
 )
 from agentrun_operator.resolution import (
@@ -564,6 +566,7 @@ def _add_checkpoint(
     facts = posixpath.join(META_MOUNT, CHECKPOINT_FACTS_NAME)
     reporter["args"] = [*reporter["args"], *reporter_checkpoint_args(plan, volume, excluded, facts)]
     reporter["securityContext"] = dict(CHECKPOINT_SECURITY_CONTEXT)
+    reporter["lifecycle"] = {"postStart": {"exec": {"command": ready_hook(READY_HOOK_POLLS_CHECKPOINT)}}}
 
 
 def same_node_affinity(node: str | None, claim: WorkloadVolume | None) -> dict[str, Any] | None:

@@ -127,9 +127,14 @@ the reporter and goes on to `main`, which it cannot create. A shell loop rather 
 Python: it starts in milliseconds."""
 READY_HOOK_POLLS: Final = 1500
 """30 s of 20 ms polls: far more than the reporter's start, claim and fingerprint take."""
+READY_HOOK_POLLS_CHECKPOINT: Final = 180_000
+"""An hour of 20 ms polls, for a pod whose reporter records a checkpoint before it is ready
+(loop.checkpoint): the first checkpoint copies the whole workspace, about 10 s per GB, and a hook
+that gave up would have the kubelet kill the reporter in the middle of it, attempt after attempt. The
+kubelet puts no bound of its own on an exec hook; the step's `timeoutSeconds` still ends the pod."""
 
 
-def ready_hook() -> list[str]:
+def ready_hook(polls: int = READY_HOOK_POLLS) -> list[str]:
     """The command of the reporter's postStart hook (`READY_HOOK_SCRIPT` with its arguments)."""
     return [
         "sh",
@@ -137,7 +142,7 @@ def ready_hook() -> list[str]:
         READY_HOOK_SCRIPT,
         "agentrun-ready",
         REPORTER_READY_FILE,
-        str(READY_HOOK_POLLS),
+        str(polls),
         GATE_FILE,
         HOOK_DONE_FILE,
     ]

@@ -13,6 +13,7 @@ import pytest
 from agentrun_operator.control.checkpointing import CHECKPOINT_ANCHOR, CHECKPOINT_EXIT
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
 from agentrun_operator.jobs.checkpoint_args import CHECKPOINT_SECURITY_CONTEXT
+from agentrun_operator.jobs.reporter_container import READY_HOOK_POLLS, READY_HOOK_POLLS_CHECKPOINT
 from agentrun_operator.shell.observe import pod_from_k8s
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
@@ -40,6 +41,12 @@ def reporter_of(world: PlannerWorld, job: str) -> dict[str, Any]:
     return next(c for c in containers if c["name"] == "reporter")
 
 
+def hook_polls(world: PlannerWorld, job: str) -> int:
+    """How many 20 ms polls the reporter's postStart hook waits for it to be ready."""
+    command = reporter_of(world, job)["lifecycle"]["postStart"]["exec"]["command"]
+    return int(command[5])
+
+
 def option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
@@ -56,6 +63,7 @@ def test_a_loop_without_checkpoints_tells_its_pods_nothing_of_them() -> None:
     job = world.active()
     assert not [a for a in reporter_args(world, job) if a.startswith("--checkpoint")]
     assert reporter_of(world, job).get("securityContext") != CHECKPOINT_SECURITY_CONTEXT
+    assert hook_polls(world, job) == READY_HOOK_POLLS
 
 
 def test_every_attempt_of_an_iteration_names_the_iterations_checkpoint() -> None:
@@ -69,6 +77,8 @@ def test_every_attempt_of_an_iteration_names_the_iterations_checkpoint() -> None
     assert option(args, "--checkpoint-owner") == "uid-run"
     assert "--checkpoint-restore" not in args and "--checkpoint-from" not in args
     assert reporter_of(world, first)["securityContext"] == CHECKPOINT_SECURITY_CONTEXT
+    # the hook waits while the reporter records (a first checkpoint copies the whole workspace)
+    assert hook_polls(world, first) == READY_HOOK_POLLS_CHECKPOINT
     world.succeed(first, message=checkpoint_report("run_1_1", files=3, bytes=30, addedBytes=30))
     world.plan()
     second = world.active()
