@@ -16,6 +16,8 @@ from agentrun_operator.ctl.commands import _fail, _runs_path, get_run
 from agentrun_operator.ctl.connect import CtlError, Target
 
 DOCS = "docs/concepts.md#resume"
+FINISHED = ("Succeeded", "Failed", "Cancelled")
+"""A source run in one of these phases no longer writes its claim: only then may a new run restore into it."""
 
 
 def _loop_steps(run: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -105,7 +107,7 @@ def resume_manifest(
     if step is not None:
         loops = [entry for entry in loops if entry[0] == step]
     if not loops:
-        which = f"a looping step {step!r} with" if step else "a looping step with"
+        which = f"looping step {step!r} with" if step else "looping step with"
         raise CtlError(
             f"AgentRun {source_name} has no {which} loop.checkpoint, so it has no checkpoints to resume from "
             f"(fix: add loop.checkpoint: {{mode: Files}} to the loop of new runs; see {DOCS})"
@@ -113,6 +115,13 @@ def resume_manifest(
     step_name, _, status = loops[0]
     if iteration < 1:
         raise CtlError(f"--from-iteration must be 1 or more, not {iteration} (see {DOCS})")
+    phase = render.status_of(source).get("phase")
+    if phase not in FINISHED:
+        raise CtlError(
+            f"cannot resume AgentRun {source_name} while it is {phase or 'Pending'}: the new run restores "
+            "its checkpoint into the same claim, under the running iteration's feet (fix: wait for it to "
+            f"end, or `agentrun cancel {source_name}` first; see {DOCS})"
+        )
     recorded = {r["iteration"]: r for r in checkpoint_rows(source) if r["step"] == step_name}
     following = recorded.get(iteration + 1)
     if following is None:
