@@ -116,14 +116,15 @@ class Heartbeat:
 class Pods:
     """The runs' pods as the API server has them, looked at again and again: the look at which each
     one was first gone (the kubelet, or the pod runner, removes a pod only once its processes have
-    ended), its heartbeat then, and the grace period its deletion asked for."""
+    ended), its heartbeat then, and the grace periods its deletions asked for, in order (the one
+    that stopped it first; the runtime's confirming delete of grace 0 may follow)."""
 
     def __init__(self, local_default: LocalDefault, beats: dict[str, Heartbeat]) -> None:
         self.local_default = local_default
         self.beats = beats
         self.looks = 0
         self.seen: set[str] = set()
-        self.grace: dict[str, int] = {}  # run -> metadata.deletionGracePeriodSeconds of its pod
+        self.graces: dict[str, list[int]] = {}  # run -> its pod's deletionGracePeriodSeconds seen
         self.gone_at: dict[str, int] = {}  # run -> the look that first found its pod gone
         self.gone_seen: dict[str, float] = {}  # run -> the test's clock at that look (printed only)
         self.last_beat: dict[str, str] = {}  # run -> its heartbeat at that look
@@ -149,8 +150,9 @@ class Pods:
             if pod is not None:
                 self.seen.add(name)
                 grace = pod["metadata"].get("deletionGracePeriodSeconds")
-                if grace is not None:
-                    self.grace[name] = int(grace)
+                asked = self.graces.setdefault(name, [])
+                if grace is not None and (not asked or asked[-1] != int(grace)):
+                    asked.append(int(grace))
             elif name in self.seen and name not in self.gone_at:
                 self.gone_at[name] = self.looks
                 self.gone_seen[name] = now
@@ -159,7 +161,7 @@ class Pods:
 
     def deleting(self, name: str) -> bool:
         """Whether the run's pod is being deleted (or already gone)."""
-        return self.look() and (name in self.grace or name in self.gone_at)
+        return self.look() and (bool(self.graces.get(name)) or name in self.gone_at)
 
     def all_gone(self) -> bool:
         return self.look() and len(self.gone_at) == len(self.beats)
@@ -200,12 +202,12 @@ def test_immediate_cancel_stops_the_iterations_processes_before_their_grace_ends
         local_default.patch_run(f"stop-{name}", {"spec": {"cancel": "Immediate"}})
         eventually(partial(pods.deleting, name), timeout=60, what=f"stop-{name}'s pod deleted", every=0.05)
     eventually(pods.all_gone, timeout=120, what="every run's pod to be gone", every=0.05)
-    print("looks at which the pods were gone:", pods.gone_at, "deletion graces:", pods.grace)
+    print("looks at which the pods were gone:", pods.gone_at, "deletion graces:", pods.graces)
     print("pods seen gone after their cancel:", {n: f"{pods.gone_seen[n] - cancelled[n]:.1f}s" for n in runs})
     assert pods.gone_at["plain"] < pods.gone_at["deaf"], pods.gone_at  # SIGTERM ended it
     assert pods.gone_at["deaf"] < pods.gone_at["patient"], pods.gone_at  # the short grace ended it
-    assert pods.grace["deaf"] == IMMEDIATE_CANCEL_GRACE_SECONDS, pods.grace
-    assert pods.grace["patient"] == 9, pods.grace  # its own grace, not the short one nor 30 s
+    assert pods.graces["deaf"][0] == IMMEDIATE_CANCEL_GRACE_SECONDS, pods.graces
+    assert pods.graces["patient"][0] == 9, pods.graces  # its own grace, not the short one nor 30 s
     for name in runs:
         run = local_default.wait_for_end(f"stop-{name}")
         assert run["status"]["phase"] == "Cancelled", run["status"]
