@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from agentrun_operator import naming
+from agentrun_operator.config import IMMEDIATE_CANCEL_GRACE_SECONDS
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.polling import eventually
 
 DEADLINE = 10
+RUN_LABEL = naming.LABEL_RUN
 KUBERNETES_GRACE = 30
 """Kubernetes' default terminationGracePeriodSeconds. The bounds below are what tells a short grace,
 or SIGTERM delivered, from this one (or from a PID 1 that ignores SIGTERM): generous on a loaded
@@ -108,15 +113,75 @@ class Heartbeat:
             self.last, self.changed_at = value, now
 
 
+class Pods:
+    """The runs' pods as the API server has them, looked at again and again: the look at which each
+    one was first gone (the kubelet, or the pod runner, removes a pod only once its processes have
+    ended), its heartbeat then, and the grace periods its deletions asked for, in order (the one
+    that stopped it first; the runtime's confirming delete of grace 0 may follow)."""
+
+    def __init__(self, local_default: LocalDefault, beats: dict[str, Heartbeat]) -> None:
+        self.local_default = local_default
+        self.beats = beats
+        self.looks = 0
+        self.seen: set[str] = set()
+        self.graces: dict[str, list[int]] = {}  # run -> its pod's deletionGracePeriodSeconds seen
+        self.gone_at: dict[str, int] = {}  # run -> the look that first found its pod gone
+        self.gone_seen: dict[str, float] = {}  # run -> the test's clock at that look (printed only)
+        self.last_beat: dict[str, str] = {}  # run -> its heartbeat at that look
+
+    def look(self) -> bool:
+        """Look once; whether the API server answered."""
+        runs = ",".join(f"stop-{name}" for name in self.beats)
+        code, body = self.local_default.plane.api_get(
+            f"/api/v1/namespaces/{self.local_default.namespace}/pods"
+            f"?labelSelector={quote(f'{RUN_LABEL} in ({runs})')}"
+        )
+        if code != 200:
+            return False  # no answer (a busy API server) is no news
+        self.looks += 1
+        now = time.monotonic()
+        pods = {
+            str(pod["metadata"]["labels"][RUN_LABEL]).removeprefix("stop-"): pod
+            for pod in json.loads(body)["items"]
+        }
+        for name, beat in self.beats.items():
+            beat.poll(now)
+            pod = pods.get(name)
+            if pod is not None:
+                self.seen.add(name)
+                grace = pod["metadata"].get("deletionGracePeriodSeconds")
+                asked = self.graces.setdefault(name, [])
+                if grace is not None and (not asked or asked[-1] != int(grace)):
+                    asked.append(int(grace))
+            elif name in self.seen and name not in self.gone_at:
+                self.gone_at[name] = self.looks
+                self.gone_seen[name] = now
+                self.last_beat[name] = beat.last
+        return True
+
+    def deleting(self, name: str) -> bool:
+        """Whether the run's pod is being deleted (or already gone)."""
+        return self.look() and (bool(self.graces.get(name)) or name in self.gone_at)
+
+    def all_gone(self) -> bool:
+        return self.look() and len(self.gone_at) == len(self.beats)
+
+
 def test_immediate_cancel_stops_the_iterations_processes_before_their_grace_ends(
     local_default: LocalDefault,
 ) -> None:
-    """Three runs beat on their claims, then are cancelled at once: `plain` is `sh -c` with a 9 s
-    grace (as PID 1 of its container, without the shared process namespace, it would ignore SIGTERM
-    and live those 9 s): it stops before them; `deaf` ignores SIGTERM: the short default grace (3 s)
-    ends it, before the others' 9 s; `patient` ignores it and asked for a 9 s grace, which it gets,
-    and is killed then, not at Kubernetes' 30 s. (Typically all within ~1 s of their ends, well under
-    5 s with the default grace: printed, not bounded, as a shared machine may be slower.)"""
+    """Three runs beat on their claims, then are cancelled, one after the other: `plain` is `sh -c`
+    with a 9 s grace (as PID 1 of its container, without the shared process namespace, it would
+    ignore SIGTERM and live those 9 s); `deaf` ignores SIGTERM: the short default grace (3 s) ends
+    it; `patient` ignores it and asked for a 9 s grace, which it gets, not Kubernetes' 30 s.
+
+    No lifetime is timed (a shared machine may be slower): each cancel waits until the previous
+    run's pod is being deleted, so each grace period starts after the one before, and the order in
+    which the pods go tells the graces apart. `plain` is gone before `deaf`, whose 3 s started after
+    `plain`'s deletion: `plain` did not live out its 9 s. `deaf` is gone before `patient`, whose 9 s
+    started after `deaf`'s deletion: `deaf` did not live 9 s, let alone 30. The deletions asked for
+    the graces meant (3 s for `deaf`, 9 s for `patient`), and no heartbeat moves once its pod is gone.
+    (Typically each pod goes within ~1 s of its grace's end: printed, not bounded.)"""
     runs = {"plain": ("", 9), "deaf": ("trap '' TERM\n", None), "patient": ("trap '' TERM\n", 9)}
     for name, (prelude, grace) in runs.items():
         beating_run(local_default, f"stop-{name}", prelude, grace)
@@ -129,30 +194,30 @@ def test_immediate_cancel_stops_the_iterations_processes_before_their_grace_ends
         return all(beat.last and int(beat.last) >= 5 for beat in beats.values())
 
     eventually(all_beating, timeout=180, what="every run's heartbeat", every=0.1)
-    cancelled = time.monotonic()
-    for name in runs:
+    pods = Pods(local_default, beats)
+    eventually(lambda: pods.look() and pods.seen == set(runs), timeout=30, what="every run's pod")
+    cancelled: dict[str, float] = {}
+    for name in ("plain", "deaf", "patient"):  # each grace starts after the one before
+        cancelled[name] = time.monotonic()
         local_default.patch_run(f"stop-{name}", {"spec": {"cancel": "Immediate"}})
-
-    # Watch until no heartbeat has moved for 3 s (15 missed beats) and the patient one's grace is over.
-    while True:
-        now = time.monotonic()
-        for beat in beats.values():
-            beat.poll(now)
-        quiet = all(now - beat.changed_at >= 3 for beat in beats.values())
-        if quiet and now - cancelled >= 9 + 3:
-            break
-        assert now - cancelled < 120, {n: (b.last, b.changed_at - cancelled) for n, b in beats.items()}
-        time.sleep(0.05)
-    lived = {name: beat.changed_at - cancelled for name, beat in beats.items()}
-    print("last heartbeat after the cancel:", {name: f"{s:.1f}s" for name, s in lived.items()})
-    assert lived["plain"] < 9, lived
-    assert lived["deaf"] < 9, lived
-    # It was SIGKILLed only after its grace: it beat on well past the default 3 s, then stopped.
-    assert 5 < lived["patient"] < KUBERNETES_GRACE, lived
+        eventually(partial(pods.deleting, name), timeout=60, what=f"stop-{name}'s pod deleted", every=0.05)
+    eventually(pods.all_gone, timeout=120, what="every run's pod to be gone", every=0.05)
+    print("looks at which the pods were gone:", pods.gone_at, "deletion graces:", pods.graces)
+    print("pods seen gone after their cancel:", {n: f"{pods.gone_seen[n] - cancelled[n]:.1f}s" for n in runs})
+    assert pods.gone_at["plain"] < pods.gone_at["deaf"], pods.gone_at  # SIGTERM ended it
+    assert pods.gone_at["deaf"] < pods.gone_at["patient"], pods.gone_at  # the short grace ended it
+    assert pods.graces["deaf"][0] == IMMEDIATE_CANCEL_GRACE_SECONDS, pods.graces
+    assert pods.graces["patient"][0] == 9, pods.graces  # its own grace, not the short one nor 30 s
     for name in runs:
         run = local_default.wait_for_end(f"stop-{name}")
         assert run["status"]["phase"] == "Cancelled", run["status"]
         assert [it["phase"] for it in step_status(run)["loop"]["iterations"]] == ["Cancelled"]
+    now = time.monotonic()
+    for beat in beats.values():
+        beat.poll(now)
+    # No process of an iteration outlived its pod: no heartbeat moved since (plain's and deaf's for
+    # as long as the pods after them took to go).
+    assert {n: b.last for n, b in beats.items()} == pods.last_beat
 
 
 KUBERNETES_DEFAULT_GRACE = 30

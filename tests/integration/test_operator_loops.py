@@ -11,7 +11,7 @@ import copy
 import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +23,7 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator import naming
 from agentrun_operator.api import API_VERSION
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome, ScriptedOutcomes
+from tests.integration.watch_proxy import Call, WatchProxy
 from tests.support import api
 from tests.support.api import ready_namespace
 from tests.support.claims import bound_claims
@@ -41,8 +42,22 @@ def outcomes() -> ScriptedOutcomes:
 
 
 @pytest.fixture(scope="module")
+def proxy(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WatchProxy]:
+    """Between the operator and the API server (tests/integration/watch_proxy.py): it forwards every
+    request; a test holds one of the operator's writes with it to kill the operator at that point."""
+    proxy = WatchProxy(control_plane, tmp_path_factory.mktemp("proxy")).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture(scope="module")
 def cluster(
-    control_plane: ControlPlane, outcomes: ScriptedOutcomes, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane,
+    outcomes: ScriptedOutcomes,
+    proxy: WatchProxy,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
     plane = control_plane
     ready_namespace(plane, NAMESPACE)
@@ -52,6 +67,7 @@ def cluster(
         plane,
         tmp_path_factory.mktemp("operator"),
         env={"AGENTS_CONTROLLER_WORKFLOW_LOOP_STATUS_HISTORY_LIMIT": str(HISTORY_LIMIT)},
+        kubeconfig=proxy.kubeconfig,
     ).start()
     try:
         yield plane, operator, driver
@@ -473,18 +489,43 @@ def test_operator_restart_mid_loop_resumes_without_duplicates(
     assert _step_status(run)["loop"]["completedIterations"] == 3
 
 
+def _wait_in(call: Call) -> dict[str, Any] | None:
+    """The loop status a status write of the first step records while it waits for its next
+    iteration (`nextIterationAt`), else None."""
+    steps = (((call.json() or {}).get("status") or {}).get("workflow") or {}).get("steps") or [{}]
+    loop: dict[str, Any] = steps[0].get("loop") or {}
+    return loop if loop.get("nextIterationAt") else None
+
+
 def test_operator_restart_during_the_interval_keeps_the_schedule(
-    cluster: Any, outcomes: ScriptedOutcomes
+    cluster: Any, outcomes: ScriptedOutcomes, proxy: WatchProxy
 ) -> None:
     """loop.intervalSeconds: the wait lives in status (nextIterationAt), not in the operator's memory.
     An operator SIGKILLed during the wait and started again neither starts iteration 2 early nor
-    forgets it: iteration 2's Job is created at the due time, by the restarted operator's own requeue
-    (nothing else happens to the run meanwhile)."""
+    forgets it: iteration 2's Job is created at the due time, by the restarted operator.
+
+    The kill lands in the wait by construction, not by the clock: the operator's status write that
+    records the wait is held on its way to the API server and the operator is killed while it waits
+    for the answer (it never learnt the write landed, never got to iteration 2); the write is then
+    let through, so the wait the restarted operator finds in status is the one the killed one planned."""
     plane, operator, _ = cluster
     name = "interval-restart"
     interval = 8
     outcomes.runs[name] = lambda _i, _a: PodOutcome()
+    recording = proxy.hold(
+        lambda call: (
+            call.method == "PUT"
+            and call.path.endswith(f"/agentruns/{name}/status")
+            and _wait_in(call) is not None
+        )
+    )
     _create(plane, _loop_run(name, {"maxIterations": 2, "intervalSeconds": interval}))
+    assert recording.arrived.wait(90), "the operator never wrote the status recording the wait"
+    operator.kill()  # SIGKILL with the write in flight: nothing of the schedule survives in memory
+    recording.release()  # the write lands after the operator died
+    assert recording.call is not None
+    planned = _wait_in(recording.call)
+    assert planned is not None
     waiting: dict[str, Any] = {}
 
     def the_wait_is_recorded() -> bool:
@@ -492,13 +533,11 @@ def test_operator_restart_during_the_interval_keeps_the_schedule(
         waiting.update((steps[0].get("loop") or {}) if steps else {})
         return bool(waiting.get("nextIterationAt"))
 
-    eventually(the_wait_is_recorded, what="iteration 1 to end and the wait to be recorded")
-    operator.kill()  # SIGKILL: nothing of the schedule survives in memory
-    killed_at = datetime.now(UTC)
+    eventually(the_wait_is_recorded, what="the held write recording the wait to land")
+    assert waiting["nextIterationAt"] == planned["nextIterationAt"], (waiting, planned)
     due = datetime.fromisoformat(str(waiting["nextIterationAt"]).replace("Z", "+00:00"))
     ended = datetime.fromisoformat(str(waiting["iterations"][0]["finishedAt"]).replace("Z", "+00:00"))
     assert due == ended + timedelta(seconds=interval)
-    assert killed_at < due, "the operator was killed after the wait, not during it"
     assert [j["metadata"]["name"] for j in _jobs(plane, name)] == [f"{name}-step-1-iter-1-attempt-1"]
     assert _pods_of(plane, f"{name}-step-1-iter-1-attempt-1") == []  # no pod runs during the wait
     operator.start()

@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,13 +27,13 @@ from agentrun_operator.shell.kube import Kube
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.resync import relist
 from tests.integration.kubelet_driver import KubeletDriver, PodOutcome
-from tests.integration.watch_proxy import StreamPolicy, WatchProxy
+from tests.integration.watch_proxy import Call, StreamPolicy, WatchProxy
 from tests.support import api
 from tests.support.api import ready_namespace
 from tests.support.claims import bound_claim
 from tests.support.informers import configmap_informer
 from tests.support.manifests import workflow_run
-from tests.support.polling import eventually
+from tests.support.polling import eventually, until
 from tests.support.processes import OperatorProcess
 
 NAMESPACE = "cache"
@@ -202,9 +203,12 @@ def test_a_lagging_watch_stream_neither_loses_nor_repeats(env: Any, plural: str)
         operator.stop()
 
 
-def _in_process(plane: ControlPlane, body: Any) -> Any:
+def _in_process(plane: ControlPlane, body: Any, kubeconfig: Path | None = None) -> Any:
+    """`body(kube)` in an event loop of its own, with a client of the API server (or of `kubeconfig`'s,
+    e.g. the watch proxy's)."""
+
     async def main() -> Any:
-        kube = await Kube.connect(str(plane.kubeconfig))
+        kube = await Kube.connect(str(kubeconfig or plane.kubeconfig))
         try:
             return await body(kube)
         finally:
@@ -416,20 +420,34 @@ def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
     env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Watches that end every second (the API server closes them at `timeoutSeconds`) are resumed
-    from the last resourceVersion they delivered: every object created meanwhile arrives, and the
-    kind is listed once, at start."""
-    plane = env[0]
+    from the last resourceVersion they delivered: an object created after a watch ended and before
+    the next one reached the API server (the proxy holds it meanwhile) arrives, every object arrives
+    once (nothing is replayed), and the kind is listed once, at start."""
+    plane, _, proxy, _, _ = env
     monkeypatch.setattr(informer, "WATCH_SECONDS", 1)
+    policy = proxy.policies["configmaps"] = StreamPolicy()
     names = [f"resumed-{k}" for k in range(4)]
 
-    async def body(kube: Kube) -> tuple[int, int, list[str]]:
+    def resumed_watch(call: Call) -> bool:
+        return call.watch and call.path == f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+
+    async def body(kube: Kube) -> tuple[int, int, list[str], list[Call]]:
         cache, store, watcher = configmap_informer(kube, "perf-resume=yes", NAMESPACE)
         watcher.start()
+        held: list[Call] = []
         try:
             await asyncio.wait_for(cache.ready.wait(), 30)
+            await until(lambda: policy.streams == 1, 30, "the first watch to reach the API server")
             listed = kube.counters.reads
             for name in names:
-                await asyncio.sleep(1.5)  # at least one watch ends between two creates
+                ended = policy.ended
+                # The open watch ends; the informer's next one is held before it reaches the API
+                # server, so the object below is created while this kind has no watch open at all.
+                resume = proxy.hold(resumed_watch)
+                await until(resume.arrived.is_set, 30, "the watch to end and the informer to watch again")
+                assert policy.ended == ended + 1, "the watch did not end at the API server's timeout"
+                assert resume.call is not None
+                held.append(resume.call)
                 manifest = {
                     "apiVersion": "v1",
                     "kind": "ConfigMap",
@@ -437,14 +455,21 @@ def test_an_informer_resumes_each_watch_where_it_ended_without_listing_again(
                     "data": {"k": name},
                 }
                 await kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body=manifest)
-            for _ in range(300):
-                if all(store.one((NAMESPACE, "all"), n) is not None for n in names):
-                    break
-                await asyncio.sleep(0.1)
-            return listed, kube.counters.reads, [n for n in names if store.one((NAMESPACE, "all"), n)]
+                resume.release()
+            await until(
+                lambda: all(store.one((NAMESPACE, "all"), n) is not None for n in names),
+                30,
+                "every object created between two watches in the store",
+            )
+            return listed, kube.counters.reads, [n for n in names if store.one((NAMESPACE, "all"), n)], held
         finally:
             await watcher.stop()
 
-    listed, reads, seen = _in_process(plane, body)
+    try:
+        listed, reads, seen, held = _in_process(plane, body, proxy.kubeconfig)
+    finally:
+        proxy.policies.clear()
     assert seen == names  # every object created across the watches' ends arrived
     assert listed == 1 and reads == 1  # and the kind was listed once, at start
+    assert all("resourceVersion" in call.query for call in held)  # each watch resumed from a version
+    assert [n for kind, n in policy.delivered if kind == "ADDED"] == names  # each object once

@@ -6,8 +6,14 @@ plural (`jobs`, `pods`, `agentruns`): delay each event by some seconds, drop the
 picks, send other text in an event's place (`rewrite`: bad input), or keep the first streams open
 without sending anything (`silent_streams`); `end_streams` closes a kind's open streams, as a load
 balancer or a restarted API server would, and the policy keeps each ERROR event the API server sent
-(`errors`: e.g. its 410 Gone). That is how the tests make a watch lag, lose events or go wrong
-against real parts. Every other request is forwarded as it is and noted in `requests`.
+(`errors`: e.g. its 410 Gone) and counts the streams the API server ended (`ended`: e.g. at their
+`timeoutSeconds`). That is how the tests make a watch lag, lose events or go wrong against real
+parts. Every other request is forwarded as it is and noted in `requests`.
+
+`hold` keeps one request from the API server until the test releases it (forwarded then, or
+dropped): a write the operator is in the middle of (the test can kill the operator while it waits
+for the answer), or a watch about to be resumed (the test can change objects while no watch is
+open). The test waits for the request to arrive (`Hold.arrived`), never for a while.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import json
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,49 @@ class StreamPolicy:
     dropped: int = 0
     relayed: int = 0
     streams: int = 0  # watch streams opened under this policy
+    ended: int = 0  # streams the API server ended (its timeoutSeconds, say), not `end_streams`
+    delivered: list[tuple[str, str]] = field(default_factory=list)  # (type, name) of each event relayed
+
+
+@dataclass(frozen=True)
+class Call:
+    """A request as it reached the proxy."""
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    body: bytes
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") in ("1", "true", "True")
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class Hold:
+    """The first request matching `matches` after the hold is set: kept from the API server until
+    `release` (then forwarded as it is, or dropped: answered 503 without reaching the server)."""
+
+    def __init__(self, matches: Callable[[Call], bool], loop: asyncio.AbstractEventLoop) -> None:
+        self.matches = matches
+        self.call: Call | None = None  # the request held, once it arrived
+        self.arrived = threading.Event()
+        self.forward = True
+        self._loop = loop
+        self._released = asyncio.Event()  # set on the proxy's loop only
+
+    def release(self, forward: bool = True) -> None:
+        self.forward = forward
+        self._loop.call_soon_threadsafe(self._released.set)
+
+    async def keep(self, call: Call) -> bool:
+        """Hold `call` until released; whether to forward it."""
+        self.call = call
+        self.arrived.set()
+        await self._released.wait()
+        return self.forward
 
 
 def _plural(path: str) -> str:
@@ -61,6 +110,8 @@ class WatchProxy:
     _runner: web.AppRunner | None = None
     _session: ClientSession | None = None
     _open: dict[str, set[ClientResponse]] = field(default_factory=dict)  # open upstream watches by plural
+    _holds: list[Hold] = field(default_factory=list)  # set and not taken yet (the proxy's loop's)
+    _ending: set[ClientResponse] = field(default_factory=set)  # being closed by `end_streams`
 
     @property
     def kubeconfig(self) -> Path:
@@ -95,6 +146,19 @@ class WatchProxy:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    def hold(self, matches: Callable[[Call], bool]) -> Hold:
+        """Keep the next request that `matches` (a watch or any other) from the API server until the
+        returned hold is released; requests that do not match go on meanwhile."""
+        loop = self._loop
+        assert loop is not None
+
+        async def add() -> Hold:
+            hold = Hold(matches, loop)
+            self._holds.append(hold)
+            return hold
+
+        return asyncio.run_coroutine_threadsafe(add(), loop).result(timeout=10)
+
     def end_streams(self, plural: str) -> int:
         """Close every open watch stream of `plural` (its clients see the stream end and watch
         again); returns how many were open."""
@@ -103,6 +167,7 @@ class WatchProxy:
         async def end() -> int:
             streams = list(self._open.get(plural, ()))
             for upstream in streams:
+                self._ending.add(upstream)
                 upstream.close()
             return len(streams)
 
@@ -145,9 +210,15 @@ class WatchProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "authorization")}
         body = await request.read()
         url = self.plane.server + request.path_qs
-        watching = request.query.get("watch") in ("1", "true", "True")
+        call = Call(request.method, request.path, dict(request.query), body)
+        watching = call.watch
         if not watching:
             self.requests.append((request.method, request.path))
+        hold = next((h for h in self._holds if h.matches(call)), None)
+        if hold is not None:
+            self._holds.remove(hold)
+            if not await hold.keep(call):
+                return web.Response(status=503, text="dropped by the test's watch proxy")
         async with self._session.request(request.method, url, headers=headers, data=body or None) as upstream:
             if not watching:
                 payload = await upstream.read()
@@ -173,6 +244,8 @@ class WatchProxy:
                 try:
                     async for line in upstream.content:
                         await lines.put((loop.time(), line))
+                    if policy is not None and upstream not in self._ending:
+                        policy.ended += 1  # the API server ended it
                 except ClientError:  # closed by `end_streams`
                     pass
                 finally:
@@ -194,6 +267,12 @@ class WatchProxy:
                         if wait > 0:
                             await asyncio.sleep(wait)
                         policy.relayed += 1
+                        policy.delivered.append(
+                            (
+                                str(event.get("type")),
+                                str(((event.get("object") or {}).get("metadata") or {}).get("name")),
+                            )
+                        )
                         instead = policy.rewrite(line) if policy.rewrite is not None else None
                         if instead is not None:
                             policy.rewritten += 1
@@ -204,4 +283,5 @@ class WatchProxy:
             finally:
                 reader.cancel()
                 self._open[plural].discard(upstream)
+                self._ending.discard(upstream)
             return response
