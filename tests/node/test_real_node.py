@@ -1,6 +1,6 @@
 """The e2e tier's runs again on the real node: every example, the control-file rows, the operating
 checks, the kubelet behaviours the pod runner imitates and the Helm install with its flag rollout
-(docs/development.md#tiers), and what only a real node can show (image_waits.py).
+(docs/development.md#tiers), and what only a real node can show (image_waits.py, checkpoint_owners.py).
 
 One module, so one pytest worker owns the node (it is host-wide). The test functions are the e2e
 modules' own, taken over unchanged; this directory's conftest gives them the real node's
@@ -25,6 +25,7 @@ from agentrun_devcluster import processes
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.chaos.run import NODE_KINDS, Config, run
 from tests.e2e import (
+    test_checkpoints,
     test_control_file,
     test_examples,
     test_helm_install,
@@ -34,7 +35,7 @@ from tests.e2e import (
     test_pod_waits,
     test_stopping,
 )
-from tests.node import image_waits
+from tests.node import checkpoint_owners, image_waits
 from tests.support.polling import eventually
 
 OVERRIDDEN = ("local_default", "release")
@@ -97,8 +98,10 @@ TAKEN = take_over(
         test_job_claim,
         test_operating,
         test_pod_waits,
+        test_checkpoints,
         test_helm_install,
         image_waits,
+        checkpoint_owners,
     ),
     globals(),
 )

@@ -591,6 +591,25 @@ def _sweep_stale_temps(directory: str) -> None:
             continue
 
 
+def _make_store_parents(root: str) -> None:
+    """The directories above the store that are not there yet (``.agentrun``, which holds the
+    control file by default), made as the volume's root is: its permission bits and, as root, its
+    owner and group. The reporter records the first checkpoint before any `main` ran, as uid 0; a
+    ``.agentrun`` it made its own ``0755`` would shut out a `main` of another user, which may write
+    there exactly as it may write the volume's root (docs/concepts.md#checkpoints)."""
+    top = os.stat(root)
+    path = root
+    for part in os.path.dirname(STORE_DIR).split("/"):
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        if os.geteuid() == 0:
+            os.chown(path, top.st_uid, top.st_gid)
+        os.chmod(path, stat.S_IMODE(top.st_mode))
+
+
 def record(root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, owner: str = "") -> Recorded:
     """Record the tree under `root` as checkpoint `checkpoint_id` (an existing one of that id is
     replaced). Reads only the files changed since the newest checkpoint of the store."""
@@ -621,6 +640,7 @@ def record(root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, owner:
 def _record(
     root: str, checkpoint_id: str, skip: frozenset[str], owner: str, writer: _Writer, started: float
 ) -> Recorded:
+    _make_store_parents(root)
     for sub in ("objects", "manifests", "tmp"):
         os.makedirs(os.path.join(writer.store, sub), exist_ok=True)
     _sweep_stale_temps(writer.tmp_dir)

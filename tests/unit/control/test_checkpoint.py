@@ -723,6 +723,34 @@ def test_an_ordinary_user_restores_into_read_only_directories(tmp_path: Path) ->
     assert as_ordinary_user(root, work) == ""
 
 
+def test_the_store_makes_agentrun_as_the_volume_root_is(tmp_path: Path) -> None:
+    """The reporter records the first checkpoint as root before any `main` ran: the `.agentrun` it
+    makes has the volume root's owner, group and mode, so a `main` of another user may write its
+    control file there as it may write the root; the store inside is the reporter's."""
+    root = workspace(tmp_path / "ws")
+    root.chmod(0o2775)
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY, NOBODY)
+    record(str(root), "run-1-1")
+    top, made = root.stat(), (root / ".agentrun").stat()
+    assert stat.S_IMODE(made.st_mode) == 0o2775
+    assert (made.st_uid, made.st_gid) == (top.st_uid, top.st_gid)
+    assert (root / STORE_DIR).stat().st_uid == os.geteuid()
+    record(str(root), "run-1-2")
+    again = (root / ".agentrun").stat()
+    assert (again.st_mode, again.st_uid, again.st_gid) == (made.st_mode, made.st_uid, made.st_gid)
+
+
+def test_an_agentrun_directory_already_there_is_left_as_it_is(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws")
+    (root / ".agentrun").mkdir(mode=0o750)
+    (root / ".agentrun").chmod(0o750)
+    before = (root / ".agentrun").stat()
+    record(str(root), "run-1-1")
+    after = (root / ".agentrun").stat()
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == (0o750, before.st_uid, before.st_gid)
+
+
 def test_an_unreadable_file_fails_the_record_with_its_name(tmp_path: Path) -> None:
     root = workspace(tmp_path / "ws")
     (root / "notes.txt").chmod(0)
