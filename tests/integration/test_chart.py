@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import re
@@ -34,6 +33,7 @@ from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
+from tests.support.tokens import service_account_token, token_kubeconfig
 
 WATCHED = ["chart-team-a", "chart-team-b"]
 
@@ -257,40 +257,6 @@ def test_schema_rejects_bad_values_clearly(helm: Helm, values: dict[str, Any], e
 
 
 # -- RBAC, for real -------------------------------------------------------------------------------
-def _token(plane: ControlPlane, namespace: str, service_account: str) -> str:
-    body = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
-    code, data = plane.api_request("POST", path, body)
-    assert code == 201, (code, data[:500])
-    return str(json.loads(data)["status"]["token"])
-
-
-def _token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": plane.server,
-                    "certificate-authority-data": base64.b64encode(plane.pki.ca_cert.read_bytes()).decode(),
-                },
-            }
-        ],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
-        "current-context": "operator",
-    }
-    path.write_text(yaml.safe_dump(doc))
-    path.chmod(0o600)
-    return path
-
-
 def _can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
     proc = _kubectl_as(plane, kubeconfig, "auth", "can-i", *args)
     answer = proc.stdout.strip()
@@ -348,7 +314,9 @@ def installed(
     release = f"rbac-{variant}"
     docs = _install_identity(plane, helm, tmp, release, release_ns, values)
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     # The Job controller's pods need the namespace's default ServiceAccount to exist.
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
@@ -681,7 +649,9 @@ def refused_watches(
             rule["verbs"] = ["get"]
     plane.kubectl("apply", "-f", "-", input_text="\n---\n".join(yaml.safe_dump(d) for d in docs))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     installed = Installed(plane, kubeconfig, run_ns, False, docs)
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
@@ -768,7 +738,9 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peering] == [(run_ns, PEERING_NAME)]
     plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(peering[0]))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
         60,
