@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
+import urllib.error
+import urllib.request
+from email.message import Message
 from pathlib import Path
 
 import yaml
@@ -49,3 +53,16 @@ def token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
     path.write_text(yaml.safe_dump(doc))
     path.chmod(0o600)
     return path
+
+
+def get_as(plane: ControlPlane, token: str, path: str, timeout: float = 30.0) -> tuple[int, Message, bytes]:
+    """GET `path` from `plane` with `token` as the only credential: (status, headers, body), the
+    headers also of an error answer (the API server sets its API Priority and Fairness headers on
+    every answer)."""
+    context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+    request = urllib.request.Request(plane.server + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+            return int(resp.status), resp.headers, bytes(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.headers, bytes(exc.read())
