@@ -70,14 +70,18 @@ def classification(plane: ControlPlane, token: str) -> tuple[str, str]:
 
 
 def operator_identity(
-    plane: ControlPlane, home: Path, flow_schema: bool, token_seconds: int
+    plane: ControlPlane, home: Path, flow_schema: bool, token_seconds: int, shares: int | None = None
 ) -> tuple[Path, str]:
     """Apply the chart's ServiceAccount and cluster-wide RBAC (and, with `flow_schema`, its
-    FlowSchema and level); wait until the API server classifies the ServiceAccount's requests as
-    expected; return a kubeconfig with its token, and `flow schema / priority level`."""
+    FlowSchema and level, with `shares` if given instead of the chart's nominalConcurrencyShares);
+    wait until the API server classifies the ServiceAccount's requests as expected; return a
+    kubeconfig with its token, and `flow schema / priority level`."""
     (home / "helm").mkdir(parents=True, exist_ok=True)
     helm = Helm(toolchain.tool_path("helm"), home / "helm")
-    docs = helm.render({"apiPriorityAndFairness": {"enabled": flow_schema}}, RELEASE, RELEASE_NS)
+    values: dict[str, Any] = {"enabled": flow_schema}
+    if shares:
+        values["priorityLevel"] = {"nominalConcurrencyShares": shares}
+    docs = helm.render({"apiPriorityAndFairness": values}, RELEASE, RELEASE_NS)
     applied = [d for d in docs if d["kind"] in IDENTITY | FLOW]
     plane.kubectl("create", "namespace", RELEASE_NS, check=False)
     plane.kubectl("apply", "-f", "-", input_text="\n---\n".join(yaml.safe_dump(d) for d in applied))

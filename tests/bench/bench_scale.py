@@ -290,7 +290,9 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         kubeconfig: Path | None = None  # the admin's
         classified = "the admin's (APF off)"
         if args.apf:  # the operator as the chart's ServiceAccount (tests/bench/apf.py)
-            kubeconfig, classified = apf.operator_identity(plane, home, args.flow_schema, token_seconds)
+            kubeconfig, classified = apf.operator_identity(
+                plane, home, args.flow_schema, token_seconds, args.priority_level_shares
+            )
             print(f"the operator's requests: {classified}")
         if args.competing_clients:
             competitors = Competitors(plane, args.competing_clients, args.competing_objects).prepare(
@@ -416,6 +418,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             # API Priority and Fairness: where the operator's requests went, what each level did.
             "apf": args.apf,
             "apiserver_inflight": args.apiserver_inflight,
+            "priority_level_shares": args.priority_level_shares,
             "operator_classified": classified,
             "flow_control": apf.flow_figures(before_api, after_api) if args.apf else {},
             "competing": competing,
@@ -527,6 +530,12 @@ def main() -> int:
         "--flow-schema",
         action="store_true",
         help="also the chart's FlowSchema and PriorityLevelConfiguration (implies --apf)",
+    )
+    ap.add_argument(
+        "--priority-level-shares",
+        type=int,
+        default=None,
+        help="with --flow-schema: the level's nominalConcurrencyShares (default: the chart's, 20)",
     )
     ap.add_argument(
         "--competing-clients",
