@@ -16,7 +16,11 @@ one size (docs/operator.md#scale):
 - the CPU seconds of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, so a
   figure limited by the two-core control plane says so,
 - with `--unrelated-pods M`: M pods that are not the operator's (another namespace and labels),
-  Running on the fake nodes before the runs start.
+  Running on the fake nodes before the runs start,
+- with `--apf`: kube-apiserver with API Priority and Fairness on and the operator as the chart's
+  ServiceAccount (tests/bench/apf.py); `--flow-schema` adds the chart's FlowSchema and priority
+  level; `--competing-clients N`: N other ServiceAccounts LIST ConfigMaps back to back while the
+  runs go (tests/bench/competing.py); `--apiserver-inflight S`: the API server's concurrency limit.
 
 It asserts nothing about time; the exit code is 1 only when an iteration was lost or repeated.
 
@@ -41,8 +45,9 @@ from agentrun_devcluster import processes
 from agentrun_devcluster.kwok import KWOK, SCHEDULER, KwokPlane
 from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
-from tests.bench import argo_side
+from tests.bench import apf, argo_side
 from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
+from tests.bench.competing import Competitors
 from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
 from tests.bench.harness import start_operator
 from tests.bench.watch import ResumableWatch
@@ -155,12 +160,13 @@ def histogram_quantiles(
 
 
 def apiserver_metrics(kwok: KwokPlane) -> dict[str, float]:
+    """kube-apiserver's request counts, and the API Priority and Fairness series of `apf.KEPT`."""
     code, body = kwok.plane.api_get("/metrics", timeout=60)
     out: dict[str, float] = {}
     if code != 200:
         return out
     for row in body.decode().splitlines():
-        if row.startswith("apiserver_request_total{"):
+        if row.startswith(("apiserver_request_total{", *apf.KEPT)):
             key, _, value = row.rpartition(" ")
             out[key] = float(value)
     return out
@@ -261,6 +267,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         extra_stages=stages,
         controller_syncs=args.controller_syncs,
         profiling=args.profiling,
+        apiserver_args=apf.apiserver_args(args.apf, args.apiserver_inflight),
     ).start(crds_dir=ROOT / "crds")
     if args.profiling:
         pki = kwok.plane.pki
@@ -271,6 +278,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         )
     plane = kwok.plane
     operator: OperatorProcess | None = None
+    competitors: Competitors | None = None
     try:
         plane.kubectl("create", "namespace", NS, check=False)
         while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
@@ -278,16 +286,32 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         unrelated_seconds = (
             unrelated_pods(kwok, args.unrelated_pods, args.timeout) if args.unrelated_pods else 0
         )
+        token_seconds = int(args.timeout) + 3600
+        kubeconfig: Path | None = None  # the admin's
+        classified = "the admin's (APF off)"
+        if args.apf:  # the operator as the chart's ServiceAccount (tests/bench/apf.py)
+            kubeconfig, classified = apf.operator_identity(
+                plane, home, args.flow_schema, token_seconds, args.priority_level_shares
+            )
+            print(f"the operator's requests: {classified}")
+        if args.competing_clients:
+            competitors = Competitors(plane, args.competing_clients, args.competing_objects).prepare(
+                lambda path, bodies: create_all(kwok, path, bodies), token_seconds
+            )
         watch = JobWatch(plane).start()
         pods = PodEnds(kwok)
         phases = RunPhases(kwok).start()
-        operator, pid, port = start_operator(plane, home, args.iterations, 60, workers=args.workers)
+        operator, pid, port = start_operator(
+            plane, home, args.iterations, 60, workers=args.workers, kubeconfig=kubeconfig
+        )
         rss_idle = peak_rss_mb(pid)
         before_op = scrape(port)
         before_api = apiserver_metrics(kwok)
         cpu_before = cpu_seconds(pid)
         plane_before = plane_cpu(kwok)
         names = [f"scale-{r}" for r in range(args.runs)]
+        if competitors is not None:
+            competitors.start()
         load_start = os.getloadavg()
         started = time.monotonic()
         create_all(
@@ -317,6 +341,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             time.sleep(1.0)
         elapsed = time.monotonic() - started
         load_end = os.getloadavg()
+        competing = competitors.stop() if competitors is not None else {}
         time.sleep(2.0)  # trailing TTL patches and Events
         after_op = scrape(port)
         after_api = apiserver_metrics(kwok)
@@ -388,6 +413,15 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             # are missing from the figure above.
             "operator_events_dropped": after_op.get("agentrun_events_dropped_total", 0.0)
             - before_op.get("agentrun_events_dropped_total", 0.0),
+            "operator_reconcile_errors": after_op.get("agentrun_reconcile_errors_total", 0.0)
+            - before_op.get("agentrun_reconcile_errors_total", 0.0),
+            # API Priority and Fairness: where the operator's requests went, what each level did.
+            "apf": args.apf,
+            "apiserver_inflight": args.apiserver_inflight,
+            "priority_level_shares": args.priority_level_shares,
+            "operator_classified": classified,
+            "flow_control": apf.flow_figures(before_api, after_api) if args.apf else {},
+            "competing": competing,
             "status_bytes_mean": status_bytes(runs),
             "plane_cpu_seconds": {k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS},
             "check": check,
@@ -405,6 +439,8 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             }
         return report
     finally:
+        if competitors is not None:
+            competitors.stop()
         if operator is not None:
             operator.stop()
         kwok.stop()
@@ -443,6 +479,21 @@ def summary(report: dict[str, Any]) -> str:
         f"plane CPU: {plane}; load average {report['load_average_start'][0]:.1f} -> "
         f"{report['load_average_end'][0]:.1f}",
     ]
+    if report.get("apf") or report.get("competing"):
+        rows.append(
+            f"the operator's requests: {report['operator_classified']}; "
+            f"API server concurrency limit {report['apiserver_inflight'] or 'default (600)'}; "
+            f"operator reconcile errors {report['operator_reconcile_errors']:.0f}"
+        )
+    if report.get("flow_control"):
+        rows.append(apf.summary(report["flow_control"]))
+    if report.get("competing"):
+        c = report["competing"]
+        rows.append(
+            f"competing clients: {c['clients']} ServiceAccounts LISTing {c['objects']} ConfigMaps: "
+            f"{c['requests']} requests ({c['requests_per_second']:.1f}/s), by status {c['by_status']}"
+        )
+        rows.append(line("competing LIST latency (200s)", c["list_latency_ms"]))
     if "argo" in report:
         rows += [argo_side.summary(report["argo"]), argo_side.side_by_side(report)]
     return "\n".join(rows)
@@ -471,12 +522,43 @@ def main() -> int:
         "50 lets 5,000 runs and more finish (docs/operator.md#scale)",
     )
     ap.add_argument(
+        "--apf",
+        action="store_true",
+        help="kube-apiserver with API Priority and Fairness on, the operator as the chart's ServiceAccount",
+    )
+    ap.add_argument(
+        "--flow-schema",
+        action="store_true",
+        help="also the chart's FlowSchema and PriorityLevelConfiguration (implies --apf)",
+    )
+    ap.add_argument(
+        "--priority-level-shares",
+        type=int,
+        default=None,
+        help="with --flow-schema: the level's nominalConcurrencyShares (default: the chart's, 20)",
+    )
+    ap.add_argument(
+        "--competing-clients",
+        type=int,
+        default=0,
+        help="other ServiceAccounts LISTing ConfigMaps back to back while the runs go",
+    )
+    ap.add_argument("--competing-objects", type=int, default=1000, help="ConfigMaps (1 KiB) they LIST")
+    ap.add_argument(
+        "--apiserver-inflight",
+        type=int,
+        default=None,
+        help="kube-apiserver's concurrency limit, split 2:1 into --max-requests-inflight and "
+        "--max-mutating-requests-inflight (default 400 + 200)",
+    )
+    ap.add_argument(
         "--argo", action="store_true", help="then the same N x K as Argo Workflows on the same plane"
     )
     ap.add_argument(
         "--argo-qps", type=float, default=None, help="Argo's --qps and --burst (default: its own)"
     )
     args = ap.parse_args()
+    args.apf = args.apf or args.flow_schema
     home = Path(tempfile.mkdtemp(prefix="agentrun-scale-"))
     try:
         report = measure(args, home)

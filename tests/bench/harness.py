@@ -18,9 +18,11 @@ def start_operator(
     resync_seconds: int,
     env: dict[str, str] | None = None,
     workers: Iterable[int] = (),
+    kubeconfig: Path | None = None,
 ) -> tuple[OperatorProcess, int, int]:
     """Start it (logs under `home`/operator) and return it, its pid and its metrics port. `env` adds
-    to its environment; `workers` sets `--workers`."""
+    to its environment; `workers` sets `--workers`; `kubeconfig`: its credentials (default the
+    plane's admin)."""
     port = processes.free_port()
     operator = OperatorProcess(
         plane,
@@ -31,6 +33,7 @@ def start_operator(
             **(env or {}),
         },
         args=(f"--metrics-port={port}", "--log-format=text", *(f"--workers={w}" for w in workers)),
+        kubeconfig=kubeconfig,
     ).start()
     assert operator.proc is not None
     return operator, operator.proc.pid, port

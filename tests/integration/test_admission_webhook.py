@@ -44,10 +44,11 @@ from tests.fixtures.invalid_agentruns import INVALID_AGENTRUNS, OPERATOR_ONLY_AG
 from tests.fixtures.object_names import NAMES
 from tests.fuzz.mutate import mutant_file
 from tests.integration.helm import Helm
-from tests.integration.test_chart import _can_i, _token, _token_kubeconfig
+from tests.integration.test_chart import _can_i
 from tests.support.api import kubectl_in
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
+from tests.support.tokens import service_account_token, token_kubeconfig
 
 NAMESPACE = "webhook"
 CONFIGURATION = "agentrun-webhook-test"
@@ -337,7 +338,9 @@ def test_the_chart_grants_the_operator_its_own_configuration_only(
     cluster.kubectl("apply", "-f", "-", input_text=manifests)
     name = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")["metadata"]["name"]
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(cluster, _token(cluster, release_ns, account), tmp / "token.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        cluster, service_account_token(cluster, release_ns, account), tmp / "token.kubeconfig"
+    )
     vwc = "validatingwebhookconfigurations.admissionregistration.k8s.io"
     assert _can_i(cluster, kubeconfig, "patch", f"{vwc}/{name}")
     assert not _can_i(cluster, kubeconfig, "patch", f"{vwc}/{CONFIGURATION}")

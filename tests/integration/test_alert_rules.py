@@ -30,6 +30,7 @@ ALERTS = {
     "AgentRunApprovalWaiting",
     "AgentRunIterationFailureRatioHigh",
     "AgentRunStatusNearBudget",
+    "AgentRunEventsDropped",
 }
 
 
@@ -115,6 +116,20 @@ def test_rules_pass_their_unit_tests(helm: Helm, prometheus_bin: Path, tmp_path:
         for t in case["alert_rule_test"]
     }
     assert tested_alerts == ALERTS
+
+
+def test_every_alert_links_its_runbook_section(helm: Helm) -> None:
+    """Each alert's runbook_url is its own section of docs/operations.md#monitoring, which exists,
+    and the alert table there lists it."""
+    operations = (REPO / "docs" / "operations.md").read_text()
+    page = "https://github.com/proompteng/agentrun-operator/blob/main/docs/operations.md"
+    for group in rule_groups(rendered(helm))["groups"]:
+        for rule in group["rules"]:
+            name = rule["alert"]
+            anchor = f"alert-{name.lower()}"
+            assert rule["annotations"]["runbook_url"] == f"{page}#{anchor}", name
+            assert f"### `{name}` {{#{anchor}}}" in operations, f"no runbook section for {name}"
+            assert f"| `{name}` |" in operations, f"{name} is not in the alert table"
 
 
 def test_values_set_the_thresholds(helm: Helm) -> None:

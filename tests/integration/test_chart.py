@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import re
@@ -34,6 +33,7 @@ from tests.support.claims import bound_claim
 from tests.support.manifests import workflow_run
 from tests.support.polling import eventually
 from tests.support.processes import OperatorProcess
+from tests.support.tokens import service_account_token, token_kubeconfig
 
 WATCHED = ["chart-team-a", "chart-team-b"]
 
@@ -58,6 +58,16 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "ha": {"replicas": 2, "loops": {"enabled": True}},
     "ha-namespaced": {"replicas": 3, "watchNamespaces": WATCHED, "rbac": {"extraRules": []}},
     "no-metrics": {"metrics": {"enabled": False}, "serviceAccount": {"name": "custom-operator-sa"}},
+    "priority-and-fairness": {"apiPriorityAndFairness": {"enabled": True}},
+    "priority-and-fairness-existing-level": {
+        "watchNamespaces": WATCHED,
+        "serviceAccount": {"name": "custom-operator-sa"},
+        "apiPriorityAndFairness": {
+            "enabled": True,
+            "existingPriorityLevel": "workload-high",
+            "matchingPrecedence": 850,
+        },
+    },
 }
 
 Kinds = set[str]
@@ -235,6 +245,79 @@ def test_service_monitor_renders_when_asked(helm: Helm) -> None:
     )
 
 
+def test_priority_and_fairness_objects_render_only_when_asked(helm: Helm) -> None:
+    """docs/operations.md#priority-and-fairness: off by default; on, a FlowSchema that matches the
+    release's ServiceAccount (every verb, resource and URL) and sends it to the chart's own priority
+    level, or to an existing one."""
+    flow_kinds = {"FlowSchema", "PriorityLevelConfiguration"}
+    assert not flow_kinds & {d["kind"] for d in helm.render({})}
+
+    docs = helm.render({"apiPriorityAndFairness": {"enabled": True}}, release="agentrun", namespace="ops")
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    flow = next(d for d in docs if d["kind"] == "FlowSchema")
+    level = next(d for d in docs if d["kind"] == "PriorityLevelConfiguration")
+    assert flow["apiVersion"] == level["apiVersion"] == "flowcontrol.apiserver.k8s.io/v1"
+    assert flow["metadata"]["name"] == level["metadata"]["name"] == "agentrun-agentrun-operator"
+    assert flow["spec"]["priorityLevelConfiguration"] == {"name": level["metadata"]["name"]}
+    assert flow["spec"]["matchingPrecedence"] == 1000
+    assert flow["spec"]["distinguisherMethod"] == {"type": "ByUser"}
+    [rule] = flow["spec"]["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": account["name"], "namespace": "ops"}}
+    ]
+    assert rule["resourceRules"] == [
+        {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}
+    ]
+    assert rule["nonResourceRules"] == [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+    assert level["spec"] == {
+        "type": "Limited",
+        "limited": {
+            "nominalConcurrencyShares": 20,
+            "lendablePercent": 50,
+            "limitResponse": {
+                "type": "Queue",
+                "queuing": {"queues": 16, "handSize": 4, "queueLengthLimit": 50},
+            },
+        },
+    }
+
+    tuned = helm.render(
+        {
+            "apiPriorityAndFairness": {
+                "enabled": True,
+                "priorityLevel": {
+                    "nominalConcurrencyShares": 40,
+                    "lendablePercent": 0,
+                    "borrowingLimitPercent": 0,
+                    "queues": 8,
+                    "handSize": 2,
+                    "queueLengthLimit": 100,
+                },
+            }
+        }
+    )
+    limited = next(d for d in tuned if d["kind"] == "PriorityLevelConfiguration")["spec"]["limited"]
+    assert limited == {
+        "nominalConcurrencyShares": 40,
+        "lendablePercent": 0,
+        "borrowingLimitPercent": 0,
+        "limitResponse": {"type": "Queue", "queuing": {"queues": 8, "handSize": 2, "queueLengthLimit": 100}},
+    }
+
+    existing = helm.render(VALUE_SETS["priority-and-fairness-existing-level"])
+    assert not [d for d in existing if d["kind"] == "PriorityLevelConfiguration"]
+    flow = next(d for d in existing if d["kind"] == "FlowSchema")
+    assert flow["spec"]["priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert flow["spec"]["matchingPrecedence"] == 850
+    assert flow["spec"]["rules"][0]["subjects"][0]["serviceAccount"]["name"] == "custom-operator-sa"
+
+
+def test_priority_level_hand_larger_than_its_queues_is_refused(helm: Helm) -> None:
+    proc = helm.template({"apiPriorityAndFairness": {"enabled": True, "priorityLevel": {"handSize": 20}}})
+    assert proc.returncode != 0
+    assert "apiPriorityAndFairness.priorityLevel.handSize (20) must not exceed queues (16)" in proc.stderr
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
@@ -246,6 +329,13 @@ def test_service_monitor_renders_when_asked(helm: Helm) -> None:
         ({"watchNamespaces": ["Team_A"]}, ["/watchNamespaces/0"]),
         ({"logFormat": "xml"}, ["/logFormat"]),
         ({"image": {"tag": 1.2}}, ["/image/tag", "want string"]),
+        ({"apiPriorityAndFairness": {"enabled": "yes"}}, ["/apiPriorityAndFairness/enabled", "want boolean"]),
+        ({"apiPriorityAndFairness": {"matchingPrecedence": 0}}, ["/apiPriorityAndFairness/matchingPre"]),
+        (
+            {"apiPriorityAndFairness": {"priorityLevel": {"lendablePercent": 150}}},
+            ["/apiPriorityAndFairness/priorityLevel/lendablePercent", "maximum"],
+        ),
+        ({"apiPriorityAndFairness": {"priority": 1}}, ["additional properties 'priority' not allowed"]),
     ],
 )
 def test_schema_rejects_bad_values_clearly(helm: Helm, values: dict[str, Any], expected: list[str]) -> None:
@@ -257,40 +347,6 @@ def test_schema_rejects_bad_values_clearly(helm: Helm, values: dict[str, Any], e
 
 
 # -- RBAC, for real -------------------------------------------------------------------------------
-def _token(plane: ControlPlane, namespace: str, service_account: str) -> str:
-    body = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
-    code, data = plane.api_request("POST", path, body)
-    assert code == 201, (code, data[:500])
-    return str(json.loads(data)["status"]["token"])
-
-
-def _token_kubeconfig(plane: ControlPlane, token: str, path: Path) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": plane.server,
-                    "certificate-authority-data": base64.b64encode(plane.pki.ca_cert.read_bytes()).decode(),
-                },
-            }
-        ],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "operator"}}],
-        "current-context": "operator",
-    }
-    path.write_text(yaml.safe_dump(doc))
-    path.chmod(0o600)
-    return path
-
-
 def _can_i(plane: ControlPlane, kubeconfig: Path, *args: str) -> bool:
     proc = _kubectl_as(plane, kubeconfig, "auth", "can-i", *args)
     answer = proc.stdout.strip()
@@ -348,7 +404,9 @@ def installed(
     release = f"rbac-{variant}"
     docs = _install_identity(plane, helm, tmp, release, release_ns, values)
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     # The Job controller's pods need the namespace's default ServiceAccount to exist.
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
@@ -681,7 +739,9 @@ def refused_watches(
             rule["verbs"] = ["get"]
     plane.kubectl("apply", "-f", "-", input_text="\n---\n".join(yaml.safe_dump(d) for d in docs))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     installed = Installed(plane, kubeconfig, run_ns, False, docs)
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
@@ -768,7 +828,9 @@ def peered(plane: ControlPlane, helm: Helm, tmp_path_factory: pytest.TempPathFac
     assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peering] == [(run_ns, PEERING_NAME)]
     plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(peering[0]))
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = _token_kubeconfig(plane, _token(plane, release_ns, sa), tmp / "operator.kubeconfig")
+    kubeconfig = token_kubeconfig(
+        plane, service_account_token(plane, release_ns, sa), tmp / "operator.kubeconfig"
+    )
     eventually(
         lambda: plane.api_get(f"/api/v1/namespaces/{run_ns}/serviceaccounts/default")[0] == 200,
         60,

@@ -1,5 +1,6 @@
-"""The benchmarks' shared parts: nearest-rank percentiles in the shapes their JSON keeps, and the
-resumable watch every benchmark times its events with (against a local HTTP stream)."""
+"""The benchmarks' shared parts: nearest-rank percentiles in the shapes their JSON keeps, the
+resumable watch every benchmark times its events with (against a local HTTP stream), and the scale
+benchmark's API Priority and Fairness figures."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench import figures, node_stages
+from tests.bench import apf, figures, node_stages
 from tests.bench.watch import ResumableWatch
 from tests.support.polling import eventually
 
@@ -144,3 +145,55 @@ def test_the_in_pod_stages_come_from_containerds_own_times_and_skip_an_unfinishe
         "hook_done_to_main_start": [165.6],
         "main_exit_to_reporter_exit": [140.4],
     }
+
+
+def test_flow_control_figures_are_per_level_deltas_of_the_api_servers_series() -> None:
+    """tests/bench/apf.py: dispatched and rejected requests and the mean queue wait of the executed
+    ones, per priority level, over the measured span; levels without a request left out."""
+
+    def sample(name: str, **labels: str) -> str:
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+    d = "apiserver_flowcontrol_dispatched_requests_total"
+    r = "apiserver_flowcontrol_rejected_requests_total"
+    w = "apiserver_flowcontrol_request_wait_duration_seconds"
+    before = {
+        sample(d, flow_schema="ours", priority_level="ours"): 10.0,
+        sample(d, flow_schema="service-accounts", priority_level="workload-low"): 100.0,
+        sample(w + "_sum", execute="true", flow_schema="ours", priority_level="ours"): 1.0,
+        sample(w + "_count", execute="true", flow_schema="ours", priority_level="ours"): 10.0,
+        sample(d, flow_schema="idle", priority_level="idle"): 5.0,
+    }
+    after = {
+        sample(d, flow_schema="ours", priority_level="ours"): 30.0,
+        sample(d, flow_schema="service-accounts", priority_level="workload-low"): 400.0,
+        sample(d, flow_schema="global-default", priority_level="workload-low"): 50.0,
+        sample(r, flow_schema="service-accounts", priority_level="workload-low", reason="queue-full"): 7.0,
+        sample(w + "_sum", execute="true", flow_schema="ours", priority_level="ours"): 3.0,
+        sample(w + "_count", execute="true", flow_schema="ours", priority_level="ours"): 30.0,
+        sample(w + "_sum", execute="false", flow_schema="ours", priority_level="ours"): 60.0,
+        sample(w + "_count", execute="false", flow_schema="ours", priority_level="ours"): 1.0,
+        sample("apiserver_flowcontrol_nominal_limit_seats", priority_level="ours"): 46.0,
+        sample(d, flow_schema="idle", priority_level="idle"): 5.0,
+    }
+    figures_ = apf.flow_figures(before, after)
+    assert figures_["levels"]["ours"] == {
+        "dispatched": 20.0,
+        "rejected": 0.0,
+        "mean_wait_ms": pytest.approx(100.0),  # (3 - 1) s over 20 executed; the rejected one not
+        "nominal_seats": 46.0,
+    }
+    low = figures_["levels"]["workload-low"]
+    assert (low["dispatched"], low["rejected"], math.isnan(low["nominal_seats"])) == (350.0, 7.0, True)
+    assert "idle" not in figures_["levels"]
+    assert figures_["dispatched_by_flow_schema"] == {
+        "global-default": 50.0,
+        "ours": 20.0,
+        "service-accounts": 300.0,
+    }
+    assert apf.apiserver_args(True, 60) == (
+        apf.APF_ON,
+        "--max-requests-inflight=40",
+        "--max-mutating-requests-inflight=20",
+    )
+    assert apf.apiserver_args(False, None) == ()

@@ -81,6 +81,7 @@ class KwokPlane:
         extra_stages: tuple[Path, ...] = (),
         controller_syncs: int | None = None,
         profiling: bool = False,
+        apiserver_args: tuple[str, ...] = (),
     ) -> None:
         self.home = home
         self.nodes = nodes
@@ -97,8 +98,9 @@ class KwokPlane:
                 *controller_sync_args(controller_syncs),
             ),
             # kube-apiserver's /debug/pprof (the dev plane turns it off; the controller manager
-            # serves it by default), for a benchmark that asks where the plane's CPU goes.
-            apiserver_args=("--profiling=true",) if profiling else (),
+            # serves it by default), for a benchmark that asks where the plane's CPU goes; then any
+            # other flags a benchmark asks for (API Priority and Fairness on, its concurrency limit).
+            apiserver_args=(*(("--profiling=true",) if profiling else ()), *apiserver_args),
         )
 
     @property
