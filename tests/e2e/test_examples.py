@@ -767,3 +767,38 @@ def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> N
         local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=x"
     )
     assert finished.returncode == 4 and "already finished" in finished.stderr
+
+
+def test_checkpoint_undo_gives_the_retry_its_iterations_start(local_default: LocalDefault) -> None:
+    local_default.apply_example("checkpoint-undo.yaml")
+    run = local_default.wait_for_end("checkpoint-undo")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    loop = step_status(run)["loop"]
+    assert loop["stopReason"] == "LoopMaxIterationsReached" and loop["completedIterations"] == 3
+    records = {r["index"]: r for r in iterations(run)}
+    assert [(k, r["phase"], r["attempts"]) for k, r in records.items()] == [
+        (1, "Succeeded", 1),
+        (2, "Succeeded", 2),
+        (3, "Succeeded", 1),
+    ]
+    assert [records[k]["checkpoint"]["id"] for k in (1, 2, 3)] == [
+        f"checkpoint-undo_1_{k}" for k in (1, 2, 3)
+    ]
+    assert records[2]["checkpoint"]["restored"] == "checkpoint-undo_1_2"
+    root = local_default.claim_dir("checkpoint-undo-workspace")
+    assert (root / "draft.txt").read_text().splitlines() == ["section 1", "section 2", "section 3"]
+    assert (root / "outline.txt").exists() and not (root / "scratch.txt").exists()
+    # logs/ is excluded: every attempt's line survived the restore, and both attempts of iteration 2
+    # saw the same draft
+    assert (root / "logs" / "attempts.log").read_text().splitlines() == [
+        "iteration 1 attempt 1 saw: ",
+        "iteration 2 attempt 1 saw: section 1 ",
+        "iteration 2 attempt 2 saw: section 1 ",
+        "iteration 3 attempt 1 saw: section 1 section 2 ",
+    ]
+    listed = _cli(local_default, "checkpoints", "checkpoint-undo")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("write", str(k), f"checkpoint-undo_1_{k}") for k in (1, 2, 3)
+    ]
