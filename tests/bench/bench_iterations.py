@@ -17,7 +17,10 @@ operator as its own process and the kubelet driver completing each pod at once. 
 It asserts nothing about time (a slow shared machine is not a failure); the exit code is 1 only when
 the lost/repeated check fails. `--profile FILE` runs the operator under a CPU-time sampling profiler
 (tests/bench/cpu_profile.py), writes its stacks to FILE.1 and prints the top of the profile
-(docs/operator.md#performance).
+(docs/operator.md#performance). `--runtime kubelet` runs on the real node (tests/bench/node_stages.py);
+with `--checkpoint` too, its runs are pairs on a seeded workspace, mode None then mode Files, and
+it adds what the checkpoint costs inside the pod (tests/bench/node_checkpoints.py,
+docs/operator.md#performance-checkpoints).
 
     .venv/bin/python -m tests.bench.bench_iterations --runs 5 --iterations 20 --json /tmp/bench.json
 """
