@@ -17,7 +17,10 @@ operator as its own process and the kubelet driver completing each pod at once. 
 It asserts nothing about time (a slow shared machine is not a failure); the exit code is 1 only when
 the lost/repeated check fails. `--profile FILE` runs the operator under a CPU-time sampling profiler
 (tests/bench/cpu_profile.py), writes its stacks to FILE.1 and prints the top of the profile
-(docs/operator.md#performance).
+(docs/operator.md#performance). `--runtime kubelet` runs on the real node (tests/bench/node_stages.py);
+with `--checkpoint` too, its runs are pairs on a seeded workspace, mode None then mode Files, and
+it adds what the checkpoint costs inside the pod (tests/bench/node_checkpoints.py,
+docs/operator.md#performance-checkpoints).
 
     .venv/bin/python -m tests.bench.bench_iterations --runs 5 --iterations 20 --json /tmp/bench.json
 """
@@ -31,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,22 +102,32 @@ def list_runs(plane: ControlPlane) -> list[dict[str, Any]]:
     return list(json.loads(body).get("items", [])) if code == 200 else []
 
 
-def create_runs(plane: ControlPlane, names: list[str], iterations: int) -> None:
-    """Create one looped AgentRun of `iterations` per name, one after another."""
+def create_runs(
+    plane: ControlPlane,
+    names: list[str],
+    iterations: int,
+    make: Callable[[str], dict[str, Any]] | None = None,
+) -> None:
+    """Create one looped AgentRun of `iterations` per name (`make(name)`'s if given), one after another."""
     for name in names:
         code, body = plane.api_request(
             "POST",
             f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
-            agentrun(name, iterations),
+            make(name) if make is not None else agentrun(name, iterations),
         )
         if code != 201:
             raise RuntimeError(f"create {name}: {code} {body[:300]!r}")
 
 
 def lost_and_repeated(
-    runs: list[dict[str, Any]], names: list[str], iterations: int, watch: JobWatch
+    runs: list[dict[str, Any]],
+    names: list[str],
+    iterations: int,
+    watch: JobWatch,
+    retried: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
-    """What a correct operator never does: lose an iteration or run one twice."""
+    """What a correct operator never does: lose an iteration or run one twice (the iterations
+    `retried` have exactly two attempts: a first that failed on purpose and its retry)."""
     by_name = {r["metadata"]["name"]: r for r in runs}
     not_succeeded, unfinished, lost, repeated = [], [], [], []
     completed = 0
@@ -134,7 +148,7 @@ def lost_and_repeated(
             range(1, iterations + 1)
         ):
             lost.append(f"{name}: completed={loop.get('completedIterations')} recorded={indexes}")
-        if len(indexes) != len(set(indexes)) or any(r[1] != 1 for r in records):
+        if len(indexes) != len(set(indexes)) or any(r[1] != (2 if r[0] in retried else 1) for r in records):
             repeated.append(f"{name}: records={records}")
         for k in range(1, iterations + 1):
             first = naming.job_name(name, 1, k, 1)
@@ -142,8 +156,9 @@ def lost_and_repeated(
                 lost.append(f"{name}: no Job for iteration {k}")
             elif watch.adds[first] != 1:
                 repeated.append(f"{name}: Job {first} added {watch.adds[first]} times")
-            if naming.job_name(name, 1, k, 2) in watch.added:
-                repeated.append(f"{name}: a second attempt of iteration {k}")
+            last = 2 if k in retried else 1
+            if naming.job_name(name, 1, k, last + 1) in watch.added:
+                repeated.append(f"{name}: attempt {last + 1} of iteration {k}")
         extra = naming.job_name(name, 1, iterations + 1, 1)
         if extra in watch.added:
             repeated.append(f"{name}: a Job for iteration {iterations + 1}")
@@ -182,7 +197,26 @@ def main() -> int:
     )
     ap.add_argument("--parallel", type=int, default=1, help="kubelet: runs at once (default 1)")
     ap.add_argument("--bare-pods", type=int, default=10, help="kubelet: bare pods for the baseline")
+    ap.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="kubelet: N pairs of runs on a seeded workspace, mode None then mode Files "
+        "(tests/bench/node_checkpoints.py)",
+    )
+    ap.add_argument("--workspace-files", type=int, default=10000, help="checkpoint: files seeded")
+    ap.add_argument("--workspace-megabytes", type=int, default=200, help="checkpoint: MiB seeded")
+    ap.add_argument("--changed", type=int, default=10, help="checkpoint: files each iteration changes")
+    ap.add_argument(
+        "--restore-at",
+        type=int,
+        default=0,
+        help="checkpoint: this iteration's first attempt fails, its retry restores (0: none)",
+    )
     args = ap.parse_args()
+    if args.checkpoint and (args.runtime != "kubelet" or args.parallel != 1 or args.iterations < 3):
+        ap.error("--checkpoint needs --runtime kubelet, --parallel 1 and --iterations 3 or more")
+    if args.restore_at and not 3 <= args.restore_at <= args.iterations:
+        ap.error("--restore-at names an iteration from 3 to --iterations (1 seeds, 2 copies it all)")
     if args.runtime == "kubelet":
         return main_kubelet(args)
 
@@ -347,13 +381,30 @@ def main() -> int:
 def main_kubelet(args: argparse.Namespace) -> int:
     """The benchmark on the real node: the stage split of every iteration, and the bare pod
     baseline from the same run (tests/bench/node_stages.py)."""
-    from tests.bench import node_stages
+    from tests.bench import node_checkpoints, node_stages
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-node-"))
     crds = Path(__file__).resolve().parents[2] / "crds"
     plane, node = node_stages.start_node(home, toolchain.ensure_tools(print), crds)
     events = node_stages.ContainerdEvents(node.paths.containerd_socket, home / "containerd-events.txt")
     in_pod: dict[str, list[float]] = {}
+    by_mode = node_checkpoints.run_names(args.runs)
+    retried = frozenset({args.restore_at} if args.checkpoint and args.restore_at else set())
+    main_script = node_checkpoints.script(
+        args.workspace_files, args.workspace_megabytes, args.changed, args.restore_at
+    )
+
+    def make(name: str) -> dict[str, Any]:
+        code, body = plane.api_request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/persistentvolumeclaims",
+            node_checkpoints.claim(name, NS, args.workspace_megabytes),
+        )
+        if code != 201:
+            raise RuntimeError(f"create the claim of {name}: {code} {body[:300]!r}")
+        mode = "Files" if name in by_mode["Files"] else "None"
+        return node_checkpoints.agentrun(name, NS, args.iterations, mode, main_script, args.restore_at)
+
     operator: OperatorProcess | None = None
     report: dict[str, Any] = {}
     ok = False
@@ -369,13 +420,16 @@ def main_kubelet(args: argparse.Namespace) -> int:
         operator, pid, port = start_operator(plane, home, args.iterations, 30, env=env)
         before = scrape(port)
         cpu_before = cpu_seconds(pid)
-        names = [f"bench-{r}" for r in range(args.runs)]
+        if args.checkpoint:
+            names = node_checkpoints.interleaved(by_mode)
+        else:
+            names = [f"bench-{r}" for r in range(args.runs)]
         load_start = os.getloadavg()
         started = time.monotonic()
         deadline = started + args.timeout
         for at in range(0, len(names), max(1, args.parallel)):
             batch = names[at : at + max(1, args.parallel)]
-            create_runs(plane, batch, args.iterations)
+            create_runs(plane, batch, args.iterations, make if args.checkpoint else None)
             while time.monotonic() < deadline:
                 phases = {
                     r["metadata"]["name"]: (r.get("status") or {}).get("phase") for r in list_runs(plane)
@@ -390,13 +444,16 @@ def main_kubelet(args: argparse.Namespace) -> int:
         after = scrape(port)
         cpu = cpu_seconds(pid) - cpu_before
         bare = node_stages.bare_pod_seconds(plane, pods, args.bare_pods, "busybox:1.36")
+        by_job: dict[str, dict[str, float]] = {}
         if args.parallel == 1:
-            in_pod = node_stages.in_pod_stages(events.stop(), imagebuild.DEFAULT_TAG)
+            ctr_events = events.stop()
+            in_pod = node_stages.in_pod_stages(ctr_events, imagebuild.DEFAULT_TAG)
+            by_job = node_stages.in_pod_stages_by_job(ctr_events, imagebuild.DEFAULT_TAG)
         runs = list_runs(plane)
         added, adds = jobs.first_added()
         seen = JobWatch(plane)
         seen.added, seen.adds = added, collections.Counter(adds)
-        check = lost_and_repeated(runs, names, args.iterations, seen)
+        check = lost_and_repeated(runs, names, args.iterations, seen, retried)
         rows = node_stages.iteration_figures(
             names, args.iterations, added, node_stages.pods_by_job(pods.events), run_watch.events
         )
@@ -424,6 +481,16 @@ def main_kubelet(args: argparse.Namespace) -> int:
             "writes_per_iteration": writes / completed,
             "check": check,
         }
+        if args.checkpoint:
+            report["checkpoint"] = {
+                "workspace_files": args.workspace_files,
+                "workspace_megabytes": args.workspace_megabytes,
+                "changed": args.changed,
+                "restore_at": args.restore_at,
+                "modes": node_checkpoints.checkpoint_figures(
+                    by_mode, args.iterations, args.restore_at, by_job, runs
+                ),
+            }
         print()
         print(
             f"runtime=kubelet runs={args.runs} iterations/run={args.iterations} parallel={args.parallel} "
@@ -436,6 +503,8 @@ def main_kubelet(args: argparse.Namespace) -> int:
         for example in check["examples"]:
             print("   ", example)
         node_stages.print_summary(figures)
+        if args.checkpoint:
+            node_checkpoints.print_figures(report["checkpoint"]["modes"])
         print(
             f"operator CPU {report['cpu_ms_per_iteration']:.2f} ms and "
             f"{report['writes_per_iteration']:.2f} API writes per iteration"

@@ -128,11 +128,30 @@ def in_pod_stages(
     A pod is its sandbox (a `/containers/update` naming a pod of a Job); the reporter and `main`
     are the next containers made of the operator's image and of another image; the hook is the
     reporter's exec. Pods made while another was still running are skipped, not guessed."""
-    stages: dict[str, list[float]] = {
-        "reporter_start_to_hook_done": [],
-        "hook_done_to_main_start": [],
-        "main_exit_to_reporter_exit": [],
-    }
+    stages: dict[str, list[float]] = {stage: [] for stage in IN_POD_STAGES}
+    for _job, pod in _in_pod_marks(events, operator_image):
+        for stage, seconds in pod.items():
+            stages[stage].append(seconds)
+    return stages
+
+
+def in_pod_stages_by_job(
+    events: list[tuple[float, str, dict[str, Any]]], operator_image: str
+) -> dict[str, dict[str, float]]:
+    """`in_pod_stages` of each Job's first finished pod, by the Job's name (seconds). Pure."""
+    by_job: dict[str, dict[str, float]] = {}
+    for job, pod in _in_pod_marks(events, operator_image):
+        by_job.setdefault(job, pod)
+    return by_job
+
+
+IN_POD_STAGES = ("reporter_start_to_hook_done", "hook_done_to_main_start", "main_exit_to_reporter_exit")
+
+
+def _in_pod_marks(
+    events: list[tuple[float, str, dict[str, Any]]], operator_image: str
+) -> list[tuple[str, dict[str, float]]]:
+    """(Job name, its pod's in-pod stages) of every finished pod, in the order the pods were made."""
     sandboxes: set[str] = set()
     pods: list[dict[str, str]] = []
     started: dict[str, float] = {}
@@ -146,12 +165,13 @@ def in_pod_stages(
             labels = body.get("labels") or {}
             if "batch.kubernetes.io/job-name" in labels and body["id"] not in sandboxes:
                 sandboxes.add(body["id"])
-                pods.append({})
+                pods.append({"job": str(labels["batch.kubernetes.io/job-name"])})
         elif topic == "/tasks/start":
             started[body["container_id"]] = at
         elif topic == "/tasks/exit":
             ended = exited if body.get("id") == body.get("container_id") else hook_exit
             ended.setdefault(body["container_id"], at)
+    marked: list[tuple[str, dict[str, float]]] = []
     for pod in pods:
         reporter, main = pod.get("reporter", ""), pod.get("main", "")
         times = [
@@ -165,10 +185,13 @@ def in_pod_stages(
         if len(marks) < len(times) or marks != sorted(marks):
             continue  # unfinished, or overlapping pods: not told apart
         r_start, hook_done, m_start, m_exit, r_exit = marks
-        stages["reporter_start_to_hook_done"].append(hook_done - r_start)
-        stages["hook_done_to_main_start"].append(m_start - hook_done)
-        stages["main_exit_to_reporter_exit"].append(r_exit - m_exit)
-    return stages
+        stages = {
+            "reporter_start_to_hook_done": hook_done - r_start,
+            "hook_done_to_main_start": m_start - hook_done,
+            "main_exit_to_reporter_exit": r_exit - m_exit,
+        }
+        marked.append((pod["job"], stages))
+    return marked
 
 
 def _condition(status: dict[str, Any], kind: str) -> bool:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.bench import apf, figures, node_stages
+from agentrun_operator import naming
+from tests.bench import apf, figures, node_checkpoints, node_stages
 from tests.bench.watch import ResumableWatch
 from tests.support.polling import eventually
 
@@ -197,3 +198,87 @@ def test_flow_control_figures_are_per_level_deltas_of_the_api_servers_series() -
         "--max-mutating-requests-inflight=20",
     )
     assert apf.apiserver_args(False, None) == ()
+
+
+def test_the_in_pod_stages_by_job_name_each_finished_pod_by_its_job() -> None:
+    events = node_stages.parse_ctr_events(_ctr_lines())
+    by_job = node_stages.in_pod_stages_by_job(events, "op:1")
+    assert list(by_job) == ["r-1"]  # the second pod of r-1 never finished
+    assert round(1000 * by_job["r-1"]["reporter_start_to_hook_done"], 1) == 88.6
+
+
+def _run(name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "status": {"workflow": {"steps": [{"loop": {"iterations": records}}]}},
+    }
+
+
+def test_the_checkpoint_figures_split_seed_first_steady_and_retry_pods_by_mode() -> None:
+    names = node_checkpoints.run_names(1)
+    assert names == {"None": ["bench-none-0"], "Files": ["bench-files-0"]}
+    assert node_checkpoints.interleaved(node_checkpoints.run_names(2)) == [
+        "bench-none-0",
+        "bench-files-0",
+        "bench-none-1",
+        "bench-files-1",
+    ]
+    hook = node_checkpoints.HOOK
+    by_job = {
+        naming.job_name("bench-files-0", 1, 1, 1): {hook: 0.05},
+        naming.job_name("bench-files-0", 1, 2, 1): {hook: 2.0},
+        naming.job_name("bench-files-0", 1, 3, 1): {hook: 0.2},
+        naming.job_name("bench-files-0", 1, 4, 1): {hook: 0.3},
+        naming.job_name("bench-files-0", 1, 4, 2): {hook: 0.15},
+        naming.job_name("bench-none-0", 1, 3, 1): {hook: 0.06},
+    }
+    runs = [
+        _run(
+            "bench-files-0",
+            [
+                {"index": 1, "checkpoint": {"addedBytes": 700}},
+                {"index": 2, "checkpoint": {"addedBytes": 210_000_000}},
+                {"index": 3, "checkpoint": {"addedBytes": 900_000}},
+                {"index": 4, "checkpoint": {"addedBytes": 800_000, "restored": "c4"}},
+            ],
+        ),
+        _run("bench-none-0", [{"index": k} for k in range(1, 5)]),
+    ]
+    figures = node_checkpoints.checkpoint_figures(names, 4, 4, by_job, runs)
+    files, none = figures["Files"], figures["None"]
+    assert {kind: d["n"] for kind, d in files["hook_ms"].items()} == {
+        "seed": 1,
+        "first": 1,
+        "steady": 2,
+        "retry": 1,
+    }
+    assert files["hook_ms"]["first"]["p50"] == 2000.0
+    assert files["hook_ms"]["steady"]["p95"] == 300.0
+    assert files["hook_ms"]["retry"]["p50"] == 150.0
+    assert files["added_bytes"]["first"]["max"] == 210_000_000
+    assert files["added_bytes"]["steady"] == {
+        "n": 2,
+        "p50": 800_000,  # nearest rank
+        "p95": 900_000,
+        "p99": 900_000,
+        "max": 900_000,
+    }
+    assert files["restored"] == 1
+    assert none["hook_ms"]["steady"]["n"] == 1 and none["hook_ms"]["retry"]["n"] == 0
+    assert none["added_bytes"]["steady"]["n"] == 0 and math.isnan(none["added_bytes"]["steady"]["max"])
+
+
+def test_the_checkpoint_runs_seed_once_then_change_a_few_files_and_fail_once() -> None:
+    main = node_checkpoints.script(10000, 200, 10, 4)
+    assert "n=10000; else n=10; fi" in main
+    assert "head -c 20971 /dev/urandom" in main  # 200 MiB / 10,000
+    assert '[ "$AGENTRUN_ITERATION" = 4 ] && [ "$AGENTRUN_ATTEMPT" = 1 ]; then exit 1' in main
+    run = node_checkpoints.agentrun("r", "ns", 6, "Files", main, 4)
+    step = run["spec"]["workflow"]["steps"][0]
+    assert step["loop"]["checkpoint"] == {"mode": "Files", "onFailedAttempt": "Restore"}
+    assert step["retries"] == 1
+    baseline = node_checkpoints.agentrun("r", "ns", 6, "None", main, 0)["spec"]["workflow"]["steps"][0]
+    assert baseline["loop"]["checkpoint"] == {"mode": "None"} and "retries" not in baseline
+    claim = node_checkpoints.claim("r", "ns", 200)
+    assert claim["metadata"]["name"] == "r-workspace"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
