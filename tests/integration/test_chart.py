@@ -708,11 +708,14 @@ it falls back (54 s) -- the delay before serving that switching its scanning off
 
 
 def test_operator_serves_promptly_with_least_privilege(running: Running) -> None:
-    """Served before kopf would even have given up retrying a refused namespace listing (the bound is
-    that, not a latency: the figure is printed by the fixture; a loaded machine takes longer)."""
-    assert running.first_served_after < KOPF_REFUSED_LISTING_RETRIES - 10, (
-        f"first run served after {running.first_served_after:.0f}s"
-    )
+    """Served without kopf retrying a request the RBAC refused: a refused namespace or CRD listing
+    would be retried for KOPF_REFUSED_LISTING_RETRIES seconds before kopf fell back, each attempt
+    logged by kopf's client ("Request attempt N failed; will retry: ... APIForbiddenError"). Other
+    retries (a 429 while the API server initializes) are kopf's normal way. The fact, not a latency:
+    how long the first run took is printed by the fixture (a loaded machine takes longer)."""
+    logs = running.operator.logs().splitlines()
+    retried = [line for line in logs if "Request attempt" in line and "APIForbiddenError" in line]
+    assert retried == [], retried[:3]
 
 
 # -- RBAC that refuses the reference watches --------------------------------------------------------
