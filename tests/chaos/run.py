@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
@@ -344,6 +345,30 @@ def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
     return repeated, lost
 
 
+def status_check(run: dict[str, Any], log: str) -> list[str]:
+    """What one run's status says of its retries, against its PVC log: an iteration retried on the
+    volume has as many attempts in its record, and its record says it restored its own checkpoint
+    (`status…iterations[].checkpoint.restored`); an iteration the log shows once has no restore."""
+    attempts = Counter(k for k, a in _log_lines(log, "start") if a is not None)
+    problems: list[str] = []
+    for step in ((run.get("status") or {}).get("workflow") or {}).get("steps") or []:
+        for record in (step.get("loop") or {}).get("iterations") or []:
+            k = record.get("index")
+            checkpoint = record.get("checkpoint") or {}
+            restored = checkpoint.get("restored")
+            if not isinstance(k, int) or k not in attempts:
+                continue
+            if record.get("attempts") != attempts[k]:
+                problems.append(
+                    f"iteration {k}: status says {record.get('attempts')} attempts, the volume {attempts[k]}"
+                )
+            if attempts[k] > 1 and (restored is None or restored != checkpoint.get("id")):
+                problems.append(f"iteration {k}: retried, but its status says it restored {restored!r}")
+            if attempts[k] == 1 and restored is not None:
+                problems.append(f"iteration {k}: one attempt, but its status says it restored {restored!r}")
+    return problems
+
+
 def fail_iterations(config: Config, names: list[str]) -> dict[str, int]:
     """`--checkpoints`: the iteration of each run whose first attempt fails dirty, from the seed (a
     generator of its own, so the fault schedule of a seed is the same with and without)."""
@@ -525,6 +550,13 @@ class LocalDefault:
             out[int(k), int(a)] = path.read_text().strip()
         return out
 
+    def agentrun_object(self, name: str) -> dict[str, Any]:
+        code, body = self.plane.api_get(f"{AR_PATH}/{name}", timeout=10)
+        if code != 200:
+            raise RuntimeError(f"GET AgentRun {name}: HTTP {code}")
+        doc: dict[str, Any] = json.loads(body)
+        return doc
+
     def claim_log(self, name: str) -> str:
         claim = self.claim_dir(name)
         path = claim / "chaos.log" if claim is not None else None
@@ -598,7 +630,7 @@ def run(
                     log, env.start_hashes(name), report.fail_iterations[name]
                 )
                 report.retries_checked += checked
-                report.restore_mismatch[name] = problems
+                report.restore_mismatch[name] = problems + status_check(env.agentrun_object(name), log)
                 if not exercised:
                     report.not_retried.append(name)
             report.job_claims += env.job_claims(name)

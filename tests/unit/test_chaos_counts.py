@@ -23,6 +23,7 @@ from tests.chaos.run import (
     manifest,
     restore_check,
     schedule,
+    status_check,
 )
 
 
@@ -152,3 +153,25 @@ def test_the_workload_hashes_the_start_a_restore_gives_back(tmp_path: Path) -> N
     assert start(2, 3) == start(2, 1)
     log = (tmp_path / "chaos.log").read_text()
     assert log.count("fail 2 1") == 1 and "done 2 3" in log
+
+
+def _run(*records: dict[str, object]) -> dict[str, object]:
+    return {"status": {"workflow": {"steps": [{"loop": {"iterations": list(records)}}]}}}
+
+
+def test_the_status_says_what_the_volume_saw() -> None:
+    log = "start 1 1\ndone 1 1\nstart 2 1\nfail 2 1\nstart 2 2\ndone 2 2\n"
+    one = {"index": 1, "attempts": 1, "checkpoint": {"id": "r_1_1"}}
+    two = {"index": 2, "attempts": 2, "checkpoint": {"id": "r_1_2", "restored": "r_1_2"}}
+    assert status_check(_run(one, two), log) == []
+    unrestored = {"index": 2, "attempts": 2, "checkpoint": {"id": "r_1_2"}}
+    assert status_check(_run(one, unrestored), log) == [
+        "iteration 2: retried, but its status says it restored None"
+    ]
+    assert status_check(_run({**one, "attempts": 2}, two), log) == [
+        "iteration 1: status says 2 attempts, the volume 1"
+    ]
+    restored_once = {**one, "checkpoint": {"id": "r_1_1", "restored": "r_1_1"}}
+    assert status_check(_run(restored_once, two), log) == [
+        "iteration 1: one attempt, but its status says it restored 'r_1_1'"
+    ]
