@@ -67,6 +67,7 @@ from agentrun_operator.jobs.reporter_container import (
     META_VOLUME,
     ORIGINAL_CONTAINER,
     gate_mount,
+    knock_mount,
     reporter_container,
 )
 from agentrun_operator.resolution import (
@@ -502,7 +503,7 @@ def _pod_spec(
                 resolved,
                 agentrun_env(run, step, attempt, refs),
                 workload,
-                [*volumes.main_mounts, gate_mount()],
+                [*volumes.main_mounts, knock_mount(), gate_mount()],
                 workload_container_name(run),
             )
             | secrets_env_from(run),
