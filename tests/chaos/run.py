@@ -21,9 +21,17 @@ a longer `--iteration-seconds` keeps runs in flight longer):
 (the default, under `/workspace`) lies on no volume: the Job claim is then taken on the PVC all the
 same (docs/concepts.md#exactly-once), and `apiserver-restart` shows whether any `main` runs twice.
 
+`--checkpoints` gives each run `loop.checkpoint: {mode: Files, onFailedAttempt: Restore}` and one
+retry; every attempt records the workspace's tree hash at its start, and in one iteration per run
+(from the seed) the first attempt dirties the workspace and fails: every retry must start with its
+iteration's start hash, and the iteration's status record must say it restored its checkpoint
+(docs/development.md#chaos-checkpoints).
+
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
-and done exactly once. The report gives the faults injected per kind and the counts of wrong
-terminal states, repeated and lost iterations; the exit code is 0 only when all three are 0.
+and done exactly once (an attempt that failed on purpose and its retry count as one start). The
+report gives the faults injected per kind and the counts of wrong terminal states, repeated and lost
+iterations (with `--checkpoints`, also `restore_mismatch` and `not_retried`); the exit code is 0
+only when all of them are 0.
 """
 
 from __future__ import annotations
