@@ -21,9 +21,17 @@ a longer `--iteration-seconds` keeps runs in flight longer):
 (the default, under `/workspace`) lies on no volume: the Job claim is then taken on the PVC all the
 same (docs/concepts.md#exactly-once), and `apiserver-restart` shows whether any `main` runs twice.
 
+`--checkpoints` gives each run `loop.checkpoint: {mode: Files, onFailedAttempt: Restore}` and one
+retry; every attempt records the workspace's tree hash at its start, and in one iteration per run
+(from the seed) the first attempt dirties the workspace and fails: every retry must start with its
+iteration's start hash, and the iteration's status record must say it restored its checkpoint
+(docs/development.md#chaos-checkpoints).
+
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
-and done exactly once. The report gives the faults injected per kind and the counts of wrong
-terminal states, repeated and lost iterations; the exit code is 0 only when all three are 0.
+and done exactly once (an attempt that failed on purpose and its retry count as one start). The
+report gives the faults injected per kind and the counts of wrong terminal states, repeated and lost
+iterations (with `--checkpoints`, also `restore_mismatch` and `not_retried`); the exit code is 0
+only when all of them are 0.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
@@ -80,13 +89,7 @@ spec:
     command: [sh, -c]
     args:
       - |
-        set -eu
-        echo "start $AGENTRUN_ITERATION" >> {mount}/chaos.log
-        if [ "$AGENTRUN_ITERATION" = {hold_iteration} ] && [ "{hold}" = yes ]; then
-          while [ ! -e {mount}/release ]; do sleep 0.5; done
-        fi
-        sleep {sleep}
-        echo "done $AGENTRUN_ITERATION" >> {mount}/chaos.log
+{script}
     volumes:
       - name: workspace
         type: pvc
@@ -95,11 +98,79 @@ spec:
   workflow:
     steps:
       - name: loop
-        loop:
+{retries}        loop:
           maxIterations: {iterations}
           state:
             required: true
             volumeNames: [workspace]
+{checkpoint}"""
+
+HOLD = """\
+if [ "$AGENTRUN_ITERATION" = {hold_iteration} ] && [ "{hold}" = yes ]; then
+  while [ ! -e {mount}/release ]; do sleep 0.5; done
+fi
+"""
+
+SCRIPT = """\
+set -eu
+echo "start $AGENTRUN_ITERATION" >> {mount}/chaos.log
+{hold}sleep {sleep}
+echo "done $AGENTRUN_ITERATION" >> {mount}/chaos.log
+"""
+
+CHECKPOINT_EXCLUDE = ("chaos.log", "release", "chaos-hashes")
+"""The suite's own files on the volume (`--checkpoints`): neither recorded nor restored, so the log
+keeps the failed attempt's lines, the release stays, and every attempt's start hash is kept."""
+
+CHECKPOINT_STEP = """\
+        retries: 1
+        retryBackoffSeconds: 0
+"""
+
+CHECKPOINT_LOOP = """\
+          checkpoint:
+            mode: Files
+            onFailedAttempt: Restore
+            exclude: [{exclude}]
+"""
+
+# `--checkpoints`: every attempt first hashes the workspace tree into
+# chaos-hashes/i<iteration>-a<attempt> (each path with its type, mode and owner; a file's size, mtime
+# and content; a link's target; not a directory's mtime, which the suite's own files change; the
+# control directory, the Job claims and the suite's own files left out, as the checkpoint leaves them
+# out), then works: files written and appended to, a directory created. In the run's failing
+# iteration (`fail_iteration`, from the suite's seed) the first attempt instead dirties the workspace
+# (a file appended to and its mode changed, the previous iteration's file and directory deleted,
+# files, a directory and a link created) and exits 1; its retry must start from the iteration's
+# start hash.
+CHECKPOINT_SCRIPT = """\
+set -eu
+cd {mount}
+N=$AGENTRUN_ITERATION
+A=$AGENTRUN_ATTEMPT
+tree_hash() {{
+  find . \\( -path ./.agentrun -o -path ./.agentrun-claims -o -path ./chaos.log -o -path ./release \\
+    -o -path ./chaos-hashes \\) -prune -o -print | LC_ALL=C sort | while read -r p; do
+    if [ -L "$p" ]; then echo "l $p $(readlink "$p") $(stat -c '%u %g' "$p")"
+    elif [ -f "$p" ]; then echo "f $p $(stat -c '%a %u %g %s %Y' "$p") $(sha256sum < "$p")"
+    else echo "d $p $(stat -c '%a %u %g' "$p")"; fi
+  done | sha256sum | cut -d' ' -f1
+}}
+mkdir -p chaos-hashes
+tree_hash > chaos-hashes/i$N-a$A
+echo "start $N $A" >> chaos.log
+{hold}sleep {sleep}
+if [ "$N" = {fail_iteration} ] && [ "$A" = 1 ]; then
+  echo "dirty $N" >> state.txt; chmod 600 state.txt
+  rm -f iter-$((N - 1)).txt; rm -rf dir-$((N - 1))
+  echo junk > junk-$N.txt; mkdir -p new-$N/deep; echo x > new-$N/deep/f; ln -s state.txt link-$N
+  echo "fail $N $A" >> chaos.log
+  exit 1
+fi
+echo "iteration $N" > iter-$N.txt; chmod 640 iter-$N.txt
+echo "$N" >> state.txt
+mkdir -p dir-$N; echo "$N" > dir-$N/f
+echo "done $N $A" >> chaos.log
 """
 
 
@@ -126,6 +197,33 @@ class Config:
     """1: faults start once every run's first iteration runs. The last iteration: the iterations
     before it run (pods created, bound, ended, the next one planned) while faults go in, and the
     runs wait in the last one for the faults that remain."""
+    checkpoints: bool = False
+    """Each run's loop has `loop.checkpoint` (Files, onFailedAttempt: Restore) and one retry; the first
+    attempt of one iteration per run, chosen from the seed (`fail_iterations`), dirties the workspace
+    and fails: its retry must start from the iteration's start (docs/concepts.md#checkpoints)."""
+
+
+def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
+    """One run and its claim; with `config.checkpoints`, its loop has `loop.checkpoint` (Files,
+    Restore) and one retry, and the first attempt of iteration `fail_iteration` fails dirty."""
+    mount = "/w" if config.control_off_volume else "/workspace"
+    hold = HOLD.format(hold_iteration=config.hold_iteration, hold="yes" if config.hold else "no", mount=mount)
+    if config.checkpoints:
+        script = CHECKPOINT_SCRIPT.format(
+            mount=mount, hold=hold, sleep=config.iteration_seconds, fail_iteration=fail_iteration
+        )
+    else:
+        script = SCRIPT.format(mount=mount, hold=hold, sleep=config.iteration_seconds)
+    return RUN_TEMPLATE.format(
+        name=name,
+        script="\n".join(f"        {line}" if line else "" for line in script.splitlines()),
+        mount=mount,
+        iterations=config.iterations,
+        retries=CHECKPOINT_STEP if config.checkpoints else "",
+        checkpoint=CHECKPOINT_LOOP.format(exclude=", ".join(CHECKPOINT_EXCLUDE))
+        if config.checkpoints
+        else "",
+    )
 
 
 @dataclass
@@ -147,6 +245,14 @@ class Report:
     """Job claims found on the runs' PVCs (one per attempt's Job that ran: docs/concepts.md#exactly-once)."""
     error: str = ""
     """Why the suite stopped early (the local default did not come back), empty when it did not."""
+    fail_iterations: dict[str, int] = field(default_factory=dict)
+    """`--checkpoints`: the iteration of each run whose first attempt fails dirty."""
+    retries_checked: int = 0
+    """`--checkpoints`: retries whose start hash was compared with their iteration's start hash."""
+    restore_mismatch: dict[str, list[str]] = field(default_factory=dict)
+    """`--checkpoints`: per run, the retries that did not start from their iteration's start hash."""
+    not_retried: list[str] = field(default_factory=list)
+    """`--checkpoints`: runs whose failing iteration did not fail once and then run again."""
 
     @property
     def wrong_terminal(self) -> dict[str, str]:
@@ -159,6 +265,8 @@ class Report:
             and not self.wrong_terminal
             and not any(self.repeated.values())
             and not any(self.lost.values())
+            and not any(self.restore_mismatch.values())
+            and not self.not_retried
         )
 
     def summary(self) -> str:
@@ -176,6 +284,13 @@ class Report:
             f"recoveries run again: {self.failed_recoveries}  "
             f"Job claims on the PVCs: {self.job_claims}",
         ]
+        if c.checkpoints:
+            lines.append(
+                f"checkpoints (Files, Restore): failing attempts injected: {len(self.fail_iterations)}  "
+                f"retries checked: {self.retries_checked}  "
+                f"restore_mismatch: {sum(len(v) for v in self.restore_mismatch.values())}  "
+                f"not_retried: {len(self.not_retried)}"
+            )
         if self.error:
             lines.append(f"STOPPED EARLY: {self.error}")
         for name, phase in sorted(self.wrong_terminal.items()):
@@ -184,6 +299,12 @@ class Report:
             for name, its in sorted(table.items()):
                 if its:
                     lines.append(f"  {name}: {what} iterations {its}")
+        for name, problems in sorted(self.restore_mismatch.items()):
+            lines += [f"  {name}: {problem}" for problem in problems]
+        for name in self.not_retried:
+            lines.append(
+                f"  {name}: iteration {self.fail_iterations.get(name)} did not fail once and run again"
+            )
         return "\n".join(lines)
 
 
@@ -205,13 +326,87 @@ def duplicates_held(home: Path) -> int:
     return sum(DUPLICATE_SAID in log.read_text(errors="replace") for log in logs)
 
 
+def _log_lines(log: str, word: str) -> list[tuple[int, int | None]]:
+    """(iteration, attempt) of the log's lines `<word> N` (`<word> N A` with `--checkpoints`)."""
+    out: list[tuple[int, int | None]] = []
+    for line in log.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == word:
+            out.append((int(parts[1]), int(parts[2]) if len(parts) > 2 else None))
+    return out
+
+
 def iteration_counts(log: str, iterations: int) -> tuple[list[int], list[int]]:
-    """(repeated, lost) iterations of one run's PVC log: started more than once, never done."""
-    starts = Counter(int(line.split()[1]) for line in log.splitlines() if line.startswith("start "))
-    dones = Counter(int(line.split()[1]) for line in log.splitlines() if line.startswith("done "))
-    repeated = sorted(k for k in range(1, iterations + 1) if starts[k] > 1 or dones[k] > 1)
+    """(repeated, lost) iterations of one run's PVC log: `main` started more than once (an attempt
+    that failed on purpose, `fail N A`, and its retry are one start), an attempt started twice, or
+    done more than once; never done."""
+    started = _log_lines(log, "start")
+    starts = Counter(k for k, _ in started)
+    attempts = Counter(started)
+    fails = Counter(k for k, _ in _log_lines(log, "fail"))
+    dones = Counter(k for k, _ in _log_lines(log, "done"))
+    twice = {k for (k, a), n in attempts.items() if a is not None and n > 1}
+    repeated = sorted(
+        k for k in range(1, iterations + 1) if starts[k] - fails[k] > 1 or dones[k] > 1 or k in twice
+    )
     lost = sorted(k for k in range(1, iterations + 1) if dones[k] == 0)
     return repeated, lost
+
+
+def status_check(run: dict[str, Any], log: str) -> list[str]:
+    """What one run's status says of its retries, against its PVC log: an iteration retried on the
+    volume has as many attempts in its record, and its record says it restored its own checkpoint
+    (`status…iterations[].checkpoint.restored`); an iteration the log shows once has no restore."""
+    attempts = Counter(k for k, a in _log_lines(log, "start") if a is not None)
+    problems: list[str] = []
+    for step in ((run.get("status") or {}).get("workflow") or {}).get("steps") or []:
+        for record in (step.get("loop") or {}).get("iterations") or []:
+            k = record.get("index")
+            checkpoint = record.get("checkpoint") or {}
+            restored = checkpoint.get("restored")
+            if not isinstance(k, int) or k not in attempts:
+                continue
+            if record.get("attempts") != attempts[k]:
+                problems.append(
+                    f"iteration {k}: status says {record.get('attempts')} attempts, the volume {attempts[k]}"
+                )
+            if attempts[k] > 1 and (restored is None or restored != checkpoint.get("id")):
+                problems.append(f"iteration {k}: retried, but its status says it restored {restored!r}")
+            if attempts[k] == 1 and restored is not None:
+                problems.append(f"iteration {k}: one attempt, but its status says it restored {restored!r}")
+    return problems
+
+
+def fail_iterations(config: Config, names: list[str]) -> dict[str, int]:
+    """`--checkpoints`: the iteration of each run whose first attempt fails dirty, from the seed (a
+    generator of its own, so the fault schedule of a seed is the same with and without)."""
+    rng = random.Random(f"{config.seed}/checkpoints")
+    return {name: rng.randint(1, config.iterations) for name in names}
+
+
+def restore_check(
+    log: str, hashes: dict[tuple[int, int], str], fail_iteration: int
+) -> tuple[int, list[str], bool]:
+    """One run's retries against their iterations' starts: (retries compared, mismatches, whether the
+    failing iteration failed once and ran again). `hashes` holds each attempt's start hash by
+    (iteration, attempt); every attempt after the first must start with its iteration's first
+    attempt's hash, whichever iteration it is in (a fault that made an attempt fail is retried too)."""
+    checked = 0
+    problems: list[str] = []
+    for k, a in sorted({(k, a) for k, a in _log_lines(log, "start") if a is not None and a > 1}):
+        first, retry = hashes.get((k, 1)), hashes.get((k, a))
+        checked += 1
+        if first is None or retry is None:
+            problems.append(
+                f"iteration {k} attempt {a}: no start hash of attempt {1 if first is None else a}"
+            )
+        elif first != retry:
+            problems.append(
+                f"iteration {k} attempt {a}: start hash {retry[:12]} != the iteration's start {first[:12]}"
+            )
+    fails = _log_lines(log, "fail")
+    exercised = fails == [(fail_iteration, 1)] and (fail_iteration, 2) in set(_log_lines(log, "start"))
+    return checked, problems, exercised
 
 
 class LocalDefault:
@@ -351,6 +546,25 @@ class LocalDefault:
         claims = claim / ".agentrun-claims" if claim is not None else None
         return len(list(claims.iterdir())) if claims is not None and claims.is_dir() else 0
 
+    def start_hashes(self, name: str) -> dict[tuple[int, int], str]:
+        """`--checkpoints`: each attempt's start hash, by (iteration, attempt)."""
+        claim = self.claim_dir(name)
+        folder = claim / "chaos-hashes" if claim is not None else None
+        if folder is None or not folder.is_dir():
+            return {}
+        out: dict[tuple[int, int], str] = {}
+        for path in folder.iterdir():  # i<iteration>-a<attempt>
+            k, _, a = path.name.removeprefix("i").partition("-a")
+            out[int(k), int(a)] = path.read_text().strip()
+        return out
+
+    def agentrun_object(self, name: str) -> dict[str, Any]:
+        code, body = self.plane.api_get(f"{AR_PATH}/{name}", timeout=10)
+        if code != 200:
+            raise RuntimeError(f"GET AgentRun {name}: HTTP {code}")
+        doc: dict[str, Any] = json.loads(body)
+        return doc
+
     def claim_log(self, name: str) -> str:
         claim = self.claim_dir(name)
         path = claim / "chaos.log" if claim is not None else None
@@ -384,18 +598,10 @@ def run(
         say(f"chaos: starting a local default in {home} ({config.runtime} runtime)")
         env.agentrun("dev", "up", f"--runtime={config.runtime}")
         names = [f"chaos-{i:03d}" for i in range(config.runs)]
-        manifest = "---\n".join(
-            RUN_TEMPLATE.format(
-                name=n,
-                sleep=config.iteration_seconds,
-                iterations=config.iterations,
-                hold="yes" if config.hold else "no",
-                hold_iteration=config.hold_iteration,
-                mount="/w" if config.control_off_volume else "/workspace",
-            )
-            for n in names
-        )
-        env.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifest)
+        if config.checkpoints:
+            report.fail_iterations = fail_iterations(config, names)
+        manifests = "---\n".join(manifest(config, n, report.fail_iterations.get(n, 0)) for n in names)
+        env.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input_text=manifests)
         say(f"chaos: {len(names)} runs created; injecting {config.faults} faults of each kind")
         deadline = time.monotonic() + config.timeout
         phases: dict[str, str] = {}
@@ -423,9 +629,18 @@ def run(
             env.wait_for(
                 lambda n=name: env.claim_dir(n) is not None, time.monotonic() + 60, f"{name}'s claim"
             )
-            repeated, lost = iteration_counts(env.claim_log(name), config.iterations)
+            log = env.claim_log(name)
+            repeated, lost = iteration_counts(log, config.iterations)
             report.repeated[name] = repeated
             report.lost[name] = lost
+            if config.checkpoints:
+                checked, problems, exercised = restore_check(
+                    log, env.start_hashes(name), report.fail_iterations[name]
+                )
+                report.retries_checked += checked
+                report.restore_mismatch[name] = problems + status_check(env.agentrun_object(name), log)
+                if not exercised:
+                    report.not_retried.append(name)
             report.job_claims += env.job_claims(name)
         runner_log = home / "logs" / "pod-runner.log"
         if runner_log.exists():
@@ -481,6 +696,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="mount each run's PVC at /w: the control path lies on no volume (the claim is on the PVC)",
     )
+    parser.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="loop.checkpoint (Files, onFailedAttempt: Restore) and one retry per run; one iteration's "
+        "first attempt per run dirties the workspace and fails: every retry must start from its "
+        "iteration's start hash",
+    )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
@@ -505,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         hold=args.hold,
         hold_iteration=args.hold_iteration,
         control_off_volume=args.control_off_volume,
+        checkpoints=args.checkpoints,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)

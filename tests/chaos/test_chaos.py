@@ -9,7 +9,7 @@ import pytest
 from tests.chaos.run import Config, run
 
 
-def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
+def _require_the_local_default() -> None:
     from agentrun_devcluster import toolchain
     from agentrun_devcluster.podrunner.sandbox import SandboxUnavailable, find_bwrap
 
@@ -21,6 +21,10 @@ def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
         find_bwrap()
     except SandboxUnavailable as exc:
         pytest.skip(str(exc))
+
+
+def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
+    _require_the_local_default()
     # Held in iteration 1 until every fault is in: each fault meets running containers (the
     # restarted runner adopts them), however fast or slow this machine is.
     # Every kind still goes in once, each after the one before has healed (its recovery command
@@ -43,3 +47,35 @@ def test_runs_survive_one_fault_of_each_kind(tmp_path: Path) -> None:
     assert report.wrong_terminal == {}, report.summary()
     assert not any(report.repeated.values()), report.summary()
     assert not any(report.lost.values()), report.summary()
+
+
+def test_every_retry_starts_from_its_iterations_checkpoint_under_faults(tmp_path: Path) -> None:
+    """`--checkpoints` at a small size (docs/development.md#chaos): each run's loop records a
+    checkpoint per iteration and restores it for a retry; one iteration's first attempt per run
+    dirties the workspace and fails (iterations 3, 1, 1 from seed 0). Held in iteration 1 while the
+    operator, the API server and the pod runner are killed, so the faults meet the failing attempts
+    of two runs. Every retry must start with its iteration's start hash, each iteration done once."""
+    _require_the_local_default()
+    config = Config(
+        runs=3,
+        iterations=3,
+        faults=1,
+        kinds=("operator-kill", "apiserver-restart", "runner-restart"),
+        iteration_seconds=1.0,
+        gap=0.5,
+        timeout=600,
+        hold=True,
+        checkpoints=True,
+    )
+    report = run(config, tmp_path / "dev")
+    print(report.summary())
+    assert not report.error, report.summary()
+    assert sum(report.injected.values()) == 3, report.summary()
+    assert report.fail_iterations == {"chaos-000": 3, "chaos-001": 1, "chaos-002": 1}
+    assert report.wrong_terminal == {}, report.summary()
+    assert report.retries_checked == 3, report.summary()
+    assert not any(report.restore_mismatch.values()), report.summary()
+    assert report.not_retried == [], report.summary()
+    assert not any(report.repeated.values()), report.summary()
+    assert not any(report.lost.values()), report.summary()
+    assert report.ok

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import subprocess
 from pathlib import Path
 
+import yaml
+
+from agentrun_operator.cli import main
+from agentrun_operator.control import checkpoint as store
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
-from tests.chaos.run import NODE_KINDS, PROCESS_KINDS, Config, iteration_counts, schedule
+from tests.chaos.run import (
+    CHECKPOINT_EXCLUDE,
+    NODE_KINDS,
+    PROCESS_KINDS,
+    Config,
+    fail_iterations,
+    iteration_counts,
+    manifest,
+    restore_check,
+    schedule,
+    status_check,
+)
 
 
 def test_each_iteration_exactly_once_is_clean() -> None:
@@ -51,3 +70,108 @@ def test_duplicate_pods_are_counted_from_their_reporters_logs(tmp_path: Path) ->
     kubelet_log.parent.mkdir(parents=True)
     kubelet_log.write_text(f"agentrun reporter: Job j already runs in pod y: {DUPLICATE_SAID}\n")
     assert duplicates_held(tmp_path) == 2
+
+
+# --- `--checkpoints` ----------------------------------------------------------------------------
+
+
+def test_a_failed_attempt_and_its_retry_are_one_start() -> None:
+    log = "start 1 1\ndone 1 1\nstart 2 1\nfail 2 1\nstart 2 2\ndone 2 2\nstart 3 1\ndone 3 1\n"
+    assert iteration_counts(log, 3) == ([], [])
+
+
+def test_an_attempt_started_twice_or_a_retry_without_a_failure_is_repeated() -> None:
+    # A duplicate of the failing attempt (both failed) and a retry of an attempt that never said it
+    # failed: `main` ran twice either way.
+    log = (
+        "start 1 1\nfail 1 1\nstart 1 1\nfail 1 1\nstart 1 2\ndone 1 2\n"
+        "start 2 1\nstart 2 2\ndone 2 2\nstart 3 1\n"
+    )
+    assert iteration_counts(log, 3) == ([1, 2], [3])
+
+
+def test_every_retry_is_compared_with_its_iterations_start() -> None:
+    log = "start 1 1\ndone 1 1\nstart 2 1\nfail 2 1\nstart 2 2\ndone 2 2\n"
+    same = {(1, 1): "a" * 64, (2, 1): "b" * 64, (2, 2): "b" * 64}
+    assert restore_check(log, same, 2) == (1, [], True)
+    checked, problems, exercised = restore_check(log, {**same, (2, 2): "c" * 64}, 2)
+    assert (checked, exercised) == (1, True)
+    assert problems == [f"iteration 2 attempt 2: start hash {'c' * 12} != the iteration's start {'b' * 12}"]
+    assert restore_check(log, {(1, 1): "a" * 64, (2, 2): "b" * 64}, 2)[1] == [
+        "iteration 2 attempt 2: no start hash of attempt 1"
+    ]
+
+
+def test_a_failing_iteration_that_never_failed_or_never_ran_again_is_reported() -> None:
+    clean = "start 1 1\ndone 1 1\nstart 2 1\ndone 2 1\n"
+    assert restore_check(clean, {(1, 1): "a", (2, 1): "b"}, 2) == (0, [], False)
+    unretried = "start 1 1\ndone 1 1\nstart 2 1\nfail 2 1\n"
+    assert restore_check(unretried, {(1, 1): "a", (2, 1): "b"}, 2) == (0, [], False)
+
+
+def test_the_failing_iterations_come_from_the_seed_alone() -> None:
+    names = [f"chaos-{i:03d}" for i in range(50)]
+    chosen = fail_iterations(Config(iterations=5, seed=3, checkpoints=True), names)
+    assert chosen == fail_iterations(Config(iterations=5, seed=3, checkpoints=True), names)
+    assert set(chosen.values()) == {1, 2, 3, 4, 5}
+    assert chosen != fail_iterations(Config(iterations=5, seed=4, checkpoints=True), names)
+
+
+def test_the_checkpoint_runs_are_valid(tmp_path: Path) -> None:
+    for control_off_volume in (False, True):
+        config = Config(checkpoints=True, control_off_volume=control_off_volume, hold=True)
+        path = tmp_path / f"runs-{control_off_volume}.yaml"
+        path.write_text(manifest(config, "chaos-000", 2))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(["validate", str(path)])
+        assert status == 0, out.getvalue() + err.getvalue()
+
+
+def test_the_workload_hashes_the_start_a_restore_gives_back(tmp_path: Path) -> None:
+    """The run's script by hand on a directory (sh and coreutils standing in for busybox), with the
+    checkpoint store doing the reporter's part: the retry of the failing iteration starts with its
+    iteration's start hash, and without the restore it would not."""
+    doc = list(yaml.safe_load_all(manifest(Config(checkpoints=True, iteration_seconds=0), "c", 2)))[1]
+    script = doc["spec"]["workload"]["args"][0].replace("/workspace", str(tmp_path))
+    excluded = [".agentrun", ".agentrun-claims", *CHECKPOINT_EXCLUDE]
+
+    def attempt(iteration: int, number: int) -> int:
+        env = dict(os.environ, AGENTRUN_ITERATION=str(iteration), AGENTRUN_ATTEMPT=str(number))
+        return subprocess.run(["sh", "-c", script], env=env, check=False).returncode
+
+    def start(iteration: int, number: int) -> str:
+        return (tmp_path / "chaos-hashes" / f"i{iteration}-a{number}").read_text()
+
+    for iteration in (1, 2):
+        store.record(str(tmp_path), f"c_{iteration}", excluded)
+        assert attempt(iteration, 1) == (1 if iteration == 2 else 0)
+    assert attempt(2, 2) == 0
+    assert start(2, 2) != start(2, 1)  # the failed attempt's dirt, seen by the hash
+    store.restore(str(tmp_path), "c_2", excluded)
+    assert attempt(2, 3) == 0
+    assert start(2, 3) == start(2, 1)
+    log = (tmp_path / "chaos.log").read_text()
+    assert log.count("fail 2 1") == 1 and "done 2 3" in log
+
+
+def _run(*records: dict[str, object]) -> dict[str, object]:
+    return {"status": {"workflow": {"steps": [{"loop": {"iterations": list(records)}}]}}}
+
+
+def test_the_status_says_what_the_volume_saw() -> None:
+    log = "start 1 1\ndone 1 1\nstart 2 1\nfail 2 1\nstart 2 2\ndone 2 2\n"
+    one = {"index": 1, "attempts": 1, "checkpoint": {"id": "r_1_1"}}
+    two = {"index": 2, "attempts": 2, "checkpoint": {"id": "r_1_2", "restored": "r_1_2"}}
+    assert status_check(_run(one, two), log) == []
+    unrestored = {"index": 2, "attempts": 2, "checkpoint": {"id": "r_1_2"}}
+    assert status_check(_run(one, unrestored), log) == [
+        "iteration 2: retried, but its status says it restored None"
+    ]
+    assert status_check(_run({**one, "attempts": 2}, two), log) == [
+        "iteration 1: status says 2 attempts, the volume 1"
+    ]
+    restored_once = {**one, "checkpoint": {"id": "r_1_1", "restored": "r_1_1"}}
+    assert status_check(_run(restored_once, two), log) == [
+        "iteration 1: one attempt, but its status says it restored 'r_1_1'"
+    ]

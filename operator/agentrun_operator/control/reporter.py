@@ -64,6 +64,7 @@ from agentrun_operator.control.envelope import (
     encode_envelope,
     parse_control_payload,
 )
+from agentrun_operator.control.gate import GateFiles
 
 FINGERPRINT_VERSION: Final = 1
 READ_LIMIT: Final = MAX_CONTROL_FILE_BYTES
@@ -480,21 +481,31 @@ def _signalled(timeout: float) -> bool:
     return signal.sigtimedwait(_WAIT_SIGNALS, timeout) is not None
 
 
-def wait_for_main(hook_done: str) -> str:
+def wait_for_main(hook_done: str, gate: GateFiles | None = None, claimed: bool = False) -> str:
     """Block until `main` has ended (control/mainwatch.py), or SIGTERM/SIGINT arrives; says which.
 
     First the postStart hook's last line (its watermark and PID: `main` may start once the hook has
     ended), then looks at the pod's processes every `WATCH_POLL` seconds (`WATCH_POLL_LATER` once
     `main` has run for `WATCH_FAST_SECONDS`: an agent that works for minutes does not need its end
     seen within milliseconds). The reporter creates no process or thread meanwhile: one would take a
-    PID of the pod's namespace after the hook's watermark and read as `main` (control/mainwatch.py)."""
+    PID of the pod's namespace after the hook's watermark and read as `main` (control/mainwatch.py).
+
+    With `gate` and `claimed` (this pod holds the Job's claim), a hook the kubelet went past without
+    completing it (control/gate.py) is not waited for: the reporter takes the watermark itself and
+    opens `main`'s gate."""
     from agentrun_operator.control.mainwatch import MainWatch, before_main, look, read_hook_done
 
     done = read_hook_done(hook_done)
+    said = ""
     while done is None:
         if _signalled(HOOK_POLL):
             return "signal"
         done = read_hook_done(hook_done)
+        if done is None and gate is not None and claimed and os.path.isdir(gate.knock):
+            done, waiting = _open_for_lost_hook(gate, hook_done)
+            if waiting and waiting != said:
+                _log(waiting)
+                said = waiting
     watermark, hook_pid = done
     ignore = frozenset(p for p in (os.getpid(), hook_pid) if p is not None)
     watch = MainWatch(watermark)
@@ -510,6 +521,49 @@ def wait_for_main(hook_done: str) -> str:
         seen = look(ignore, watermark=watermark, before=before)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
+
+
+def _open_for_lost_hook(gate: GateFiles, hook_done: str) -> tuple[tuple[int | None, int | None] | None, str]:
+    """The kubelet knocked at `main`'s gate (it tried to start `main`): when the hook will never
+    complete (`gate.hook_lost`), take the namespace's last PID as the watermark, then open the gate
+    (nothing of `main` has run: the gate was shut). (The watermark, or the hook's last line, or None
+    to wait on; what the reporter waits for.)"""
+    from agentrun_operator.control.gate import hook_lost, hook_running, is_shut, open_gate
+    from agentrun_operator.control.mainwatch import last_pid, read_hook_done
+
+    done = read_hook_done(hook_done)  # again, after the knock: the usual hook wrote it before
+    if done is not None:
+        return done, ""
+    failed = os.path.exists(gate.hook_failed)
+    shut = is_shut(gate.gate)
+    alive = hook_running(frozenset({os.getpid()}))
+    lost = hook_lost(
+        claimed=True, hook_done=False, hook_failed=failed, knocked=True, shut=shut, hook_alive=alive
+    )
+    if not lost:
+        if failed:
+            why = "the postStart hook failed: waiting for the kubelet to stop this container"
+        elif alive:
+            why = "the kubelet tried to start main while the postStart hook still runs: waiting for it"
+        else:
+            why = (
+                f"the postStart hook never completed, but main's gate {gate.gate} is open: main may "
+                "have run without a watermark; waiting for the hook's last line or a signal"
+            )
+        return None, why
+    watermark = last_pid()
+    try:
+        open_gate(gate.gate)
+    except OSError as exc:
+        return (
+            None,
+            f"the postStart hook never completed, and main's gate {gate.gate} cannot be opened: {exc}",
+        )
+    _log(
+        "the postStart hook never completed (the kubelet went on to main without it: it restarted "
+        f"meanwhile, {gate.knock}); opened main's gate {gate.gate} at PID {watermark}"
+    )
+    return (watermark, None), ""
 
 
 def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
@@ -563,13 +617,18 @@ def cmd_report(
     hook_done: str | None = None,
     checkpoint: CheckpointArgs | None = None,
     checkpoint_facts: str | None = None,
+    gate: GateFiles | None = None,
 ) -> int:
     """Report the control envelope (after SIGTERM when ``wait``; once `main` has ended, or at SIGTERM,
     with ``hook_done``); exit 0 whatever happens.
 
     With ``before_main``, first claim the Job and fingerprint the control file
     (`prepare_for_main`); the ready file then holds the reporter's pid, or ``taken`` (a duplicate
-    pod), which the postStart hook waits for (docs/design.md#reporter-first)."""
+    pod), which the postStart hook waits for (docs/design.md#reporter-first). With ``gate``, the
+    reporter first shuts `main`'s gate when nothing made it yet, and opens it when the kubelet went on
+    to `main` without completing the hook (control/gate.py)."""
+    if gate is not None and before_main:
+        _shut_gate(gate.gate)
     if wait or hook_done:
         block_wait_signals()  # main() did this already; repeating it is harmless
     if hook_done and before_main:
@@ -598,7 +657,7 @@ def cmd_report(
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
     if hook_done:
-        why = wait_for_main(hook_done)
+        why = wait_for_main(hook_done, gate, claimed=before_main and prepared)
         _log(f"{why}; reporting {path}")
     elif wait:
         signum = wait_for_signal()
@@ -615,6 +674,15 @@ def cmd_report(
 
 
 # ------------------------------------------------------------------------------------------ CLI
+
+
+def _shut_gate(path: str) -> None:
+    from agentrun_operator.control.gate import shut_if_missing
+
+    try:
+        shut_if_missing(path)
+    except OSError as exc:  # the hook shuts it too
+        _log(f"cannot shut main's gate {path}: {exc}")
 
 
 def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
@@ -696,6 +764,14 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="report the size and sha256 of an output artifact (repeatable)",
     )
+    rep.add_argument(
+        "--gate",
+        metavar="FILE",
+        help="main's gate (--before-main): shut it at once when missing; with --knock and "
+        "--hook-failed, open it when the kubelet went on to main without completing the postStart hook",
+    )
+    rep.add_argument("--knock", metavar="DIR", help="made by the kubelet once it tried to start main")
+    rep.add_argument("--hook-failed", metavar="FILE", help="written by the postStart hook when it fails")
     rep.add_argument("--checkpoint-root", metavar="DIR", help="loop.checkpoint: the state volume's mountPath")
     rep.add_argument(
         "--checkpoint-id", metavar="ID", help="the iteration's checkpoint (naming.checkpoint_id)"
@@ -762,7 +838,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.hook_done,
         checkpoint_args(args),
         args.checkpoint_facts,
+        gate_files(args),
     )
+
+
+def gate_files(args: argparse.Namespace) -> GateFiles | None:
+    """`main`'s gate and what tells the reporter the kubelet went past the hook; None without them
+    (a pod of an earlier build)."""
+    if not args.gate or not args.knock or not args.hook_failed:
+        return None
+    return GateFiles(gate=args.gate, knock=args.knock, hook_failed=args.hook_failed)
 
 
 if __name__ == "__main__":

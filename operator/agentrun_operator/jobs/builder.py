@@ -68,6 +68,7 @@ from agentrun_operator.jobs.reporter_container import (
     ORIGINAL_CONTAINER,
     READY_HOOK_POLLS_CHECKPOINT,
     gate_mount,
+    knock_mount,
     ready_hook,
     reporter_container,
 )
@@ -504,7 +505,7 @@ def _pod_spec(
                 resolved,
                 agentrun_env(run, step, attempt, refs),
                 workload,
-                [*volumes.main_mounts, gate_mount()],
+                [*volumes.main_mounts, knock_mount(), gate_mount()],
                 workload_container_name(run),
             )
             | secrets_env_from(run),

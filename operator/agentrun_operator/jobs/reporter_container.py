@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.control.gate import HOOK_MARK
 from agentrun_operator.control.reporter import JOB_UID_ENV, POD_UID_ENV
 
 REPORTER_CONTAINER: Final = "reporter"
@@ -32,6 +33,14 @@ GATE_MOUNT: Final = "/.agentrun-gate"
 """Where `main` mounts its gate: the meta volume's `gate`, an empty read-only directory once the
 hook opened it; a symlink out of the volume while it is shut, which the kubelet refuses to mount."""
 GATE_REFUSAL: Final = f'failed to prepare subPath for volumeMount "{META_VOLUME}"'
+KNOCK_SUBPATH: Final = "knock"
+KNOCK_FILE: Final = f"{META_MOUNT}/{KNOCK_SUBPATH}"
+KNOCK_MOUNT: Final = "/.agentrun-knock"
+"""`main` mounts the meta volume's `knock` before its gate: nobody but the kubelet makes it (a
+missing subPath, made as a directory as it prepares `main`'s mounts), so it tells the reporter that
+the kubelet tried to start `main` (control/gate.py, docs/design.md#hook-lost)."""
+HOOK_FAILED_FILE: Final = f"{META_MOUNT}/hook-failed"
+"""What the postStart hook writes when it fails (the kubelet then kills the reporter)."""
 """How the kubelet's message for a `main` held at a shut gate begins (`CreateContainerConfigError`)."""
 TERMINATION_LOG: Final = "/dev/termination-log"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
@@ -77,6 +86,7 @@ def reporter_container(
     then and opens `main`'s gate only for the pod that holds the claim (docs/design.md#reporter-first)."""
     args = ["--path", path, "--fingerprint", FINGERPRINT_FILE, "--termination-log", TERMINATION_LOG]
     args += ["--hook-done", HOOK_DONE_FILE, "--ready-file", REPORTER_READY_FILE, "--before-main"]
+    args += ["--gate", GATE_FILE, "--knock", KNOCK_FILE, "--hook-failed", HOOK_FAILED_FILE]
     if claim_dir is not None:
         args += [
             "--claim-dir",
@@ -105,26 +115,35 @@ def gate_mount() -> dict[str, Any]:
     return {"name": META_VOLUME, "mountPath": GATE_MOUNT, "subPath": GATE_SUBPATH, "readOnly": True}
 
 
+def knock_mount() -> dict[str, Any]:
+    """`main`'s mount of the knock (`KNOCK_MOUNT`), listed before its gate: the kubelet makes the
+    knock even when it then refuses the shut gate."""
+    return {"name": META_VOLUME, "mountPath": KNOCK_MOUNT, "subPath": KNOCK_SUBPATH, "readOnly": True}
+
+
 READY_HOOK_SCRIPT: Final = (
-    'ln -sfnT / "$3" || exit 1; i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
-    'if [ "$i" -gt "$2" ]; then echo "agentrun: the reporter was not ready in time; main stays shut" >&2; '
-    'exit 1; fi; sleep 0.02; done; read -r ready < "$1"; '
-    'case "$ready" in taken) '
-    'echo "agentrun: another pod of this Job holds its claim; this duplicate never runs main" >&2; '
-    "exit 1;; "
-    '""|*[!0-9]*) echo "agentrun: the reporter will not run main ($ready): see its termination message" >&2; '
-    "exit 1;; esac; "
-    'rm -f "$3" && mkdir "$3" || exit 1; read -r _ _ _ _ last < /proc/loadavg; echo "$last $$" > "$4"'
+    'failed=$5; fail() { echo "agentrun: $1" >&2; echo "$1" > "$failed"; exit 1; }; '
+    '{ ln -sfnT / "$3" || [ -L "$3" ]; } || fail "cannot shut main\'s gate"; '
+    'i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
+    'if [ "$i" -gt "$2" ]; then fail "the reporter was not ready in time; main stays shut"; fi; '
+    'sleep 0.02; done; read -r ready < "$1"; '
+    'case "$ready" in '
+    'taken) fail "another pod of this Job holds its claim; this duplicate never runs main";; '
+    '""|*[!0-9]*) fail "the reporter will not run main ($ready): see its termination message";; esac; '
+    'rm -f "$3" && mkdir "$3" || fail "cannot open main\'s gate"; '
+    'read -r _ _ _ _ last < /proc/loadavg; echo "$last $$" > "$4"'
 )
 """The reporter's postStart hook. First it shuts `main`'s gate (a symlink out of the volume: the
-kubelet will not mount it, so `main` waits with `CreateContainerConfigError`). Then it waits (20 ms
-polls, bounded) until the reporter says it is ready; for the reporter's pid it opens the gate (an
-empty directory) and, as its last act, writes the namespace's last PID and its own, with shell
-builtins only, so no process of the hook is created after the watermark (control/mainwatch.py).
-For `taken` (a duplicate pod), `blind` (a reporter that cannot see `main`, control/reporter.py
-`refuse_blind`), or a reporter that is never ready, it fails with the gate shut: the kubelet kills
-the reporter and goes on to `main`, which it cannot create. A shell loop rather than
-Python: it starts in milliseconds."""
+kubelet will not mount it, so `main` waits with `CreateContainerConfigError`; the reporter may have
+made that symlink already, control/gate.py). Then it waits (20 ms polls, bounded) until the reporter
+says it is ready; for the reporter's pid it opens the gate (an empty directory) and, as its last act,
+writes the namespace's last PID and its own, with shell builtins only, so no process of the hook is
+created after the watermark (control/mainwatch.py). For `taken` (a duplicate pod), `blind` (a
+reporter that cannot see `main`, control/reporter.py `refuse_blind`), or a reporter that is never
+ready, it fails with the gate shut, saying why on stderr and in `hook-failed` (so the reporter
+knows the hook failed on purpose rather than was lost, control/gate.py): the kubelet kills the
+reporter and goes on to `main`, which it cannot create. A shell loop rather than Python: it starts
+in milliseconds."""
 READY_HOOK_POLLS: Final = 1500
 """30 s of 20 ms polls: far more than the reporter's start, claim and fingerprint take."""
 READY_HOOK_POLLS_CHECKPOINT: Final = 180_000
@@ -140,9 +159,10 @@ def ready_hook(polls: int = READY_HOOK_POLLS) -> list[str]:
         "sh",
         "-c",
         READY_HOOK_SCRIPT,
-        "agentrun-ready",
+        HOOK_MARK,
         REPORTER_READY_FILE,
         str(polls),
         GATE_FILE,
         HOOK_DONE_FILE,
+        HOOK_FAILED_FILE,
     ]

@@ -284,17 +284,34 @@ def test_the_post_start_hook_shuts_the_gate_waits_for_ready_and_opens_it_only_fo
     it (an empty directory) only for a reporter that holds the claim, and then, as its last act,
     writes the namespace's last PID and its own (docs/design.md#reporter-first)."""
     ready, gate, done_file = tmp_path / "ready", tmp_path / "gate", tmp_path / "hook-done"
+    failed = tmp_path / "hook-failed"
     if content is not None:
         ready.write_text(content)
     command = ready_hook()
-    command[-4:] = [str(ready), "3", str(gate), str(done_file)]
+    command[-5:] = [str(ready), "3", str(gate), str(done_file), str(failed)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == code, done.stderr
     if code:
         assert "agentrun:" in done.stderr
         assert gate.is_symlink() and os.readlink(gate) == "/"
         assert not done_file.exists()
+        # It says why in hook-failed too: the reporter then knows it failed on purpose, not lost.
+        assert failed.read_text().strip() in done.stderr
     else:
+        assert not failed.exists()
         assert gate.is_dir() and not gate.is_symlink() and not any(gate.iterdir())
         watermark, pid = done_file.read_text().split()
         assert done_file.read_text().endswith("\n") and int(watermark) >= int(pid) > 1
+
+
+def test_the_hook_opens_a_gate_the_reporter_shut_first(tmp_path: Path) -> None:
+    """The reporter shuts a missing gate as its first act (control/gate.py), perhaps while the hook
+    shuts it too: the hook takes the reporter's symlink for its own and opens it for a pid."""
+    ready, gate, done_file = tmp_path / "ready", tmp_path / "gate", tmp_path / "hook-done"
+    ready.write_text("4242")
+    gate.symlink_to("/")
+    command = ready_hook()
+    command[-5:] = [str(ready), "3", str(gate), str(done_file), str(tmp_path / "hook-failed")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert gate.is_dir() and not gate.is_symlink() and done_file.read_text().endswith("\n")

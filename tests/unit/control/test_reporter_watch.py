@@ -11,10 +11,11 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,27 @@ def hook_argv(meta: Path) -> list[str]:
         "1500",
         f"{meta}/gate",
         f"{meta}/hook-done",
+        f"{meta}/hook-failed",
     ]
+
+
+def gate_argv(meta: Path) -> list[str]:
+    """The reporter's gate arguments (jobs/reporter_container.py): the gate, the knock the kubelet
+    makes as it prepares `main`'s mounts, and the hook's word when it fails."""
+    return ["--gate", f"{meta}/gate", "--knock", f"{meta}/knock", "--hook-failed", f"{meta}/hook-failed"]
+
+
+def wait_until(check: Callable[[], bool], reporter: subprocess.Popen[bytes], meta: Path, what: str) -> None:
+    """Until `check` holds; fails at once should the reporter end first (a minute is only a guard
+    against a hang: each condition comes within milliseconds)."""
+    guard = time.monotonic() + 60
+    while not check():
+        code = reporter.poll()
+        assert code is None, (
+            f"the reporter ended ({code}) before {what}: {(meta / 'reporter.err').read_text()}"
+        )
+        assert time.monotonic() < guard, f"no {what}: {(meta / 'reporter.err').read_text()}"
+        time.sleep(0.01)
 
 
 LAUNCH_HELD = r"""
@@ -257,3 +278,76 @@ def test_a_main_whose_fork_is_held_after_its_pid_is_allocated_is_not_taken_for_e
     control = tmp_path / "control.json"
     envelope = run_pod(tmp_path, f"echo '{{\"continue\": true}}' > {control}", gap=0.1, held=2.0)
     assert envelope["status"] == "found" and envelope["control"] == {"continue": True}, envelope
+
+
+def _ready(meta: Path) -> bool:
+    ready = meta / "ready"
+    return ready.exists() and ready.read_text().isdigit()
+
+
+def test_a_hook_the_kubelet_never_ran_has_the_reporter_open_the_gate_itself(tmp_path: Path) -> None:
+    """The kubelet restarted after it started the reporter and before it ran its postStart hook (the
+    chaos suite's pod runner restart, docs/design.md#hook-lost): no hook ever runs. The reporter shut
+    `main`'s gate as its first act, so the restarted kubelet's try at `main` is refused, but it makes
+    the knock first; the reporter, holding the claim, then takes the watermark and opens the gate
+    itself, and reports what the `main` started after that wrote -- instead of waiting for the
+    hook's last line for good while `main` ran unguarded at a gate the kubelet made."""
+    meta, control = tmp_path / "meta", tmp_path / "control.json"
+    meta.mkdir()
+    with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
+        reporter = subprocess.Popen(
+            [*inside, *reporter_argv(meta, control), *gate_argv(meta)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=fds,
+        )
+        try:
+            wait_until(lambda: _ready(meta), reporter, meta, "the reporter ready")
+            assert (meta / "gate").is_symlink() and os.readlink(meta / "gate") == "/"  # shut by the reporter
+            (meta / "knock").mkdir()  # the kubelet's try at main: the knock made, the shut gate refused
+            gate = meta / "gate"
+            wait_until(lambda: not gate.is_symlink() and gate.is_dir(), reporter, meta, "main's gate opened")
+            assert not (meta / "hook-done").exists()
+            main = f"echo '{{\"continue\": false}}' > {control}"
+            launched = subprocess.run(
+                [*inside, "sh", "-c", main], capture_output=True, text=True, timeout=60, pass_fds=fds
+            )
+            assert launched.returncode == 0, launched.stderr
+            code = reporter.wait(timeout=60)
+        finally:
+            reporter.kill()
+    log = (meta / "reporter.err").read_text()
+    assert code == 0, log
+    envelope = json.loads((meta / "termination-log").read_text())
+    assert envelope["status"] == "found" and envelope["control"] == {"continue": False}, (envelope, log)
+    assert "the postStart hook never completed" in log and "main ended (its processes:" in log, log
+
+
+def test_a_hook_that_failed_on_purpose_leaves_the_gate_shut_though_the_kubelet_knocks(tmp_path: Path) -> None:
+    """A hook that failed (here: it says so in hook-failed, as for a reporter never ready in time)
+    has the kubelet kill the reporter and go on to `main`, which knocks: the reporter must not open
+    the gate for it. It says what it waits for, and at SIGTERM reports with the gate still shut."""
+    meta, control = tmp_path / "meta", tmp_path / "control.json"
+    meta.mkdir()
+    with pod_namespace(tmp_path) as (inside, fds), (meta / "reporter.err").open("w") as err:
+        reporter = subprocess.Popen(
+            [*inside, *reporter_argv(meta, control), *gate_argv(meta)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=fds,
+        )
+        try:
+            wait_until(lambda: _ready(meta), reporter, meta, "the reporter ready")
+            (meta / "hook-failed").write_text("the reporter was not ready in time; main stays shut\n")
+            (meta / "knock").mkdir()
+            said = "the postStart hook failed: waiting for the kubelet to stop this container"
+            wait_until(lambda: said in (meta / "reporter.err").read_text(), reporter, meta, "its word")
+            # The kubelet kills the container of a failed hook: SIGTERM to its process (bwrap's child).
+            children = Path(f"/proc/{reporter.pid}/task/{reporter.pid}/children").read_text().split()
+            os.kill(int(children[0]), signal.SIGTERM)
+            code = reporter.wait(timeout=60)
+        finally:
+            reporter.kill()
+    assert code == 0, (meta / "reporter.err").read_text()
+    assert (meta / "gate").is_symlink() and os.readlink(meta / "gate") == "/"
+    assert json.loads((meta / "termination-log").read_text())["status"] != "found"

@@ -472,11 +472,21 @@ def test_the_reporter_is_the_only_helper_listed_before_main_and_its_hook_holds_m
         "/agentrun-meta/reporter-ready",
         "--before-main",
     ]
-    assert hook(job)[:2] == ["sh", "-c"] and hook(job)[4:] == [
+    assert reporter["args"][11:17] == [
+        "--gate",
+        "/agentrun-meta/gate",
+        "--knock",
+        "/agentrun-meta/knock",
+        "--hook-failed",
+        "/agentrun-meta/hook-failed",
+    ]
+    assert hook(job)[:2] == ["sh", "-c"] and hook(job)[3:] == [
+        "agentrun-ready",
         "/agentrun-meta/reporter-ready",
         "1500",
         "/agentrun-meta/gate",
         "/agentrun-meta/hook-done",
+        "/agentrun-meta/hook-failed",
     ]
     assert reporter["terminationMessagePath"] == "/dev/termination-log"
     assert reporter["resources"]["requests"] == {"cpu": "10m", "memory": "32Mi"}
@@ -484,9 +494,12 @@ def test_the_reporter_is_the_only_helper_listed_before_main_and_its_hook_holds_m
     # kubectl logs/exec without -c mean main, not the reporter listed first
     annotations = job["spec"]["template"]["metadata"]["annotations"]
     assert annotations["kubectl.kubernetes.io/default-container"] == "main"
+    # The knock before the gate: the kubelet makes it even when it refuses the shut gate, so the
+    # reporter learns that the kubelet tried to start main (docs/design.md#hook-lost).
     gates = [m for m in main(job)["volumeMounts"] if m["name"] == META_VOLUME]
     assert gates == [
-        {"name": META_VOLUME, "mountPath": "/.agentrun-gate", "subPath": "gate", "readOnly": True}
+        {"name": META_VOLUME, "mountPath": "/.agentrun-knock", "subPath": "knock", "readOnly": True},
+        {"name": META_VOLUME, "mountPath": "/.agentrun-gate", "subPath": "gate", "readOnly": True},
     ]
 
 

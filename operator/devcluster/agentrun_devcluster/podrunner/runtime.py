@@ -41,7 +41,9 @@ class Launch:
     restart: int
     started_at: str | None = None
     """When the container started: it is recorded for a later runner to adopt. None: a postStart
-    hook, which is not (a runner that dies while a hook runs leaves its container to fail it)."""
+    hook, which is not: a runner that dies before a hook runs never runs it, as a restarted kubelet
+    (the iteration pod's reporter sees it and opens `main`'s gate itself, docs/design.md#hook-lost);
+    a hook already running goes on under its shim."""
     network: PodSandbox | None = None
     """The pod's own network namespace (pods serving ports), made by the same runtime; None: the host's."""
     pid_namespace: PodSandbox | None = None

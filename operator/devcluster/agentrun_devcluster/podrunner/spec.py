@@ -502,9 +502,10 @@ def post_start_command(container: Mapping[str, Any]) -> list[str] | None:
 
 def hook_container(container: Mapping[str, Any], command: list[str]) -> dict[str, Any]:
     """The container as its exec hook runs: the same image, env and mounts, the hook's command (which
-    the kubelet does not `$(VAR)`-expand: neither does `container_argv` for text without `$(`)."""
+    the kubelet does not `$(VAR)`-expand: each `$` doubled, so `container_argv`'s expansion gives it
+    back as written, `$$` too -- the iteration pod's hook writes its PID with `$$`)."""
     hook = {k: v for k, v in container.items() if k not in ("lifecycle", "restartPolicy", "args")}
-    hook["command"] = [c.replace("$(", "$$(") for c in command]
+    hook["command"] = [c.replace("$", "$$") for c in command]
     return hook
 
 

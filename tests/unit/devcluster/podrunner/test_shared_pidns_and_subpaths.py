@@ -53,3 +53,24 @@ def test_a_subpath_leaving_its_volume_is_a_config_error_until_fixed(tmp_path: Pa
     assert binds(_mounts("inside"), volumes, {"agentrun-meta": volume})[0].source == str(volume / "inside")
     made = binds(_mounts("made/here"), volumes, {"agentrun-meta": volume})[0]
     assert (volume / "made" / "here").is_dir() and made.source == str(volume / "made" / "here")
+
+
+def test_a_missing_subpath_before_a_refused_one_is_made_all_the_same(tmp_path: Path) -> None:
+    """As the kubelet prepares a container's mounts in order, a missing subPath is made before a
+    later one is refused: `main`'s knock tells the reporter the kubelet tried to start `main` while
+    its gate was shut (docs/design.md#hook-lost)."""
+    volume = tmp_path / "meta"
+    volume.mkdir()
+    (volume / "gate").symlink_to("/")
+    volumes = {"agentrun-meta": S.Volume("agentrun-meta", "emptyDir", {})}
+    container = {
+        "name": "main",
+        "volumeMounts": [
+            {"name": "agentrun-meta", "mountPath": "/knock", "subPath": "knock"},
+            {"name": "agentrun-meta", "mountPath": "/gate", "subPath": "gate"},
+        ],
+    }
+    with pytest.raises(S.ContainerConfigError) as refused:
+        binds(container, volumes, {"agentrun-meta": volume})
+    assert str(refused.value) == GATE
+    assert (volume / "knock").is_dir()

@@ -395,14 +395,15 @@ def test_a_post_start_exec_hook_runs_as_the_container_with_the_hook_s_command() 
         "restartPolicy": "Always",
         "env": [{"name": "A", "value": "1"}],
         "volumeMounts": [{"name": "ws", "mountPath": "/w"}],
-        "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo $(A) $A"]}}},
+        "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "echo $(A) $A $$ $$$(A) $"]}}},
     }
     command = S.post_start_command(container)
-    assert command == ["sh", "-c", "echo $(A) $A"]
+    assert command == ["sh", "-c", "echo $(A) $A $$ $$$(A) $"]
     hook = S.hook_container(container, command)
     assert hook["image"] == "operator:1" and hook["env"] == container["env"]
     assert hook["volumeMounts"] == container["volumeMounts"]
     assert "lifecycle" not in hook and "restartPolicy" not in hook and "args" not in hook
-    assert S.container_argv(hook, {"A": "1"}) == ["sh", "-c", "echo $(A) $A"]
+    # Run as written: the kubelet does not expand a hook's command (the shell's `$$` stays its PID).
+    assert S.container_argv(hook, {"A": "1"}) == ["sh", "-c", "echo $(A) $A $$ $$$(A) $"]
     assert S.post_start_command({"name": "x"}) is None
     assert S.post_start_command({"lifecycle": {"postStart": {"httpGet": {"port": 80}}}}) is None
