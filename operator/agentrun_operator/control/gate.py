@@ -33,6 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from agentrun_operator.control.mainwatch import listed_pids, live_identity
+
 SHUT_TARGET: Final = "/"
 """A shut gate is a symlink to `/`, out of the volume: the kubelet will not mount it for `main`."""
 HOOK_MARK: Final = "agentrun-ready"
@@ -66,19 +68,18 @@ def is_shut(gate: str) -> bool:
 
 
 def hook_running(ignore: frozenset[int], proc: str = "/proc", mark_text: str = HOOK_MARK) -> bool:
-    """A live process of the pod (but PID 1 and `ignore`) whose arguments hold `HOOK_MARK`."""
+    """A live process of the pod (but PID 1 and `ignore`) whose arguments hold `HOOK_MARK`: the
+    processes as control/mainwatch.py lists them, then each one's command line."""
     mark = mark_text.encode()
-    for name in os.listdir(proc):
-        if not name.isdigit() or int(name) == 1 or int(name) in ignore:
+    for pid in listed_pids(proc):
+        if pid == 1 or pid in ignore or live_identity(proc, pid) is None:
             continue
         try:
-            with open(os.path.join(proc, name, "cmdline"), "rb") as handle:
+            with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
                 args = handle.read().split(b"\0")
-            with open(os.path.join(proc, name, "stat"), encoding="utf-8", errors="replace") as handle:
-                state = handle.read().rpartition(")")[2].split()[:1]
         except OSError:  # gone meanwhile
             continue
-        if mark in args and state and state[0] not in ("Z", "X", "x"):
+        if mark in args:
             return True
     return False
 

@@ -100,7 +100,7 @@ def last_pid(proc: str = "/proc") -> int | None:
         return None
 
 
-def _live_identity(proc: str, pid: int) -> tuple[int, str] | None:
+def live_identity(proc: str, pid: int) -> tuple[int, str] | None:
     """A live process as (PID, start time in clock ticks), so a PID used again is another process;
     None for one that has ended (a zombie awaiting its reaper, or dead) or is gone."""
     try:
@@ -114,7 +114,7 @@ def _live_identity(proc: str, pid: int) -> tuple[int, str] | None:
     return pid, fields[19] if len(fields) > 19 else ""
 
 
-def _listed(proc: str) -> set[int]:
+def listed_pids(proc: str) -> set[int]:
     return {int(name) for name in os.listdir(proc) if name.isdigit()}
 
 
@@ -128,7 +128,9 @@ def before_main(
     `main`, and `main`'s end, before `main` had run)."""
     if watermark is None:
         return frozenset()
-    found = (_live_identity(proc, p) for p in _listed(proc) if p != 1 and p not in ignore and p <= watermark)
+    found = (
+        live_identity(proc, p) for p in listed_pids(proc) if p != 1 and p not in ignore and p <= watermark
+    )
     return frozenset(i for i in found if i is not None)
 
 
@@ -154,8 +156,8 @@ def look(
     (`before_main`, by identity: a PID used again counts), its last PID, and (when none is listed)
     which of the latest PIDs past `watermark` are in use though unlisted (`FORMING_SPAN`)."""
     latest = last_pid(proc)
-    listed = _listed(proc)
-    live = (_live_identity(proc, p) for p in listed if p != 1 and p not in ignore)
+    listed = listed_pids(proc)
+    live = (live_identity(proc, p) for p in listed if p != 1 and p not in ignore)
     others = frozenset(i[0] for i in live if i is not None and i not in before)
     forming: frozenset[int] = frozenset()
     if not others and latest is not None and watermark is not None and latest > watermark:

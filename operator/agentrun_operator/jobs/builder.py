@@ -69,7 +69,7 @@ from agentrun_operator.jobs.reporter_container import (
     READY_HOOK_POLLS_CHECKPOINT,
     gate_mount,
     knock_mount,
-    ready_hook,
+    ready_lifecycle,
     reporter_container,
 )
 from agentrun_operator.resolution import (
@@ -567,7 +567,7 @@ def _add_checkpoint(
     facts = posixpath.join(META_MOUNT, CHECKPOINT_FACTS_NAME)
     reporter["args"] = [*reporter["args"], *reporter_checkpoint_args(plan, volume, excluded, facts)]
     reporter["securityContext"] = dict(CHECKPOINT_SECURITY_CONTEXT)
-    reporter["lifecycle"] = {"postStart": {"exec": {"command": ready_hook(READY_HOOK_POLLS_CHECKPOINT)}}}
+    reporter["lifecycle"] = ready_lifecycle(READY_HOOK_POLLS_CHECKPOINT)
 
 
 def same_node_affinity(node: str | None, claim: WorkloadVolume | None) -> dict[str, Any] | None:

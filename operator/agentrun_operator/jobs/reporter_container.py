@@ -33,6 +33,7 @@ GATE_MOUNT: Final = "/.agentrun-gate"
 """Where `main` mounts its gate: the meta volume's `gate`, an empty read-only directory once the
 hook opened it; a symlink out of the volume while it is shut, which the kubelet refuses to mount."""
 GATE_REFUSAL: Final = f'failed to prepare subPath for volumeMount "{META_VOLUME}"'
+"""How the kubelet's message for a `main` held at a shut gate begins (`CreateContainerConfigError`)."""
 KNOCK_SUBPATH: Final = "knock"
 KNOCK_FILE: Final = f"{META_MOUNT}/{KNOCK_SUBPATH}"
 KNOCK_MOUNT: Final = "/.agentrun-knock"
@@ -41,7 +42,6 @@ missing subPath, made as a directory as it prepares `main`'s mounts), so it tell
 the kubelet tried to start `main` (control/gate.py, docs/design.md#hook-lost)."""
 HOOK_FAILED_FILE: Final = f"{META_MOUNT}/hook-failed"
 """What the postStart hook writes when it fails (the kubelet then kills the reporter)."""
-"""How the kubelet's message for a `main` held at a shut gate begins (`CreateContainerConfigError`)."""
 TERMINATION_LOG: Final = "/dev/termination-log"
 JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 """The Job controller labels each pod with its Job's uid (Kubernetes >= 1.27)."""
@@ -100,7 +100,7 @@ def reporter_container(
         **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
-        "lifecycle": {"postStart": {"exec": {"command": ready_hook()}}},
+        "lifecycle": ready_lifecycle(),
     }
     if claim_dir is not None:
         container["env"] = [
@@ -166,3 +166,8 @@ def ready_hook(polls: int = READY_HOOK_POLLS) -> list[str]:
         HOOK_DONE_FILE,
         HOOK_FAILED_FILE,
     ]
+
+
+def ready_lifecycle(polls: int = READY_HOOK_POLLS) -> dict[str, Any]:
+    """The reporter's `lifecycle`: its postStart hook (`ready_hook`) waiting `polls` polls for it."""
+    return {"postStart": {"exec": {"command": ready_hook(polls)}}}
