@@ -10,7 +10,10 @@ controller-manager to volumes the runner's local provisioner creates (directorie
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +109,17 @@ class LocalDefault:
         assert code == 200, (code, body[:300])
         result: dict[str, Any] = json.loads(body)
         return result
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`agentrun ARGS -n NAMESPACE` as a user runs it, against this cluster's API server."""
+        return subprocess.run(
+            [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", self.namespace],
+            env={**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def diagnosis(self) -> str:
         """What a failed test's report shows of the cluster (tests/conftest.py): every run's phase with

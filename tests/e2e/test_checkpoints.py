@@ -7,73 +7,22 @@ run on the same claim from the state at an iteration's end (docs/concepts.md#res
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import LocalDefault, step_status
-
-RUN = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
-apiVersion: agents.proompteng.ai/v1alpha1
-kind: AgentRun
-metadata:
-  name: {name}
-spec:
-  runtime:
-    type: workflow
-  workload:
-    image: busybox:1.36
-    command: [sh, -c]
-    args:
-      - |
-{script}
-    volumes:
-      - name: workspace
-        type: pvc
-        claimName: {name}-workspace
-        mountPath: /workspace
-  workflow:
-    steps:
-      - name: work
-        retries: 1
-        retryBackoffSeconds: 0
-        loop:
-          maxIterations: 2
-          checkpoint:
-            mode: Files
-            onFailedAttempt: {on_failed}
-"""
+from tests.support.checkpoint_runs import checkpoint_run, hashing_script, read_record
 
 # Each attempt first records a hash of the workspace tree (paths, contents, modes; the control
 # directory left out, as the checkpoint leaves it out) in .agentrun, which no restore touches.
 # Iteration 1 sets the workspace up; iteration 2's first attempt writes `dirty` into a file, deletes
 # another, creates a third, then exits 1; its retry succeeds.
-SCRIPT = r"""
-set -e
-cd /workspace
+SCRIPT = hashing_script(
+    r"""
 mkdir -p .agentrun
-tree_hash() {
-  find . -path ./.agentrun -prune -o -path ./.agentrun-claims -prune -o -print | LC_ALL=C sort |
-  while read -r p; do
-    if [ -f "$p" ]; then echo "f $p $(stat -c %a "$p") $(sha256sum < "$p")";
-    else echo "d $p $(stat -c %a "$p")"; fi
-  done | sha256sum | cut -d' ' -f1
-}
 tree_hash > ".agentrun/hash-i${AGENTRUN_ITERATION}-a${AGENTRUN_ATTEMPT}"
 if [ "$AGENTRUN_ITERATION" = 1 ]; then
   echo clean > keep.txt; echo here > gone.txt; mkdir -p sub; echo deep > sub/deep.txt; chmod 640 keep.txt
@@ -85,21 +34,13 @@ if [ "$AGENTRUN_ATTEMPT" = 1 ]; then
 fi
 exit 0
 """
-
-
-def _manifest(name: str, on_failed: str) -> str:
-    body = "\n".join("        " + line for line in SCRIPT.strip().splitlines())
-    return RUN.format(name=name, script=body, on_failed=on_failed)
-
-
-def _read(root: Path, name: str) -> str:
-    return (root / ".agentrun" / name).read_text().strip()
+)
 
 
 @pytest.mark.parametrize("on_failed", ["Restore", "Keep"])
 def test_a_retry_starts_from_its_iterations_checkpoint(local_default: LocalDefault, on_failed: str) -> None:
     name = f"ckpt-{on_failed.lower()}"
-    local_default.apply(_manifest(name, on_failed))
+    local_default.apply(checkpoint_run(name, SCRIPT, max_iterations=2, retries=1, on_failed=on_failed))
     run = local_default.wait_for_end(name)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     loop = step_status(run)["loop"]
@@ -109,7 +50,7 @@ def test_a_retry_starts_from_its_iterations_checkpoint(local_default: LocalDefau
     assert records[2]["checkpoint"]["id"] == f"{name}_1_2"
     assert records[1]["checkpoint"]["files"] >= 0
     root = Path(local_default.claim_dir(f"{name}-workspace"))
-    start, retry = _read(root, "hash-i2-a1"), _read(root, "hash-i2-a2")
+    start, retry = read_record(root, "hash-i2-a1"), read_record(root, "hash-i2-a2")
     if on_failed == "Restore":
         assert records[2]["checkpoint"]["restored"] == f"{name}_1_2"
         assert retry == start
@@ -131,18 +72,9 @@ def test_a_retry_starts_from_its_iterations_checkpoint(local_default: LocalDefau
 # file's directory: no checkpoint records or restores it), named by run and iteration, and changes
 # the workspace in between: a file appended to, files and directories created, modes changed,
 # files, a directory and a symlink made and removed.
-RESUMED_SCRIPT = r"""
-set -e
-cd /workspace
+RESUMED_SCRIPT = hashing_script(
+    r"""
 mkdir -p .agentrun
-tree_hash() {
-  find . -path ./.agentrun -prune -o -path ./.agentrun-claims -prune -o -print | LC_ALL=C sort |
-  while read -r p; do
-    if [ -L "$p" ]; then echo "l $p $(readlink "$p")";
-    elif [ -f "$p" ]; then echo "f $p $(stat -c %a "$p") $(sha256sum < "$p")";
-    else echo "d $p $(stat -c %a "$p")"; fi
-  done | sha256sum | cut -d' ' -f1
-}
 N=$AGENTRUN_ITERATION
 tree_hash > ".agentrun/hash-${AGENTRUN_NAME}-i${N}-start"
 echo "iteration $N" >> log.txt
@@ -155,58 +87,9 @@ case "$N" in
 esac
 tree_hash > ".agentrun/hash-${AGENTRUN_NAME}-i${N}-end"
 """
-
-RESUMED_RUN = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
-apiVersion: agents.proompteng.ai/v1alpha1
-kind: AgentRun
-metadata:
-  name: {name}
-spec:
-  runtime:
-    type: workflow
-  workload:
-    image: busybox:1.36
-    command: [sh, -c]
-    args:
-      - |
-{script}
-    volumes:
-      - name: workspace
-        type: pvc
-        claimName: {name}-workspace
-        mountPath: /workspace
-  workflow:
-    steps:
-      - name: work
-        loop:
-          maxIterations: 4
-          checkpoint:
-            mode: Files
-"""
+)
 
 SIZE = re.compile(r"^\d+(\.\d)? (B|KiB|MiB|GiB)$")
-
-
-def _agentrun(local_default: LocalDefault, *args: str) -> subprocess.CompletedProcess[str]:
-    """`agentrun ARGS` as a user runs it, against the test cluster's API server."""
-    return subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", local_default.namespace],
-        env={**os.environ, "KUBECONFIG": str(local_default.plane.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def _table(text: str) -> list[dict[str, str]]:
@@ -223,8 +106,7 @@ def _records(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 def test_resume_starts_a_new_run_from_an_iterations_end(local_default: LocalDefault) -> None:
     name = "ckpt-resume"
-    script = "\n".join("        " + line for line in RESUMED_SCRIPT.strip().splitlines())
-    local_default.apply(RESUMED_RUN.format(name=name, script=script))
+    local_default.apply(checkpoint_run(name, RESUMED_SCRIPT, max_iterations=4))
     source = local_default.wait_for_end(name)
     assert source["status"]["phase"] == "Succeeded", source["status"]
     records = _records(source)
@@ -233,7 +115,7 @@ def test_resume_starts_a_new_run_from_an_iterations_end(local_default: LocalDefa
         assert record["checkpoint"]["id"] == f"{name}_1_{index}", record
 
     # `agentrun checkpoints`: one row per iteration, with its id, iteration, size and time.
-    listed = _agentrun(local_default, "checkpoints", name)
+    listed = local_default.cli("checkpoints", name, timeout=120)
     assert listed.returncode == 0, listed.stderr
     rows = _table(listed.stdout)
     assert [r["ITERATION"] for r in rows] == ["1", "2", "3", "4"], listed.stdout
@@ -244,18 +126,18 @@ def test_resume_starts_a_new_run_from_an_iterations_end(local_default: LocalDefa
         assert SIZE.match(row["SIZE"]), listed.stdout
         assert row["FILES"] == str(record["checkpoint"]["files"]), listed.stdout
         assert row["TIME"] == record["startedAt"], listed.stdout
-    as_json = _agentrun(local_default, "checkpoints", name, "-o", "json")
+    as_json = local_default.cli("checkpoints", name, "-o", "json", timeout=120)
     assert as_json.returncode == 0, as_json.stderr
     assert [r["bytes"] for r in json.loads(as_json.stdout)] == [
         records[i]["checkpoint"]["bytes"] for i in (1, 2, 3, 4)
     ]
 
     # The last iteration has no later one to record its end: refused, naming why.
-    last = _agentrun(local_default, "resume", name, "--from-iteration", "4")
+    last = local_default.cli("resume", name, "--from-iteration", "4", timeout=120)
     assert last.returncode != 0 and "is its last" in last.stderr, (last.stdout, last.stderr)
 
     resumed = f"{name}-from-2"
-    created = _agentrun(local_default, "resume", name, "--from-iteration", "2")
+    created = local_default.cli("resume", name, "--from-iteration", "2", timeout=120)
     assert created.returncode == 0, created.stderr
     assert f"AgentRun {resumed} created" in created.stdout, created.stdout
     new = local_default.run(resumed)
@@ -269,7 +151,10 @@ def test_resume_starts_a_new_run_from_an_iterations_end(local_default: LocalDefa
     assert first["restored"] == f"{name}_1_3", first
 
     root = Path(local_default.claim_dir(f"{name}-workspace"))
-    source_end_2, source_end_4 = _read(root, f"hash-{name}-i2-end"), _read(root, f"hash-{name}-i4-end")
-    assert _read(root, f"hash-{name}-i3-start") == source_end_2
+    source_end_2, source_end_4 = (
+        read_record(root, f"hash-{name}-i2-end"),
+        read_record(root, f"hash-{name}-i4-end"),
+    )
+    assert read_record(root, f"hash-{name}-i3-start") == source_end_2
     assert source_end_2 != source_end_4
-    assert _read(root, f"hash-{resumed}-i1-start") == source_end_2
+    assert read_record(root, f"hash-{resumed}-i1-start") == source_end_2

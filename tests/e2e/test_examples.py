@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from datetime import datetime, timedelta
 from itertools import pairwise
 
@@ -462,7 +460,7 @@ def test_review_loop_repeats_its_body_until_the_review_approves(local_default: L
     ]
     assert len(set(created_jobs(local_default, "review-loop"))) == 9  # 3 children x 3 iterations
     # the timeline through the real CLI: plain text when piped, a bar per iteration and per child
-    timeline = _cli(local_default, "status", "review-loop", "--timeline")
+    timeline = local_default.cli("status", "review-loop", "--timeline")
     assert timeline.returncode == 0 and "\x1b[" not in timeline.stdout, timeline.stderr
     print(timeline.stdout)
     rows = [line.split("|") for line in timeline.stdout.splitlines() if "|" in line]
@@ -685,17 +683,6 @@ def test_retry_feedback_tells_the_retry_why_the_attempt_before_failed(local_defa
     assert result == "attempt 2: rebased first, because attempt 1's patch was rejected\n"
 
 
-def _cli(local_default: LocalDefault, *args: str) -> subprocess.CompletedProcess[str]:
-    """`agentrun ARGS` as a user runs it, against the local default's API server."""
-    return subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", local_default.namespace],
-        env={**os.environ, "KUBECONFIG": str(local_default.plane.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _gate_waits(local_default: LocalDefault, name: str, iteration: int) -> dict[str, object]:
     def waiting() -> dict[str, object] | None:
         run = local_default.run(name)
@@ -711,20 +698,19 @@ def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> N
     before = local_default.metrics()
     local_default.apply_example("approval-loop.yaml")
     _gate_waits(local_default, "approval-loop", 1)
-    status = _cli(local_default, "status", "approval-loop")
+    status = local_default.cli("status", "approval-loop")
     assert "Approval:" in status.stdout and "Review change.log" in status.stdout, status.stdout
     # bad input is refused by the CLI, naming the flag, and nothing is written
-    refused = _cli(local_default, "reject", "approval-loop", "--step", "develop/sign-off")
+    refused = local_default.cli("reject", "approval-loop", "--step", "develop/sign-off")
     assert refused.returncode == 4 and "--reason" in refused.stderr, refused.stderr
-    refused = _cli(
-        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "colour=red"
+    refused = local_default.cli(
+        "approve", "approval-loop", "--step", "develop/sign-off", "--input", "colour=red"
     )
     assert refused.returncode == 4 and "input 'colour' is not declared" in refused.stderr, refused.stderr
-    refused = _cli(local_default, "approve", "approval-loop", "--step", "develop/implement")
+    refused = local_default.cli("approve", "approval-loop", "--step", "develop/implement")
     assert refused.returncode == 4 and "not an approval gate" in refused.stderr, refused.stderr
     assert "approvals" not in local_default.run("approval-loop")["spec"]
-    approved = _cli(
-        local_default,
+    approved = local_default.cli(
         "approve",
         "approval-loop",
         "--step",
@@ -739,13 +725,13 @@ def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> N
     _gate_waits(local_default, "approval-loop", 2)
     # The approve command that status (and the condition, and the Event) suggests is one the gate
     # accepts: its required input is a flag, VALUE to fill in.
-    status = _cli(local_default, "status", "approval-loop")
+    status = local_default.cli("status", "approval-loop")
     suggested = re.search(r"approve with `agentrun (approve [^`]*)`", status.stdout)
     assert suggested is not None, status.stdout
     assert "--input verdict=VALUE" in suggested.group(1), suggested.group(1)
     assert "(required: verdict: revise (another iteration) or final)" in status.stdout, status.stdout
     command = shlex.split(suggested.group(1).replace("verdict=VALUE", "verdict=final"))
-    final = _cli(local_default, *command)
+    final = local_default.cli(*command)
     assert final.returncode == 0, final.stderr
     run = local_default.wait_for_end("approval-loop")
     assert run["status"]["phase"] == "Succeeded", run["status"]
@@ -763,8 +749,8 @@ def test_approval_loop_is_decided_from_the_cli(local_default: LocalDefault) -> N
     assert lines == ["iteration 1: first draft", "iteration 2: revised: add tests"]
     after = local_default.metrics_after(before, "agentrun_approval_waits_total")
     assert delta(before, after, "agentrun_approval_waits_total") == 2
-    finished = _cli(
-        local_default, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=x"
+    finished = local_default.cli(
+        "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=x"
     )
     assert finished.returncode == 4 and "already finished" in finished.stderr
 
@@ -796,7 +782,7 @@ def test_checkpoint_undo_gives_the_retry_its_iterations_start(local_default: Loc
         "iteration 2 attempt 2 saw: section 1 ",
         "iteration 3 attempt 1 saw: section 1 section 2 ",
     ]
-    listed = _cli(local_default, "checkpoints", "checkpoint-undo")
+    listed = local_default.cli("checkpoints", "checkpoint-undo")
     assert listed.returncode == 0, listed.stderr
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [

@@ -10,9 +10,6 @@ examples run through the local pod runner, and evaluates the chart's alerts and 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,16 +89,6 @@ def monitored(
         stack.close()  # the local default's own teardown
 
 
-def _cli(local: LocalDefault, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.cli", *args, "-n", local.namespace],
-        env={**os.environ, "KUBECONFIG": str(local.plane.kubeconfig)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _series(prometheus: PrometheusProcess, name: str) -> list[dict[str, str]]:
     return [s["metric"] for s in prometheus.query(f"{{__name__='{name}', {SELECTOR}}}")]
 
@@ -125,9 +112,7 @@ def test_examples_scraped_by_prometheus_show_every_documented_metric_and_dashboa
         lambda: prometheus.firing("AgentRunApprovalWaiting"), 120, "AgentRunApprovalWaiting to fire"
     )
     print("firing:", alert["labels"]["alertname"], "-", alert["annotations"]["description"])
-    approved = _cli(
-        local, "approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=final"
-    )
+    approved = local.cli("approve", "approval-loop", "--step", "develop/sign-off", "--input", "verdict=final")
     assert approved.returncode == 0, approved.stderr
     for name in ("fixed-loop", "retries", "switch-triage", "approval-loop"):
         assert local.wait_for_end(name)["status"]["phase"] == "Succeeded", name

@@ -16,65 +16,17 @@ from pathlib import Path
 
 from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
 from tests.e2e.conftest import LocalDefault, step_status
+from tests.support.checkpoint_runs import checkpoint_run, hashing_script, read_record
 
 MAIN_UID = 10001
 """The operator image's user (its Dockerfile's `USER 10001:10001`), `main`'s here."""
 
-RUN = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
-apiVersion: agents.proompteng.ai/v1alpha1
-kind: AgentRun
-metadata:
-  name: {name}
-spec:
-  runtime:
-    type: workflow
-  workload:
-    image: {image}
-    command: [sh, -c]
-    args:
-      - |
-{script}
-    volumes:
-      - name: workspace
-        type: pvc
-        claimName: {name}-workspace
-        mountPath: /workspace
-  workflow:
-    steps:
-      - name: work
-        retries: 1
-        retryBackoffSeconds: 0
-        loop:
-          maxIterations: 2
-          checkpoint:
-            mode: Files
-            onFailedAttempt: Restore
-"""
-
 # The tree hash takes owners too. Iteration 1 makes private, read-only and locked files as uid
 # 10001; iteration 2's first attempt changes them all (making its own way in and out again), then
 # fails; the retry records the hash of what the restore left.
-SCRIPT = r"""
-set -e
-cd /workspace
+SCRIPT = hashing_script(
+    r"""
 id -u > ".agentrun/uid-i${AGENTRUN_ITERATION}-a${AGENTRUN_ATTEMPT}"
-tree_hash() {
-  find . -path ./.agentrun -prune -o -path ./.agentrun-claims -prune -o -print | LC_ALL=C sort |
-  while read -r p; do
-    if [ -f "$p" ]; then echo "f $p $(stat -c '%a %u:%g' "$p") $(sha256sum < "$p")";
-    else echo "d $p $(stat -c '%a %u:%g' "$p")"; fi
-  done | sha256sum | cut -d' ' -f1
-}
 tree_hash > ".agentrun/hash-i${AGENTRUN_ITERATION}-a${AGENTRUN_ATTEMPT}"
 if [ "$AGENTRUN_ITERATION" = 1 ]; then
   echo clean > readonly.txt; chmod 400 readonly.txt
@@ -89,25 +41,26 @@ if [ "$AGENTRUN_ATTEMPT" = 1 ]; then
   exit 1
 fi
 exit 0
-"""
-
-
-def _read(root: Path, name: str) -> str:
-    return (root / ".agentrun" / name).read_text().strip()
+""",
+    "%a %u:%g",
+)
 
 
 def test_a_checkpoint_restore_puts_back_files_main_wrote_as_another_user(local_default: LocalDefault) -> None:
     name = "ckpt-owners"
-    script = "\n".join("        " + line for line in SCRIPT.strip().splitlines())
-    local_default.apply(RUN.format(name=name, script=script, image=DEFAULT_REPORTER_IMAGE))
+    local_default.apply(
+        checkpoint_run(
+            name, SCRIPT, max_iterations=2, retries=1, on_failed="Restore", image=DEFAULT_REPORTER_IMAGE
+        )
+    )
     run = local_default.wait_for_end(name)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     records = {r["index"]: r for r in step_status(run)["loop"]["iterations"]}
     assert records[2]["attempts"] == 2
     assert records[2]["checkpoint"]["restored"] == f"{name}_1_2"
     root = Path(local_default.claim_dir(f"{name}-workspace"))
-    assert _read(root, "uid-i1-a1") == str(MAIN_UID)
-    assert _read(root, "hash-i2-a2") == _read(root, "hash-i2-a1")
+    assert read_record(root, "uid-i1-a1") == str(MAIN_UID)
+    assert read_record(root, "hash-i2-a2") == read_record(root, "hash-i2-a1")
     for path, mode in (
         ("readonly.txt", 0o400),
         ("private", 0o700),
