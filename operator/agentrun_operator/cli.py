@@ -389,6 +389,10 @@ USAGE_ERROR_EXIT = 4
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:2] == ["reporter", "promote"]:  # loop.candidates' promotion pod
+        from agentrun_operator.control.promote import main as promote_main
+
+        return int(promote_main(args_list[2:]))
     if args_list[:1] == ["reporter"]:
         # Straight to the reporter's own parser: argparse.REMAINDER would refuse a leading option
         # (`agentrun reporter --help` exited 2 with "unrecognized arguments").

@@ -67,6 +67,31 @@ def job_name(
     return f"{head.rstrip('-.')}{tail}"
 
 
+PROMOTION_SUFFIX = "-promote"
+
+
+def promotion_job_name(attempt_job: str) -> str:
+    """The Job that puts the winning candidate's files into the workspace after the candidates' Job
+    `attempt_job` (docs/concepts.md#candidates): `<attempt job>-promote`, cut with a hash when too long."""
+    full = f"{attempt_job}{PROMOTION_SUFFIX}"
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_LEN]
+    head = attempt_job[: MAX_NAME - len(PROMOTION_SUFFIX) - _HASH_LEN - 1].rstrip("-.")
+    return f"{head}-{digest}{PROMOTION_SUFFIX}"
+
+
+def candidate_checkpoint_id(start_checkpoint: str, index: int | str) -> str:
+    """The end state of candidate `index` of the iteration whose start is `start_checkpoint`:
+    `<start>c<index>` (an iteration's candidates are kept and pruned with it)."""
+    return f"{start_checkpoint}c{index}"
+
+
+CANDIDATES_DIR = ".agentrun/candidates"
+"""Where, under the checkpointed volume's root, each candidate's copy of the workspace lives
+(`<dir>/<start checkpoint>/<index>`); never recorded in a checkpoint."""
+
+
 def job_iteration(labels: dict[str, str]) -> str | None:
     """The iteration of the Job's own step (what its name and the planner count), from its labels:
     `LABEL_STEP_ITERATION` where the Job has it, else `LABEL_ITERATION` (every Job of an operator

@@ -20,7 +20,7 @@ from .agentrun import (
 )
 from .approval import ApprovalDecision, ApprovalInput, StepApproval
 from .base import API_VERSION, GROUP, VERSION, Timestamp, format_timestamp
-from .checkpoint import LoopCheckpoint, ResumeFrom
+from .checkpoint import LoopCandidates, LoopCheckpoint, ResumeFrom
 from .common import Condition, JobRef, ObjectRef
 from .errors import error_path, format_validation_error
 from .immutability import immutability_violations
@@ -49,6 +49,7 @@ from .resources import (
 from .status import (
     AgentRunStatus,
     AttemptFailure,
+    IterationCandidates,
     IterationCheckpoint,
     IterationPhase,
     IterationRecord,
@@ -86,11 +87,13 @@ __all__ = [
     "ImplementationSpec",
     "ImplementationSpecSpec",
     "InlineImplementation",
+    "IterationCandidates",
     "IterationCheckpoint",
     "IterationPhase",
     "IterationRecord",
     "JobRef",
     "LoopBudget",
+    "LoopCandidates",
     "LoopCheckpoint",
     "LoopCondition",
     "LoopConditionSource",

@@ -88,6 +88,39 @@ def relative_inside(path: str) -> bool:
     return not path.startswith("/") and ".." not in path.split("/")
 
 
+MIN_CANDIDATES: Final = 2
+MAX_CANDIDATES: Final = 8
+MAX_SELECT_LENGTH: Final = 4096
+
+
+class LoopCandidates(ApiModel):
+    """Best-of-N: every iteration runs `count` candidates at once, each on its own copy of the
+    iteration's start checkpoint; `select` picks the one whose files the loop keeps
+    (docs/concepts.md#candidates)."""
+
+    count: int = Field(
+        description=f"Candidates per iteration, {MIN_CANDIDATES}..{MAX_CANDIDATES}: one pod each, at once.",
+        json_schema_extra=rules.validations(rules.CANDIDATES_COUNT),
+    )
+    select: str = Field(
+        min_length=1,
+        max_length=MAX_SELECT_LENGTH,
+        description=(
+            "CEL giving the winner's index (an int) from `candidates`: the candidates whose main "
+            "succeeded, each {index, control} with its control file's JSON. E.g. the highest score: "
+            "candidates.filter(c, candidates.all(o, o.control.score <= c.control.score))[0].index"
+        ),
+    )
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int) -> int:
+        """Mirror of the CRD rule."""
+        if not MIN_CANDIDATES <= value <= MAX_CANDIDATES:
+            raise ValueError(rules.CANDIDATES_COUNT.message)
+        return value
+
+
 class ResumeFrom(ApiModel):
     """Start this run from another run's checkpoint: its workspace is the source run's state at the
     end of iteration `iteration` of its checkpointed loop (docs/concepts.md#resume)."""

@@ -19,7 +19,7 @@ from .base import (
     MAX_VOLUME_NAMES,
     ApiModel,
 )
-from .checkpoint import LoopCheckpoint
+from .checkpoint import LoopCandidates, LoopCheckpoint
 
 DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 DEFAULT_OUTPUT_EXPRESSION: Final = "iteration.last.control.outputs"
@@ -222,7 +222,9 @@ class LoopStall(ApiModel):
 class StepLoop(ApiModel):
     """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
 
-    model_config = ConfigDict(json_schema_extra=rules.validations(rules.LOOP_MAX_ITERATIONS))
+    model_config = ConfigDict(
+        json_schema_extra=rules.validations(rules.LOOP_MAX_ITERATIONS, rules.CANDIDATES_NEED_CHECKPOINT)
+    )
 
     max_iterations: int = Field(
         description="Upper bound of iterations, 1..1000 (and at most the operator's cap, default 20).",
@@ -263,6 +265,14 @@ class StepLoop(ApiModel):
             "iteration's start state, a new run can resume from an iteration's end."
         ),
     )
+    candidates: LoopCandidates | None = Field(
+        default=None,
+        description=(
+            "Best-of-N: each iteration runs count candidates at once on copies of its start "
+            "checkpoint; select picks the winner, whose files the next iteration starts from. Needs "
+            "checkpoint.mode: Files."
+        ),
+    )
     interval_seconds: int = Field(
         default=0,
         description=(
@@ -280,6 +290,13 @@ class StepLoop(ApiModel):
         if not 1 <= value <= MAX_ITERATIONS_SCHEMA:
             raise ValueError(rules.LOOP_MAX_ITERATIONS.message)
         return value
+
+    @model_validator(mode="after")
+    def _candidates_need_checkpoint(self) -> StepLoop:
+        """Mirror of the CRD rule: candidates start from, and are kept as, checkpoints."""
+        if self.candidates is not None and (self.checkpoint is None or self.checkpoint.mode != "Files"):
+            raise ValueError(rules.CANDIDATES_NEED_CHECKPOINT.message)
+        return self
 
     @field_validator("interval_seconds")
     @classmethod

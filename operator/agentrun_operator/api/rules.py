@@ -416,6 +416,26 @@ CHECKPOINT_EXCLUDE_RELATIVE: Final = Rule(
     ),
 )
 
+CANDIDATES_COUNT: Final = Rule(
+    anchor="loop-candidates",
+    rule="self >= 2 && self <= 8",
+    text=(
+        "loop.candidates.count must be between 2 and 8 (each candidate is a pod with its own copy of "
+        "the workspace); set e.g. count: 3."
+    ),
+)
+
+CANDIDATES_NEED_CHECKPOINT: Final = Rule(
+    anchor="loop-candidates",
+    rule="!has(self.candidates) || (has(self.checkpoint) && has(self.checkpoint.mode) && "
+    "self.checkpoint.mode == 'Files')",
+    text=(
+        "loop.candidates needs loop.checkpoint.mode: Files (each candidate starts from the iteration's "
+        "checkpoint, and the winner's files are kept as one); add checkpoint: {mode: Files}."
+    ),
+    field_path=".candidates",
+)
+
 RESUME_ITERATION: Final = Rule(
     anchor="resume",
     rule="self >= 1",
@@ -489,6 +509,8 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     LOOP_INTERVAL,
     CHECKPOINT_KEEP,
     CHECKPOINT_EXCLUDE_RELATIVE,
+    CANDIDATES_COUNT,
+    CANDIDATES_NEED_CHECKPOINT,
     RESUME_ITERATION,
     APPROVAL_NO_LOOP,
     APPROVAL_INPUT_NAME,

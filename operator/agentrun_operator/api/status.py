@@ -53,6 +53,25 @@ class IterationCheckpoint(StatusModel):
     )
 
 
+class IterationCandidates(StatusModel):
+    """loop.candidates: how the iteration's candidates went and which one the loop kept."""
+
+    count: int = Field(ge=0, description="Candidates the iteration ran.")
+    succeeded: list[int] | None = Field(
+        default=None, description="Indexes of the candidates whose main succeeded (the ones select saw)."
+    )
+    winner: int | None = Field(
+        default=None, ge=0, description="The index select picked: its files are the workspace now."
+    )
+    checkpoint: str | None = Field(
+        default=None, description="The winner's end checkpoint (the next iteration's start)."
+    )
+    promoted: bool | None = Field(
+        default=None,
+        description="The winner's files were put into the workspace (by the iteration's promotion pod).",
+    )
+
+
 class IterationRecord(StatusModel):
     """One iteration of a looped step, kept in the bounded history."""
 
@@ -81,6 +100,9 @@ class IterationRecord(StatusModel):
     )
     checkpoint: IterationCheckpoint | None = Field(
         default=None, description="loop.checkpoint: the checkpoint of the iteration's start."
+    )
+    candidates: IterationCandidates | None = Field(
+        default=None, description="loop.candidates: the iteration's candidates and its winner."
     )
 
 

@@ -52,6 +52,7 @@ from agentrun_operator.api import (
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.control.claim import CLAIMS_DIR
 from agentrun_operator.jobs import system_prompt
+from agentrun_operator.jobs.candidates import add_candidates, candidates_job_spec
 from agentrun_operator.jobs.checkpoint_args import (
     CHECKPOINT_FACTS_NAME,
     CHECKPOINT_SECURITY_CONTEXT,
@@ -532,7 +533,8 @@ def _pod_spec(
     if affinity is not None:
         pod["affinity"] = affinity
     if attempt.checkpoint is not None:
-        _add_checkpoint(pod["containers"][0], attempt.checkpoint, step, workload, path, volumes)
+        containers = pod["containers"]
+        _add_checkpoint(containers[0], containers[1], attempt.checkpoint, step, workload, path, volumes)
     parts = PodParts(
         pod,
         pod["containers"][1],
@@ -546,6 +548,7 @@ def _pod_spec(
 
 def _add_checkpoint(
     reporter: dict[str, Any],
+    main: dict[str, Any],
     plan: CheckpointPlan,
     step: WorkflowStep,
     workload: Workload,
@@ -568,6 +571,8 @@ def _add_checkpoint(
     reporter["args"] = [*reporter["args"], *reporter_checkpoint_args(plan, volume, excluded, facts)]
     reporter["securityContext"] = dict(CHECKPOINT_SECURITY_CONTEXT)
     reporter["lifecycle"] = ready_lifecycle(READY_HOOK_POLLS_CHECKPOINT)
+    if plan.candidates:
+        add_candidates(reporter, main, plan, volume)
 
 
 def same_node_affinity(node: str | None, claim: WorkloadVolume | None) -> dict[str, Any] | None:
@@ -634,6 +639,8 @@ def build_iteration_objects(
         "parallelism": 1,
         "template": {"metadata": {"labels": dict(labels), "annotations": pod_annotations}, "spec": pod},
     }
+    if attempt.checkpoint is not None and attempt.checkpoint.candidates:
+        candidates_job_spec(job_spec, attempt.checkpoint.candidates)
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
         job_spec["activeDeadlineSeconds"] = timeout

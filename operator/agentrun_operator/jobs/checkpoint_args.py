@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from agentrun_operator.api import StepLoop, WorkloadVolume
 from agentrun_operator.control.claim import CLAIMS_DIR
+from agentrun_operator.naming import CANDIDATES_DIR
 
 CHECKPOINT_FACTS_NAME: Final = "checkpoint.json"
 CHECKPOINT_SECURITY_CONTEXT: Final[dict[str, Any]] = {
@@ -35,6 +36,8 @@ class CheckpointPlan:
     restore_from: str | None = None
     exclude: tuple[str, ...] = ()
     """The user's `loop.checkpoint.exclude`."""
+    candidates: int = 0
+    """loop.candidates.count: the attempt is an Indexed Job of that many candidates (0: none)."""
 
 
 def checkpoint_volume(
@@ -80,10 +83,18 @@ def excluded_paths(
         out.append(directory or control)
     if claims_here:
         out.append(CLAIMS_DIR)
+    if plan.candidates and CANDIDATES_DIR not in out and not _covered(CANDIDATES_DIR, out):
+        out.append(CANDIDATES_DIR)
     for entry in plan.exclude:
         if entry not in out:
             out.append(entry)
     return out
+
+
+def _covered(path: str, excluded: list[str]) -> bool:
+    """`path` lies under an excluded one (the default control directory `.agentrun` holds the
+    candidates' copies already)."""
+    return any(path == e or path.startswith(e.rstrip("/") + "/") for e in excluded)
 
 
 def reporter_checkpoint_args(

@@ -50,6 +50,7 @@ def checkpoint_plan(ctx: PlanContext, step: StepView, iteration: int, attempt: i
         expected=restore and reported is not None and reported.id == own,
         restore_from=source,
         exclude=tuple(spec.exclude or ()),
+        candidates=loop.candidates.count if loop.candidates is not None else 0,
     )
 
 

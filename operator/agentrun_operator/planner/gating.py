@@ -193,7 +193,7 @@ def succeeded_by_pod(ctx: PlanContext, job: ObservedJob) -> ObservedJob | None:
     the phase or a later eviction or deletion of the pod says (docs/design.md#early-result).
     """
     pods = ctx.observed.pods_of(job.name)
-    if len(pods) != 1 or job.deleting:
+    if len(pods) != 1 or job.deleting or job.completions != 1:  # candidates: every pod decides
         return None
     pod = pods[0]
     if not pod.reported and (pod.phase != "Succeeded" or pod.deleting):

@@ -97,6 +97,9 @@ class ObservedPod:
     # The node it was scheduled to (`spec.nodeName`): the next pod of the run prefers it, where the
     # run's volume is attached (planner/placement.py).
     node_name: str | None = None
+    # Its Job's completion index (`batch.kubernetes.io/job-completion-index`): in a loop with
+    # candidates, which candidate it is (planner/candidates.py); None for a pod of a one-pod Job.
+    completion_index: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -136,6 +139,7 @@ class ObservedJob:
     settling: bool = False
     path: str = ""  # the step-path label of a nested step's Job (`2i3-1`); "" for a top-level step
     label: str = ""  # its step annotation, the path as logs name it (`develop/iteration 2/review`)
+    completions: int = 1  # spec.completions: more than 1 for a loop's candidates (an Indexed Job)
 
     @property
     def finished(self) -> bool:

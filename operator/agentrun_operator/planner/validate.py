@@ -35,7 +35,8 @@ from agentrun_operator.api.resources import (
 )
 from agentrun_operator.api.vcs import VersionControlProvider
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX
+from agentrun_operator.jobs.builder import RESERVED_VOLUME_PREFIX, volume_holding
+from agentrun_operator.jobs.checkpoint_args import checkpoint_volume
 from agentrun_operator.planner import compat
 from agentrun_operator.planner.envelope import metadata_problems
 from agentrun_operator.planner.observed import Observed
@@ -47,7 +48,12 @@ from agentrun_operator.problem import Problem as Problem
 from agentrun_operator.problem import api as _api
 from agentrun_operator.problem import concepts as _concepts
 from agentrun_operator.problem import format_value as format_value
-from agentrun_operator.resolution import References, effective_workload, implementation_spec_refs
+from agentrun_operator.resolution import (
+    References,
+    control_path,
+    effective_workload,
+    implementation_spec_refs,
+)
 
 REASON_LOOPS_DISABLED: Final = "WorkflowLoopsDisabled"
 
@@ -124,6 +130,7 @@ def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Ite
         )
     yield from _state_problems(run, view)
     yield from _checkpoint_problems(run, view)
+    yield from candidates_problems(run, view)
 
 
 def _checkpoint_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
@@ -168,6 +175,28 @@ def _checkpoint_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
             "read-write pvc volume",
             "list the read-write pvc volume that holds the workspace first in loop.state.volumeNames",
             _concepts("checkpoints"),
+        )
+
+
+def candidates_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
+    """loop.candidates: each candidate's `main` works on a copy of the checkpointed volume, so the
+    control file it writes must be on that volume (or on none, the pod's own)."""
+    loop = view.step.loop
+    if loop is None or loop.candidates is None or view.step.steps is not None or view.step.switch is not None:
+        return
+    volumes, _ = _effective_volumes(run, view)
+    path = control_path(view.step)
+    holder = volume_holding(path, volumes)
+    volume = checkpoint_volume(loop, volumes, holder)
+    if holder is not None and holder.type == "pvc" and volume is not None and holder.name != volume.name:
+        yield Problem(
+            f"{view.field_path}.loop.candidates",
+            path,
+            f"the control file {path} is on volume {holder.name!r}, which the candidates share, not on "
+            f"the checkpointed volume {volume.name!r} that each candidate gets its own copy of",
+            f"put the control file under {volume.mount_path} (loop.condition.source.path), or list "
+            f"{holder.name} first in loop.state.volumeNames",
+            _concepts("candidates"),
         )
 
 

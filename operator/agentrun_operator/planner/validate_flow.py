@@ -81,6 +81,8 @@ def _expressions(node: StepNode) -> Iterator[tuple[str, str]]:
         yield f"{path}.loop.output.expression", loop.output.expression
     if loop.stall is not None:
         yield f"{path}.loop.stall.progress", loop.stall.progress
+    if loop.candidates is not None:
+        yield f"{path}.loop.candidates.select", loop.candidates.select
 
 
 def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:

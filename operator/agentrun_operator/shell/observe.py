@@ -83,7 +83,13 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
         path=str(labels.get(naming.LABEL_STEP_PATH, "")),
         label=str((meta.get("annotations") or {}).get(naming.ANNOTATION_STEP, "")),
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
+        completions=_completions(spec),
     )
+
+
+def _completions(spec: dict[str, Any]) -> int:
+    value = spec.get("completions")
+    return value if isinstance(value, int) else 1
 
 
 _TERMINAL: Final = {"Complete": "Succeeded", "Failed": "Failed"}
@@ -180,7 +186,18 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         creating=pod_creating(status),
         containers_ended=containers_ended(status),
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
+        completion_index=completion_index(meta),
     )
+
+
+COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
+"""The Job controller's annotation on each pod of an Indexed Job (a loop's candidates)."""
+
+
+def completion_index(meta: dict[str, Any]) -> int | None:
+    """A pod's completion index, when its Job is Indexed and the annotation is a number."""
+    value = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 BLIND_UNSAID: Final = (

@@ -34,7 +34,7 @@ UNRESOLVED: dict[tuple[str, str], frozenset[str]] = {
     # the admission problems' reason (InvalidSpec, WorkflowLoopsDisabled, NestingTooDeep, …)
     ("admission.py", "reason"): frozenset(),
     # the failed step of a loop or not
-    ("attempts.py", "reason"): frozenset({"LoopIterationFailed", "StepFailed"}),
+    ("attempt_results.py", "reason"): frozenset({"LoopIterationFailed", "StepFailed"}),
 }
 """Reason arguments that are not a constant, with the reasons they can hold (the admission's are
 problem lists, checked by the validation tests)."""
