@@ -25,8 +25,9 @@ sets modes and mtimes (a directory's after its contents), and ownership when it 
 The root's own entry is ".", and ``.agentrun``, the store's directory, is recorded as a directory.
 
 Never recorded and never touched by a restore: the store itself, the best-of-N candidates' work
-trees (``<root>/.agentrun/candidates``, `CANDIDATES_DIR`), every path with a ``.git`` component (a user's own repository is theirs), special files (fifos, sockets, devices), and the
-caller's `exclude` paths (each with everything under it). A restore that could only reach the
+trees (``<root>/.agentrun/candidates``, `CANDIDATES_DIR`), every path with a ``.git`` component (a
+user's own repository is theirs), special files (fifos, sockets, devices), and the caller's
+`exclude` paths (each with everything under it). A restore that could only reach the
 checkpoint's state by deleting one of those (a checkpointed file where such a directory now is)
 refuses before it changes anything.
 
