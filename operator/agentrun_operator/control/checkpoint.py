@@ -24,16 +24,23 @@ content does). Hard links are recorded as separate files and restored as separat
 sets modes and mtimes (a directory's after its contents), and ownership when it runs as root.
 The root's own entry is ".", and ``.agentrun``, the store's directory, is recorded as a directory.
 
-Never recorded and never touched by a restore: the store itself, every path with a ``.git``
-component (a user's own repository is theirs), special files (fifos, sockets, devices), and the
-caller's `exclude` paths (each with everything under it). A restore that could only reach the
+Never recorded and never touched by a restore: the store itself, the best-of-N candidates' work
+trees (``<root>/.agentrun/candidates``, `CANDIDATES_DIR`), every path with a ``.git`` component (a
+user's own repository is theirs), special files (fifos, sockets, devices), and the caller's
+`exclude` paths (each with everything under it). A restore that could only reach the
 checkpoint's state by deleting one of those (a checkpointed file where such a directory now is)
 refuses before it changes anything.
 
 Durability: temp files and renames make the store safe against a process that dies at any point;
 nothing is fsynced, so a node crash may leave an object or manifest damaged, which a restore finds
 (`CheckpointCorrupt`, content checked against its hash), never a silent wrong restore. One writer
-at a time (the Job claim guarantees it for one loop's pods).
+at a time (the Job claim guarantees it for one loop's pods; the N candidate pods of one iteration
+take the store's lock, `locked`).
+
+Another work tree: `record` and `restore` take `tree`, a directory whose files are recorded or
+restored with the store still under the root (a candidate's copy of the volume, `candidate_tree`);
+the exclusions apply relative to the tree as they do to the root. `prune` counts iterations
+(`iteration_of`): an iteration's start and its candidates' ends go together.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 STORE_DIR: Final = ".agentrun/checkpoints"
+CANDIDATES_DIR: Final = ".agentrun/candidates"
+"""Best-of-N candidates' work trees, ``<id>/<index>`` under it: never recorded or restored with the
+root (a restore of the root must not delete a candidate's copy that another pod works in)."""
+LOCK_FILE: Final = "lock"
+"""In the store: `locked` holds it (candidate pods of one iteration share the store)."""
 MANIFEST_VERSION: Final = 1
 MANIFEST_SUFFIX: Final = ".json.gz"
 FIELDS: Final = (
@@ -182,17 +194,23 @@ def _check_id(root: str, checkpoint_id: str) -> None:
         )
 
 
-def _require_root(root: str, checkpoint_id: str) -> None:
+def _require_root(root: str, checkpoint_id: str, tree: str | None = None) -> None:
     if not os.path.isdir(root):
         raise CheckpointError(
             f"the volume root {root!r} is not a directory: no checkpoint {checkpoint_id!r} can be "
             "recorded or restored there; check the state volume's mountPath"
         )
+    if tree is not None and not os.path.isdir(tree):
+        raise CheckpointError(
+            f"the work tree {tree!r} is not a directory: checkpoint {checkpoint_id!r} (store "
+            f"{store_path(root)}) cannot be recorded from it or restored into it"
+        )
 
 
 def _skip_set(root: str, exclude: Sequence[str]) -> frozenset[str]:
-    """The store and the normalized `exclude` paths; refuses a path outside the root or the root."""
-    skip = {STORE_DIR}
+    """The store, the candidates' trees and the normalized `exclude` paths; refuses a path outside
+    the root or the root."""
+    skip = {STORE_DIR, CANDIDATES_DIR}
     for raw in exclude:
         parts = [p for p in raw.split("/") if p not in ("", ".")]
         if raw.startswith("/") or ".." in parts or not parts or "\x00" in raw:
@@ -597,9 +615,14 @@ def _make_store_parents(root: str) -> None:
     owner and group. The reporter records the first checkpoint before any `main` ran, as uid 0; a
     ``.agentrun`` it made its own ``0755`` would shut out a `main` of another user, which may write
     there exactly as it may write the volume's root (docs/concepts.md#checkpoints)."""
+    _make_like_root(root, os.path.dirname(STORE_DIR))
+
+
+def _make_like_root(root: str, rel_dir: str) -> None:
+    """`rel_dir` under `root` and its missing parents, each made as `_make_store_parents` says."""
     top = os.stat(root)
     path = root
-    for part in os.path.dirname(STORE_DIR).split("/"):
+    for part in rel_dir.split("/"):
         path = os.path.join(path, part)
         try:
             os.mkdir(path, 0o700)
@@ -610,16 +633,26 @@ def _make_store_parents(root: str) -> None:
         os.chmod(path, stat.S_IMODE(top.st_mode))
 
 
-def record(root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, owner: str = "") -> Recorded:
-    """Record the tree under `root` as checkpoint `checkpoint_id` (an existing one of that id is
-    replaced). Reads only the files changed since the newest checkpoint of the store."""
+def record(
+    root: str,
+    checkpoint_id: str,
+    exclude: Sequence[str] = (),
+    *,
+    owner: str = "",
+    tree: str | None = None,
+) -> Recorded:
+    """Record the tree under `root` (or under `tree`, with the store still under `root`: a
+    candidate's copy) as checkpoint `checkpoint_id` (an existing one of that id is replaced). Reads
+    only the files changed since the newest checkpoint of the store: a file of another tree has
+    another inode, so the newest manifest's stat identity never vouches for it; one of the same
+    size and mtime is read and its hash compared, not copied."""
     started = time.monotonic()
     _check_id(root, checkpoint_id)
     skip = _skip_set(root, exclude)
-    _require_root(root, checkpoint_id)
+    _require_root(root, checkpoint_id, tree)
     writer = _Writer(root)
     try:
-        return _record(root, checkpoint_id, skip, owner, writer, started)
+        return _record(root, root if tree is None else tree, checkpoint_id, skip, owner, writer, started)
     except BaseException as exc:
         writer.discard()
         if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
@@ -638,7 +671,13 @@ def record(root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, owner:
 
 
 def _record(
-    root: str, checkpoint_id: str, skip: frozenset[str], owner: str, writer: _Writer, started: float
+    root: str,
+    tree: str,
+    checkpoint_id: str,
+    skip: frozenset[str],
+    owner: str,
+    writer: _Writer,
+    started: float,
 ) -> Recorded:
     _make_store_parents(root)
     for sub in ("objects", "manifests", "tmp"):
@@ -648,11 +687,11 @@ def _record(
     present = _objects_present(root) if cache else set()
     entries: list[_Entry] = []
     total = hashed = 0
-    for rel, kind, st in _walk(root, skip):
+    for rel, kind, st in _walk(tree, skip):
         if kind == _SKIPPED or st is None:
             continue
         mode = stat.S_IMODE(st.st_mode)
-        path = os.path.join(root, rel)
+        path = os.path.join(tree, rel)
         if kind == DIR:
             entries.append(_Entry(rel, DIR, mode, st.st_uid, st.st_gid, 0, st.st_mtime_ns, ""))
         elif kind == SYMLINK:
@@ -738,8 +777,11 @@ class _Plan(NamedTuple):
     """Directories whose mode, ownership and mtime are set last (changed, or changed inside)."""
 
 
-def restore(root: str, checkpoint_id: str, exclude: Sequence[str] = ()) -> Restored:
-    """Put the tree under `root` back to checkpoint `checkpoint_id`, but for excluded paths.
+def restore(
+    root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, tree: str | None = None
+) -> Restored:
+    """Put the tree under `root` (or under `tree`, from the store under `root`: a candidate's copy)
+    back to checkpoint `checkpoint_id`, but for excluded paths.
 
     Nothing changes unless the checkpoint can be restored whole: its manifest and every object the
     restore needs are checked, and the rewritten files staged (their content checked against their
@@ -747,11 +789,12 @@ def restore(root: str, checkpoint_id: str, exclude: Sequence[str] = ()) -> Resto
     started = time.monotonic()
     _check_id(root, checkpoint_id)
     skip = _skip_set(root, exclude)
-    _require_root(root, checkpoint_id)
+    _require_root(root, checkpoint_id, tree)
+    work = root if tree is None else tree
     manifest = _load_manifest(root, checkpoint_id)
     wanted = {p: e for p, e in manifest.entries.items() if not _skipped(p, skip)}
     try:
-        plan = _plan(root, checkpoint_id, wanted, skip)
+        plan = _plan(root, work, checkpoint_id, wanted, skip)
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint_id!r} in {store_path(root)}: the workspace cannot be compared with "
@@ -768,9 +811,11 @@ def restore(root: str, checkpoint_id: str, exclude: Sequence[str] = ()) -> Resto
     loosened: dict[str, int] = {}
     staged: dict[str, str] = {}
     try:
-        _loosen_dirs(root, plan, loosened, as_root)
+        _loosen_dirs(work, plan, loosened, as_root)
         for entry in plan.files:
-            staged[entry.path] = _stage(root, checkpoint_id, entry, plan.stage_dirs[entry.path], as_root)
+            staged[entry.path] = _stage(
+                root, work, checkpoint_id, entry, plan.stage_dirs[entry.path], as_root
+            )
     except BaseException as exc:
         for tmp in staged.values():
             _unlink_quietly(tmp)
@@ -788,7 +833,7 @@ def restore(root: str, checkpoint_id: str, exclude: Sequence[str] = ()) -> Resto
             ) from None
         raise
     try:
-        _apply(root, plan, staged, loosened, wanted, as_root)
+        _apply(work, plan, staged, loosened, wanted, as_root)
     except OSError as exc:
         for tmp in staged.values():
             _unlink_quietly(tmp)
@@ -804,12 +849,12 @@ def restore(root: str, checkpoint_id: str, exclude: Sequence[str] = ()) -> Resto
     )
 
 
-def _plan(root: str, checkpoint_id: str, wanted: dict[str, _Entry], skip: frozenset[str]) -> _Plan:
+def _plan(root: str, tree: str, checkpoint_id: str, wanted: dict[str, _Entry], skip: frozenset[str]) -> _Plan:
     current: dict[str, tuple[str, os.stat_result]] = {}
     protected: set[str] = set()
     """Directories holding something a restore never touches (excluded or special): kept."""
     untouchable: dict[str, str] = {}
-    for rel, kind, st in _walk(root, skip):
+    for rel, kind, st in _walk(tree, skip):
         if kind == _SKIPPED:
             untouchable[rel] = "a special file" if st is not None else "excluded"
             parent = _parent(rel)
@@ -849,11 +894,11 @@ def _plan(root: str, checkpoint_id: str, wanted: dict[str, _Entry], skip: frozen
         elif entry.type == SYMLINK:
             if (
                 now is None
-                or os.readlink(os.path.join(root, path)) != entry.value
+                or os.readlink(os.path.join(tree, path)) != entry.value
                 or _differs(entry, now[1], as_root, with_mtime=True)
             ):
                 links.append(entry)
-        elif now is None or not _same_file(root, entry, now[1], as_root):
+        elif now is None or not _same_file(tree, entry, now[1], as_root):
             files.append(entry)
     remove.update(p for p in current if p not in wanted and p not in protected)
     # Everything under a removed path goes with it.
@@ -926,7 +971,7 @@ def _loosen_dirs(root: str, plan: _Plan, loosened: dict[str, int], as_root: bool
             os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
 
 
-def _stage(root: str, checkpoint_id: str, entry: _Entry, directory: str, as_root: bool) -> str:
+def _stage(root: str, tree: str, checkpoint_id: str, entry: _Entry, directory: str, as_root: bool) -> str:
     """A temp copy of the entry's object, its content checked, in `directory` (its parent, or the
     nearest that exists: the same filesystem), with its mode, ownership and mtime: renamed into
     place later."""
@@ -939,7 +984,7 @@ def _stage(root: str, checkpoint_id: str, entry: _Entry, directory: str, as_root
             f"{entry.path!r}) is missing; the checkpoint cannot be restored: the workspace is unchanged"
         ) from None
     try:
-        tmp, dst = _exclusive_temp(os.path.join(root, directory), _RESTORE_TEMP, 0o600)
+        tmp, dst = _exclusive_temp(os.path.join(tree, directory), _RESTORE_TEMP, 0o600)
         try:
             sha, _size = _copy_hashing(src, dst)
             if sha != entry.value:
@@ -1025,14 +1070,26 @@ def _chmod_quietly(path: str, mode: int) -> None:
 
 
 def prune(root: str, prefix: str, keep: int) -> list[str]:
-    """Keep the newest `keep` checkpoints whose id starts with `prefix`, delete the older ones, then
-    (only when one was deleted) every object no remaining manifest refers to. The pruned ids."""
+    """Keep the checkpoints of the newest `keep` iterations whose ids start with `prefix`, delete the
+    older ones, then (only when one was deleted) every object no remaining manifest refers to. The
+    pruned ids, oldest iteration first.
+
+    An iteration's ids are ``<prefix><n>`` (its start) and ``<prefix><n>c<i>`` (candidate i's end,
+    loop.candidates): they are kept or pruned together, iterations ordered by `n`. An id of another
+    shape after the prefix was made by no loop: it is left alone. The candidates' copies of a
+    pruned iteration (``CANDIDATES_DIR/<id>``) go with it."""
     if keep < 0:
         raise ValueError(f"keep must be 0 or more, not {keep}")
-    ours = [h["id"] for h in _headers(root) if h["id"].startswith(prefix)]
-    pruned = ours[: max(0, len(ours) - keep)]
+    groups: dict[int, list[str]] = {}
+    for header in _headers(root):
+        iteration = iteration_of(header["id"], prefix)
+        if iteration is not None:
+            groups.setdefault(iteration, []).append(header["id"])
+    order = sorted(groups)
+    pruned = [i for n in order[: max(0, len(order) - keep)] for i in groups[n]]
     for checkpoint_id in pruned:
         _unlink_quietly(_manifest_path(root, checkpoint_id))
+        remove_tree(os.path.join(root, CANDIDATES_DIR, checkpoint_id))
     if pruned:
         referenced: set[str] = set()
         for checkpoint_id in _manifest_ids(root):
@@ -1041,6 +1098,98 @@ def prune(root: str, prefix: str, keep: int) -> list[str]:
         for sha in _objects_present(root) - referenced:
             _unlink_quietly(_object_path(root, sha))
     return pruned
+
+
+def iteration_of(checkpoint_id: str, prefix: str) -> int | None:
+    """The iteration `n` of ``<prefix><n>`` or ``<prefix><n>c<i>``; None for any other id."""
+    if not checkpoint_id.startswith(prefix):
+        return None
+    number, candidate, index = checkpoint_id[len(prefix) :].partition("c")
+    if not _digits(number) or (candidate and not _digits(index)):
+        return None
+    return int(number)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def candidate_tree(root: str, checkpoint_id: str, index: int) -> str:
+    """Where candidate `index` of the iteration that starts at `checkpoint_id` works: its `main`
+    mounts this directory (a subPathExpr) as the volume."""
+    return os.path.join(root, CANDIDATES_DIR, checkpoint_id, str(index))
+
+
+def fresh_tree(root: str, rel_dir: str) -> str:
+    """`rel_dir` under `root`, there and empty (whatever an earlier attempt left is removed); its
+    missing parents made as the root is (`_make_store_parents`). Its path."""
+    parts = [p for p in rel_dir.split("/") if p]
+    if not parts or _BAD_COMPONENTS.intersection(parts) or rel_dir.startswith("/"):
+        raise CheckpointError(f"{rel_dir!r} is not a directory inside the volume {root!r}")
+    _make_like_root(root, "/".join(parts))
+    path = root
+    for part in parts:  # a symlink planted on the way would take the emptying elsewhere
+        path = os.path.join(path, part)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise CheckpointError(f"{path!r} is not a directory (a symlink or a file is there): remove it")
+    with os.scandir(path) as listing:
+        found = list(listing)
+    for entry in found:
+        if entry.is_dir(follow_symlinks=False):
+            remove_tree(entry.path, strict=True)
+        else:
+            os.unlink(entry.path)
+    return path
+
+
+def remove_tree(path: str, strict: bool = False) -> None:
+    """Remove `path` and everything under it (never following a symlink); a directory without write
+    permission is made writable first (an owner's own may be). Errors are ignored unless `strict`."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)
+            return
+        _chmod_writable(path)
+        for top, dirs, _files in os.walk(path, topdown=True):
+            for name in dirs:
+                _chmod_writable(os.path.join(top, name))
+        for top, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(top, name))
+            for name in dirs:
+                sub = os.path.join(top, name)
+                if os.path.islink(sub):
+                    os.unlink(sub)
+                else:
+                    os.rmdir(sub)
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        if strict:
+            raise
+
+
+def _chmod_writable(path: str) -> None:
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o700 != 0o700:
+        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
+
+
+@contextlib.contextmanager
+def locked(root: str) -> Iterator[None]:
+    """Hold the store's lock (an exclusive `flock` of `LOCK_FILE`) for the block: the N candidate pods
+    of one iteration record and restore in the same store at the same time."""
+    import fcntl  # only candidate pods lock: the others import nothing more
+
+    _make_store_parents(root)
+    os.makedirs(store_path(root), exist_ok=True)
+    fd = os.open(os.path.join(store_path(root), LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def tree_digest(root: str, exclude: Sequence[str] = ()) -> str:

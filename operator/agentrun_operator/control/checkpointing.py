@@ -9,6 +9,12 @@ that finds none records it (no `main` has run in the iteration before that, so t
 iteration's start); a later attempt finds it and, with `onFailedAttempt: Restore`, puts the
 volume back to it. When the operator already saw an attempt record it (`expected`), a missing or
 damaged checkpoint is an error, never a silent new recording of a dirty volume.
+
+Best-of-N (loop.candidates): the iteration's N pods, one per index of an Indexed Job, share the
+volume. Each does the above for the volume's root under the store's lock (the first records the
+start, the others find it theirs), then copies the start into its own work tree
+(`checkpoint.candidate_tree`, which its `main` mounts as the volume), and after `main` records that
+tree as ``<id>c<index>`` (`record_candidate`), from which the operator restores the winner.
 """
 
 from __future__ import annotations
@@ -48,6 +54,20 @@ class CheckpointArgs:
     """A resumed run's first iteration: the source run's checkpoint to start from."""
     owner: str = ""
     """The run's uid: a checkpoint of the same id left by an earlier run of the same name is not ours."""
+    candidate: CandidateArgs | None = None
+    candidate_problem: str = ""
+    """Why the candidate arguments cannot be used (`parse_candidate`'s refusal): `main` must not start."""
+
+
+@dataclass(frozen=True)
+class CandidateArgs:
+    """loop.candidates: this pod is candidate `index` of its iteration (`parse_candidate`)."""
+
+    index: int
+    dir: str
+    """Its work tree, `checkpoint.candidate_tree` of the root: what its `main` sees as the volume."""
+    checkpoint_id: str
+    """Its end state is recorded under this id: ``<the iteration's id>c<index>``."""
 
 
 class CheckpointRefusal(Exception):
@@ -58,9 +78,123 @@ def _refusal(what: str, exc: BaseException) -> CheckpointRefusal:
     return CheckpointRefusal(f"checkpoint: {what}: {exc}; see {CHECKPOINT_ANCHOR}")
 
 
+def parse_candidate(
+    root: str, checkpoint_id: str, index: str | None, directory: str | None, candidate_id: str | None
+) -> CandidateArgs | None:
+    """The candidate arguments as the Job builder wrote them (all three or none); None without.
+    Raises `CheckpointRefusal` when they do not name this iteration's candidate tree and id: the
+    work tree is emptied before `main`, so a path the reporter did not expect is never touched."""
+    given = [x for x in (index, directory, candidate_id) if x is not None]
+    if not given:
+        return None
+    if len(given) != 3:
+        raise CheckpointRefusal(
+            "checkpoint: --candidate-index, --candidate-dir and --candidate-checkpoint come together, "
+            f"but only {len(given)} of them were given; see {CHECKPOINT_ANCHOR}"
+        )
+    assert index is not None and directory is not None and candidate_id is not None
+    if not (index.isascii() and index.isdigit()):
+        raise CheckpointRefusal(
+            f"checkpoint: --candidate-index {index[:50]!r} is not a whole number of 0 or more "
+            f"(the pod's job-completion-index); see {CHECKPOINT_ANCHOR}"
+        )
+    number = int(index)
+    tree = store.candidate_tree(root, checkpoint_id, number)
+    if os.path.normpath(directory) != os.path.normpath(tree):
+        raise CheckpointRefusal(
+            f"checkpoint: --candidate-dir {directory[:300]!r} is not candidate {number}'s work tree "
+            f"{tree!r}; see {CHECKPOINT_ANCHOR}"
+        )
+    if candidate_id != f"{checkpoint_id}c{number}" or not store.valid_id(candidate_id):
+        raise CheckpointRefusal(
+            f"checkpoint: --candidate-checkpoint {candidate_id[:210]!r} is not "
+            f"{checkpoint_id + 'c' + str(number)!r} (or not a valid id); see {CHECKPOINT_ANCHOR}"
+        )
+    return CandidateArgs(number, tree, candidate_id)
+
+
 def prepare_workspace(args: CheckpointArgs) -> dict[str, Any]:
     """Restore and record as the arguments say; the facts the envelope carries (`checkpoint`).
-    Raises `CheckpointRefusal` when `main` must not start."""
+    A candidate pod does so under the store's lock, then copies the iteration's start into its
+    work tree (facts["candidate"] = {"index": N}). Raises `CheckpointRefusal` when `main` must not
+    start."""
+    if args.candidate_problem:
+        raise CheckpointRefusal(args.candidate_problem)
+    if args.candidate is None:
+        return _prepare_root(args)
+    try:
+        with store.locked(args.root):
+            facts = _prepare_root(args)
+            _copy_start(args, args.candidate)
+    except OSError as exc:  # the lock itself, or the store's directories for it
+        raise _refusal("cannot lock the checkpoint store", exc) from None
+    return facts | {"candidate": {"index": args.candidate.index}}
+
+
+def _copy_start(args: CheckpointArgs, candidate: CandidateArgs) -> None:
+    """Candidate's work tree, emptied, then the iteration's start restored into it: each candidate
+    starts from exactly the same state, whatever an earlier attempt left in its tree."""
+    relative = os.path.relpath(candidate.dir, args.root)
+    try:
+        store.fresh_tree(args.root, relative)
+    except (store.CheckpointError, OSError) as exc:
+        raise _refusal(f"cannot empty candidate {candidate.index}'s work tree {candidate.dir}", exc) from None
+    try:
+        store.restore(args.root, args.checkpoint_id, args.exclude, tree=candidate.dir)
+    except store.CheckpointError as exc:
+        raise _refusal(f"cannot copy the iteration's start to candidate {candidate.index}", exc) from None
+
+
+MAX_CANDIDATE_ERROR: Final = 400
+"""A candidate's recording error is cut to this (the facts go into the termination message)."""
+
+
+def record_candidate(args: CheckpointArgs, facts: dict[str, Any], main_ended: bool = True) -> dict[str, Any]:
+    """After `main`: `facts` with candidate's end state recorded from its work tree, under the store's
+    lock: facts["candidate"] gains id, files, bytes, addedBytes and ms, or an `error` (one line,
+    ending with `CHECKPOINT_ANCHOR`); never raises. A restarted reporter finds it done: the facts
+    say so, or the checkpoint is there and ours. Without `main_ended` (the pod was stopped while
+    `main` may still run) nothing is recorded."""
+    candidate = args.candidate
+    if candidate is None:
+        return facts
+    done: dict[str, Any] = dict(facts.get("candidate") or {})
+    done["index"] = candidate.index
+    if "id" in done:
+        return facts
+    done.pop("error", None)
+    if not main_ended:
+        done["error"] = (
+            f"checkpoint: candidate {candidate.index}'s end was not recorded: the pod was stopped before "
+            f"main ended; see {CHECKPOINT_ANCHOR}"
+        )
+        return facts | {"candidate": done}
+    try:
+        with store.locked(args.root):
+            if _ours_id(args.root, candidate.checkpoint_id, args.owner):
+                found = _described_id(args.root, candidate.checkpoint_id)
+                done |= {"id": candidate.checkpoint_id, **found, "addedBytes": 0, "ms": 0}
+            else:
+                made = store.record(
+                    args.root, candidate.checkpoint_id, args.exclude, owner=args.owner, tree=candidate.dir
+                )
+                done |= {
+                    "id": made.id,
+                    "files": made.files,
+                    "bytes": made.bytes,
+                    "addedBytes": made.added_bytes,
+                    "ms": round(made.seconds * 1000),
+                }
+    except (store.CheckpointError, OSError) as exc:
+        why = " ".join(str(exc).split())[:MAX_CANDIDATE_ERROR]
+        done["error"] = (
+            f"checkpoint: cannot record candidate {candidate.index}'s end as "
+            f"{candidate.checkpoint_id!r}: {why}; see {CHECKPOINT_ANCHOR}"
+        )
+    return facts | {"candidate": done}
+
+
+def _prepare_root(args: CheckpointArgs) -> dict[str, Any]:
     facts: dict[str, Any] = {"id": args.checkpoint_id}
     ours = _ours(args)
     if args.expected and not ours:
@@ -102,11 +236,12 @@ def _ours(args: CheckpointArgs) -> bool:
     """This run's checkpoint of the iteration is in the store. One of the same id left by an earlier
     run of the same name, or one whose manifest is damaged, is not: it is recorded anew (with
     `expected`, the refusal says it is gone)."""
+    return _ours_id(args.root, args.checkpoint_id, args.owner)
+
+
+def _ours_id(root: str, checkpoint_id: str, owner: str) -> bool:
     try:
-        return (
-            store.exists(args.root, args.checkpoint_id)
-            and store.owner(args.root, args.checkpoint_id) == args.owner
-        )
+        return store.exists(root, checkpoint_id) and store.owner(root, checkpoint_id) == owner
     except store.CheckpointError:
         return False
 
@@ -127,8 +262,12 @@ def _why_not_ours(args: CheckpointArgs) -> Exception:
 
 def _described(args: CheckpointArgs) -> dict[str, Any]:
     """Files and bytes of an existing checkpoint, for the status (an attempt after the first)."""
-    for info in store.list_checkpoints(args.root):
-        if info.id == args.checkpoint_id:
+    return _described_id(args.root, args.checkpoint_id)
+
+
+def _described_id(root: str, checkpoint_id: str) -> dict[str, Any]:
+    for info in store.list_checkpoints(root):
+        if info.id == checkpoint_id:
             return {"files": info.files, "bytes": info.bytes}
     return {}
 

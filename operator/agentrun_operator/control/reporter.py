@@ -15,6 +15,9 @@ container of the operator image runs this module: ``report``, a regular containe
    the control file, compares it with the fingerprint (a file with the same fingerprint was left by
    an earlier iteration: ``stale``, which counts as missing), writes the control envelope to its
    termination message, with the claim's outcome when that is news, and exits.
+3. A best-of-N candidate pod (``--candidate-*``, loop.candidates) claims per index of its Indexed
+   Job, copies the iteration's start into its own work tree before ``main``, and records that tree
+   as its own checkpoint once ``main`` has ended, before the report (control/checkpointing.py).
 
 ``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
 kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
@@ -52,7 +55,9 @@ from agentrun_operator.control.checkpointing import (
     CheckpointArgs,
     CheckpointRefusal,
     load_facts,
+    parse_candidate,
     prepare_workspace,
+    record_candidate,
     save_facts,
 )
 from agentrun_operator.control.envelope import (
@@ -310,6 +315,9 @@ def prepare_for_main(
     the checkpoint failed (`main` must not start)."""
     if claim_dir:
         job_uid, pod_uid = os.environ.get(JOB_UID_ENV, ""), os.environ.get(POD_UID_ENV, "")
+        if job_uid and checkpoint is not None and checkpoint.candidate is not None:
+            # The N pods of an Indexed Job are no duplicates of each other: one claim per index.
+            job_uid = f"{job_uid}-{checkpoint.candidate.index}"
         if not claim_or_wait(claim_dir, job_uid, pod_uid, claim_volume, claim_report, fail_if_taken=True):
             return False
     if checkpoint is not None and checkpoint_facts and load_facts(checkpoint_facts) is None:
@@ -446,7 +454,7 @@ def report_text(
             envelope = envelope.replace(claim=claim)
         facts = load_facts(checkpoint_facts) if checkpoint_facts else None
         if facts is not None:
-            envelope = attach_checkpoint(envelope, facts)
+            envelope = _attach_facts(envelope, facts)
         if checkout or artifacts:
             try:
                 envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
@@ -460,6 +468,27 @@ def report_text(
             return encode_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
         except Exception:
             return _fallback_text(path, reason)
+
+
+def _attach_facts(envelope: ControlEnvelope, facts: dict[str, Any]) -> ControlEnvelope:
+    """The checkpoint's facts in the envelope; when they do not all fit, a candidate's own facts
+    (the operator selects among the candidates by them) before the id alone."""
+    attached = attach_checkpoint(envelope, facts)
+    if attached.checkpoint == facts or not isinstance(facts.get("candidate"), dict):
+        return attached
+    return attach_checkpoint(envelope, {"id": facts.get("id"), "candidate": facts["candidate"]})
+
+
+def finish_candidate(checkpoint: CheckpointArgs, checkpoint_facts: str, main_ended: bool) -> None:
+    """After `main` of a candidate pod: record its work tree (`record_candidate`) and keep the facts
+    for the report; never raises."""
+    facts = load_facts(checkpoint_facts) or {"id": checkpoint.checkpoint_id}
+    facts = record_candidate(checkpoint, facts, main_ended)
+    _log(f"candidate: {json.dumps(facts.get('candidate'), separators=(',', ':'))}")
+    try:
+        save_facts(checkpoint_facts, facts)
+    except OSError as exc:
+        _log(f"cannot keep the candidate's facts in {checkpoint_facts}: {exc}")
 
 
 def block_wait_signals() -> None:
@@ -626,7 +655,8 @@ def cmd_report(
     (`prepare_for_main`); the ready file then holds the reporter's pid, or ``taken`` (a duplicate
     pod), which the postStart hook waits for (docs/design.md#reporter-first). With ``gate``, the
     reporter first shuts `main`'s gate when nothing made it yet, and opens it when the kubelet went on
-    to `main` without completing the hook (control/gate.py)."""
+    to `main` without completing the hook (control/gate.py). A candidate pod records its work tree
+    after `main` (`finish_candidate`), before the report carries the facts."""
     if gate is not None and before_main:
         _shut_gate(gate.gate)
     if wait or hook_done:
@@ -656,12 +686,23 @@ def cmd_report(
             _write_atomically(ready_file, ready)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
+    main_ended = True
     if hook_done:
         why = wait_for_main(hook_done, gate, claimed=before_main and prepared)
+        main_ended = why != "signal"
         _log(f"{why}; reporting {path}")
     elif wait:
         signum = wait_for_signal()
         _log(f"got {signal.Signals(signum).name}; reporting {path}")
+    if (
+        before_main
+        and fingerprint_path
+        and prepared
+        and checkpoint is not None
+        and checkpoint.candidate is not None
+        and checkpoint_facts
+    ):
+        finish_candidate(checkpoint, checkpoint_facts, main_ended)
     text = report_text(path, fingerprint_path, claim_report, checkout, artifacts, checkpoint_facts)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
@@ -784,6 +825,17 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     rep.add_argument("--checkpoint-from", metavar="ID", help="a resumed run: first restore this checkpoint")
     rep.add_argument("--checkpoint-owner", default="", help="the run's uid")
     rep.add_argument("--checkpoint-facts", metavar="FILE", help="where the checkpoint's facts are kept")
+    rep.add_argument(
+        "--candidate-index", metavar="N", help="loop.candidates: this pod's candidate (job-completion-index)"
+    )
+    rep.add_argument(
+        "--candidate-dir",
+        metavar="DIR",
+        help="the candidate's work tree: <checkpoint-root>/.agentrun/candidates/<checkpoint-id>/<N>",
+    )
+    rep.add_argument(
+        "--candidate-checkpoint", metavar="ID", help="record the candidate's end as ID: <checkpoint-id>c<N>"
+    )
     return parser
 
 
@@ -791,6 +843,17 @@ def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
     """The checkpoint arguments, when the pod's loop has checkpoints."""
     if not args.checkpoint_root or not args.checkpoint_id:
         return None
+    candidate, problem = None, ""
+    try:
+        candidate = parse_candidate(
+            args.checkpoint_root,
+            args.checkpoint_id,
+            args.candidate_index,
+            args.candidate_dir,
+            args.candidate_checkpoint,
+        )
+    except CheckpointRefusal as refusal:  # refused before main, in the termination message
+        problem = str(refusal)
     return CheckpointArgs(
         root=args.checkpoint_root,
         checkpoint_id=args.checkpoint_id,
@@ -801,6 +864,8 @@ def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
         expected=args.checkpoint_expected,
         restore_from=args.checkpoint_from,
         owner=args.checkpoint_owner,
+        candidate=candidate,
+        candidate_problem=problem,
     )
 
 

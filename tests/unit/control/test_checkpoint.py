@@ -793,3 +793,146 @@ def test_the_store_imports_the_standard_library_only() -> None:
     loaded = {name.split(".")[0] for name in proc.stdout.split()}
     assert "agentrun_operator" in loaded
     assert loaded - set(sys.stdlib_module_names) == {"agentrun_operator"}
+
+
+# --- another work tree (loop.candidates) --------------------------------------------------------
+
+
+def test_a_candidate_tree_gets_the_roots_checkpoint_and_records_its_own_with_the_store_at_root(
+    tmp_path: Path,
+) -> None:
+    root = workspace(tmp_path / "ws")
+    write(root / ".git" / "HEAD", "ref: refs/heads/main\n")
+    write(root / "cache" / "big.bin", "not recorded")
+    record(str(root), "run_1_3", exclude=["cache"])
+    tree = Path(checkpoint.candidate_tree(str(root), "run_1_3", 0))
+    tree.mkdir(parents=True)
+
+    done = restore(str(root), "run_1_3", exclude=["cache"], tree=str(tree))
+
+    assert done.written == 7  # five files, two symlinks
+    assert tree_digest(str(tree)) == tree_digest(str(root), exclude=["cache"])
+    assert not (tree / ".git").exists() and not (tree / "cache").exists()
+    assert not (tree / STORE_DIR).exists()  # the store stays at the root
+    # Recording the root leaves the candidates' trees out; so does a restore of the root.
+    assert checkpoint.CANDIDATES_DIR + "/run_1_3" not in manifest_of(root, "run_1_3")[1]
+    record(str(root), "run_1_4", exclude=["cache"])
+    assert not any(p.startswith(checkpoint.CANDIDATES_DIR) for p in manifest_of(root, "run_1_4")[1])
+    restore(str(root), "run_1_3", exclude=["cache"])
+    assert (tree / "README.md").read_text() == "# project\n"
+
+    (tree / "README.md").write_text("candidate 0 was here")
+    write(tree / "cache" / "scratch", "excluded in the tree too")
+    write(tree / ".git" / "HEAD", "ignored in the tree too")
+    made = record(str(root), "run_1_3c0", exclude=["cache"], owner="uid-1", tree=str(tree))
+    entries = manifest_of(root, "run_1_3c0")[1]
+    assert made.files == 5 and "cache" not in entries and ".git" not in entries
+    assert (root / "README.md").read_text() == "# project\n"  # the root is not what was recorded
+
+    write(root / "README.md", "root changed meanwhile")
+    restore(str(root), "run_1_3c0", exclude=["cache"])
+    assert (root / "README.md").read_text() == "candidate 0 was here"
+    assert (tree / "README.md").read_text() == "candidate 0 was here"  # a restore of the root kept it
+
+
+def test_recording_a_copy_never_trusts_the_roots_stat_identity(tmp_path: Path) -> None:
+    """The newest manifest is the root's: a candidate's file of the same path, size and mtime is
+    another inode, so it is read and its content compared, never taken on the root's word."""
+    root = workspace(tmp_path / "ws")
+    record(str(root), "run_1_1")
+    tree = Path(checkpoint.candidate_tree(str(root), "run_1_1", 1))
+    tree.mkdir(parents=True)
+    restore(str(root), "run_1_1", tree=str(tree))
+    same = record(str(root), "run_1_1c1", tree=str(tree))
+    assert same.hashed_files == 5 and same.added_bytes < 1000  # read, but no object added
+    before = (tree / "notes.txt").stat()
+    (tree / "notes.txt").write_text("changed!")  # the same size: only the content tells
+    os.utime(tree / "notes.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+    record(str(root), "run_1_1c2", tree=str(tree))
+    assert manifest_of(root, "run_1_1c2")[1]["notes.txt"][7] == _sha("changed!")
+    assert manifest_of(root, "run_1_1")[1]["notes.txt"][7] == _sha("keep me\n")
+
+
+def test_a_tree_that_is_no_directory_is_refused(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws")
+    record(str(root), "run_1_1")
+    with pytest.raises(CheckpointError, match="work tree"):
+        restore(str(root), "run_1_1", tree=str(root / "nowhere"))
+    with pytest.raises(CheckpointError, match="work tree"):
+        record(str(root), "run_1_1c0", tree=str(root / "README.md"))
+
+
+def test_fresh_tree_empties_what_an_earlier_attempt_left(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws")
+    root.chmod(0o751)
+    rel = f"{checkpoint.CANDIDATES_DIR}/run_1_1/0"
+    left = root / rel
+    write(left / ".git" / "objects" / "x", "left")
+    write(left / "locked" / "file", "left")
+    (left / "locked").chmod(0o500)
+    (left / "link").symlink_to(root / "README.md")
+    assert checkpoint.fresh_tree(str(root), rel) == str(left)
+    assert list(left.iterdir()) == []
+    assert (root / "README.md").exists()  # a symlink is removed, never followed
+    made = Path(checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/run_1_2/0"))
+    assert stat.S_IMODE(made.stat().st_mode) == stat.S_IMODE(made.parent.stat().st_mode) == 0o751
+
+
+def test_fresh_tree_refuses_a_symlink_on_its_way(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws")
+    outside = tmp_path / "outside"
+    write(outside / "0" / "precious", "keep")
+    (root / ".agentrun").mkdir()
+    (root / checkpoint.CANDIDATES_DIR).mkdir()
+    (root / checkpoint.CANDIDATES_DIR / "run_1_1").symlink_to(outside)
+    with pytest.raises(CheckpointError, match="not a directory"):
+        checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/run_1_1/0")
+    assert (outside / "0" / "precious").read_text() == "keep"
+
+
+# --- pruning by iteration -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_id", "iteration"),
+    [("run_1_4", 4), ("run_1_4c0", 4), ("run_1_12c31", 12), ("run_1_", None), ("run_1_4c", None)],
+)
+def test_iteration_of(checkpoint_id: str, iteration: int | None) -> None:
+    assert checkpoint.iteration_of(checkpoint_id, "run_1_") == iteration
+    assert checkpoint.iteration_of(checkpoint_id, "run_2_") is None
+
+
+def test_prune_keeps_or_removes_an_iteration_with_its_candidates(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws")
+    # Recorded out of iteration order on purpose: iterations count, not creation times.
+    for checkpoint_id in ["run_1_3", "run_1_3c0", "run_1_3c1", "run_1_10", "run_1_2", "run_1_2c0", "other"]:
+        write(root / "changing.txt", f"only in {checkpoint_id}")
+        record(str(root), checkpoint_id)
+    record(str(root), "run_1_odd")  # no loop makes such an id: left alone
+    for checkpoint_id in ["run_1_2", "run_1_3"]:
+        write(root / checkpoint.CANDIDATES_DIR / checkpoint_id / "0" / "work", "a copy")
+
+    assert prune(str(root), "run_1_", 2) == ["run_1_2", "run_1_2c0"]
+    assert not (root / checkpoint.CANDIDATES_DIR / "run_1_2").exists()
+    assert (root / checkpoint.CANDIDATES_DIR / "run_1_3" / "0" / "work").exists()
+
+    assert prune(str(root), "run_1_", 1) == ["run_1_3", "run_1_3c0", "run_1_3c1"]
+    assert not (root / checkpoint.CANDIDATES_DIR / "run_1_3").exists()
+    assert sorted(c.id for c in list_checkpoints(str(root))) == ["other", "run_1_10", "run_1_odd"]
+    assert _sha("only in run_1_3c1") not in objects(root)
+    assert _sha("only in other") in objects(root)
+
+
+def test_two_processes_serialize_on_the_store_lock(tmp_path: Path) -> None:
+    """The lock is a real flock: another process cannot take it while it is held."""
+    root = workspace(tmp_path / "ws")
+    probe = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+        "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n"
+    )
+    lock = root / STORE_DIR / checkpoint.LOCK_FILE
+    with checkpoint.locked(str(root)):
+        held = subprocess.run([sys.executable, "-c", probe, str(lock)], check=False)
+    free = subprocess.run([sys.executable, "-c", probe, str(lock)], check=False)
+    assert (held.returncode, free.returncode) == (3, 0)

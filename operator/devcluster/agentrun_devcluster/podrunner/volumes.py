@@ -227,19 +227,34 @@ def _check_within(path: Path, volume: Path, volume_name: str, container: str) ->
 
 
 def binds(
-    container: Mapping[str, Any], volumes: Mapping[str, S.Volume], dirs: Mapping[str, Path]
+    container: Mapping[str, Any],
+    volumes: Mapping[str, S.Volume],
+    dirs: Mapping[str, Path],
+    env: Mapping[str, str] | None = None,
 ) -> list[Bind]:
     """A container's `volumeMounts` as bind mounts (a subPath made, as a directory, if missing, as the
     kubelet does; one that is a file, e.g. a key of a configMap volume, is bound as that file; one
-    that leaves its volume through a symlink is refused, `_check_within`)."""
+    that leaves its volume through a symlink is refused, `_check_within`). A `subPathExpr` is
+    `$(VAR)`-expanded with the container's environment `env` first, then is a subPath (one that
+    expands to nothing mounts the whole volume, as the kubelet does)."""
     out = []
     for mount in container.get("volumeMounts") or []:
         volume_name = str(mount["name"])
         root = source = dirs[volume_name]
         sub = str(mount.get("subPath") or "")
+        expr = str(mount.get("subPathExpr") or "")
+        if expr:
+            if sub:
+                raise S.StartError(
+                    f"volumeMount {volume_name!r}: subPath and subPathExpr are mutually exclusive"
+                )
+            sub = S.expand(expr, env or {})
+            what = f"subPathExpr {expr!r} (expanded: {sub!r})"
+        else:
+            what = f"subPath {sub!r}"
         if sub:
             if S.normalise_mount_path("/" + sub) is None or sub.startswith("/"):
-                raise S.StartError(f"subPath {sub!r} must be a relative path without '..'")
+                raise S.StartError(f"{what} must be a relative path without '..'")
             source = source / sub
             _check_within(source, root, volume_name, str(container.get("name")))
             if not source.exists():  # a file of a configMap or secret volume is bound as it is

@@ -534,8 +534,8 @@ class PodWorker:
             self._wait(self.runner.config.retry_seconds)
 
     # -- containers -----------------------------------------------------------------------------
-    def binds(self, container: Mapping[str, Any]) -> list[Bind]:
-        return volume_binds(container, self.volumes, self.volume_dirs)
+    def binds(self, container: Mapping[str, Any], env: Mapping[str, str]) -> list[Bind]:
+        return volume_binds(container, self.volumes, self.volume_dirs, env)
 
     def _launch(self, name: str) -> None:
         """Start one container (records a waiting or terminated state instead when it cannot)."""
@@ -629,7 +629,7 @@ class PodWorker:
             name=name,
             container=container,
             env=env,
-            binds=self.binds(container),
+            binds=self.binds(container, env),
             termination_file=term_file,
             pod_dir=self.dir,
             log_path=self.dir / "logs" / name / f"{restart}.log",

@@ -74,3 +74,61 @@ def test_a_missing_subpath_before_a_refused_one_is_made_all_the_same(tmp_path: P
         binds(container, volumes, {"agentrun-meta": volume})
     assert str(refused.value) == GATE
     assert (volume / "knock").is_dir()
+
+
+def _expr_mount(expr: str, **extra: str) -> dict[str, object]:
+    return {
+        "name": "main",
+        "volumeMounts": [{"name": "ws", "mountPath": "/ws", "subPathExpr": expr, **extra}],
+    }
+
+
+def test_a_subpath_expr_is_expanded_with_the_containers_environment(tmp_path: Path) -> None:
+    """As the kubelet does for an Indexed Job's pod: `$(JOB_COMPLETION_INDEX)`, from the pod's
+    job-completion-index annotation, picks the candidate's own directory (made when missing)."""
+    volume = tmp_path / "ws"
+    volume.mkdir()
+    volumes = {"ws": S.Volume("ws", "emptyDir", {})}
+    pod = {"metadata": {"annotations": {"batch.kubernetes.io/job-completion-index": "3"}}}
+    container = {
+        "name": "main",
+        "env": [
+            {
+                "name": "JOB_COMPLETION_INDEX",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                    }
+                },
+            }
+        ],
+        "args": ["$(JOB_COMPLETION_INDEX)"],
+        **_expr_mount(".agentrun/candidates/run_1_2/$(JOB_COMPLETION_INDEX)"),
+    }
+    env = S.resolve_env(pod, container, S.Lookups(), {})
+    assert S.container_argv({**container, "command": ["echo"]}, env) == ["echo", "3"]
+    made = binds(container, volumes, {"ws": volume}, env)[0]
+    assert made.source == str(volume / ".agentrun" / "candidates" / "run_1_2" / "3") and made.target == "/ws"
+    assert (volume / ".agentrun" / "candidates" / "run_1_2" / "3").is_dir()
+    # An undefined variable is left as written, as the kubelet leaves it.
+    assert binds(_expr_mount("a/$(NOPE)"), volumes, {"ws": volume}, env)[0].source == str(
+        volume / "a" / "$(NOPE)"
+    )
+    # Expanding to nothing mounts the whole volume.
+    assert binds(_expr_mount("$(EMPTY)"), volumes, {"ws": volume}, {"EMPTY": ""})[0].source == str(volume)
+
+
+@pytest.mark.parametrize("value", ["../escape", "/abs", "a/../../b"])
+def test_a_subpath_expr_that_expands_outside_its_volume_is_refused(tmp_path: Path, value: str) -> None:
+    volume = tmp_path / "ws"
+    volume.mkdir()
+    volumes = {"ws": S.Volume("ws", "emptyDir", {})}
+    with pytest.raises(S.StartError, match=r"must be a relative path without '\.\.'"):
+        binds(_expr_mount("$(SUB)"), volumes, {"ws": volume}, {"SUB": value})
+    assert not (tmp_path / "escape").exists()
+
+
+def test_subpath_and_subpath_expr_together_are_refused(tmp_path: Path) -> None:
+    volumes = {"ws": S.Volume("ws", "emptyDir", {})}
+    with pytest.raises(S.StartError, match="mutually exclusive"):
+        binds(_expr_mount("x", subPath="y"), volumes, {"ws": tmp_path}, {})
