@@ -291,7 +291,9 @@ def _unwrap(node: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=_COMPILE_CACHE_SIZE)
-def _compile_cached(expression: str) -> CompiledExpression | CelCompileError:
+def _compile_cached(
+    expression: str, extra_roots: frozenset[str] = frozenset()
+) -> CompiledExpression | CelCompileError:
     """Compile once per process; a failure is cached too, so a bad spec costs one parse."""
     if not expression.strip():
         return CelCompileError(expression, "expression is empty")
@@ -307,10 +309,10 @@ def _compile_cached(expression: str) -> CompiledExpression | CelCompileError:
     except Exception as exc:  # celpy may raise other internal errors on odd input
         return CelCompileError(expression, _short(f"{type(exc).__name__}: {exc}"))
     analysis = _analyse(ast)
-    known = CONTEXT_ROOTS | _BUILTIN_IDENTS | analysis.bound
+    known = CONTEXT_ROOTS | extra_roots | _BUILTIN_IDENTS | analysis.bound
     for name, line, column in analysis.roots:
         if name not in known:
-            roots = ", ".join(sorted(CONTEXT_ROOTS))
+            roots = ", ".join(sorted(CONTEXT_ROOTS | extra_roots))
             return CelCompileError(
                 expression, f"undeclared reference to {name!r} (the context has {roots})", line, column
             )
@@ -323,12 +325,17 @@ def _compile_cached(expression: str) -> CompiledExpression | CelCompileError:
     )
 
 
-def compile_expression(expression: str) -> CompiledExpression:
+CANDIDATES_ROOT: Final = "candidates"
+"""The variable only `loop.candidates.select` has (planner/candidates.py)."""
+
+
+def compile_expression(expression: str, extra_roots: frozenset[str] = frozenset()) -> CompiledExpression:
     """Parse and check ``expression``; the result is cached per distinct text.
 
+    ``extra_roots`` are variables the expression's own field adds to the context (``candidates``).
     Raises ``CelCompileError`` naming the expression, the problem and its position.
     """
-    result = _compile_cached(expression)
+    result = _compile_cached(expression, extra_roots)
     if isinstance(result, CelCompileError):
         # a fresh instance: re-raising the cached one would grow its traceback on every call
         raise CelCompileError(result.expression, result.reason, result.line, result.column)

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from agentrun_operator import naming
 from agentrun_operator.api import IterationCandidates, JobRef
-from agentrun_operator.celeval import CelError, compile_expression, evaluate_json, to_cel
+from agentrun_operator.celeval import CANDIDATES_ROOT, CelError, compile_expression, evaluate_json, to_cel
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope
 from agentrun_operator.jobs.promotion import build_promotion_job
 from agentrun_operator.planner.actions import CreateJob
@@ -133,7 +133,7 @@ def select_winner(ctx: PlanContext, step: StepView, results: list[CandidateResul
     try:
         context = cel_context(ctx, step, iteration_index=step.iteration, last_phase="Succeeded")
         context["candidates"] = to_cel([{"index": r.index, "control": r.control or {}} for r in ok])
-        value = evaluate_json(compile_expression(expression), context)
+        value = evaluate_json(compile_expression(expression, frozenset({CANDIDATES_ROOT})), context)
     except CelError as exc:
         return f"select: {exc}"
     indexes = [r.index for r in ok]

@@ -12,7 +12,7 @@ from typing import Final
 
 from agentrun_operator.api import AgentRun
 from agentrun_operator.api.agentrun import DEFAULT_NESTING_DEPTH
-from agentrun_operator.celeval import CelCompileError, compile_expression
+from agentrun_operator.celeval import CANDIDATES_ROOT, CelCompileError, compile_expression
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.problem import Problem, concepts
 from agentrun_operator.resolution import condition_cel
@@ -63,26 +63,29 @@ def output_problems(nodes: list[StepNode]) -> Iterator[Problem]:
             first[name] = node
 
 
-def _expressions(node: StepNode) -> Iterator[tuple[str, str]]:
+NO_ROOTS: frozenset[str] = frozenset()
+
+
+def _expressions(node: StepNode) -> Iterator[tuple[str, str, frozenset[str]]]:
     step, path = node.step, node.field_path
     if step.when is not None:
-        yield f"{path}.when", step.when
+        yield f"{path}.when", step.when, NO_ROOTS
     if step.switch is not None:
-        yield f"{path}.switch.expression", step.switch.expression
+        yield f"{path}.switch.expression", step.switch.expression, NO_ROOTS
     loop = step.loop
     if loop is None:
         return
     if loop.items is not None:
-        yield f"{path}.loop.items", loop.items
+        yield f"{path}.loop.items", loop.items, NO_ROOTS
     if loop.condition is not None:
         field_name, expression = condition_cel(loop.condition)
-        yield f"{path}.loop.condition.{field_name}", expression
+        yield f"{path}.loop.condition.{field_name}", expression, NO_ROOTS
     if loop.output is not None:
-        yield f"{path}.loop.output.expression", loop.output.expression
+        yield f"{path}.loop.output.expression", loop.output.expression, NO_ROOTS
     if loop.stall is not None:
-        yield f"{path}.loop.stall.progress", loop.stall.progress
+        yield f"{path}.loop.stall.progress", loop.stall.progress, NO_ROOTS
     if loop.candidates is not None:
-        yield f"{path}.loop.candidates.select", loop.candidates.select
+        yield f"{path}.loop.candidates.select", loop.candidates.select, frozenset({CANDIDATES_ROOT})
 
 
 def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
@@ -90,9 +93,9 @@ def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
     all_names = {n.step.name for n in nodes}
     all_outputs = {n.step.loop.output.name for n in nodes if n.step.loop and n.step.loop.output}
     for node in nodes:
-        for path, expression in _expressions(node):
+        for path, expression, roots in _expressions(node):
             try:
-                compiled = compile_expression(expression)
+                compiled = compile_expression(expression, roots)
             except CelCompileError as exc:
                 yield Problem(
                     path,
