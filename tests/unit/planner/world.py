@@ -234,8 +234,14 @@ class PlannerWorld:
             label=(action.manifest["metadata"].get("annotations") or {}).get("agents.proompteng.ai/step", ""),
             outcome="Active",
             started_at=self.now,
+            completions=int(action.manifest["spec"].get("completions") or 1),
         )
-        self.pods[f"{name}-pod"] = ObservedPod(name=f"{name}-pod", job_name=name, phase="Running")
+        if action.manifest["spec"].get("completionMode") == "Indexed":  # a loop's candidates
+            for index in range(int(action.manifest["spec"]["completions"])):
+                pod = f"{name}-pod-{index}"
+                self.pods[pod] = ObservedPod(name=pod, job_name=name, phase="Running", completion_index=index)
+        else:
+            self.pods[f"{name}-pod"] = ObservedPod(name=f"{name}-pod", job_name=name, phase="Running")
         self.manifests[name] = action.manifest
         self.created.append(name)
 
