@@ -25,6 +25,7 @@ from agentrun_devcluster import processes
 from agentrun_devcluster.controlplane import ControlPlane
 from tests.chaos.run import NODE_KINDS, Config, run
 from tests.e2e import (
+    test_candidates,
     test_checkpoints,
     test_control_file,
     test_examples,
@@ -99,6 +100,7 @@ TAKEN = take_over(
         test_operating,
         test_pod_waits,
         test_checkpoints,
+        test_candidates,
         test_helm_install,
         image_waits,
         checkpoint_owners,
