@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 import aiohttp
 
@@ -134,8 +134,31 @@ def _log_error(status: int, text: str, pod: str, container: str, target: Target)
 
 def _header(attempt: Attempt, pod: dict[str, Any] | None) -> str:
     phase = f" · {attempt.phase}" if attempt.phase else ""
+    index = candidate_index(pod) if pod is not None else None
+    which = f" · candidate {index}" if index is not None else ""
     where = f" · pod {pod['metadata']['name']}" if pod is not None else ""
-    return f"==> {attempt.title}{phase}{where} <=="
+    return f"==> {attempt.title}{phase}{which}{where} <=="
+
+
+COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+
+
+def candidate_index(pod: dict[str, Any]) -> int | None:
+    """A loop candidate's index (its Indexed Job's completion index), else None."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(COMPLETION_INDEX)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def shown_pods(attempt: Attempt) -> list[dict[str, Any] | None]:
+    """The pods whose logs an attempt shows: each candidate's, by index, of a loop with candidates
+    (docs/concepts.md#candidates); else its newest pod (None: none left)."""
+    candidates = [p for p in attempt.pods if candidate_index(p) is not None]
+    if candidates:
+        by_index: dict[int, dict[str, Any]] = {}
+        for pod in candidates:  # oldest first: a later pod of an index replaces an earlier one
+            by_index[candidate_index(pod) or 0] = pod
+        return [by_index[i] for i in sorted(by_index)]
+    return [attempt.pods[-1] if attempt.pods else None]
 
 
 async def logs(
@@ -163,10 +186,10 @@ async def logs(
     attempts = merged(from_jobs(jobs, pods), from_status(raw, workloads))
     picked = select(name, attempts, chosen)
     strategy = run.spec.pod_gc.strategy if run is not None and run.spec.pod_gc is not None else None
-    several = len(picked) > 1
+    shown = [(attempt, pod) for attempt in picked for pod in shown_pods(attempt)]
+    several = len(shown) > 1
     code = 0
-    for index, attempt in enumerate(picked):
-        pod = attempt.pods[-1] if attempt.pods else None
+    for index, (attempt, pod) in enumerate(shown):
         if several:
             out.write(
                 ("\n" if index else "") + render.paint(_header(attempt, pod), attempt.phase, colour) + "\n"
@@ -177,6 +200,6 @@ async def logs(
             (out if several else err).write(line + "\n")
             code = EXIT_POD_GONE
             continue
-        last = index == len(picked) - 1
+        last = index == len(shown) - 1
         await _stream(kube, target, pod, _container(pod, container), follow and last, out)
     return code

@@ -640,7 +640,7 @@ def build_iteration_objects(
         "template": {"metadata": {"labels": dict(labels), "annotations": pod_annotations}, "spec": pod},
     }
     if attempt.checkpoint is not None and attempt.checkpoint.candidates:
-        candidates_job_spec(job_spec, attempt.checkpoint.candidates)
+        candidates_job_spec(job_spec, attempt.checkpoint.candidates, iteration_job_name(run, attempt))
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
         job_spec["activeDeadlineSeconds"] = timeout

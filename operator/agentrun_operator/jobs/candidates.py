@@ -30,14 +30,26 @@ def candidate_subpath(plan: CheckpointPlan) -> str:
     return posixpath.join(naming.CANDIDATES_DIR, plan.checkpoint_id, INDEX_REF)
 
 
-def candidates_job_spec(job_spec: dict[str, Any], count: int) -> None:
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+HOSTNAME_TOPOLOGY: Final = "kubernetes.io/hostname"
+
+
+def candidates_job_spec(job_spec: dict[str, Any], count: int, job_name: str) -> None:
     """An Indexed Job of `count` pods at once. `backoffLimitPerIndex: 0`: a failed candidate is not
-    run again and does not stop the others (the planner's retries rerun the whole iteration)."""
+    run again and does not stop the others (the planner's retries rerun the whole iteration).
+
+    The pods must share the node: their copies are on one claim, which a ReadWriteOnce volume gives
+    to one node. A required pod affinity to the Job's own pods puts every candidate where the first
+    one went (the scheduler lets the first pod match its own term)."""
     job_spec.pop("backoffLimit", None)
     job_spec["completions"] = count
     job_spec["parallelism"] = count
     job_spec["completionMode"] = "Indexed"
     job_spec["backoffLimitPerIndex"] = 0
+    pod = job_spec["template"]["spec"]
+    term = {"labelSelector": {"matchLabels": {JOB_NAME_LABEL: job_name}}, "topologyKey": HOSTNAME_TOPOLOGY}
+    affinity = pod.setdefault("affinity", {})
+    affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
 
 
 def add_candidates(

@@ -151,3 +151,20 @@ def test_a_collected_attempt_says_why() -> None:
     assert "pod collected" in line and "AGENTS_CONTROLLER_JOB_TTL_SECONDS" in line and "\n" not in line
     kept = attempts()[3]
     assert "has no pod any more" in collected_line("r", kept, "OnPodSuccess")
+
+
+def test_an_attempt_of_candidates_shows_every_candidates_pod_by_index() -> None:
+    from agentrun_operator.ctl.logs import _header, shown_pods
+
+    def candidate(name: str, index: int) -> dict[str, Any]:
+        found = pod(name, "r-step-1-iter-1-attempt-1")
+        found["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": str(index)}
+        return found
+
+    pods = [candidate("p2", 2), candidate("p0", 0), candidate("p1-old", 1), candidate("p1-new", 1)]
+    (attempt,) = from_jobs([job("r-step-1-iter-1-attempt-1", "build", 1, 1, "t")], pods)
+    shown = shown_pods(attempt)
+    assert [p["metadata"]["name"] for p in shown if p is not None] == ["p0", "p1-new", "p2"]
+    assert "· candidate 1 · pod p1-new" in _header(attempt, shown[1])
+    (plain,) = from_jobs([job("j", "build", 1, 1, "t")], [pod("a", "j"), pod("b", "j")])
+    assert [p["metadata"]["name"] for p in shown_pods(plain) if p is not None] == ["b"]

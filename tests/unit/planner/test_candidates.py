@@ -88,6 +88,12 @@ def test_an_iteration_is_one_indexed_job_whose_mains_work_on_their_own_copies() 
     assert args[args.index("--candidate-index") + 1] == "$(JOB_COMPLETION_INDEX)"
     assert args[args.index("--candidate-checkpoint") + 1] == "run_1_1c$(JOB_COMPLETION_INDEX)"
     assert "JOB_COMPLETION_INDEX" in {e["name"] for e in reporter["env"]}
+    # every candidate on the node of the first (their copies share one claim)
+    (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {
+        "labelSelector": {"matchLabels": {"batch.kubernetes.io/job-name": job}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
 
 
 def test_a_loop_without_candidates_keeps_its_one_pod_job() -> None:
