@@ -81,6 +81,11 @@ def promotion_job_name(attempt_job: str) -> str:
     return f"{head}-{digest}{PROMOTION_SUFFIX}"
 
 
+def is_promotion_job(name: str) -> bool:
+    """A promotion Job (`promotion_job_name`): an iteration Job's name ends with `-attempt-<n>`."""
+    return name.endswith(PROMOTION_SUFFIX)
+
+
 def candidate_checkpoint_id(start_checkpoint: str, index: int | str) -> str:
     """The end state of candidate `index` of the iteration whose start is `start_checkpoint`:
     `<start>c<index>` (an iteration's candidates are kept and pruned with it)."""

@@ -788,3 +788,26 @@ def test_checkpoint_undo_gives_the_retry_its_iterations_start(local_default: Loc
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("write", str(k), f"checkpoint-undo_1_{k}") for k in (1, 2, 3)
     ]
+
+
+def test_best_of_n_keeps_each_iterations_highest_score(local_default: LocalDefault) -> None:
+    local_default.apply_example("best-of-n.yaml")
+    run = local_default.wait_for_end("best-of-n")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopMaxIterationsReached"
+    assert [r["candidates"]["winner"] for r in iterations(run)] == [2, 0, 1]
+    assert all(r["candidates"]["promoted"] for r in iterations(run))
+    assert step["usage"]["inputTokens"] == 900
+    root = local_default.claim_dir("best-of-n-workspace")
+    assert (root / "answer.txt").read_text().splitlines() == [
+        "iteration 1 by candidate 2",
+        "iteration 2 by candidate 0",
+        "iteration 3 by candidate 1",
+    ]
+    copies = root / ".agentrun" / "candidates"
+    assert not copies.exists() or not any(copies.iterdir())
+    logs = local_default.cli("logs", "best-of-n", "--step", "draft", "--iteration", "1")
+    assert logs.returncode == 0, logs.stderr
+    assert [f"candidate {i} · pod" in logs.stdout for i in range(3)] == [True, True, True], logs.stdout
+    assert '"promoted":"best-of-n_1_1c2"' in logs.stdout  # the promotion pod's own line

@@ -71,6 +71,11 @@ def from_jobs(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[At
         if owner:
             by_job.setdefault(str(owner), []).append(pod)
     found: list[Attempt] = []
+    promotions: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:  # a loop candidates' promotion Job: its pods go with the candidates' attempt
+        name = str((job.get("metadata") or {}).get("name", ""))
+        if naming.is_promotion_job(name):
+            promotions[name] = by_job.get(name, [])
     for job in jobs:
         meta = job.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -80,7 +85,10 @@ def from_jobs(jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[At
         label = str((meta.get("annotations") or {}).get(naming.ANNOTATION_STEP) or "")
         step = naming.tree_path(label) if label else str(labels.get(naming.LABEL_STEP, ""))
         name = str(meta.get("name"))
+        if name in promotions:
+            continue
         mine = sorted(by_job.get(name, []), key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
+        mine += promotions.get(naming.promotion_job_name(name), [])
         found.append(
             Attempt(
                 step,

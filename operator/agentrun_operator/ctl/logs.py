@@ -136,6 +136,8 @@ def _header(attempt: Attempt, pod: dict[str, Any] | None) -> str:
     phase = f" · {attempt.phase}" if attempt.phase else ""
     index = candidate_index(pod) if pod is not None else None
     which = f" · candidate {index}" if index is not None else ""
+    if pod is not None and naming.is_promotion_job(_job_of(pod)):
+        which = " · promotion of the winner"
     where = f" · pod {pod['metadata']['name']}" if pod is not None else ""
     return f"==> {attempt.title}{phase}{which}{where} <=="
 
@@ -157,8 +159,14 @@ def shown_pods(attempt: Attempt) -> list[dict[str, Any] | None]:
         by_index: dict[int, dict[str, Any]] = {}
         for pod in candidates:  # oldest first: a later pod of an index replaces an earlier one
             by_index[candidate_index(pod) or 0] = pod
-        return [by_index[i] for i in sorted(by_index)]
+        promotion = [p for p in attempt.pods if naming.is_promotion_job(_job_of(p))]
+        return [*(by_index[i] for i in sorted(by_index)), *promotion[-1:]]
     return [attempt.pods[-1] if attempt.pods else None]
+
+
+def _job_of(pod: dict[str, Any]) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("batch.kubernetes.io/job-name") or labels.get("job-name") or "")
 
 
 async def logs(

@@ -162,9 +162,15 @@ def test_an_attempt_of_candidates_shows_every_candidates_pod_by_index() -> None:
         return found
 
     pods = [candidate("p2", 2), candidate("p0", 0), candidate("p1-old", 1), candidate("p1-new", 1)]
-    (attempt,) = from_jobs([job("r-step-1-iter-1-attempt-1", "build", 1, 1, "t")], pods)
+    pods.append(pod("promote", "r-step-1-iter-1-attempt-1-promote"))
+    jobs = [
+        job("r-step-1-iter-1-attempt-1", "build", 1, 1, "t"),
+        job("r-step-1-iter-1-attempt-1-promote", "build", 1, 1, "u"),
+    ]
+    (attempt,) = from_jobs(jobs, pods)  # the promotion Job is no attempt of its own
     shown = shown_pods(attempt)
-    assert [p["metadata"]["name"] for p in shown if p is not None] == ["p0", "p1-new", "p2"]
+    assert [p["metadata"]["name"] for p in shown if p is not None] == ["p0", "p1-new", "p2", "promote"]
     assert "· candidate 1 · pod p1-new" in _header(attempt, shown[1])
+    assert "· promotion of the winner · pod promote" in _header(attempt, shown[3])
     (plain,) = from_jobs([job("j", "build", 1, 1, "t")], [pod("a", "j"), pod("b", "j")])
     assert [p["metadata"]["name"] for p in shown_pods(plain) if p is not None] == ["b"]
