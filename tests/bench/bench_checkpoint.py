@@ -11,6 +11,10 @@ be a tmpfs), records it once (the first, full record), then for each of `--itera
   `onFailedAttempt: Restore` does): its time.
 
 The baseline, mode None, is the same loop without checkpoints: the time of changing the files only.
+With `--candidates N` (loop.candidates), after the loop: what one best-of-N iteration adds, per
+candidate, done one after the other as the candidates' lock makes them: its copy (the start
+checkpoint restored into an empty `.agentrun/candidates/<id>/<i>`), its end recorded after it changed
+`--changed` files, and the winner's promotion over the workspace.
 It prints a table and, with `--json FILE`, writes the figures. The workspace was just written, so
 reads come from the page cache (a fresh pod on a node that has not read the volume reads from the
 disk: the first record is then slower). It asserts nothing about time.
@@ -82,7 +86,49 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(len(ordered) * p / 100) - 1))] if ordered else 0.0
 
 
-def run(files: int, megabytes: float, changed: int, iterations: int, base: str, seed: int) -> dict[str, Any]:
+def _candidates(
+    root: Path, start: str, count: int, changed: int, rng: random.Random
+) -> dict[str, Any] | None:
+    """One best-of-N iteration from checkpoint `start`: each candidate's copy and end record, then the
+    promotion of candidate 0 over the workspace (None without candidates)."""
+    if count < 1:
+        return None
+    copy_ms: list[float] = []
+    end_ms: list[float] = []
+    end_added: list[int] = []
+    for index in range(count):
+        started = time.perf_counter()
+        tree = checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/{start}/{index}")
+        checkpoint.restore(str(root), start, tree=tree)
+        copy_ms.append((time.perf_counter() - started) * 1000)
+        files = sorted(p for p in Path(tree).rglob("*.bin"))
+        change(rng.sample(files, min(changed, len(files))))
+        started = time.perf_counter()
+        made = checkpoint.record(str(root), f"{start}c{index}", tree=tree)
+        end_ms.append((time.perf_counter() - started) * 1000)
+        end_added.append(made.added_bytes)
+    started = time.perf_counter()
+    checkpoint.restore(str(root), f"{start}c0")
+    shutil.rmtree(root / checkpoint.CANDIDATES_DIR / start)
+    promote_ms = (time.perf_counter() - started) * 1000
+    return {
+        "count": count,
+        "copy_ms": _spread(copy_ms),
+        "end_record_ms": _spread(end_ms),
+        "end_added_bytes": {"p50": int(percentile([float(a) for a in end_added], 50)), "max": max(end_added)},
+        "promote_ms": round(promote_ms, 1),
+    }
+
+
+def run(
+    files: int,
+    megabytes: float,
+    changed: int,
+    iterations: int,
+    base: str,
+    seed: int,
+    candidate_count: int = 0,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     top = Path(tempfile.mkdtemp(prefix="agentrun-bench-checkpoint-", dir=base))
     try:
@@ -112,6 +158,7 @@ def run(files: int, megabytes: float, changed: int, iterations: int, base: str, 
             done = checkpoint.restore(str(root), f"bench-{iteration}")
             restore_ms.append((time.perf_counter() - started) * 1000)
             assert done.written == changed, done
+        candidates = _candidates(root, f"bench-{iterations}", candidate_count, changed, rng)
         started = time.perf_counter()
         pruned = checkpoint.prune(str(root), "bench-", 2)
         prune_ms = (time.perf_counter() - started) * 1000
@@ -132,6 +179,7 @@ def run(files: int, megabytes: float, changed: int, iterations: int, base: str, 
             "baseline_ms": _spread(baseline_ms),
             "prune_ms": round(prune_ms, 1),
             "pruned": len(pruned),
+            "candidates": candidates,
         }
     finally:
         shutil.rmtree(top, ignore_errors=True)
@@ -173,6 +221,15 @@ def table(figures: dict[str, Any]) -> str:
         ("mode None (changes only)", "p50 {p50} ms, p95 {p95} ms".format(**figures["baseline_ms"])),
         ("prune to 2", f"{figures['prune_ms']} ms ({figures['pruned']} pruned)"),
     ]
+    found = figures.get("candidates")
+    if found:
+        rows += [
+            (f"candidates ({found['count']})", "one after the other, as their lock makes them"),
+            ("  copy (restore into empty)", "p50 {p50} ms, p95 {p95} ms".format(**found["copy_ms"])),
+            ("  end record", "p50 {p50} ms, p95 {p95} ms".format(**found["end_record_ms"])),
+            ("  end bytes added", "p50 {p50}, max {max}".format(**found["end_added_bytes"])),
+            ("  promotion of the winner", f"{found['promote_ms']} ms"),
+        ]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -187,11 +244,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--dir", default=DEFAULT_BASE, help="the workspace is made under it (its filesystem)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--candidates", type=int, default=0, help="measure a best-of-N iteration of N")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     if filesystem_of(args.dir) == "tmpfs":
         print(f"note: {args.dir} is a tmpfs: the figures are memory speeds, not a volume's")
-    figures = run(args.files, args.megabytes, args.changed, args.iterations, args.dir, args.seed)
+    figures = run(
+        args.files, args.megabytes, args.changed, args.iterations, args.dir, args.seed, args.candidates
+    )
     print(table(figures))
     print(json.dumps(figures, indent=2))
     if args.json:
