@@ -221,7 +221,9 @@ def observe_attempt(ctx: PlanContext, step: StepView) -> bool:
         return _handle_missing_job(ctx, step, name)
     if st.job_ref.uid is None:
         st.job_ref.uid = job.uid
-    if candidates.candidate_count(step) and job.finished and job.outcome != "DeadlineExceeded":
+    if candidates.candidate_count(step) and job.finished:
+        if job.outcome == "DeadlineExceeded":  # every candidate that reported counts its usage
+            return candidates.candidates_timed_out(ctx, step, job, _failure_cause(ctx, step, job))
         return candidates.observe_candidates(ctx, step, job)
     if not job.finished:
         succeeded = succeeded_by_pod(ctx, job)

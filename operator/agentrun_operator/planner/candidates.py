@@ -191,6 +191,14 @@ def observe_candidates(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
     return False
 
 
+def candidates_timed_out(ctx: PlanContext, step: StepView, job: ObservedJob, cause: str) -> bool:
+    """The candidates' Job outlived `timeoutSeconds`: the attempt failed as any timed-out one does,
+    with the usage of every candidate that reported before its pod was stopped."""
+    if not _count_usage(ctx, step, candidate_results(ctx, step, job)):
+        return True
+    return record_failure(ctx, step, job, cause, usage_counted=True)
+
+
 def _count_usage(ctx: PlanContext, step: StepView, results: list[CandidateResult]) -> bool:
     """Every listed candidate's usage counts in the budgets (the winner's when its iteration is
     recorded). False when unusable usage ended the step."""

@@ -311,3 +311,22 @@ def test_validation_refuses_a_select_that_does_not_compile_and_a_shared_control_
     assert any(
         p.startswith("spec.workflow.steps[0].loop.candidates:") and "'shared'" in p for p in problems
     ), problems
+
+
+def test_a_timed_out_iteration_counts_the_usage_of_every_candidate_that_reported() -> None:
+    world = candidates_world(count=3, retries=0)
+    job = world.active()
+    pods = sorted((n for n, p in world.pods.items() if p.job_name == job), key=lambda n: n)
+    for index, name in enumerate(pods[:2]):  # two reported before the deadline, one never did
+        world.pods[name] = replace(
+            world.pods[name],
+            phase="Succeeded",
+            main_exit_code=0,
+            finished_at=world.now,
+            reporter_message=report("run_1_1", index, {"score": 1, "usage": {"inputTokens": 10}}),
+        )
+    world.deadline(job)
+    world.plan()
+    step = world.step_status()
+    assert world.phase == "Failed" and "timed out" in (step.message or "")
+    assert step.usage.input_tokens == 20
