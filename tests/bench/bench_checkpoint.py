@@ -108,15 +108,19 @@ def _candidates(
         end_ms.append((time.perf_counter() - started) * 1000)
         end_added.append(made.added_bytes)
     started = time.perf_counter()
-    checkpoint.restore(str(root), f"{start}c0")
-    shutil.rmtree(root / checkpoint.CANDIDATES_DIR / start)
+    promoted = checkpoint.restore(str(root), f"{start}c0", base=start)
     promote_ms = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    shutil.rmtree(root / checkpoint.CANDIDATES_DIR / start)
+    remove_ms = (time.perf_counter() - started) * 1000
     return {
         "count": count,
         "copy_ms": _spread(copy_ms),
         "end_record_ms": _spread(end_ms),
         "end_added_bytes": {"p50": int(percentile([float(a) for a in end_added], 50)), "max": max(end_added)},
         "promote_ms": round(promote_ms, 1),
+        "promote_written": promoted.written,
+        "remove_copies_ms": round(remove_ms, 1),
     }
 
 
@@ -228,7 +232,11 @@ def table(figures: dict[str, Any]) -> str:
             ("  copy (restore into empty)", "p50 {p50} ms, p95 {p95} ms".format(**found["copy_ms"])),
             ("  end record", "p50 {p50} ms, p95 {p95} ms".format(**found["end_record_ms"])),
             ("  end bytes added", "p50 {p50}, max {max}".format(**found["end_added_bytes"])),
-            ("  promotion of the winner", f"{found['promote_ms']} ms"),
+            (
+                "  promotion of the winner",
+                f"{found['promote_ms']} ms ({found['promote_written']} files written)",
+            ),
+            ("  the copies removed", f"{found['remove_copies_ms']} ms"),
         ]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)

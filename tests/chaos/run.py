@@ -27,6 +27,12 @@ retry; every attempt records the workspace's tree hash at its start, and in one 
 iteration's start hash, and the iteration's status record must say it restored its checkpoint
 (docs/development.md#chaos-checkpoints).
 
+`--candidates N` gives each run `loop.candidates: {count: N}` (with `loop.checkpoint: {mode: Files}`)
+and a second claim, mounted at /logs, that the candidates share (each works on its own copy of the
+workspace): every candidate of every iteration must start and finish once, each iteration's
+candidates must have seen the previous iteration's winner's files, and the workspace must end as the
+chain of winners (docs/development.md#chaos-candidates).
+
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
 and done exactly once (an attempt that failed on purpose and its retry count as one start). The
 report gives the faults injected per kind and the counts of wrong terminal states, repeated and lost
@@ -118,6 +124,53 @@ echo "start $AGENTRUN_ITERATION" >> {mount}/chaos.log
 echo "done $AGENTRUN_ITERATION" >> {mount}/chaos.log
 """
 
+LOGS_CLAIM = """\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}-logs
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
+"""
+
+CANDIDATES_VOLUME = """\
+      - name: logs
+        type: pvc
+        claimName: {name}-logs
+        mountPath: /logs
+"""
+
+CANDIDATES_LOOP = """\
+          checkpoint:
+            mode: Files
+          candidates:
+            count: {count}
+            select: "candidates.filter(c, candidates.all(o, o.control.score <= c.control.score))[0].index"
+"""
+
+# `--candidates N`: each candidate logs its start and end on the shared /logs claim, and what the
+# workspace it started from ends with; it adds its own line to state.txt and scores so that the
+# winner of iteration N is candidate (N - 1) mod count (`winner_of`).
+CANDIDATES_SCRIPT = """\
+set -eu
+cd /workspace
+N=$AGENTRUN_ITERATION
+C=$AGENTRUN_CANDIDATE
+echo "start $N $C" >> /logs/chaos.log
+{hold}sleep {sleep}
+echo "$N $C saw $(tail -n 1 state.txt 2>/dev/null || echo none)" >> /logs/seen.log
+echo "$N by $C" >> state.txt
+SCORE=0
+if [ $(( (C - N + 1 + {count} * {iterations}) % {count} )) -eq 0 ]; then SCORE=1; fi
+mkdir -p "$(dirname "$AGENTRUN_LOOP_CONTROL_PATH")"
+echo "{{\\"score\\": $SCORE}}" > "$AGENTRUN_LOOP_CONTROL_PATH"
+echo "done $N $C" >> /logs/chaos.log
+"""
+
 CHECKPOINT_EXCLUDE = ("chaos.log", "release", "chaos-hashes")
 """The suite's own files on the volume (`--checkpoints`): neither recorded nor restored, so the log
 keeps the failed attempt's lines, the release stays, and every attempt's start hash is kept."""
@@ -201,6 +254,8 @@ class Config:
     """Each run's loop has `loop.checkpoint` (Files, onFailedAttempt: Restore) and one retry; the first
     attempt of one iteration per run, chosen from the seed (`fail_iterations`), dirties the workspace
     and fails: its retry must start from the iteration's start (docs/concepts.md#checkpoints)."""
+    candidates: int = 0
+    """Each run's loop has `loop.candidates: {count: candidates}` and a shared /logs claim (0: none)."""
 
 
 def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
@@ -208,6 +263,8 @@ def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
     Restore) and one retry, and the first attempt of iteration `fail_iteration` fails dirty."""
     mount = "/w" if config.control_off_volume else "/workspace"
     hold = HOLD.format(hold_iteration=config.hold_iteration, hold="yes" if config.hold else "no", mount=mount)
+    if config.candidates:
+        return candidates_manifest(config, name)
     if config.checkpoints:
         script = CHECKPOINT_SCRIPT.format(
             mount=mount, hold=hold, sleep=config.iteration_seconds, fail_iteration=fail_iteration
@@ -224,6 +281,64 @@ def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
         if config.checkpoints
         else "",
     )
+
+
+def candidates_manifest(config: Config, name: str) -> str:
+    """`--candidates`: one run, its workspace claim and the /logs claim its candidates share."""
+    hold = HOLD.format(
+        hold_iteration=config.hold_iteration, hold="yes" if config.hold else "no", mount="/logs"
+    )
+    script = CANDIDATES_SCRIPT.format(
+        hold=hold, sleep=config.iteration_seconds, count=config.candidates, iterations=config.iterations
+    )
+    run = RUN_TEMPLATE.format(
+        name=name,
+        script="\n".join(f"        {line}" if line else "" for line in script.splitlines()),
+        mount="/workspace",
+        iterations=config.iterations,
+        retries="",
+        checkpoint=CANDIDATES_LOOP.format(count=config.candidates),
+    )
+    volume_end = "        mountPath: /workspace\n"
+    run = run.replace(volume_end, volume_end + CANDIDATES_VOLUME.format(name=name), 1)
+    return LOGS_CLAIM.format(name=name) + run
+
+
+def winner_of(iteration: int, count: int) -> int:
+    """`--candidates`: the candidate whose score wins iteration `iteration` (CANDIDATES_SCRIPT)."""
+    return (iteration - 1) % count
+
+
+def candidates_check(
+    log: str, seen: str, state: str, run: dict[str, Any], iterations: int, count: int
+) -> tuple[list[int], list[int], list[str]]:
+    """`--candidates`: (repeated, lost, wrong) of one run. An iteration is repeated when one of its
+    candidates started or finished twice, lost when one never finished; wrong lists what else is off:
+    a candidate that started from another state than the previous iteration's winner left, the
+    workspace not ending as the chain of winners, a record without its winner promoted."""
+    starts = Counter((k, c) for k, c in _log_lines(log, "start"))
+    dones = Counter((k, c) for k, c in _log_lines(log, "done"))
+    pairs = [(k, c) for k in range(1, iterations + 1) for c in range(count)]
+    repeated = sorted({k for k, c in pairs if starts[k, c] > 1 or dones[k, c] > 1})
+    lost = sorted({k for k, c in pairs if dones[k, c] == 0})
+    wrong: list[str] = []
+    for line in seen.splitlines():  # "<N> <C> saw <last line of state.txt>"
+        k, c, _, before = line.split(" ", 3)
+        expected = "none" if int(k) == 1 else f"{int(k) - 1} by {winner_of(int(k) - 1, count)}"
+        if before != expected:
+            wrong.append(f"iteration {k} candidate {c} started from {before!r}, not {expected!r}")
+    chain = [f"{k} by {winner_of(k, count)}" for k in range(1, iterations + 1)]
+    if state.splitlines() != chain:
+        wrong.append(f"the workspace ends as {state.splitlines()}, not the winners' chain {chain}")
+    for step in ((run.get("status") or {}).get("workflow") or {}).get("steps") or []:
+        for record in (step.get("loop") or {}).get("iterations") or []:
+            found = record.get("candidates") or {}
+            k = record.get("index")
+            if isinstance(k, int) and (
+                found.get("winner") != winner_of(k, count) or not found.get("promoted")
+            ):
+                wrong.append(f"iteration {k}: its record says {found}")
+    return repeated, lost, wrong
 
 
 @dataclass
@@ -250,6 +365,8 @@ class Report:
     retries_checked: int = 0
     """`--checkpoints`: retries whose start hash was compared with their iteration's start hash."""
     restore_mismatch: dict[str, list[str]] = field(default_factory=dict)
+    candidates_wrong: dict[str, list[str]] = field(default_factory=dict)
+    """`--candidates`: per run, what is off besides lost and repeated (`candidates_check`)."""
     """`--checkpoints`: per run, the retries that did not start from their iteration's start hash."""
     not_retried: list[str] = field(default_factory=list)
     """`--checkpoints`: runs whose failing iteration did not fail once and then run again."""
@@ -266,6 +383,7 @@ class Report:
             and not any(self.repeated.values())
             and not any(self.lost.values())
             and not any(self.restore_mismatch.values())
+            and not any(self.candidates_wrong.values())
             and not self.not_retried
         )
 
@@ -291,6 +409,12 @@ class Report:
                 f"restore_mismatch: {sum(len(v) for v in self.restore_mismatch.values())}  "
                 f"not_retried: {len(self.not_retried)}"
             )
+        if c.candidates:
+            lines.append(
+                f"candidates ({c.candidates} per iteration): candidate runs checked: "
+                f"{c.runs * c.iterations * c.candidates}  "
+                f"candidates_wrong: {sum(len(v) for v in self.candidates_wrong.values())}"
+            )
         if self.error:
             lines.append(f"STOPPED EARLY: {self.error}")
         for name, phase in sorted(self.wrong_terminal.items()):
@@ -300,6 +424,8 @@ class Report:
                 if its:
                     lines.append(f"  {name}: {what} iterations {its}")
         for name, problems in sorted(self.restore_mismatch.items()):
+            lines += [f"  {name}: {problem}" for problem in problems]
+        for name, problems in sorted(self.candidates_wrong.items()):
             lines += [f"  {name}: {problem}" for problem in problems]
         for name in self.not_retried:
             lines.append(
@@ -418,6 +544,8 @@ class LocalDefault:
         # A local default shared with other tests (the real-node tier's): the suite's operator
         # watches only the suite's namespace, so it never meets their runs.
         self.extra_env = {"AGENTS_CONTROLLER_NAMESPACES": NAMESPACE} if namespace_only else {}
+        self.log_claim = "workspace"
+        """The claim whose root holds chaos.log and release: `logs` with `--candidates`."""
         self.plane = ControlPlane(home, toolchain.bin_dir())
         self.failed_recoveries = 0
 
@@ -513,7 +641,7 @@ class LocalDefault:
             found: list[Path] = []
 
             def readable(run: str = name, found: list[Path] = found) -> bool:
-                claim = self.claim_dir(run)
+                claim = self.claim_dir(run, self.log_claim)
                 if claim is not None:
                     found.append(claim)
                 return claim is not None
@@ -527,10 +655,10 @@ class LocalDefault:
                 raise RuntimeError(f"timed out waiting for {what}")
             time.sleep(POLL_SECONDS)
 
-    def claim_dir(self, name: str) -> Path | None:
-        """The directory of the volume bound to the run's claim (None until it is bound)."""
+    def claim_dir(self, name: str, claim: str = "workspace") -> Path | None:
+        """The directory of the volume bound to the run's claim `<name>-<claim>` (None until bound)."""
         code, body = self.plane.api_get(
-            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{name}-workspace"
+            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{name}-{claim}"
         )
         volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
         if not volume:
@@ -565,9 +693,15 @@ class LocalDefault:
         doc: dict[str, Any] = json.loads(body)
         return doc
 
-    def claim_log(self, name: str) -> str:
+    def claim_log(self, name: str, file: str = "chaos.log") -> str:
+        """A file of the run's log claim: the workspace's, or with `--candidates` the shared /logs."""
+        claim = self.claim_dir(name, self.log_claim)
+        path = claim / file if claim is not None else None
+        return path.read_text() if path is not None and path.exists() else ""
+
+    def workspace_file(self, name: str, file: str) -> str:
         claim = self.claim_dir(name)
-        path = claim / "chaos.log" if claim is not None else None
+        path = claim / file if claim is not None else None
         return path.read_text() if path is not None and path.exists() else ""
 
 
@@ -593,6 +727,8 @@ def run(
     undisturbed: this suite's operator watches only its namespace, and is stopped at the end)."""
     report = Report(config, home=str(home))
     env = LocalDefault(home, say, namespace_only=shared)
+    if config.candidates:
+        env.log_claim = "logs"
     started = time.monotonic()
     try:
         say(f"chaos: starting a local default in {home} ({config.runtime} runtime)")
@@ -630,7 +766,14 @@ def run(
                 lambda n=name: env.claim_dir(n) is not None, time.monotonic() + 60, f"{name}'s claim"
             )
             log = env.claim_log(name)
-            repeated, lost = iteration_counts(log, config.iterations)
+            if config.candidates:
+                seen, state = env.claim_log(name, "seen.log"), env.workspace_file(name, "state.txt")
+                repeated, lost, wrong = candidates_check(
+                    log, seen, state, env.agentrun_object(name), config.iterations, config.candidates
+                )
+                report.candidates_wrong[name] = wrong
+            else:
+                repeated, lost = iteration_counts(log, config.iterations)
             report.repeated[name] = repeated
             report.lost[name] = lost
             if config.checkpoints:
@@ -703,6 +846,14 @@ def main(argv: list[str] | None = None) -> int:
         "first attempt per run dirties the workspace and fails: every retry must start from its "
         "iteration's start hash",
     )
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="loop.candidates with N candidates per iteration and a shared /logs claim: every candidate "
+        "runs once, each iteration starts from the previous winner, the workspace ends as the winners' chain",
+    )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
@@ -728,6 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         hold_iteration=args.hold_iteration,
         control_off_volume=args.control_off_volume,
         checkpoints=args.checkpoints,
+        candidates=args.candidates,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)

@@ -79,3 +79,32 @@ def test_every_retry_starts_from_its_iterations_checkpoint_under_faults(tmp_path
     assert not any(report.repeated.values()), report.summary()
     assert not any(report.lost.values()), report.summary()
     assert report.ok
+
+
+def test_every_candidate_runs_once_and_the_winners_chain_survives_faults(tmp_path: Path) -> None:
+    """`--candidates 2` at a small size (docs/development.md#chaos-candidates): each iteration runs two
+    candidates on copies of its start and promotes the higher score. Held in iteration 1 (both
+    candidates' pods running) while the operator and the pod runner are killed. Every candidate must
+    run once, each iteration start from the previous winner's files, the workspace end as the
+    winners' chain and every record say its winner was promoted."""
+    _require_the_local_default()
+    config = Config(
+        runs=2,
+        iterations=3,
+        faults=1,
+        kinds=("operator-kill", "runner-restart"),
+        iteration_seconds=1.0,
+        gap=0.5,
+        timeout=600,
+        hold=True,
+        candidates=2,
+    )
+    report = run(config, tmp_path / "dev")
+    print(report.summary())
+    assert not report.error, report.summary()
+    assert sum(report.injected.values()) == 2, report.summary()
+    assert report.wrong_terminal == {}, report.summary()
+    assert not any(report.repeated.values()), report.summary()
+    assert not any(report.lost.values()), report.summary()
+    assert not any(report.candidates_wrong.values()), report.summary()
+    assert report.ok

@@ -18,12 +18,14 @@ from tests.chaos.run import (
     NODE_KINDS,
     PROCESS_KINDS,
     Config,
+    candidates_check,
     fail_iterations,
     iteration_counts,
     manifest,
     restore_check,
     schedule,
     status_check,
+    winner_of,
 )
 
 
@@ -175,3 +177,40 @@ def test_the_status_says_what_the_volume_saw() -> None:
     assert status_check(_run(restored_once, two), log) == [
         "iteration 1: one attempt, but its status says it restored 'r_1_1'"
     ]
+
+
+def _candidates_run(winners: list[int], promoted: bool = True) -> dict[str, object]:
+    records = [
+        {"index": k, "candidates": {"winner": w, "promoted": promoted}} for k, w in enumerate(winners, 1)
+    ]
+    return {"status": {"workflow": {"steps": [{"loop": {"iterations": records}}]}}}
+
+
+def test_candidates_each_once_from_the_winners_is_clean() -> None:
+    log = "".join(f"start {k} {c}\ndone {k} {c}\n" for k in (1, 2, 3) for c in (0, 1))
+    assert [winner_of(k, 2) for k in (1, 2, 3)] == [0, 1, 0]
+    seen = "1 0 saw none\n1 1 saw none\n2 0 saw 1 by 0\n2 1 saw 1 by 0\n3 0 saw 2 by 1\n3 1 saw 2 by 1\n"
+    state = "1 by 0\n2 by 1\n3 by 0\n"
+    assert candidates_check(log, seen, state, _candidates_run([0, 1, 0]), 3, 2) == ([], [], [])
+
+
+def test_candidates_repeated_lost_and_wrong_are_each_found() -> None:
+    log = "start 1 0\ndone 1 0\nstart 1 1\nstart 1 1\ndone 1 1\nstart 2 0\ndone 2 0\nstart 2 1\n"
+    seen = "1 0 saw none\n2 0 saw 1 by 1\n"
+    repeated, lost, wrong = candidates_check(log, seen, "1 by 0\n", _candidates_run([0, 0], False), 2, 2)
+    assert repeated == [1] and lost == [2]
+    assert any("candidate 0 started from '1 by 1', not '1 by 0'" in w for w in wrong)
+    assert any("not the winners' chain" in w for w in wrong)
+    assert any(w.startswith("iteration 2: its record says") for w in wrong)
+
+
+def test_the_candidates_manifest_is_a_valid_run_with_a_shared_logs_claim() -> None:
+    docs = list(yaml.safe_load_all(manifest(Config(candidates=3, iterations=2), "chaos-000")))
+    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "PersistentVolumeClaim", "AgentRun"]
+    run = docs[2]
+    assert [v["mountPath"] for v in run["spec"]["workload"]["volumes"]] == ["/workspace", "/logs"]
+    loop = run["spec"]["workflow"]["steps"][0]["loop"]
+    assert loop["candidates"]["count"] == 3 and loop["checkpoint"] == {"mode": "Files"}
+    from agentrun_operator.api import agentrun_errors
+
+    assert agentrun_errors(run) == []

@@ -778,10 +778,19 @@ class _Plan(NamedTuple):
 
 
 def restore(
-    root: str, checkpoint_id: str, exclude: Sequence[str] = (), *, tree: str | None = None
+    root: str,
+    checkpoint_id: str,
+    exclude: Sequence[str] = (),
+    *,
+    tree: str | None = None,
+    base: str | None = None,
 ) -> Restored:
     """Put the tree under `root` (or under `tree`, from the store under `root`: a candidate's copy)
     back to checkpoint `checkpoint_id`, but for excluded paths.
+
+    `base` names a checkpoint the tree was recorded as and may still be (a candidate's promotion:
+    the iteration's start): a file whose stat identity is still the base's, and whose base content is
+    the checkpoint's, is known to be the checkpoint's without reading it.
 
     Nothing changes unless the checkpoint can be restored whole: its manifest and every object the
     restore needs are checked, and the rewritten files staged (their content checked against their
@@ -793,8 +802,9 @@ def restore(
     work = root if tree is None else tree
     manifest = _load_manifest(root, checkpoint_id)
     wanted = {p: e for p, e in manifest.entries.items() if not _skipped(p, skip)}
+    known = _base_entries(root, base)
     try:
-        plan = _plan(root, work, checkpoint_id, wanted, skip)
+        plan = _plan(root, work, checkpoint_id, wanted, skip, known)
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint_id!r} in {store_path(root)}: the workspace cannot be compared with "
@@ -849,7 +859,25 @@ def restore(
     )
 
 
-def _plan(root: str, tree: str, checkpoint_id: str, wanted: dict[str, _Entry], skip: frozenset[str]) -> _Plan:
+def _base_entries(root: str, base: str | None) -> dict[str, _Entry]:
+    """The entries of checkpoint `base` (none when it is not given or cannot be read: the restore then
+    compares contents, as without it)."""
+    if base is None:
+        return {}
+    try:
+        return dict(_load_manifest(root, base).entries)
+    except CheckpointError:
+        return {}
+
+
+def _plan(
+    root: str,
+    tree: str,
+    checkpoint_id: str,
+    wanted: dict[str, _Entry],
+    skip: frozenset[str],
+    known: dict[str, _Entry] | None = None,
+) -> _Plan:
     current: dict[str, tuple[str, os.stat_result]] = {}
     protected: set[str] = set()
     """Directories holding something a restore never touches (excluded or special): kept."""
@@ -898,7 +926,7 @@ def _plan(root: str, tree: str, checkpoint_id: str, wanted: dict[str, _Entry], s
                 or _differs(entry, now[1], as_root, with_mtime=True)
             ):
                 links.append(entry)
-        elif now is None or not _same_file(tree, entry, now[1], as_root):
+        elif now is None or not _same_file(tree, entry, now[1], as_root, (known or {}).get(path)):
             files.append(entry)
     remove.update(p for p in current if p not in wanted and p not in protected)
     # Everything under a removed path goes with it.
@@ -940,18 +968,27 @@ def _differs(entry: _Entry, st: os.stat_result, as_root: bool, with_mtime: bool)
     )
 
 
-def _same_file(root: str, entry: _Entry, st: os.stat_result, as_root: bool) -> bool:
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _same_file(
+    root: str, entry: _Entry, st: os.stat_result, as_root: bool, base: _Entry | None = None
+) -> bool:
     """Whether a current file is the checkpoint's: the same stat identity, or the same size, mode,
-    ownership and mtime and, read to be sure, the same content."""
-    if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
-        entry.ino,
-        entry.size,
-        entry.mtime_ns,
-        entry.ctime_ns,
-    ):
+    ownership and mtime and either the stat identity `base` recorded with the same content, or, read
+    to be sure, the same content."""
+    if _identity(st) == (entry.ino, entry.size, entry.mtime_ns, entry.ctime_ns):
         return True
     if st.st_size != entry.size or _differs(entry, st, as_root, with_mtime=True):
         return False
+    if (
+        base is not None
+        and base.type == FILE
+        and base.value == entry.value
+        and _identity(st) == (base.ino, base.size, base.mtime_ns, base.ctime_ns)
+    ):
+        return True
     return _hash_file(os.path.join(root, entry.path)) == entry.value
 
 

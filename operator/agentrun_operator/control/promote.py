@@ -22,11 +22,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--owner", default="", help="the run's uid: the checkpoint must be this run's")
     parser.add_argument("--exclude", action="append", default=[], metavar="PATH", help="not restored")
     parser.add_argument("--copies", metavar="DIR", help="the iteration's candidate copies, removed after")
+    parser.add_argument(
+        "--base", metavar="ID", help="the iteration's start checkpoint: the workspace is still as it recorded"
+    )
     return parser
 
 
 def promote(
-    root: str, checkpoint_id: str, owner: str, exclude: Sequence[str], copies: str | None
+    root: str,
+    checkpoint_id: str,
+    owner: str,
+    exclude: Sequence[str],
+    copies: str | None,
+    base: str | None = None,
 ) -> dict[str, object]:
     """Restore `checkpoint_id` over `root` (refusing one another run recorded), then remove `copies`.
     Raises `store.CheckpointError` when the workspace could not be restored."""
@@ -36,7 +44,7 @@ def promote(
             f"checkpoint {checkpoint_id!r} was recorded by another run (uid {found or 'unknown'}), not this "
             f"one ({owner})"
         )
-    done = store.restore(root, checkpoint_id, tuple(exclude))
+    done = store.restore(root, checkpoint_id, tuple(exclude), base=base)
     if copies:
         shutil.rmtree(copies, ignore_errors=True)
     return {"promoted": checkpoint_id, "restoreMs": round(done.seconds * 1000)}
@@ -45,7 +53,7 @@ def promote(
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        facts = promote(args.root, args.checkpoint, args.owner, args.exclude, args.copies)
+        facts = promote(args.root, args.checkpoint, args.owner, args.exclude, args.copies, args.base)
     except (store.CheckpointError, OSError) as exc:
         print(
             f"checkpoint: cannot promote candidate checkpoint {args.checkpoint!r}: {exc}; "

@@ -58,6 +58,7 @@ def build_promotion_job(
     excluded = excluded_paths(plan, volume, path, claims is not None and claims.name == volume.name)
     copies = posixpath.join(volume.mount_path, naming.CANDIDATES_DIR, plan.checkpoint_id)
     args = ["--root", volume.mount_path, "--checkpoint", winner, "--owner", plan.owner, "--copies", copies]
+    args += ["--base", plan.checkpoint_id]  # the workspace is still the iteration's start
     for entry in excluded:
         args += ["--exclude", entry]
     container = {

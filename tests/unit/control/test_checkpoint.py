@@ -936,3 +936,42 @@ def test_two_processes_serialize_on_the_store_lock(tmp_path: Path) -> None:
         held = subprocess.run([sys.executable, "-c", probe, str(lock)], check=False)
     free = subprocess.run([sys.executable, "-c", probe, str(lock)], check=False)
     assert (held.returncode, free.returncode) == (3, 0)
+
+
+def test_a_promotion_with_its_base_restores_the_winner_exactly(tmp_path: Path) -> None:
+    """A candidate's end restored over the workspace with the iteration's start as `base`: files the
+    workspace still has as the base recorded them and the candidate left alone are known without
+    reading; changed, created, deleted and mode-changed ones are restored; a workspace file that
+    changed since the base (its identity differs) is compared by content, as without a base."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(20):
+        (root / f"f{i}.txt").write_text(f"file {i}\n")
+    (root / "sub").mkdir()
+    (root / "sub" / "deep.txt").write_text("deep\n")
+    checkpoint.record(str(root), "s")
+    tree = checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/s/0")
+    checkpoint.restore(str(root), "s", tree=tree)
+    copy = Path(tree)
+    (copy / "f1.txt").write_text("changed by the winner\n")
+    (copy / "f2.txt").unlink()
+    (copy / "new.txt").write_text("new\n")
+    (copy / "f3.txt").chmod(0o600)
+    checkpoint.record(str(root), "sc0", tree=tree)
+    winner = tree_digest(tree)
+    (root / "f4.txt").write_text("file 4 touched after the base\n")  # same size is not needed: content
+    done = checkpoint.restore(str(root), "sc0", base="s")
+    assert tree_digest(str(root)) == winner
+    assert done.written == 4  # f1 changed, new.txt, f4 put back, f3's mode (rewritten with its mode)
+    assert (root / "f4.txt").read_text() == "file 4\n" and not (root / "f2.txt").exists()
+
+
+def test_a_base_that_is_gone_only_costs_reading(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "a.txt").write_text("a\n")
+    checkpoint.record(str(root), "s")
+    (root / "a.txt").write_text("b\n")
+    checkpoint.record(str(root), "t")
+    checkpoint.restore(str(root), "s", base="missing")
+    assert (root / "a.txt").read_text() == "a\n"
