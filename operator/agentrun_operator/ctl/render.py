@@ -227,6 +227,7 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
         done = loop.get("completedIterations", 0)
         lines.append(f"  iterations: {done} completed, {len(records)} kept, {pruned} pruned")
         body = any(isinstance(r.get("steps"), Mapping) for r in records)  # a loop body's records
+        best_of = any(isinstance(r.get("candidates"), Mapping) for r in records)  # loop.candidates
         order = [str(c.get("name")) for c in step.get("steps") or [] if isinstance(c, Mapping)]
         rows = [
             [
@@ -235,11 +236,20 @@ def _step_details(step: Mapping[str, Any], now: datetime) -> list[str]:
                 str(r.get("attempts", 0)),
                 _duration(r.get("startedAt"), r.get("finishedAt"), now),
                 *([_children(r.get("steps"), order)] if body else []),
+                *([_winner(r.get("candidates"))] if best_of else []),
                 _clip(str(r.get("message") or ""), MAX_MESSAGE_CHARS),
             ]
             for r in records
         ]
-        header = ["#", "PHASE", "ATTEMPTS", "DURATION", *(["STEPS"] if body else []), "MESSAGE"]
+        header = [
+            "#",
+            "PHASE",
+            "ATTEMPTS",
+            "DURATION",
+            *(["STEPS"] if body else []),
+            *(["WINNER"] if best_of else []),
+            "MESSAGE",
+        ]
         if rows:
             lines.extend(_table(header, rows, indent="    "))
         if loop.get("lastControl") is not None:
@@ -264,6 +274,15 @@ def _next_iteration(step: Mapping[str, Any], loop: Mapping[str, Any], now: datet
     left = (due - now).total_seconds()
     when = f"in {format_duration(left)}" if left > 0 else "due now"
     return f"{index} at {loop['nextIterationAt']} ({when}, loop.intervalSeconds)"
+
+
+def _winner(candidates: Any) -> str:
+    """loop.candidates: `1 of 3`, `1 of 3 (promoting)` until its files are the workspace, `-` before
+    the pick."""
+    if not isinstance(candidates, Mapping) or candidates.get("winner") is None:
+        return "-"
+    promoting = "" if candidates.get("promoted") else " (promoting)"
+    return f"{candidates['winner']} of {candidates.get('count', '?')}{promoting}"
 
 
 def _children(phases: Any, order: list[str]) -> str:

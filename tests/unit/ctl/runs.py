@@ -394,3 +394,14 @@ def awaiting_approval() -> dict[str, Any]:
             ],
         },
     }
+
+
+def best_of() -> dict[str, Any]:
+    """The conditional example at stage 3 as a best-of-3 loop: iterations 1 and 2 kept candidates 2
+    and 0, iteration 3 picked candidate 1 and is putting its files into the workspace."""
+    run = conditional(3)
+    records = run["status"]["workflow"]["steps"][0]["loop"]["iterations"]
+    records[0]["candidates"] = {"count": 3, "succeeded": [0, 1, 2], "winner": 2, "promoted": True}
+    records[1]["candidates"] = {"count": 3, "succeeded": [0, 2], "winner": 0, "promoted": True}
+    records[2]["candidates"] = {"count": 3, "succeeded": [1, 2], "winner": 1, "promoted": False}
+    return run

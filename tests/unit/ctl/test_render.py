@@ -35,6 +35,7 @@ def check_golden(name: str, text: str) -> None:
         ("status-created.txt", runs.conditional(0)),
         ("status-nested.txt", runs.nested()),
         ("status-waiting.txt", runs.polling()),
+        ("status-best-of.txt", runs.best_of()),
     ],
 )
 def test_status_table(golden: str, run: dict[str, object]) -> None:
