@@ -4,10 +4,12 @@ docs/concepts.md#candidates."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.checkpoint_runs import tree_hash_function
+from tests.support.polling import eventually
 
 RUN = """
 apiVersion: v1
@@ -132,3 +134,60 @@ def test_the_best_candidate_becomes_the_next_iterations_workspace(local_default:
     assert not (root / "only-2-1.txt").exists() and not (root / "only-2-2.txt").exists()
     candidates = root / ".agentrun" / "candidates"
     assert not candidates.exists() or not any(candidates.iterdir())
+
+
+SLEEPER = """set -e
+mkdir -p "$(dirname "$AGENTRUN_LOOP_CONTROL_PATH")"
+echo '{"score": 1, "usage": {"inputTokens": 10}}' > "$AGENTRUN_LOOP_CONTROL_PATH"
+echo "candidate $AGENTRUN_CANDIDATE" > "/workspace/mine-$AGENTRUN_CANDIDATE.txt"
+touch "/logs/started-$AGENTRUN_CANDIDATE"
+exec sleep 600
+"""
+
+
+def _sleepers(name: str, timeout_seconds: int | None = None) -> str:
+    manifest = RUN.format(name=name, script="\n".join("        " + line for line in SLEEPER.splitlines()))
+    if timeout_seconds is not None:
+        manifest = manifest.replace(
+            "      - name: work\n", f"      - name: work\n        timeoutSeconds: {timeout_seconds}\n"
+        )
+    return manifest
+
+
+def _run_pods(local_default: LocalDefault, name: str) -> list[str]:
+    code, body = local_default.plane.api_get(
+        f"/api/v1/namespaces/{local_default.namespace}/pods?labelSelector=agents.proompteng.ai/agent-run%3D{name}"
+    )
+    assert code == 200, body
+    return [p["metadata"]["name"] for p in json.loads(body)["items"]]
+
+
+def test_an_immediate_cancel_stops_every_candidate_and_promotes_nothing(local_default: LocalDefault) -> None:
+    name = "best-cancelled"
+    local_default.apply(_sleepers(name))
+    logs = local_default.claim_dir(f"{name}-logs")
+    eventually(
+        lambda: all((logs / f"started-{c}").exists() for c in range(3)),
+        timeout=180,
+        what="all three candidates running",
+    )
+    local_default.patch_run(name, {"spec": {"cancel": "Immediate"}})
+    run = local_default.wait_for_end(name)
+    assert run["status"]["phase"] == "Cancelled", run["status"]
+    record = step_status(run)["loop"]["iterations"][0]
+    assert record["phase"] == "Cancelled" and record.get("candidates") is None
+    eventually(lambda: not _run_pods(local_default, name), timeout=120, what="every candidate's pod gone")
+    root = Path(local_default.claim_dir(f"{name}-workspace"))
+    assert not list(root.glob("mine-*.txt"))  # no candidate's files became the workspace
+
+
+def test_a_timed_out_iteration_of_candidates_fails_its_attempt(local_default: LocalDefault) -> None:
+    name = "best-timed-out"
+    local_default.apply(_sleepers(name, timeout_seconds=30))
+    run = local_default.wait_for_end(name)
+    assert run["status"]["phase"] == "Failed", run["status"]
+    step = step_status(run)
+    assert "timed out after 30s" in step["message"], step["message"]
+    assert step["loop"]["iterations"][0].get("candidates") is None
+    root = Path(local_default.claim_dir(f"{name}-workspace"))
+    assert not list(root.glob("mine-*.txt"))
