@@ -61,6 +61,7 @@ from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.provisioner import local_path
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
+from tests.support.manifests import claim_yaml
 
 PROCESS_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
 NODE_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "kubelet-restart")
@@ -122,19 +123,6 @@ set -eu
 echo "start $AGENTRUN_ITERATION" >> {mount}/chaos.log
 {hold}sleep {sleep}
 echo "done $AGENTRUN_ITERATION" >> {mount}/chaos.log
-"""
-
-LOGS_CLAIM = """\
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-logs
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
 """
 
 CANDIDATES_VOLUME = """\
@@ -301,7 +289,7 @@ def candidates_manifest(config: Config, name: str) -> str:
     )
     volume_end = "        mountPath: /workspace\n"
     run = run.replace(volume_end, volume_end + CANDIDATES_VOLUME.format(name=name), 1)
-    return LOGS_CLAIM.format(name=name) + run
+    return claim_yaml(f"{name}-logs") + run
 
 
 def winner_of(iteration: int, count: int) -> int:

@@ -9,29 +9,10 @@ from pathlib import Path
 
 from tests.e2e.conftest import LocalDefault, step_status
 from tests.support.checkpoint_runs import tree_hash_function
+from tests.support.manifests import claim_yaml
 from tests.support.polling import eventually
 
 RUN = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-logs
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
 apiVersion: agents.proompteng.ai/v1alpha1
 kind: AgentRun
 metadata:
@@ -90,9 +71,15 @@ exit 0
 """
 
 
+def _run(name: str, script: str) -> str:
+    """The run and its two claims: the workspace, and the logs every candidate shares."""
+    body = "\n".join("        " + line for line in script.strip().splitlines())
+    claims = claim_yaml(f"{name}-workspace") + claim_yaml(f"{name}-logs")
+    return claims + RUN.format(name=name, script=body)
+
+
 def _manifest(name: str) -> str:
-    body = "\n".join("        " + line for line in SCRIPT.strip().splitlines())
-    return RUN.format(name=name, script=body)
+    return _run(name, SCRIPT)
 
 
 def test_the_best_candidate_becomes_the_next_iterations_workspace(local_default: LocalDefault) -> None:
@@ -146,7 +133,7 @@ exec sleep 600
 
 
 def _sleepers(name: str, timeout_seconds: int | None = None) -> str:
-    manifest = RUN.format(name=name, script="\n".join("        " + line for line in SLEEPER.splitlines()))
+    manifest = _run(name, SLEEPER)
     if timeout_seconds is not None:
         manifest = manifest.replace(
             "      - name: work\n", f"      - name: work\n        timeoutSeconds: {timeout_seconds}\n"

@@ -48,3 +48,22 @@ def workflow_run(name: str, step: dict[str, Any], **spec: Any) -> dict[str, Any]
         workload={"image": "busybox:1.36", "command": ["sh", "-c", "true"], "volumes": [WORKSPACE_PVC]},
         **spec,
     )
+
+
+CLAIM = """\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
+"""
+
+
+def claim_yaml(name: str) -> str:
+    """A 1Gi ReadWriteOnce claim `name` for the default StorageClass, as YAML ending with `---`."""
+    return CLAIM.format(name=name)

@@ -644,8 +644,15 @@ def build_iteration_objects(
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
         job_spec["activeDeadlineSeconds"] = timeout
+    return job_manifest(run, iteration_job_name(run, attempt), labels, annotations, job_spec), companions
+
+
+def job_manifest(
+    run: AgentRun, name: str, labels: dict[str, str], annotations: dict[str, str], spec: dict[str, Any]
+) -> dict[str, Any]:
+    """A Job of the run: its name, labels and annotations, owned by the run, in the run's namespace."""
     metadata: dict[str, Any] = {
-        "name": iteration_job_name(run, attempt),
+        "name": name,
         "labels": labels,
         "annotations": annotations,
         "ownerReferences": [owner_reference(run)],
@@ -653,5 +660,4 @@ def build_iteration_objects(
     namespace = run.metadata.get("namespace")
     if namespace:
         metadata["namespace"] = str(namespace)
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": job_spec}
-    return job, companions
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}

@@ -20,7 +20,7 @@ from agentrun_operator.jobs.builder import (
     PlannedAttempt,
     claim_volume,
     job_labels,
-    owner_reference,
+    job_manifest,
     pod_security_context,
     same_node_affinity,
     volume_holding,
@@ -94,15 +94,6 @@ def build_promotion_job(
     annotations = {ANNOTATION_RUN_NAME: run_name}
     if attempt.path is not None:
         annotations[naming.ANNOTATION_STEP] = attempt.path
-    metadata: dict[str, Any] = {
-        "name": naming.promotion_job_name(attempt_job),
-        "labels": labels,
-        "annotations": annotations,
-        "ownerReferences": [owner_reference(run)],
-    }
-    namespace = run.metadata.get("namespace")
-    if namespace:
-        metadata["namespace"] = str(namespace)
     spec = {
         "backoffLimit": 0,
         "completions": 1,
@@ -110,4 +101,4 @@ def build_promotion_job(
         "activeDeadlineSeconds": PROMOTION_DEADLINE_SECONDS,
         "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod},
     }
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+    return job_manifest(run, naming.promotion_job_name(attempt_job), labels, annotations, spec)

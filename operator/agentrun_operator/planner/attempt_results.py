@@ -29,9 +29,7 @@ from agentrun_operator.planner.reported import record_reported
 from agentrun_operator.planner.run import stop_message
 from agentrun_operator.planner.stall import check_stall, record_progress
 from agentrun_operator.planner.state import StepView, end_step
-from agentrun_operator.resolution import (
-    step_retries,
-)
+from agentrun_operator.resolution import cancel_grace_seconds, step_retries
 
 RESULT_GRACE_SECONDS: Final = 10.0
 """How long a succeeded Job's pod may be missing from the observation before its result is read as lost."""
@@ -207,3 +205,12 @@ def record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope:
     decide_next(ctx, step, envelope)
     check_budget(ctx, step)
     check_stall(ctx, step)
+
+
+def cancel_immediately(ctx: PlanContext, step: StepView, name: str) -> bool:
+    """An immediate cancel while Job `name` of the step runs: it is deleted with the cancel's short
+    grace and the step ends Cancelled (True: the step moved on)."""
+    ctx.delete_reasons[name] = "the run was cancelled (Immediate)"
+    ctx.delete_graces[name] = cancel_grace_seconds(step.spec, ctx.config)
+    end_step(ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted")
+    return True

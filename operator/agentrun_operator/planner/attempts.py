@@ -18,6 +18,7 @@ from agentrun_operator.planner.attempt_results import (
     MAX_CAUSE_TAIL_BYTES,
     RESULT_GRACE_SECONDS,
     RESULT_MAX_WAIT_SECONDS,
+    cancel_immediately,
     iteration_finished,
     one_line_tail,
     record_failure,
@@ -44,7 +45,6 @@ from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
 from agentrun_operator.resolution import (
-    cancel_grace_seconds,
     step_retries,
     step_timeout_seconds,
 )
@@ -211,12 +211,7 @@ def observe_attempt(ctx: PlanContext, step: StepView) -> bool:
         ctx.delete_reasons[name] = "a different Job took the name of a recorded attempt"
         job = None  # the Job we recorded is gone; this one is an impostor
     if ctx.stopping == "Immediate" and (job is None or not job.finished):
-        ctx.delete_reasons[name] = "the run was cancelled (Immediate)"
-        ctx.delete_graces[name] = cancel_grace_seconds(step.spec, ctx.config)
-        end_step(
-            ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted"
-        )
-        return True
+        return cancel_immediately(ctx, step, name)
     if job is None:
         return _handle_missing_job(ctx, step, name)
     if st.job_ref.uid is None:

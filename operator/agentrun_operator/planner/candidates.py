@@ -26,6 +26,7 @@ from agentrun_operator.planner.attempt_pod import planned_attempt, pod_control_p
 from agentrun_operator.planner.attempt_results import (
     MAX_CAUSE_TAIL_BYTES,
     RESULT_MAX_WAIT_SECONDS,
+    cancel_immediately,
     one_line_tail,
     record_failure,
     record_success,
@@ -37,8 +38,7 @@ from agentrun_operator.planner.context import RESULT_REQUEUE_SECONDS, PlanContex
 from agentrun_operator.planner.gating import gate_clear, succeeded_by_pod
 from agentrun_operator.planner.loops import cel_context
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod
-from agentrun_operator.planner.state import StepView, end_step
-from agentrun_operator.resolution import cancel_grace_seconds
+from agentrun_operator.planner.state import StepView
 
 REASON_NO_CANDIDATE: Final = "NoCandidateSucceeded"
 REASON_SELECT_FAILED: Final = "CandidateSelectFailed"
@@ -257,12 +257,7 @@ def observe_promotion(ctx: PlanContext, step: StepView) -> bool:
     if job is not None and st.job_ref.uid is not None and job.uid != st.job_ref.uid:
         job = None
     if ctx.stopping == "Immediate" and (job is None or not job.finished):
-        ctx.delete_reasons[name] = "the run was cancelled (Immediate)"
-        ctx.delete_graces[name] = cancel_grace_seconds(step.spec, ctx.config)
-        end_step(
-            ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted"
-        )
-        return True
+        return cancel_immediately(ctx, step, name)
     if job is None:
         if st.job_ref.uid is not None:
             return _promotion_failed(
