@@ -102,7 +102,8 @@ def cel_problems(nodes: list[StepNode]) -> Iterator[Problem]:
                     expression,
                     str(exc),
                     "correct the expression; it may read iteration, step, run, steps.<earlier step> and "
-                    "outputs.<earlier output>",
+                    "outputs.<earlier output>"
+                    + (", and candidates (each {index, control})" if CANDIDATES_ROOT in roots else ""),
                     concepts("cel-expressions"),
                 )
                 continue

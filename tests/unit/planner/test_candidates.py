@@ -291,7 +291,10 @@ def test_validation_refuses_a_select_that_does_not_compile_and_a_shared_control_
     broken = loop_step(
         loop={"checkpoint": {"mode": "Files"}, "candidates": {"count": 2, "select": "candidates["}}
     )
-    assert any(".loop.candidates.select" in p for p in _problems(broken))
+    assert any(
+        ".loop.candidates.select" in p and "and candidates (each {index, control})" in p
+        for p in _problems(broken)
+    )
     fine = loop_step(loop={"checkpoint": {"mode": "Files"}, "candidates": {"count": 2, "select": HIGHEST}})
     assert _problems(fine) == []
     volumes = [
