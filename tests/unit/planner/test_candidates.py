@@ -284,7 +284,7 @@ def test_the_winners_control_file_decides_the_loop() -> None:
 
 def _problems(step: dict[str, Any], volumes: list[dict[str, Any]] | None = None) -> list[str]:
     world = PlannerWorld(manifest([step], volumes=volumes))
-    return [f"{p.path}: {p.message}" for p in validate_static(world.agentrun(), world.config)]
+    return [f"{p.path}: {p.message}; fix: {p.fix}" for p in validate_static(world.agentrun(), world.config)]
 
 
 def test_validation_refuses_a_select_that_does_not_compile_and_a_shared_control_file() -> None:
