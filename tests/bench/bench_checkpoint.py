@@ -14,7 +14,8 @@ The baseline, mode None, is the same loop without checkpoints: the time of chang
 With `--candidates N` (loop.candidates), after the loop: what one best-of-N iteration adds, per
 candidate, done one after the other as the candidates' lock makes them: its copy (the start
 checkpoint restored into an empty `.agentrun/candidates/<id>/<i>`), its end recorded after it changed
-`--changed` files, and the winner's promotion over the workspace.
+`--changed` files (with the stat cache the reporter takes right after the copy), and the winner's
+promotion over the workspace.
 It prints a table and, with `--json FILE`, writes the figures. The workspace was just written, so
 reads come from the page cache (a fresh pod on a node that has not read the volume reads from the
 disk: the first record is then slower). It asserts nothing about time.
@@ -100,11 +101,12 @@ def _candidates(
         started = time.perf_counter()
         tree = checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/{start}/{index}")
         checkpoint.restore(str(root), start, tree=tree)
+        cache = checkpoint.tree_cache(str(root), start, tree)  # as the reporter keeps it for the end
         copy_ms.append((time.perf_counter() - started) * 1000)
         files = sorted(p for p in Path(tree).rglob("*.bin"))
         change(rng.sample(files, min(changed, len(files))))
         started = time.perf_counter()
-        made = checkpoint.record(str(root), f"{start}c{index}", tree=tree)
+        made = checkpoint.record(str(root), f"{start}c{index}", tree=tree, cache=cache)
         end_ms.append((time.perf_counter() - started) * 1000)
         end_added.append(made.added_bytes)
     started = time.perf_counter()

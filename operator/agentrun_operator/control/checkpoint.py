@@ -53,7 +53,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -633,6 +633,28 @@ def _make_like_root(root: str, rel_dir: str) -> None:
         os.chmod(path, stat.S_IMODE(top.st_mode))
 
 
+StatCache = Mapping[str, _Entry]
+"""What a record may trust without reading: per path, a file's content with the stat identity it
+had then (`tree_cache`; by default the newest manifest)."""
+
+
+def tree_cache(root: str, checkpoint_id: str, tree: str) -> StatCache:
+    """Right after `restore(root, checkpoint_id, tree=tree)`: the checkpoint's files with the stat
+    identity their copies in `tree` have now, so a later `record(..., tree=tree, cache=…)` reads only
+    what changed in the copy since (a candidate's end: its copy's inodes are not the store's)."""
+    cache: dict[str, _Entry] = {}
+    for path, entry in _load_manifest(root, checkpoint_id).entries.items():
+        if entry.type != FILE:
+            continue
+        try:
+            st = os.lstat(os.path.join(tree, path))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns):
+            cache[path] = entry._replace(ino=st.st_ino, ctime_ns=st.st_ctime_ns)
+    return cache
+
+
 def record(
     root: str,
     checkpoint_id: str,
@@ -640,19 +662,21 @@ def record(
     *,
     owner: str = "",
     tree: str | None = None,
+    cache: StatCache | None = None,
 ) -> Recorded:
     """Record the tree under `root` (or under `tree`, with the store still under `root`: a
     candidate's copy) as checkpoint `checkpoint_id` (an existing one of that id is replaced). Reads
-    only the files changed since the newest checkpoint of the store: a file of another tree has
-    another inode, so the newest manifest's stat identity never vouches for it; one of the same
-    size and mtime is read and its hash compared, not copied."""
+    only the files changed since the newest checkpoint of the store (or since `cache` was taken): a
+    file of another tree has another inode, so the newest manifest's stat identity never vouches for
+    it; one of the same size and mtime is read and its hash compared, not copied."""
     started = time.monotonic()
     _check_id(root, checkpoint_id)
     skip = _skip_set(root, exclude)
     _require_root(root, checkpoint_id, tree)
     writer = _Writer(root)
     try:
-        return _record(root, root if tree is None else tree, checkpoint_id, skip, owner, writer, started)
+        work = root if tree is None else tree
+        return _record(root, work, checkpoint_id, skip, owner, writer, started, cache)
     except BaseException as exc:
         writer.discard()
         if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
@@ -678,12 +702,13 @@ def _record(
     owner: str,
     writer: _Writer,
     started: float,
+    given: StatCache | None = None,
 ) -> Recorded:
     _make_store_parents(root)
     for sub in ("objects", "manifests", "tmp"):
         os.makedirs(os.path.join(writer.store, sub), exist_ok=True)
     _sweep_stale_temps(writer.tmp_dir)
-    cache = _stat_cache(root)
+    cache = _stat_cache(root) if given is None else given
     present = _objects_present(root) if cache else set()
     entries: list[_Entry] = []
     total = hashed = 0

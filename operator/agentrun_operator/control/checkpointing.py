@@ -141,8 +141,15 @@ def _copy_start(args: CheckpointArgs, candidate: CandidateArgs) -> None:
         raise _refusal(f"cannot empty candidate {candidate.index}'s work tree {candidate.dir}", exc) from None
     try:
         store.restore(args.root, args.checkpoint_id, args.exclude, tree=candidate.dir)
+        _COPY_CACHES[candidate.dir] = store.tree_cache(args.root, args.checkpoint_id, candidate.dir)
     except store.CheckpointError as exc:
         raise _refusal(f"cannot copy the iteration's start to candidate {candidate.index}", exc) from None
+
+
+_COPY_CACHES: dict[str, store.StatCache] = {}
+"""Per candidate work tree, what its copy held right after the copy (`store.tree_cache`): the
+reporter that copied it records its end after `main` in the same process, reading only what `main`
+changed. A restarted reporter has none and reads the whole copy (the same checkpoint results)."""
 
 
 MAX_CANDIDATE_ERROR: Final = 400
@@ -176,7 +183,12 @@ def record_candidate(args: CheckpointArgs, facts: dict[str, Any], main_ended: bo
                 done |= {"id": candidate.checkpoint_id, **found, "addedBytes": 0, "ms": 0}
             else:
                 made = store.record(
-                    args.root, candidate.checkpoint_id, args.exclude, owner=args.owner, tree=candidate.dir
+                    args.root,
+                    candidate.checkpoint_id,
+                    args.exclude,
+                    owner=args.owner,
+                    tree=candidate.dir,
+                    cache=_COPY_CACHES.get(candidate.dir),
                 )
                 done |= {
                     "id": made.id,

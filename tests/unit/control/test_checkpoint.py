@@ -975,3 +975,25 @@ def test_a_base_that_is_gone_only_costs_reading(tmp_path: Path) -> None:
     checkpoint.record(str(root), "t")
     checkpoint.restore(str(root), "s", base="missing")
     assert (root / "a.txt").read_text() == "a\n"
+
+
+def test_a_copys_end_with_its_tree_cache_reads_only_what_changed(tmp_path: Path) -> None:
+    """A candidate's copy has new inodes, so the store's stat cache vouches for none of its files;
+    the cache taken right after the copy does, and the end record reads only the changed file. The
+    checkpoint is the same either way."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(30):
+        (root / f"f{i}.txt").write_text(f"file {i}\n")
+    checkpoint.record(str(root), "s")
+    tree = checkpoint.fresh_tree(str(root), f"{checkpoint.CANDIDATES_DIR}/s/0")
+    checkpoint.restore(str(root), "s", tree=tree)
+    cache = checkpoint.tree_cache(str(root), "s", tree)
+    (Path(tree) / "f7.txt").write_text("changed\n")
+    without = checkpoint.record(str(root), "sc0-plain", tree=tree)  # the newest manifest is "s"
+    assert without.hashed_files == 30
+    with_cache = checkpoint.record(str(root), "sc0", tree=tree, cache=cache)
+    assert with_cache.hashed_files == 1
+    checkpoint.restore(str(root), "sc0")
+    assert (root / "f7.txt").read_text() == "changed\n"
+    assert tree_digest(str(root)) == tree_digest(tree)
