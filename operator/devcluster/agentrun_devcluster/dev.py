@@ -597,6 +597,10 @@ JOB_CLAIMS = Path(".agentrun-claims")
 """Each iteration pod's claim of its Job (docs/concepts.md#exactly-once): counted, not shown."""
 
 
+CHECKPOINT_STORE = Path(".agentrun/checkpoints")
+"""loop.checkpoint's store (docs/concepts.md#checkpoints): its manifests counted, its files not shown."""
+
+
 def _show_files(root: Path, limit: int = 2048) -> None:
     if not root.exists():
         print(f"  (nothing: {root} does not exist)")
@@ -605,8 +609,16 @@ def _show_files(root: Path, limit: int = 2048) -> None:
     claims = [p for p in files if p.relative_to(root).parent == JOB_CLAIMS]
     if claims:
         print(f"--- {JOB_CLAIMS}/: {len(claims)} Job claim(s), one per iteration pod that ran (not shown)")
+    store = [p for p in files if p.relative_to(root).is_relative_to(CHECKPOINT_STORE)]
+    if store:
+        manifests = [p for p in store if p.parent.name == "manifests"]
+        print(
+            f"--- {CHECKPOINT_STORE}/: {len(manifests)} checkpoint(s), {len(store)} file(s) of the store "
+            "(not shown; agentrun checkpoints NAME lists them)"
+        )
+    hidden = set(claims) | set(store)
     for path in files:
-        if path in claims:
+        if path in hidden:
             continue
         rel = path.relative_to(root)
         data = path.read_bytes()

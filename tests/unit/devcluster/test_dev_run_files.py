@@ -27,3 +27,19 @@ def test_claims_are_counted_and_the_iterations_files_shown(
         "--- notes.txt (12 bytes)",
         "iteration 1",
     ]
+
+
+def test_the_checkpoint_store_is_counted_not_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentrun_operator.control import checkpoint
+
+    (tmp_path / "answer.txt").write_text("one\n")
+    checkpoint.record(str(tmp_path), "run_1_1")
+    (tmp_path / "answer.txt").write_text("two\n")
+    checkpoint.record(str(tmp_path), "run_1_2")
+    _show_files(tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("--- .agentrun/checkpoints/: 2 checkpoint(s), ")
+    assert out[0].endswith("(not shown; agentrun checkpoints NAME lists them)")
+    assert out[1:] == ["--- answer.txt (4 bytes)", "two"]
