@@ -178,3 +178,37 @@ def test_a_timed_out_iteration_of_candidates_fails_its_attempt(local_default: Lo
     assert step["loop"]["iterations"][0].get("candidates") is None
     root = Path(local_default.claim_dir(f"{name}-workspace"))
     assert not list(root.glob("mine-*.txt"))
+
+
+RETRIED = """set -e
+cd /workspace
+A=$AGENTRUN_ATTEMPT; C=$AGENTRUN_CANDIDATE
+ls -A | LC_ALL=C sort | tr '\\n' ' ' > "/logs/a$A-c$C.ls"
+mkdir -p "$(dirname "$AGENTRUN_LOOP_CONTROL_PATH")"
+echo "{\\"score\\": $C, \\"usage\\": {\\"inputTokens\\": 1}}" > "$AGENTRUN_LOOP_CONTROL_PATH"
+if [ "$A" = 1 ]; then echo junk > "junk-$C.txt"; exit 1; fi
+echo "kept from candidate $C" > result.txt
+"""
+
+
+def test_a_retry_after_no_candidate_succeeded_starts_every_copy_afresh(local_default: LocalDefault) -> None:
+    name = "best-retried"
+    manifest = _run(name, RETRIED).replace(
+        "      - name: work\n", "      - name: work\n        retries: 1\n        retryBackoffSeconds: 0\n"
+    )
+    manifest = manifest.replace("maxIterations: 2", "maxIterations: 1")
+    local_default.apply(manifest)
+    run = local_default.wait_for_end(name)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    record = step["loop"]["iterations"][0]
+    assert record["attempts"] == 2
+    assert step["lastFailure"]["reason"] == "NoCandidateSucceeded"
+    assert record["candidates"]["winner"] == 2 and record["candidates"]["succeeded"] == [0, 1, 2]
+    assert step["usage"]["inputTokens"] == 6  # both attempts' candidates
+    logs = Path(local_default.claim_dir(f"{name}-logs"))
+    for c in range(3):  # the retry's copies hold nothing of the failed attempt's
+        assert "junk" not in (logs / f"a2-c{c}.ls").read_text()
+    root = Path(local_default.claim_dir(f"{name}-workspace"))
+    assert (root / "result.txt").read_text() == "kept from candidate 2\n"
+    assert not list(root.glob("junk-*.txt"))

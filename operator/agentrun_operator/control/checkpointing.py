@@ -159,9 +159,9 @@ MAX_CANDIDATE_ERROR: Final = 400
 def record_candidate(args: CheckpointArgs, facts: dict[str, Any], main_ended: bool = True) -> dict[str, Any]:
     """After `main`: `facts` with candidate's end state recorded from its work tree, under the store's
     lock: facts["candidate"] gains id, files, bytes, addedBytes and ms, or an `error` (one line,
-    ending with `CHECKPOINT_ANCHOR`); never raises. A restarted reporter finds it done: the facts
-    say so, or the checkpoint is there and ours. Without `main_ended` (the pod was stopped while
-    `main` may still run) nothing is recorded."""
+    ending with `CHECKPOINT_ANCHOR`); never raises. A restarted reporter finds it done when the facts
+    say so. Without `main_ended` (the pod was stopped while `main` may still run) nothing is
+    recorded."""
     candidate = args.candidate
     if candidate is None:
         return facts
@@ -177,26 +177,25 @@ def record_candidate(args: CheckpointArgs, facts: dict[str, Any], main_ended: bo
         )
         return facts | {"candidate": done}
     try:
+        # Recorded anew even when a checkpoint of this id is there: an earlier attempt's candidate of
+        # the same index left it, and this attempt's copy is what this candidate made (a restarted
+        # reporter whose facts were kept returned above; one whose were not records the same copy).
         with store.locked(args.root):
-            if _ours_id(args.root, candidate.checkpoint_id, args.owner):
-                found = _described_id(args.root, candidate.checkpoint_id)
-                done |= {"id": candidate.checkpoint_id, **found, "addedBytes": 0, "ms": 0}
-            else:
-                made = store.record(
-                    args.root,
-                    candidate.checkpoint_id,
-                    args.exclude,
-                    owner=args.owner,
-                    tree=candidate.dir,
-                    cache=_COPY_CACHES.get(candidate.dir),
-                )
-                done |= {
-                    "id": made.id,
-                    "files": made.files,
-                    "bytes": made.bytes,
-                    "addedBytes": made.added_bytes,
-                    "ms": round(made.seconds * 1000),
-                }
+            made = store.record(
+                args.root,
+                candidate.checkpoint_id,
+                args.exclude,
+                owner=args.owner,
+                tree=candidate.dir,
+                cache=_COPY_CACHES.get(candidate.dir),
+            )
+        done |= {
+            "id": made.id,
+            "files": made.files,
+            "bytes": made.bytes,
+            "addedBytes": made.added_bytes,
+            "ms": round(made.seconds * 1000),
+        }
     except (store.CheckpointError, OSError) as exc:
         why = " ".join(str(exc).split())[:MAX_CANDIDATE_ERROR]
         done["error"] = (

@@ -141,27 +141,36 @@ def test_two_candidates_start_from_exact_copies_and_record_their_own_ends(tmp_pa
     assert (tmp_path / "a.txt").read_text() == "candidate 1" and (tmp_path / "new.txt").exists()
 
 
-def test_recording_a_candidates_end_twice_is_a_no_op(tmp_path: Path) -> None:
+def test_recording_a_candidates_end_twice_gives_the_same_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("start")
     facts = prepare_workspace(_candidate(tmp_path, 0))
     (_tree(tmp_path, 0) / "a.txt").write_text("end")
     done = record_candidate(_candidate(tmp_path, 0), facts)
     manifest = tmp_path / store.STORE_DIR / "manifests" / "run_1_2c0.json.gz"
     recorded = manifest.stat()
-    (_tree(tmp_path, 0) / "a.txt").write_text("after the report: never recorded")
 
     assert record_candidate(_candidate(tmp_path, 0), done) == done  # the facts say it is done
-    # A reporter that restarted before it kept the facts finds the checkpoint its own.
-    again = record_candidate(_candidate(tmp_path, 0), facts)
-    assert again["candidate"] == {
-        "index": 0,
-        "id": "run_1_2c0",
-        "files": 1,
-        "bytes": 3,
-        "addedBytes": 0,
-        "ms": 0,
-    }
     assert (manifest.stat().st_ino, manifest.stat().st_mtime_ns) == (recorded.st_ino, recorded.st_mtime_ns)
+    # A reporter that restarted before it kept the facts records the copy again (main has ended:
+    # the copy is what it was), so the checkpoint holds the same files.
+    again = record_candidate(_candidate(tmp_path, 0), facts)
+    assert again["candidate"]["id"] == "run_1_2c0" and again["candidate"]["files"] == 1
+    store.restore(str(tmp_path), "run_1_2c0")
+    assert (tmp_path / "a.txt").read_text() == "end"
+
+
+def test_a_retrys_candidate_replaces_what_the_failed_attempts_left(tmp_path: Path) -> None:
+    """The same index of the iteration's next attempt records its own copy, not the failed one's."""
+    (tmp_path / "a.txt").write_text("start")
+    facts = prepare_workspace(_candidate(tmp_path, 0))
+    (_tree(tmp_path, 0) / "a.txt").write_text("attempt 1: broken")
+    record_candidate(_candidate(tmp_path, 0), facts)
+    retry = prepare_workspace(_candidate(tmp_path, 0))  # a new pod: the copy made afresh
+    assert (_tree(tmp_path, 0) / "a.txt").read_text() == "start"
+    (_tree(tmp_path, 0) / "a.txt").write_text("attempt 2: good")
+    record_candidate(_candidate(tmp_path, 0), retry)
+    store.restore(str(tmp_path), "run_1_2c0")
+    assert (tmp_path / "a.txt").read_text() == "attempt 2: good"
 
 
 def test_a_candidate_whose_start_is_damaged_refuses_main_with_the_anchor(tmp_path: Path) -> None:
