@@ -182,7 +182,19 @@ def candidates_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
     """loop.candidates: each candidate's `main` works on a copy of the checkpointed volume, so the
     control file it writes must be on that volume (or on none, the pod's own)."""
     loop = view.step.loop
-    if loop is None or loop.candidates is None or view.step.steps is not None or view.step.switch is not None:
+    if loop is None or loop.candidates is None:
+        return
+    if view.step.steps is not None or view.step.switch is not None or view.parent is not None:
+        yield Problem(
+            f"{view.field_path}.loop.candidates",
+            loop.candidates.count,
+            "loop.candidates is supported on a top-level looping workload step, not on a loop body "
+            "(steps:), a switch, or a step inside a group or loop body: each candidate is a pod of the "
+            "step's own, and its winner becomes the workspace the run's next step sees",
+            "move the step with loop.candidates to the top level of spec.workflow.steps, or remove "
+            "loop.candidates",
+            _concepts("candidates"),
+        )
         return
     volumes, _ = _effective_volumes(run, view)
     path = control_path(view.step)

@@ -333,3 +333,15 @@ def test_a_timed_out_iteration_counts_the_usage_of_every_candidate_that_reported
     step = world.step_status()
     assert world.phase == "Failed" and "timed out" in (step.message or "")
     assert step.usage.input_tokens == 20
+
+
+def test_validation_refuses_candidates_below_the_top_level() -> None:
+    child = loop_step(
+        "inner", loop={"checkpoint": {"mode": "Files"}, "candidates": {"count": 2, "select": HIGHEST}}
+    )
+    body = {"name": "outer", "loop": {"maxIterations": 2}, "steps": [child]}
+    problems = _problems(body)
+    assert any(
+        p.startswith("spec.workflow.steps[0].steps[0].loop.candidates:") and "top-level" in p
+        for p in problems
+    ), problems
