@@ -214,3 +214,22 @@ def cancel_immediately(ctx: PlanContext, step: StepView, name: str) -> bool:
     ctx.delete_graces[name] = cancel_grace_seconds(step.spec, ctx.config)
     end_step(ctx, step, "Cancelled", None, f"cancelled (Immediate) during {step.what()}; Job {name} deleted")
     return True
+
+
+def reporting_pod(pods: Sequence[ObservedPod], now: datetime) -> ObservedPod | None:
+    """Of a Job's pods (or one candidate's), the one whose report counts: the one whose `main` ran
+    and succeeded, else the newest to end. A duplicate pod of the Job (which waited without running
+    main, docs/concepts.md#exactly-once) may report too, and may end later."""
+    reported = [p for p in pods if p.reporter_message is not None]
+    return max(
+        reported,
+        key=lambda p: (p.main_exit_code == 0, p.finished_at is not None, p.finished_at or now, p.name),
+        default=None,
+    )
+
+
+def pods_still_stopping(ctx: PlanContext, job: ObservedJob) -> bool:
+    """A decided Job's pods are not all stopped yet, and it decided less than
+    `RESULT_MAX_WAIT_SECONDS` ago: wait for their reports rather than read them now."""
+    since = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
+    return any(not p.stopped for p in ctx.observed.pods_of(job.name)) and since < RESULT_MAX_WAIT_SECONDS

@@ -21,9 +21,11 @@ from agentrun_operator.planner.attempt_results import (
     cancel_immediately,
     iteration_finished,
     one_line_tail,
+    pods_still_stopping,
     record_failure,
     record_success,
     refused_job_message,
+    reporting_pod,
 )
 from agentrun_operator.planner.checkpoints import REASON_CHECKPOINT_FAILED
 from agentrun_operator.planner.context import (
@@ -308,23 +310,12 @@ def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> Contro
     """The control envelope of a succeeded attempt, or None while its pod has not reported yet."""
     path = pod_control_path(step)
     pods = ctx.observed.pods_of(job.name)
-    since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
-    if any(not p.stopped for p in pods) and since_finished < RESULT_MAX_WAIT_SECONDS:
+    if pods_still_stopping(ctx, job):
         return None
-    reported = [p for p in pods if p.reporter_message is not None]
-    if reported:
-        # The pod whose main container ran and succeeded: a duplicate pod of the Job (which waited
-        # without running main, docs/concepts.md#exactly-once) may report too, and may end later.
-        newest = max(
-            reported,
-            key=lambda p: (
-                p.main_exit_code == 0,
-                p.finished_at is not None,
-                p.finished_at or ctx.now,
-                p.name,
-            ),
-        )
+    newest = reporting_pod(pods, ctx.now)
+    if newest is not None:
         return decode_envelope(newest.reporter_message, path)
+    since_finished = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
     if not pods and since_finished < RESULT_GRACE_SECONDS:
         return None
     envelope = decode_envelope(None, path)

@@ -25,12 +25,13 @@ from agentrun_operator.planner.actions import CreateJob
 from agentrun_operator.planner.attempt_pod import planned_attempt, pod_control_path
 from agentrun_operator.planner.attempt_results import (
     MAX_CAUSE_TAIL_BYTES,
-    RESULT_MAX_WAIT_SECONDS,
     cancel_immediately,
     one_line_tail,
+    pods_still_stopping,
     record_failure,
     record_success,
     refused_job_message,
+    reporting_pod,
 )
 from agentrun_operator.planner.budgets import account_usage
 from agentrun_operator.planner.checkpoints import record_checkpoint
@@ -44,7 +45,6 @@ REASON_NO_CANDIDATE: Final = "NoCandidateSucceeded"
 REASON_SELECT_FAILED: Final = "CandidateSelectFailed"
 REASON_PROMOTION_FAILED: Final = "CandidatePromotionFailed"
 PROMOTION_REQUEUE_SECONDS: Final = 2.0
-PROMOTION_VISIBILITY_GRACE_SECONDS: Final = 10.0
 
 
 def candidate_count(step: StepView) -> int:
@@ -76,16 +76,6 @@ class CandidateResult:
         return envelope.control if envelope is not None and envelope.status == "found" else None
 
 
-def _reporting_pod(pods: list[ObservedPod], ctx: PlanContext) -> ObservedPod | None:
-    """Of one index's pods, the one whose `main` ran (a duplicate of the index never runs it)."""
-    ran = [p for p in pods if p.reporter_message is not None]
-    return max(
-        ran,
-        key=lambda p: (p.main_exit_code == 0, p.finished_at is not None, p.finished_at or ctx.now, p.name),
-        default=None,
-    )
-
-
 def _failed_why(pod: ObservedPod | None) -> str:
     if pod is None:
         return "its pod never reported"
@@ -103,7 +93,7 @@ def candidate_results(ctx: PlanContext, step: StepView, job: ObservedJob) -> lis
     pods = ctx.observed.pods_of(job.name)
     out: list[CandidateResult] = []
     for index in range(candidate_count(step)):
-        pod = _reporting_pod([p for p in pods if p.completion_index == index], ctx)
+        pod = reporting_pod([p for p in pods if p.completion_index == index], ctx.now)
         envelope = decode_envelope(pod.reporter_message, path) if pod is not None else None
         facts = envelope.checkpoint if envelope is not None else None
         found = facts.get("candidate") if isinstance(facts, dict) else None
@@ -148,9 +138,7 @@ def select_winner(ctx: PlanContext, step: StepView, results: list[CandidateResul
 def observe_candidates(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
     """The candidates' Job has ended: pick the winner and start its promotion, or fail the attempt.
     True when the step moved on (a failure recorded), False while it waits."""
-    pods = ctx.observed.pods_of(job.name)
-    since = ctx.seconds_since(job.finished_at) if job.finished_at else RESULT_MAX_WAIT_SECONDS
-    if any(not p.stopped for p in pods) and since < RESULT_MAX_WAIT_SECONDS:
+    if pods_still_stopping(ctx, job):
         ctx.requeue(RESULT_REQUEUE_SECONDS)
         return False
     results = candidate_results(ctx, step, job)
@@ -249,10 +237,7 @@ def observe_promotion(ctx: PlanContext, step: StepView) -> bool:
     assert st.job_ref is not None and record is not None and record.candidates is not None
     name = st.job_ref.name
     candidates_job = record.job_ref.name if record.job_ref is not None else ""
-    winner = record.candidates.winner
     observed = ctx.observed.job(candidates_job)
-    results = candidate_results(ctx, step, observed) if observed is not None else []
-    best = next((r for r in results if r.index == winner), None)
     job = ctx.observed.job(name)
     if job is not None and st.job_ref.uid is not None and job.uid != st.job_ref.uid:
         job = None
@@ -260,12 +245,10 @@ def observe_promotion(ctx: PlanContext, step: StepView) -> bool:
         return cancel_immediately(ctx, step, name)
     if job is None:
         if st.job_ref.uid is not None:
-            return _promotion_failed(
-                ctx, step, None, f"promotion Job {name} vanished before it finished", best
-            )
+            return _promotion_failed(ctx, step, None, f"promotion Job {name} vanished before it finished")
         refusal = ctx.observed.refusal("Job", name)
         if refusal is not None:
-            return _promotion_failed(ctx, step, None, refused_job_message(refusal), best)
+            return _promotion_failed(ctx, step, None, refused_job_message(refusal))
         _create_promotion(ctx, step, candidates_job, name)
         return False
     st.job_ref.uid = job.uid
@@ -274,18 +257,19 @@ def observe_promotion(ctx: PlanContext, step: StepView) -> bool:
         if by_pod is None:
             if job.deleting:
                 return _promotion_failed(
-                    ctx, step, job, f"promotion Job {name} was deleted before it finished", best
+                    ctx, step, job, f"promotion Job {name} was deleted before it finished"
                 )
             ctx.requeue(PROMOTION_REQUEUE_SECONDS * 5)
             return False
         job = by_pod
+    if job.outcome != "Succeeded":
+        return _promotion_failed(ctx, step, job, _promotion_cause(ctx, job))
+    best = _winner(ctx, step)
     envelope = (
         best.envelope
         if best is not None and best.envelope is not None
         else decode_envelope(None, pod_control_path(step))
     )
-    if job.outcome != "Succeeded":
-        return _promotion_failed(ctx, step, job, _promotion_cause(ctx, job), best)
     record.candidates = record.candidates.model_copy(update={"promoted": True})
     st.job_ref = JobRef(name=candidates_job, uid=observed.uid if observed is not None else None)
     record_success(ctx, step, observed or job, envelope)
@@ -300,11 +284,21 @@ def _promotion_cause(ctx: PlanContext, job: ObservedJob) -> str:
     return f"the promotion of the winning candidate failed: {job.message or f'Job {job.name} failed'}"
 
 
-def _promotion_failed(
-    ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str, best: CandidateResult | None = None
-) -> bool:
+def _winner(ctx: PlanContext, step: StepView) -> CandidateResult | None:
+    """The recorded winner as its pod reported it (read once the promotion has ended, not while it
+    runs); None when the candidates' Job or the winner's pod is gone."""
+    record = step.record()
+    if record is None or record.candidates is None or record.job_ref is None:
+        return None
+    observed = ctx.observed.job(record.job_ref.name)
+    results = candidate_results(ctx, step, observed) if observed is not None else []
+    return next((r for r in results if r.index == record.candidates.winner), None)
+
+
+def _promotion_failed(ctx: PlanContext, step: StepView, job: ObservedJob | None, cause: str) -> bool:
     """The attempt failed after its winner was picked: the winner's usage counts now (the others'
     counted at the pick), and a retry runs every candidate again from the iteration's start."""
+    best = _winner(ctx, step)
     if not account_usage(ctx, step, best.control if best is not None else None):
         return True
     return record_failure(ctx, step, job, cause, REASON_PROMOTION_FAILED, usage_counted=True)
