@@ -74,16 +74,6 @@ POLL_SECONDS = 0.5
 """How often the suite looks at the runs and their claims (one or two GETs each time)."""
 
 RUN_TEMPLATE = """\
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
 apiVersion: agents.proompteng.ai/v1alpha1
 kind: AgentRun
 metadata:
@@ -259,7 +249,7 @@ def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
         )
     else:
         script = SCRIPT.format(mount=mount, hold=hold, sleep=config.iteration_seconds)
-    return RUN_TEMPLATE.format(
+    return claim_yaml(f"{name}-workspace") + RUN_TEMPLATE.format(
         name=name,
         script="\n".join(f"        {line}" if line else "" for line in script.splitlines()),
         mount=mount,
@@ -289,7 +279,7 @@ def candidates_manifest(config: Config, name: str) -> str:
     )
     volume_end = "        mountPath: /workspace\n"
     run = run.replace(volume_end, volume_end + CANDIDATES_VOLUME.format(name=name), 1)
-    return claim_yaml(f"{name}-logs") + run
+    return claim_yaml(f"{name}-workspace") + claim_yaml(f"{name}-logs") + run
 
 
 def winner_of(iteration: int, count: int) -> int:

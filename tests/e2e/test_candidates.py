@@ -8,42 +8,10 @@ import json
 from pathlib import Path
 
 from tests.e2e.conftest import LocalDefault, step_status
-from tests.support.checkpoint_runs import tree_hash_function
-from tests.support.manifests import claim_yaml
+from tests.support.checkpoint_runs import checkpoint_run, tree_hash_function
 from tests.support.polling import eventually
 
-RUN = """
-apiVersion: agents.proompteng.ai/v1alpha1
-kind: AgentRun
-metadata:
-  name: {name}
-spec:
-  runtime:
-    type: workflow
-  workload:
-    image: busybox:1.36
-    command: [sh, -c]
-    args:
-      - |
-{script}
-    volumes:
-      - name: workspace
-        type: pvc
-        claimName: {name}-workspace
-        mountPath: /workspace
-      - name: logs
-        type: pvc
-        claimName: {name}-logs
-        mountPath: /logs
-  workflow:
-    steps:
-      - name: work
-        loop:
-          maxIterations: 2
-          state:
-            volumeNames: [workspace]
-          checkpoint:
-            mode: Files
+CANDIDATES = """\
           candidates:
             count: 3
             select: "candidates.filter(c, candidates.all(o, o.control.score <= c.control.score))[0].index"
@@ -71,11 +39,23 @@ exit 0
 """
 
 
-def _run(name: str, script: str) -> str:
+def _run(
+    name: str,
+    script: str,
+    max_iterations: int = 2,
+    retries: int | None = None,
+    timeout_seconds: int | None = None,
+) -> str:
     """The run and its two claims: the workspace, and the logs every candidate shares."""
-    body = "\n".join("        " + line for line in script.strip().splitlines())
-    claims = claim_yaml(f"{name}-workspace") + claim_yaml(f"{name}-logs")
-    return claims + RUN.format(name=name, script=body)
+    return checkpoint_run(
+        name,
+        script,
+        max_iterations=max_iterations,
+        retries=retries,
+        timeout_seconds=timeout_seconds,
+        shared=("logs",),
+        loop_extra=CANDIDATES,
+    )
 
 
 def _manifest(name: str) -> str:
@@ -133,12 +113,11 @@ exec sleep 600
 
 
 def _sleepers(name: str, timeout_seconds: int | None = None) -> str:
-    manifest = _run(name, SLEEPER)
-    if timeout_seconds is not None:
-        manifest = manifest.replace(
-            "      - name: work\n", f"      - name: work\n        timeoutSeconds: {timeout_seconds}\n"
-        )
-    return manifest
+    return (
+        _run(name, SLEEPER)
+        if timeout_seconds is None
+        else _run(name, SLEEPER, timeout_seconds=timeout_seconds)
+    )
 
 
 def _run_pods(local_default: LocalDefault, name: str) -> list[str]:
@@ -193,11 +172,7 @@ echo "kept from candidate $C" > result.txt
 
 def test_a_retry_after_no_candidate_succeeded_starts_every_copy_afresh(local_default: LocalDefault) -> None:
     name = "best-retried"
-    manifest = _run(name, RETRIED).replace(
-        "      - name: work\n", "      - name: work\n        retries: 1\n        retryBackoffSeconds: 0\n"
-    )
-    manifest = manifest.replace("maxIterations: 2", "maxIterations: 1")
-    local_default.apply(manifest)
+    local_default.apply(_run(name, RETRIED, max_iterations=1, retries=1))
     run = local_default.wait_for_end(name)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     step = step_status(run)

@@ -1,21 +1,14 @@
 """The looped runs with `loop.checkpoint` that the checkpoint tests apply (tests/e2e/test_checkpoints.py,
-tests/node/checkpoint_owners.py), and the shell function their scripts hash the workspace with."""
+tests/e2e/test_candidates.py, tests/node/checkpoint_owners.py), and the shell function their scripts
+hash the workspace with."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.manifests import claim_yaml
+
 RUN = """
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}-workspace
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
 apiVersion: agents.proompteng.ai/v1alpha1
 kind: AgentRun
 metadata:
@@ -34,14 +27,21 @@ spec:
         type: pvc
         claimName: {name}-workspace
         mountPath: /workspace
-  workflow:
+{shared}  workflow:
     steps:
       - name: work
-{retries}        loop:
+{step_fields}        loop:
           maxIterations: {max_iterations}
           checkpoint:
             mode: Files
-{on_failed}"""
+{on_failed}{loop_extra}"""
+
+SHARED_VOLUME = """\
+      - name: {volume}
+        type: pvc
+        claimName: {name}-{volume}
+        mountPath: /{volume}
+"""
 
 
 def checkpoint_run(
@@ -52,21 +52,31 @@ def checkpoint_run(
     retries: int | None = None,
     on_failed: str | None = None,
     image: str = "busybox:1.36",
+    timeout_seconds: int | None = None,
+    shared: tuple[str, ...] = (),
+    loop_extra: str = "",
 ) -> str:
     """A claim `<name>-workspace` and a run whose step `work` loops over it with checkpoints, its
-    `main` being `script` (`sh -c`), with `retries` (no backoff) and `onFailedAttempt` when given."""
+    `main` being `script` (`sh -c`), with `retries` (no backoff), `onFailedAttempt` and
+    `timeoutSeconds` when given; each of `shared` a claim `<name>-<volume>` mounted at `/<volume>`
+    (not checkpointed), and `loop_extra` more lines of the loop (e.g. its `candidates`)."""
     body = "\n".join("        " + line for line in script.strip().splitlines())
-    retry_lines = (
+    step_fields = (
         f"        retries: {retries}\n        retryBackoffSeconds: 0\n" if retries is not None else ""
     )
+    if timeout_seconds is not None:
+        step_fields += f"        timeoutSeconds: {timeout_seconds}\n"
     failed_line = f"            onFailedAttempt: {on_failed}\n" if on_failed is not None else ""
-    return RUN.format(
+    claims = "".join(claim_yaml(f"{name}-{volume}") for volume in ("workspace", *shared))
+    return claims + RUN.format(
         name=name,
         image=image,
         script=body,
-        retries=retry_lines,
+        shared="".join(SHARED_VOLUME.format(name=name, volume=volume) for volume in shared),
+        step_fields=step_fields,
         max_iterations=max_iterations,
         on_failed=failed_line,
+        loop_extra=loop_extra,
     )
 
 
