@@ -31,7 +31,7 @@ from agentrun_operator.jobs.checkpoint_args import (
     checkpoint_volume,
     excluded_paths,
 )
-from agentrun_operator.jobs.reporter_container import HELPER_RESOURCES
+from agentrun_operator.jobs.reporter_container import helper_container
 from agentrun_operator.resolution import control_path, effective_steps, effective_workload
 
 PROMOTION_DEADLINE_SECONDS: Final = 3600
@@ -61,16 +61,11 @@ def build_promotion_job(
     args += ["--base", plan.checkpoint_id]  # the workspace is still the iteration's start
     for entry in excluded:
         args += ["--exclude", entry]
+    mounts = [{"name": volume.name, "mountPath": volume.mount_path}]
     container = {
-        "name": workload_container_name(run),
-        "image": config.reporter_image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["agentrun", "reporter", "promote"],
-        "args": args,
-        "resources": HELPER_RESOURCES,
+        **helper_container(workload_container_name(run), "promote", args, mounts, config),
         "securityContext": dict(CHECKPOINT_SECURITY_CONTEXT),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": volume.name, "mountPath": volume.mount_path}],
     }
     claim: dict[str, Any] = {"claimName": volume.claim_name}
     pod: dict[str, Any] = {

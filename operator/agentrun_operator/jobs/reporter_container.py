@@ -55,7 +55,7 @@ HELPER_RESOURCES: Final[dict[str, dict[str, str]]] = {
 parses at most 64 KiB of JSON."""
 
 
-def _helper_container(
+def helper_container(
     name: str, subcommand: str, args: list[str], mounts: list[dict[str, Any]], config: OperatorConfig
 ) -> dict[str, Any]:
     """A container of the operator image running `agentrun reporter <subcommand>`."""
@@ -97,7 +97,7 @@ def reporter_container(
             CLAIM_REPORT_FILE,
         ]
     container = {
-        **_helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
+        **helper_container(REPORTER_CONTAINER, "report", args, mounts, config),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "lifecycle": ready_lifecycle(),
