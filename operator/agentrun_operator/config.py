@@ -41,6 +41,10 @@ DEFAULT_POD_GC_MAX_KEPT_PODS = 10
 failing attempts cannot pile up pods."""
 
 
+DEFAULT_WARM_PORT = 8471
+"""Where a warm pod's supervisor listens (`AGENTS_CONTROLLER_WARM_PORT`, Helm `warm.port`)."""
+
+
 class ConfigError(ValueError):
     """A configuration variable has a value the operator cannot use."""
 
@@ -71,6 +75,8 @@ class OperatorConfig:
     """How long a kept pod stays after its attempt ended; 0: until the run is deleted."""
     pod_gc_max_kept_pods: int = DEFAULT_POD_GC_MAX_KEPT_PODS
     """At most this many kept pods per run; the oldest past it are released."""
+    warm_port: int = DEFAULT_WARM_PORT
+    """The port a warm pod's supervisor listens on, on its pod IP (docs/design.md#warm-channel)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -146,4 +152,5 @@ class OperatorConfig:
             pod_gc_max_kept_pods=integer(
                 "CONTROLLER_POD_GC_MAX_KEPT_PODS", DEFAULT_POD_GC_MAX_KEPT_PODS, 0, 1000
             ),
+            warm_port=integer("CONTROLLER_WARM_PORT", DEFAULT_WARM_PORT, 1, 65535),
         )

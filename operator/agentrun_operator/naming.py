@@ -92,6 +92,27 @@ def candidate_checkpoint_id(start_checkpoint: str, index: int | str) -> str:
     return f"{start_checkpoint}c{index}"
 
 
+WARM_SECRET_SUFFIX = "-warm"
+LABEL_WARM = f"{GROUP}/warm"
+"""On a warm loop's pods (`"true"`): the chart's NetworkPolicy selects them (docs/operations.md#warm)."""
+WARM_KEY_VOLUME = "agentrun-warm-key"
+"""The warm pod's volume of the run's warm key (jobs/warm_pod.py)."""
+ANNOTATION_WARM_TEMPLATE = f"{GROUP}/warm-template"
+"""On a warm loop's Job: the digest of its pod template without what changes per iteration
+(jobs/warm_pod.py): the next iteration runs in its pod only when its own Job would be the same."""
+
+
+def warm_secret_name(run_name: str) -> str:
+    """The Secret holding a run's warm key (docs/design.md#warm-pod): `<run>-warm`, cut with a hash
+    when the run's name is too long for it."""
+    full = f"{run_name}{WARM_SECRET_SUFFIX}"
+    if len(full) <= 253:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_HASH_LEN]
+    head = run_name[: 253 - len(WARM_SECRET_SUFFIX) - _HASH_LEN - 1].rstrip("-.")
+    return f"{head}-{digest}{WARM_SECRET_SUFFIX}"
+
+
 CANDIDATES_DIR = ".agentrun/candidates"
 """Where, under the checkpointed volume's root, each candidate's copy of the workspace lives
 (`<dir>/<start checkpoint>/<index>`); never recorded in a checkpoint."""

@@ -60,6 +60,7 @@ from .status import (
     Usage,
     WorkflowStatus,
 )
+from .warm import LoopWarm
 from .workload import EnvVar, EnvVarSource, ResourceRequirements, Toleration, Workload, WorkloadVolume
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "LoopState",
     "LoopStatus",
     "LoopStopReason",
+    "LoopWarm",
     "ObjectRef",
     "ResourceRequirements",
     "ResumeFrom",

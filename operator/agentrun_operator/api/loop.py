@@ -20,6 +20,7 @@ from .base import (
     ApiModel,
 )
 from .checkpoint import LoopCandidates, LoopCheckpoint
+from .warm import LoopWarm
 
 DEFAULT_CONTROL_PATH: Final = "/workspace/.agentrun/loop-control.json"
 DEFAULT_OUTPUT_EXPRESSION: Final = "iteration.last.control.outputs"
@@ -223,7 +224,9 @@ class StepLoop(ApiModel):
     """Run the step repeatedly: a fixed count, while a condition holds, or once per item."""
 
     model_config = ConfigDict(
-        json_schema_extra=rules.validations(rules.LOOP_MAX_ITERATIONS, rules.CANDIDATES_NEED_CHECKPOINT)
+        json_schema_extra=rules.validations(
+            rules.LOOP_MAX_ITERATIONS, rules.CANDIDATES_NEED_CHECKPOINT, rules.WARM_EXCLUSIVE
+        )
     )
 
     max_iterations: int = Field(
@@ -273,6 +276,14 @@ class StepLoop(ApiModel):
             "checkpoint.mode: Files."
         ),
     )
+    warm: LoopWarm | None = Field(
+        default=None,
+        description=(
+            "Warm iterations: the pod that ran an iteration runs the next one too (one Job and pod for "
+            "a run of successful iterations), told by the operator; each iteration is still decided "
+            "and recorded as any other. Off without it."
+        ),
+    )
     interval_seconds: int = Field(
         default=0,
         description=(
@@ -297,6 +308,19 @@ class StepLoop(ApiModel):
         if self.candidates is not None and (self.checkpoint is None or self.checkpoint.mode != "Files"):
             raise ValueError(rules.CANDIDATES_NEED_CHECKPOINT.message)
         return self
+
+    @model_validator(mode="after")
+    def _warm_exclusive(self) -> StepLoop:
+        """Mirror of the CRD rule: checkpoints and candidates are made by a new pod before `main`."""
+        if self.warm_enabled and (
+            self.candidates is not None or (self.checkpoint is not None and self.checkpoint.enabled)
+        ):
+            raise ValueError(rules.WARM_EXCLUSIVE.message)
+        return self
+
+    @property
+    def warm_enabled(self) -> bool:
+        return self.warm is not None and self.warm.enabled
 
     @field_validator("interval_seconds")
     @classmethod

@@ -436,6 +436,28 @@ CANDIDATES_NEED_CHECKPOINT: Final = Rule(
     field_path=".candidates",
 )
 
+WARM_IDLE_SECONDS: Final = Rule(
+    anchor="loop-warm",
+    rule="self >= 1 && self <= 3600",
+    text=(
+        "loop.warm.idleSeconds must be between 1 and 3600 (the warm pod waits that long for the next "
+        "iteration, then ends); set e.g. idleSeconds: 300."
+    ),
+)
+
+WARM_EXCLUSIVE: Final = Rule(
+    anchor="loop-warm",
+    rule="!has(self.warm) || (has(self.warm.enabled) && !self.warm.enabled) || "
+    "(!has(self.candidates) && (!has(self.checkpoint) || !has(self.checkpoint.mode) || "
+    "self.checkpoint.mode == 'None'))",
+    text=(
+        "loop.warm cannot be combined with loop.checkpoint or loop.candidates yet (a checkpoint is "
+        "recorded, and a candidate copied, by a new pod before its main starts); remove loop.warm, or "
+        "set checkpoint.mode: None and remove candidates."
+    ),
+    field_path=".warm",
+)
+
 RESUME_ITERATION: Final = Rule(
     anchor="resume",
     rule="self >= 1",
@@ -511,6 +533,8 @@ ALL_STATIC_RULES: Final[tuple[Rule, ...]] = (
     CHECKPOINT_EXCLUDE_RELATIVE,
     CANDIDATES_COUNT,
     CANDIDATES_NEED_CHECKPOINT,
+    WARM_IDLE_SECONDS,
+    WARM_EXCLUSIVE,
     RESUME_ITERATION,
     APPROVAL_NO_LOOP,
     APPROVAL_INPUT_NAME,

@@ -104,6 +104,17 @@ class IterationRecord(StatusModel):
     candidates: IterationCandidates | None = Field(
         default=None, description="loop.candidates: the iteration's candidates and its winner."
     )
+    pod: str | None = Field(
+        default=None,
+        description="loop.warm: the pod that ran the iteration's latest attempt (its Job is jobRef).",
+    )
+    warm: bool | None = Field(
+        default=None,
+        description=(
+            "loop.warm: true when the latest attempt ran in a pod an earlier iteration started (no new "
+            "Job or pod for it)."
+        ),
+    )
 
 
 class LoopStatus(StatusModel):

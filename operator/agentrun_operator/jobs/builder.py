@@ -73,6 +73,7 @@ from agentrun_operator.jobs.reporter_container import (
     ready_lifecycle,
     reporter_container,
 )
+from agentrun_operator.jobs.warm_pod import add_warm, iteration_id, template_digest
 from agentrun_operator.resolution import (
     References,
     control_path,
@@ -644,6 +645,13 @@ def build_iteration_objects(
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
         job_spec["activeDeadlineSeconds"] = timeout
+    warm = step.loop.warm if step.loop is not None and not attempt.ancestors else None
+    if warm is not None and warm.enabled:
+        first = iteration_id(attempt.iteration, attempt.attempt)
+        add_warm(job_spec, warm, run_name, config.warm_port, first)
+        job = job_manifest(run, iteration_job_name(run, attempt), labels, annotations, job_spec)
+        job["metadata"]["annotations"][naming.ANNOTATION_WARM_TEMPLATE] = template_digest(job)
+        return job, companions
     return job_manifest(run, iteration_job_name(run, attempt), labels, annotations, job_spec), companions
 
 

@@ -39,6 +39,19 @@ class CreateJob:
         return str(self.manifest["metadata"]["name"])
 
     @property
+    def warm_secret(self) -> str | None:
+        """A warm loop's Job mounts the run's warm key: the name of that Secret, which the shell makes
+        (with a new random key) or adopts before the Job (docs/design.md#warm-pod); None otherwise."""
+        template = self.manifest["spec"]["template"]
+        if naming.LABEL_WARM not in (template.get("metadata") or {}).get("labels", {}):
+            return None
+        for volume in template["spec"].get("volumes", []):
+            secret = volume.get("secret") or {}
+            if volume.get("name") == naming.WARM_KEY_VOLUME and secret.get("secretName"):
+                return str(secret["secretName"])
+        return None
+
+    @property
     def where(self) -> Where:
         """Read back from the Job's labels and annotations, which the Job builder set from the planned
         attempt (a nested step's path is in its `naming.ANNOTATION_STEP` annotation)."""
@@ -51,6 +64,20 @@ class CreateJob:
             int(labels[naming.LABEL_ATTEMPT]),
             path,
         )
+
+
+@dataclass(frozen=True)
+class WarmCommand:
+    """Tell a warm pod's supervisor (docs/design.md#warm-channel) to `start` iteration `id` with `env`,
+    that the result of `id` is recorded (`ack`), or to end (`stop`). Sent after the status that
+    records why is committed; each is idempotent, so a plan made again sends it again harmlessly."""
+
+    verb: Literal["start", "ack", "stop"]
+    pod: str
+    ip: str
+    id: str
+    env: tuple[tuple[str, str], ...] = ()
+    where: Where | None = None
 
 
 @dataclass(frozen=True)
@@ -111,4 +138,6 @@ class Requeue:
     after_seconds: float
 
 
-Action = CreateJob | DeleteJob | SetJobTTL | ClaimIdempotencyKey | EmitEvent | DeleteRun | Requeue
+Action = (
+    CreateJob | DeleteJob | SetJobTTL | ClaimIdempotencyKey | EmitEvent | DeleteRun | Requeue | WarmCommand
+)

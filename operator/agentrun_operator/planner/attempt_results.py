@@ -83,9 +83,16 @@ def one_line_tail(text: str, limit: int) -> str:
 
 
 def iteration_finished(
-    ctx: PlanContext, step: StepView, result: IterationResult, job: ObservedJob | None = None
+    ctx: PlanContext,
+    step: StepView,
+    result: IterationResult,
+    job: ObservedJob | None = None,
+    duration: float | None = None,
 ) -> None:
-    duration = attempt_duration(job, ctx.observed.pods_of(job.name), ctx.now) if job is not None else None
+    """The fact of an attempt's end; its duration from its Job (`attempt_duration`) unless given (a
+    warm iteration: from its start in the status to its end in the pod, planner/warm.py)."""
+    if duration is None and job is not None:
+        duration = attempt_duration(job, ctx.observed.pods_of(job.name), ctx.now)
     ctx.facts.append(IterationFinished(step.path, step.iteration, step.st.attempt, result, duration))
 
 
@@ -115,6 +122,8 @@ def record_failure(
     reason: str | None = None,
     *,
     usage_counted: bool = False,
+    envelope: ControlEnvelope | None = None,
+    duration: float | None = None,
 ) -> bool:
     """A failed attempt: its usage counts (unless the caller counted it: a loop's candidates); retry
     after the backoff while the retries and the budgets last, else the iteration fails. Why it failed
@@ -128,7 +137,7 @@ def record_failure(
     record = step.record()
     stopping = ctx.stopping  # a stop requested before this result (the usage may spend the goal's)
     whose = f"{clip(message, 300)}; its control file"
-    failed_envelope = _failed_attempt_envelope(ctx, step, job)
+    failed_envelope = envelope if envelope is not None else _failed_attempt_envelope(ctx, step, job)
     record_checkpoint(step, failed_envelope)
     counted = None if usage_counted else _control_of(failed_envelope)
     if not account_usage(ctx, step, counted, whose):
@@ -136,7 +145,7 @@ def record_failure(
             record.phase = "Failed"
             record.finished_at = _not_before_start(finished, record)
             record.message = message
-        iteration_finished(ctx, step, "Failed", job)
+        iteration_finished(ctx, step, "Failed", job, duration)
         return True
     exhausted = budget_reached(step) is not None
     if attempt <= retries and ctx.stopping is None and not exhausted:
@@ -147,14 +156,14 @@ def record_failure(
         if record is not None:
             record.phase = "Retrying"
             record.message = message
-        iteration_finished(ctx, step, "Retrying", job)
+        iteration_finished(ctx, step, "Retrying", job, duration)
         ctx.emit("Warning", "IterationRetrying", f"step {step.label}: {st.message}", step.where)
         return True
     if record is not None:
         record.phase = "Failed"
         record.finished_at = _not_before_start(finished, record)
         record.message = message
-    iteration_finished(ctx, step, "Failed", job)
+    iteration_finished(ctx, step, "Failed", job, duration)
     ctx.emit("Warning", "IterationFailed", f"step {step.label}: {message}", step.where)
     if stopping is not None or (attempt <= retries and ctx.stopping is not None):
         end_step(ctx, step, "Cancelled", None, f"{message}; {stop_message(ctx, step)}")
@@ -168,7 +177,17 @@ def record_failure(
     return True
 
 
-def record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope: ControlEnvelope) -> None:
+def record_success(
+    ctx: PlanContext,
+    step: StepView,
+    job: ObservedJob,
+    envelope: ControlEnvelope,
+    *,
+    finished_at: datetime | None = None,
+    duration: float | None = None,
+) -> None:
+    """A succeeded attempt: its control file decides the loop. `finished_at` and `duration` when
+    its Job does not say them (a warm iteration's end is its pod's word, planner/warm.py)."""
     st = step.st
     control = envelope.control if envelope.status == "found" else None
     loop = step.loop
@@ -179,7 +198,7 @@ def record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope:
     if loop is None:
         st.control = control
         account_usage(ctx, step, control)
-        iteration_finished(ctx, step, "Succeeded", job)
+        iteration_finished(ctx, step, "Succeeded", job, duration)
         ctx.emit(
             "Normal",
             "IterationSucceeded",
@@ -191,12 +210,12 @@ def record_success(ctx: PlanContext, step: StepView, job: ObservedJob, envelope:
     record = step.record()
     if record is not None:
         record.phase = "Succeeded"
-        record.finished_at = _not_before_start(job.finished_at or ctx.now, record)
+        record.finished_at = _not_before_start(finished_at or job.finished_at or ctx.now, record)
         record.message = f"succeeded{tries}" if tries else None
     loop.completed_iterations = min(max(loop.completed_iterations, step.iteration), loop.max_iterations)
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
-    iteration_finished(ctx, step, "Succeeded", job)
+    iteration_finished(ctx, step, "Succeeded", job, duration)
     ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return

@@ -46,6 +46,7 @@ from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
+from agentrun_operator.planner.warm import WarmStart, observe_warm_attempt, start_command, warm_start
 from agentrun_operator.resolution import (
     step_retries,
     step_timeout_seconds,
@@ -84,6 +85,10 @@ def start_attempt(
         if not_before is not None and ctx.now < not_before:
             ctx.requeue((not_before - ctx.now).total_seconds())
             return False
+        warm = warm_start(ctx, step, iteration, attempt)
+        if warm is not None:
+            _start_warm(ctx, step, iteration, warm)
+            return False
         if not gate_clear(ctx, name):
             ctx.requeue(GATE_REQUEUE_SECONDS)
             return False
@@ -97,6 +102,36 @@ def start_attempt(
         _next_iteration_requested(ctx, step, iteration, attempt, name)
     _mark_attempt_started(ctx, step, iteration, attempt, name, existing)
     return existing is not None
+
+
+def _start_warm(ctx: PlanContext, step: StepView, iteration: int, start: WarmStart) -> None:
+    """The iteration runs in the pod of the last one (planner/warm.py): the status says so (its
+    record's `pod` and `warm`), and the pod is told once that status is committed."""
+    heard = ctx.observed.warm.get(start.pod.name)
+    ended = heard.result.finished_at if heard is not None and heard.result is not None else None
+    if ended is not None:
+        due = step.loop.next_iteration_at if step.loop is not None else None
+        ctx.facts.append(
+            NextIterationRequested(step.path, iteration, start.job.name, max(ended, due or ended))
+        )
+    _enter_attempt(ctx, step, iteration, 1, start.job.name, start.job)
+    record = step.record()
+    if record is not None:
+        record.pod = start.pod.name
+        record.warm = True
+    retries = step_retries(step.spec, ctx.refs)
+    where = f"iteration {iteration}/{step.max_iterations} "
+    step.st.message = (
+        running_message(where, 1, retries + 1, start.job.name) + f" in warm pod {start.pod.name}"
+    )
+    ctx.emit(
+        "Normal",
+        "IterationStarted",
+        f"step {step.label}: {where}attempt 1/{retries + 1} started in warm pod {start.pod.name} "
+        f"(Job {start.job.name})",
+        step.where,
+    )
+    start_command(ctx, step, start)
 
 
 def _next_iteration_requested(
@@ -218,6 +253,8 @@ def observe_attempt(ctx: PlanContext, step: StepView) -> bool:
         return _handle_missing_job(ctx, step, name)
     if st.job_ref.uid is None:
         st.job_ref.uid = job.uid
+    if job.warm:
+        return _observe_warm(ctx, step, job)
     if candidates.candidate_count(step) and job.finished:
         if job.outcome == "DeadlineExceeded":  # every candidate that reported counts its usage
             return candidates.candidates_timed_out(ctx, step, job, _failure_cause(ctx, step, job))
@@ -266,24 +303,8 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
         return record_failure(
             ctx, step, job, f"Job {job.name} was deleted before it finished", REASON_DELETED
         )
-    refused = next((p for p in ctx.observed.pods_of(job.name) if p.reporter_refusal), None)
-    if refused is not None and refused.reporter_refusal:
-        # The pod can never report (docs/design.md#reporter-first): fail now, not at the timeout.
-        cause = f"pod {refused.name} cannot run main: {clip(refused.reporter_refusal, 600)}"
-        if refused.reporter_refusal_reason == REASON_CHECKPOINT_FAILED:
-            ctx.delete_reasons[job.name] = "its pod's checkpoint failed before main; the attempt failed"
-            ctx.emit("Warning", REASON_CHECKPOINT_FAILED, f"step {step.label}: {cause}", step.where)
-            return record_failure(ctx, step, None, cause, REASON_CHECKPOINT_FAILED)
-        ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
-        return record_failure(ctx, step, None, cause, REASON_REPORTER_BLIND)
-    pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
-    if pods and all(p.reporter_lost for p in pods):
-        # No pod of the Job can ever start main (a duplicate held at its gate while another pod
-        # runs is not this): fail now, not at the timeout, or never when there is none.
-        lost = pods[0]
-        ctx.delete_reasons[job.name] = "its pod's reporter ended before main started; the attempt failed"
-        cause = f"pod {lost.name} never started main: {clip(lost.reporter_lost or '', 600)}"
-        return record_failure(ctx, step, None, cause, REASON_REPORTER_LOST)
+    if _pod_cannot_run_main(ctx, step, job):
+        return True
     where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
     base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
     note_wait(ctx, step, base, ctx.observed.pods_of(job.name))
@@ -304,6 +325,46 @@ def _handle_active_job(ctx: PlanContext, step: StepView, job: ObservedJob) -> bo
             )
         ctx.requeue((kill_at - ctx.now).total_seconds())
     return False
+
+
+def _pod_cannot_run_main(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
+    """A pod of the Job can never run `main` (its reporter refused, or ended before it was ready):
+    the attempt fails now, not at the timeout (True)."""
+    refused = next((p for p in ctx.observed.pods_of(job.name) if p.reporter_refusal), None)
+    if refused is not None and refused.reporter_refusal:
+        # The pod can never report (docs/design.md#reporter-first): fail now, not at the timeout.
+        cause = f"pod {refused.name} cannot run main: {clip(refused.reporter_refusal, 600)}"
+        if refused.reporter_refusal_reason == REASON_CHECKPOINT_FAILED:
+            ctx.delete_reasons[job.name] = "its pod's checkpoint failed before main; the attempt failed"
+            ctx.emit("Warning", REASON_CHECKPOINT_FAILED, f"step {step.label}: {cause}", step.where)
+            record_failure(ctx, step, None, cause, REASON_CHECKPOINT_FAILED)
+            return True
+        ctx.delete_reasons[job.name] = "its pod's reporter cannot see main; the attempt failed"
+        record_failure(ctx, step, None, cause, REASON_REPORTER_BLIND)
+        return True
+    pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
+    if pods and all(p.reporter_lost for p in pods):
+        # No pod of the Job can ever start main (a duplicate held at its gate while another pod
+        # runs is not this): fail now, not at the timeout, or never when there is none.
+        lost = pods[0]
+        ctx.delete_reasons[job.name] = "its pod's reporter ended before main started; the attempt failed"
+        cause = f"pod {lost.name} never started main: {clip(lost.reporter_lost or '', 600)}"
+        record_failure(ctx, step, None, cause, REASON_REPORTER_LOST)
+        return True
+    return False
+
+
+def _observe_warm(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
+    """The attempt runs in a warm loop's Job (planner/warm.py); its pod's start is watched as any
+    attempt's (what it waits for, a reporter that cannot run `main`)."""
+    if _pod_cannot_run_main(ctx, step, job):
+        return True
+    record = step.record()
+    if record is None or not record.warm:  # its first iteration: the pod is starting
+        where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
+        base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
+        note_wait(ctx, step, base, ctx.observed.pods_of(job.name))
+    return observe_warm_attempt(ctx, step, job)
 
 
 def _read_envelope(ctx: PlanContext, step: StepView, job: ObservedJob) -> ControlEnvelope | None:

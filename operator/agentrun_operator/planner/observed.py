@@ -100,6 +100,9 @@ class ObservedPod:
     # Its Job's completion index (`batch.kubernetes.io/job-completion-index`): in a loop with
     # candidates, which candidate it is (planner/candidates.py); None for a pod of a one-pod Job.
     completion_index: int | None = None
+    # A warm loop's pod (docs/design.md#warm-pod): its IP (`status.podIP`), where the operator calls
+    # its supervisor; None for any other pod, or before it has one.
+    warm_ip: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +143,13 @@ class ObservedJob:
     path: str = ""  # the step-path label of a nested step's Job (`2i3-1`); "" for a top-level step
     label: str = ""  # its step annotation, the path as logs name it (`develop/iteration 2/review`)
     completions: int = 1  # spec.completions: more than 1 for a loop's candidates (an Indexed Job)
+    # A warm loop's Job: the digest of its pod template without what changes per iteration
+    # (jobs/warm_pod.py); the next iteration runs in its pod only when its own Job has the same.
+    warm_template: str | None = None
+
+    @property
+    def warm(self) -> bool:
+        return self.warm_template is not None
 
     @property
     def finished(self) -> bool:
@@ -150,6 +160,34 @@ class ObservedJob:
     def settled(self) -> bool:
         """Decided and marked `Complete`/`Failed`: the Job controller saw every pod of it terminate."""
         return self.finished and not self.settling
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    """The last iteration a warm pod's supervisor finished: its exit code and its control envelope
+    (the text a cold reporter writes to its termination message)."""
+
+    id: str
+    exit_code: int
+    envelope: str
+    finished_at: datetime | None = None
+    acked: bool = False
+
+
+@dataclass(frozen=True)
+class ObservedWarm:
+    """What the operator last heard from a warm pod's supervisor (docs/design.md#warm-channel).
+
+    `phase` is `running`, `idle` or `stopping`, None before the first answer. `error` is why the last
+    request failed while that lasts (since `error_since`): the supervisor did not answer, answered
+    garbage or without the run's signature."""
+
+    pod: str
+    phase: str | None = None
+    running: str | None = None
+    result: WarmResult | None = None
+    error: str | None = None
+    error_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +228,8 @@ class Observed:
     object_keys: dict[str, frozenset[str] | None] = field(default_factory=dict)
     # Writes of this reconcile the API server refused for good (the shell re-plans with them).
     refusals: tuple[Refusal, ...] = ()
+    # What each warm pod's supervisor last said, by pod name (planner/warm.py).
+    warm: dict[str, ObservedWarm] = field(default_factory=dict)
 
     def refusal(self, what: RefusedWrite, name: str) -> Refusal | None:
         return next((r for r in self.refusals if r.what == what and r.name == name), None)

@@ -44,6 +44,7 @@ from agentrun_operator.planner.run import (
 from agentrun_operator.planner.state import all_views, step_views
 from agentrun_operator.planner.validate import resolve_references
 from agentrun_operator.planner.walk import plan_top
+from agentrun_operator.planner.warm import acknowledge_recorded, expected_warm_job
 from agentrun_operator.resolution import effective_steps
 
 __all__ = ["Plan", "compact_history", "plan", "result_recorded"]
@@ -107,5 +108,6 @@ def _execute(ctx: PlanContext) -> None:
         if view.st.loop is not None:
             compact(view.st.loop, ctx.config.loop_status_history_limit)
     conclude(ctx, views)
-    delete_strays(ctx, expected=active_job_name(ctx, views))
+    delete_strays(ctx, expected=active_job_name(ctx, views) or expected_warm_job(ctx, views))
+    acknowledge_recorded(ctx)
     set_job_ttls(ctx)

@@ -43,6 +43,7 @@ from agentrun_operator.planner.observed import Observed
 from agentrun_operator.planner.tree import StepNode, walk
 from agentrun_operator.planner.validate_compat import compat_problems
 from agentrun_operator.planner.validate_flow import flow_problems
+from agentrun_operator.planner.validate_warm import warm_problems
 from agentrun_operator.problem import REASON_INVALID_SPEC as REASON_INVALID_SPEC
 from agentrun_operator.problem import Problem as Problem
 from agentrun_operator.problem import api as _api
@@ -131,6 +132,7 @@ def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Ite
     yield from _state_problems(run, view)
     yield from _checkpoint_problems(run, view)
     yield from candidates_problems(run, view)
+    yield from warm_problems(run, view)
 
 
 def _checkpoint_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:

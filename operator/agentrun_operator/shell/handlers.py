@@ -34,6 +34,7 @@ from agentrun_operator.shell.kube import Kube, kopf_login
 from agentrun_operator.shell.peering import PEERING_API, Peering
 from agentrun_operator.shell.reconciler import Reconciler
 from agentrun_operator.shell.resync import relist
+from agentrun_operator.shell.warm_channels import WarmChannels
 from agentrun_operator.shell.workqueue import BACKGROUND, FRONT, TURNAROUND, Key, WorkQueue
 
 log = logging.getLogger("agentrun.handlers")
@@ -57,6 +58,7 @@ class OperatorState:
         self.queue: WorkQueue | None = None
         self.reconciler: Reconciler | None = None
         self.events: EventRecorder | None = None
+        self.warm: WarmChannels | None = None
         self.resync_task: asyncio.Task[None] | None = None
         self.ready_task: asyncio.Task[None] | None = None
         self.informers: list[Informer] = []
@@ -196,7 +198,10 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         state.kube = await Kube.connect(state.kubeconfig)
         state.events = EventRecorder(state.kube, "agentrun-operator")
         state.events.start()
-        state.reconciler = Reconciler(state.kube, state.config, state.cache, events=state.events)
+        state.warm = WarmChannels(state.kube, state.config.warm_port, state.enqueue)
+        state.reconciler = Reconciler(
+            state.kube, state.config, state.cache, events=state.events, warm=state.warm
+        )
         namespaces = state.config.watched_namespaces
         kube, cache = state.kube, state.cache
         ours = f"/apis/{GROUP}/{VERSION}"
@@ -285,6 +290,9 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
             await state.queue.stop()
         if state.pause is not None:
             state.pause.stop()
+        if state.warm is not None:
+            with contextlib.suppress(Exception):
+                await state.warm.close()
         if state.events is not None:
             uids = state.cache.run_namespaces_by_uid()
             with contextlib.suppress(Exception):  # best effort on the way out

@@ -384,6 +384,26 @@ class Kube:
             raise KubeError(status, body, f"get {kind.lower()} {name}")
         return frozenset([*(body.get("data") or {}), *(body.get("binaryData") or {})])
 
+    async def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's `data` (base64 values); None when it does not exist. Only for the operator's own
+        Secrets (a run's warm key, docs/design.md#warm-pod)."""
+        status, body = await self.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(status, body, f"get secret {name}")
+        return {str(k): str(v) for k, v in (body.get("data") or {}).items()}
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        """Create a Secret; True when created, False when one of that name exists (read it instead)."""
+        ns = manifest["metadata"]["namespace"]
+        status, body = await self.request("POST", f"/api/v1/namespaces/{ns}/secrets", body=manifest)
+        if status in (200, 201):
+            return True
+        if status == 409:
+            return False
+        raise KubeError(status, body, f"create secret {manifest['metadata']['name']}")
+
     # -- Leases (idempotency claims) -----------------------------------------------------------
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

@@ -84,6 +84,7 @@ def job_from_k8s(job: dict[str, Any]) -> ObservedJob | None:
         label=str((meta.get("annotations") or {}).get(naming.ANNOTATION_STEP, "")),
         ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"),
         completions=_completions(spec),
+        warm_template=(meta.get("annotations") or {}).get(naming.ANNOTATION_WARM_TEMPLATE) or None,
     )
 
 
@@ -187,6 +188,7 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         containers_ended=containers_ended(status),
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
         completion_index=completion_index(meta),
+        warm_ip=(status.get("podIP") or None) if labels.get(naming.LABEL_WARM) == "true" else None,
     )
 
 

@@ -26,7 +26,7 @@ from agentrun_operator.api import (
 )
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.jobs import vcs
-from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME
+from agentrun_operator.jobs.builder import ANNOTATION_RUN_NAME, owner_reference
 from agentrun_operator.jobs.claim_lease import idempotency_claim_lease
 from agentrun_operator.planner.actions import (
     Action,
@@ -37,6 +37,7 @@ from agentrun_operator.planner.actions import (
     EmitEvent,
     Requeue,
     SetJobTTL,
+    WarmCommand,
     Where,
 )
 from agentrun_operator.planner.admission import unparseable_status
@@ -50,6 +51,7 @@ from agentrun_operator.shell.codec import canonical_json
 from agentrun_operator.shell.events import EventRecorder
 from agentrun_operator.shell.kube import Kube, KubeError
 from agentrun_operator.shell.observe import claim_names, claim_phase
+from agentrun_operator.shell.warm_channels import WarmChannels
 from agentrun_operator.shell.writes import Writes
 
 log = logging.getLogger("agentrun.reconciler")
@@ -100,8 +102,10 @@ class Reconciler:
         cache: RunCache,
         instance: str = "agentrun-operator",
         events: EventRecorder | None = None,
+        warm: WarmChannels | None = None,
     ) -> None:
         self.kube = kube
+        self.warm = warm  # the channels to warm pods (shell/warm_channels.py); None: not served
         self.config = config
         self.cache = cache
         self.instance = instance
@@ -167,6 +171,12 @@ class Reconciler:
         )
         observed = Observed(jobs=jobs, pods=pods)
         terminal = run.status is not None and run.status.phase in TERMINAL_RUN_PHASES
+        if self.warm is not None:
+            if terminal:
+                self.warm.forget(key)
+            elif any(p.warm_ip for p in pods):
+                heard = await self.warm.observe(key, naming.warm_secret_name(name), pods)
+                observed = dataclasses.replace(observed, warm=heard)
         if terminal:
             return observed
         return await self._observe_references(ns, uid, run, observed)
@@ -380,6 +390,8 @@ class Reconciler:
                 try:
                     for companion in action.companions:
                         await self.kube.create_config_map(companion)
+                    if action.warm_secret is not None and self.warm is not None:
+                        await self.warm.ensure_key(namespace, action.warm_secret, owner_reference(run))
                     created, job, ours = await self.writes.create_job(
                         namespace, action.name, action.manifest, meta["uid"]
                     )
@@ -484,6 +496,18 @@ class Reconciler:
             elif isinstance(action, EmitEvent):
                 events.append(action)
                 log.info(action.message, extra={**corr, **_where(action.where), "decision": action.reason})
+            elif isinstance(action, WarmCommand):
+                if self.warm is not None:
+                    await self.warm.send((namespace, name), action)
+                log.info(
+                    f"warm pod told to {action.verb} {action.id}",
+                    extra={
+                        **corr,
+                        **_where(action.where),
+                        "pod": action.pod,
+                        "decision": f"warm-{action.verb}",
+                    },
+                )
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(namespace, name, action.uid)
                 log.info(
