@@ -245,6 +245,38 @@ def test_service_monitor_renders_when_asked(helm: Helm) -> None:
     )
 
 
+def test_warm_network_policy_lets_only_the_operators_pods_reach_warm_pods(helm: Helm) -> None:
+    """docs/operations.md#warm-network-policy: one NetworkPolicy per namespace, selecting warm pods,
+    admitting the release's own pods (by namespace and selector labels) on the warm port only."""
+    docs = helm.render({}, release="agentrun", namespace="ops")
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["metadata"]["namespace"] == "ops"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {naming.LABEL_WARM: "true"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    operator_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert peer["podSelector"]["matchLabels"]
+    assert all(operator_labels.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items())
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8471}]
+
+    docs = helm.render({"watchNamespaces": ["team-a", "team-b"], "warm": {"port": 9000}})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    assert all(p["spec"]["ingress"][0]["ports"][0]["port"] == 9000 for p in policies)
+    container = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AGENTS_CONTROLLER_WARM_PORT"] == "9000"
+
+    docs = helm.render({"warm": {"networkPolicy": {"enabled": False}}})
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+
 def test_priority_and_fairness_objects_render_only_when_asked(helm: Helm) -> None:
     """docs/operations.md#priority-and-fairness: off by default; on, a FlowSchema that matches the
     release's ServiceAccount (every verb, resource and URL) and sends it to the chart's own priority
@@ -433,7 +465,7 @@ def _expected_rules() -> dict[tuple[str, str], set[str]]:
         ("coordination.k8s.io", "leases"): {"get", "create"},
         ("", "persistentvolumeclaims"): {"get"},
         ("agents.proompteng.ai", "versioncontrolproviders"): {"get"},
-        ("", "secrets"): {"get"},
+        ("", "secrets"): {"get", "create"},
         ("", "configmaps"): {"get", "create"},
     }
 

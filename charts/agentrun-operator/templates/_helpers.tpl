@@ -118,10 +118,11 @@ namespaced Roles and clusterkopfpeerings in the ClusterRole.
   verbs: ["get"]
 # Secrets, by name, before the first Job, for their key names only (values are never kept or
 # logged): a read-write run's VersionControlProvider credential, and an Agent's Secret-backed
-# systemPromptRef; a missing one or key fails the run InvalidSpec.
+# systemPromptRef; a missing one or key fails the run InvalidSpec. create: a warm loop's run key
+# (`<run>-warm`, owned by the run, docs/design.md#warm-pod), made once per run and read back.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["get", "create"]
 # ConfigMaps: get the one an Agent's systemPromptRef names (its key names only) before the first Job;
 # create the runner contract's (run.json, agent-runner.json, input files), owned by the run; one that
 # exists by name is adopted (its name is a hash of its data).

@@ -46,7 +46,13 @@ from agentrun_operator.planner.observed import ObservedJob, ObservedPod, Refusal
 from agentrun_operator.planner.state import StepView, end_step
 from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
-from agentrun_operator.planner.warm import WarmStart, observe_warm_attempt, start_command, warm_start
+from agentrun_operator.planner.warm import (
+    WarmStart,
+    observe_warm_attempt,
+    release_warm_job,
+    start_command,
+    warm_start,
+)
 from agentrun_operator.resolution import (
     step_retries,
     step_timeout_seconds,
@@ -89,6 +95,7 @@ def start_attempt(
         if warm is not None:
             _start_warm(ctx, step, iteration, warm)
             return False
+        release_warm_job(ctx, step)
         if not gate_clear(ctx, name):
             ctx.requeue(GATE_REQUEUE_SECONDS)
             return False
@@ -186,6 +193,7 @@ def _enter_attempt(
         else:
             record.phase = "Running"
             record.candidates = None  # a retry runs every candidate again
+            record.warm = record.pod = None  # and a warm loop's retry is a new pod
             record.attempts = attempt
             record.last_attempt_started_at = ctx.now
             record.job_ref = JobRef(name=name)

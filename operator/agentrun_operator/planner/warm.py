@@ -107,6 +107,18 @@ def warm_start(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -
     )
 
 
+def release_warm_job(ctx: PlanContext, step: StepView) -> None:
+    """The next attempt does not run in the step's live warm pod (`warm_start` said no): its Job goes,
+    so the one-Job gate opens for the new one."""
+    if warm_loop(step) is None or step.st.job_ref is None:
+        return
+    job = ctx.observed.job(step.st.job_ref.name)
+    if job is not None and job.warm and not job.finished and not job.deleting:
+        ctx.delete_reasons.setdefault(
+            job.name, "the next attempt cannot run in its warm pod; it starts a new pod"
+        )
+
+
 def _manifest(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> dict[str, object]:
     planned = planned_attempt(ctx, step, iteration, attempt)
     return build_iteration_objects(ctx.run, planned, ctx.refs, ctx.config)[0]
@@ -313,7 +325,7 @@ def expected_warm_job(ctx: PlanContext, views: list[StepView]) -> str | None:
     for step in views:
         if step.spec.kind != "workload" or warm_loop(step) is None or step.st.job_ref is None:
             continue
-        if state_of(step) is StepState.NEXT_DUE:
+        if state_of(step) is StepState.NEXT_DUE and step.st.job_ref.name not in ctx.delete_reasons:
             return step.st.job_ref.name
     return None
 

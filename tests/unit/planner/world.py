@@ -26,12 +26,14 @@ from agentrun_operator.planner.actions import (
     EmitEvent,
     Requeue,
     SetJobTTL,
+    WarmCommand,
 )
 from agentrun_operator.planner.observed import (
     IdempotencyClaim,
     Observed,
     ObservedJob,
     ObservedPod,
+    ObservedWarm,
     Refusal,
 )
 from agentrun_operator.planner.plan import Plan, plan
@@ -134,6 +136,9 @@ class PlannerWorld:
     # Writes the API server refuses for good: Job name -> (HTTP status, message); the status update.
     refuse_job: dict[str, tuple[int, str]] = field(default_factory=dict)
     refuse_status: tuple[int, str] | None = None
+    # What each warm pod's supervisor last said (planner/warm.py), and the commands it was sent.
+    warm: dict[str, ObservedWarm] = field(default_factory=dict)
+    commands: list[WarmCommand] = field(default_factory=list)
     _uids: int = 0
 
     # ------------------------------------------------------------------ planning
@@ -157,6 +162,7 @@ class PlannerWorld:
             pvc_unbound=self.pvc_unbound,
             object_keys=self.object_keys,
             vcs_providers=self.vcs_providers,
+            warm=dict(self.warm),
         )
 
     def plan(self, *, persist: bool = True, apply: bool = True) -> Plan:
@@ -217,6 +223,8 @@ class PlannerWorld:
                 self.run_deleted = True
             elif isinstance(action, Requeue):
                 self.last_requeue = action.after_seconds
+            elif isinstance(action, WarmCommand) and persisted:
+                self.commands.append(action)
 
     def _create(self, action: CreateJob) -> None:
         name = action.name
@@ -235,13 +243,20 @@ class PlannerWorld:
             outcome="Active",
             started_at=self.now,
             completions=int(action.manifest["spec"].get("completions") or 1),
+            warm_template=(action.manifest["metadata"].get("annotations") or {}).get(
+                naming.ANNOTATION_WARM_TEMPLATE
+            ),
         )
         if action.manifest["spec"].get("completionMode") == "Indexed":  # a loop's candidates
             for index in range(int(action.manifest["spec"]["completions"])):
                 pod = f"{name}-pod-{index}"
                 self.pods[pod] = ObservedPod(name=pod, job_name=name, phase="Running", completion_index=index)
         else:
-            self.pods[f"{name}-pod"] = ObservedPod(name=f"{name}-pod", job_name=name, phase="Running")
+            warm = naming.LABEL_WARM in action.manifest["spec"]["template"]["metadata"]["labels"]
+            ip = f"10.244.0.{self._uids}" if warm else None
+            self.pods[f"{name}-pod"] = ObservedPod(
+                name=f"{name}-pod", job_name=name, phase="Running", warm_ip=ip
+            )
         self.manifests[name] = action.manifest
         self.created.append(name)
 
