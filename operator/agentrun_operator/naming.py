@@ -94,7 +94,8 @@ def candidate_checkpoint_id(start_checkpoint: str, index: int | str) -> str:
 
 WARM_SECRET_SUFFIX = "-warm"
 LABEL_WARM = f"{GROUP}/warm"
-"""On a warm loop's pods (`"true"`): the chart's NetworkPolicy selects them (docs/operations.md#warm)."""
+"""On a warm loop's pods (`"true"`): the chart's NetworkPolicy selects them
+(docs/operations.md#warm-network-policy)."""
 WARM_KEY_VOLUME = "agentrun-warm-key"
 """The warm pod's volume of the run's warm key (jobs/warm_pod.py)."""
 ANNOTATION_WARM_TEMPLATE = f"{GROUP}/warm-template"

@@ -122,6 +122,9 @@ class EmitEvent:
     reason: str
     message: str
     where: Where | None = None  # None for an Event about the whole run
+    fold: bool = False
+    """Fold into the run's series even when its reason is a decision's (a warm loop's
+    `ConditionEvaluated`: docs/operator.md#events)."""
 
 
 @dataclass(frozen=True)

@@ -88,10 +88,17 @@ class PlanContext:
         return str(self.run.metadata.get("uid", ""))
 
     def emit(
-        self, type_: Literal["Normal", "Warning"], reason: str, message: str, where: Where | None = None
+        self,
+        type_: Literal["Normal", "Warning"],
+        reason: str,
+        message: str,
+        where: Where | None = None,
+        *,
+        fold: bool = False,
     ) -> None:
-        """Post an Event; `where` names the step, iteration and attempt it is about (None: the run)."""
-        self.events.append(EmitEvent(type_, reason, clip(message), where))
+        """Post an Event; `where` names the step, iteration and attempt it is about (None: the run);
+        `fold`: never an Event of its own (a warm loop's decision, shell/events.py)."""
+        self.events.append(EmitEvent(type_, reason, clip(message), where, fold))
 
     def requeue(self, seconds: float) -> None:
         """Ask to be planned again after `seconds` at the latest (the earliest request wins)."""

@@ -297,7 +297,10 @@ def _evaluate_condition(ctx: PlanContext, step: StepView, envelope: ControlEnvel
     else:
         verdict = _evaluate_cel_condition(ctx, step, envelope.control)
     event_type: Literal["Normal", "Warning"] = "Normal" if verdict.kind in ("continue", "stop") else "Warning"
-    ctx.emit(event_type, "ConditionEvaluated", f"step {step.label}: {verdict.detail}", step.where)
+    # A warm loop's decisions fold into one series: its iterations cost no Event write each
+    # (docs/operator.md#events); the status records every iteration.
+    fold = step.spec.loop is not None and step.spec.loop.warm_enabled
+    ctx.emit(event_type, "ConditionEvaluated", f"step {step.label}: {verdict.detail}", step.where, fold=fold)
     return verdict
 
 

@@ -61,7 +61,7 @@ def split_decisions(events: Sequence[EmitEvent], posted: int) -> tuple[list[Emit
     own: list[EmitEvent] = []
     rest: list[EmitEvent] = []
     for event in events:
-        if event.reason in DECISION_REASONS and posted + len(own) < MAX_DECISION_EVENTS:
+        if event.reason in DECISION_REASONS and not event.fold and posted + len(own) < MAX_DECISION_EVENTS:
             own.append(event)
         else:
             rest.append(event)
