@@ -216,6 +216,20 @@ class StepStatus(StatusModel):
         default=None, description="When the next retry attempt may start."
     )
     job_ref: JobRef | None = Field(default=None, description="The step's current or last Job.")
+    pod: str | None = Field(
+        default=None,
+        description=(
+            "loop.warm on the loop body around the step: the pod that ran the step's latest attempt "
+            "in this pass (a looping step keeps it per iteration, loop.iterations[].pod)."
+        ),
+    )
+    warm: bool | None = Field(
+        default=None,
+        description=(
+            "loop.warm on the loop body around the step: true when its latest attempt ran in a pod an "
+            "earlier pass started (no new Job or pod for it)."
+        ),
+    )
     loop: LoopStatus | None = Field(default=None, description="Loop progress, for looped steps.")
     last_failure: AttemptFailure | None = Field(
         default=None,

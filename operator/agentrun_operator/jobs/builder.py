@@ -45,6 +45,7 @@ from agentrun_operator.api import (
     API_VERSION,
     AgentRun,
     EnvVar,
+    LoopWarm,
     WorkflowStep,
     Workload,
     WorkloadVolume,
@@ -130,6 +131,10 @@ class PlannedAttempt:
 
     checkpoint: CheckpointPlan | None = None
     """loop.checkpoint: what the reporter restores and records before `main` (planner/checkpoints.py)."""
+
+    warm: LoopWarm | None = None
+    """loop.warm of the step's loop, or of the loop body around it: the pod runs its iterations one
+    after the other when told (jobs/warm_pod.py, planner/warm.py)."""
 
     @property
     def top_index(self) -> int:
@@ -645,10 +650,9 @@ def build_iteration_objects(
     timeout = step_timeout_seconds(step, refs)
     if timeout > 0:
         job_spec["activeDeadlineSeconds"] = timeout
-    warm = step.loop.warm if step.loop is not None and not attempt.ancestors else None
-    if warm is not None and warm.enabled:
-        first = iteration_id(attempt.iteration, attempt.attempt)
-        add_warm(job_spec, warm, run_name, config.warm_port, first)
+    if attempt.warm is not None and attempt.warm.enabled:
+        first = iteration_id(attempt.env_iteration or attempt.iteration, attempt.attempt)
+        add_warm(job_spec, attempt.warm, run_name, config.warm_port, first)
         job = job_manifest(run, iteration_job_name(run, attempt), labels, annotations, job_spec)
         job["metadata"]["annotations"][naming.ANNOTATION_WARM_TEMPLATE] = template_digest(job)
         return job, companions

@@ -38,12 +38,27 @@ PER_ITERATION_ENV: Final = frozenset(
 )
 """What the operator sends with each start (docs/design.md#warm-pod); every other part of the pod
 must be the same for the next iteration to run in it."""
-PER_ITERATION_LABELS: Final = (naming.LABEL_ITERATION, naming.LABEL_ATTEMPT, naming.LABEL_STEP_ITERATION)
+PER_ITERATION_LABELS: Final = (
+    naming.LABEL_ITERATION,
+    naming.LABEL_ATTEMPT,
+    naming.LABEL_STEP_ITERATION,
+    naming.LABEL_STEP_PATH,
+)
+"""And the step's address and path in a loop body (`1i3-1`, `develop/iteration 3/implement`): a
+pass of the body is an iteration of the pod."""
 
 
 def iteration_id(iteration: int, attempt: int) -> str:
-    """An iteration attempt's id in its warm pod: a second start of it is a no-op."""
+    """An iteration attempt's id in its warm pod: a second start of it is a no-op. `iteration` is the
+    loop's (a loop body's child: the body's pass, AGENTRUN_ITERATION)."""
     return f"{iteration}-{attempt}"
+
+
+def job_iteration_id(job: dict[str, Any]) -> str:
+    """The id of the iteration attempt a Job was built for, from its labels (AGENTRUN_ITERATION's
+    iteration, the attempt)."""
+    labels = job["metadata"]["labels"]
+    return iteration_id(int(labels[naming.LABEL_ITERATION]), int(labels[naming.LABEL_ATTEMPT]))
 
 
 def add_warm(
@@ -113,6 +128,7 @@ def _without_iteration(template: dict[str, Any]) -> dict[str, Any]:
     labels = stripped.get("metadata", {}).get("labels", {})
     for key in PER_ITERATION_LABELS:
         labels.pop(key, None)
+    stripped.get("metadata", {}).get("annotations", {}).pop(naming.ANNOTATION_STEP, None)
     pod = stripped.get("spec", {})
     pod.pop("affinity", None)
     for container in pod.get("containers", []):

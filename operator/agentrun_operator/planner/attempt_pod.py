@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from agentrun_operator.api import LoopWarm
 from agentrun_operator.jobs.builder import PlannedAttempt
 from agentrun_operator.planner.checkpoints import checkpoint_plan
 from agentrun_operator.planner.context import (
@@ -36,6 +37,19 @@ def pod_control_path(step: StepView) -> str:
     return control_path(step.spec)
 
 
+def warm_of(step: StepView) -> LoopWarm | None:
+    """loop.warm of the nearest loop around the step (its own, else its loop body's), when on: a
+    top-level loop or loop body (validation refuses it deeper)."""
+    view: StepView | None = step
+    while view is not None:
+        loop = view.spec.loop
+        if loop is not None:
+            warm = loop.warm if loop.warm is not None and loop.warm.enabled else None
+            return warm if view.parent is None else None
+        view = view.parent
+    return None
+
+
 def _loop_env(step: StepView, iteration: int) -> tuple[StepView, int] | None:
     """The loop whose iteration the pod is told about: the step's own, else the nearest looping
     ancestor's (a child of a loop body runs in the body's iteration)."""
@@ -62,6 +76,7 @@ def planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: i
         path=step.label if nested else None,
         prefer_node=preferred_node(ctx.observed.pods),
         checkpoint=checkpoint_plan(ctx, step, iteration, attempt),
+        warm=warm_of(step),
     )
     looping = _loop_env(step, iteration)
     if looping is None:

@@ -48,8 +48,10 @@ from agentrun_operator.planner.validate import REASON_INVALID_SPEC
 from agentrun_operator.planner.waiting import note_wait, running_message, waited_for
 from agentrun_operator.planner.warm import (
     WarmStart,
+    mark,
+    marked_warm,
     observe_warm_attempt,
-    release_warm_job,
+    release_warm_jobs,
     start_command,
     warm_start,
 )
@@ -95,7 +97,7 @@ def start_attempt(
         if warm is not None:
             _start_warm(ctx, step, iteration, warm)
             return False
-        release_warm_job(ctx, step)
+        release_warm_jobs(ctx)
         if not gate_clear(ctx, name):
             ctx.requeue(GATE_REQUEUE_SECONDS)
             return False
@@ -112,22 +114,20 @@ def start_attempt(
 
 
 def _start_warm(ctx: PlanContext, step: StepView, iteration: int, start: WarmStart) -> None:
-    """The iteration runs in the pod of the last one (planner/warm.py): the status says so (its
-    record's `pod` and `warm`), and the pod is told once that status is committed."""
+    """The attempt runs in a live warm pod (planner/warm.py): the status says so (`pod` and `warm` of
+    its iteration record, or of the step in a loop body), and the pod is told once that status is
+    committed."""
     heard = ctx.observed.warm.get(start.pod.name)
     ended = heard.result.finished_at if heard is not None and heard.result is not None else None
-    if ended is not None:
-        due = step.loop.next_iteration_at if step.loop is not None else None
+    if ended is not None and step.loop is not None:
+        due = step.loop.next_iteration_at
         ctx.facts.append(
             NextIterationRequested(step.path, iteration, start.job.name, max(ended, due or ended))
         )
     _enter_attempt(ctx, step, iteration, 1, start.job.name, start.job)
-    record = step.record()
-    if record is not None:
-        record.pod = start.pod.name
-        record.warm = True
+    mark(step, start.pod.name, True)
     retries = step_retries(step.spec, ctx.refs)
-    where = f"iteration {iteration}/{step.max_iterations} "
+    where = f"iteration {iteration}/{step.max_iterations} " if step.loop is not None else ""
     step.st.message = (
         running_message(where, 1, retries + 1, start.job.name) + f" in warm pod {start.pod.name}"
     )
@@ -172,6 +172,7 @@ def _enter_attempt(
     st.phase = "Running"
     st.attempt = attempt
     st.job_ref = JobRef(name=name, uid=existing.uid if existing is not None else None)
+    st.warm = st.pod = None  # a warm start marks them (planner/warm.py)
     if attempt == 1:
         st.next_retry_at = None
         st.last_failure = None
@@ -367,8 +368,7 @@ def _observe_warm(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
     attempt's (what it waits for, a reporter that cannot run `main`)."""
     if _pod_cannot_run_main(ctx, step, job):
         return True
-    record = step.record()
-    if record is None or not record.warm:  # its first iteration: the pod is starting
+    if not marked_warm(step):  # the pod's first iteration: the pod is starting
         where = f"iteration {step.iteration}/{step.max_iterations} " if step.loop is not None else ""
         base = running_message(where, step.st.attempt, step_retries(step.spec, ctx.refs) + 1, job.name)
         note_wait(ctx, step, base, ctx.observed.pods_of(job.name))

@@ -109,5 +109,5 @@ def _execute(ctx: PlanContext) -> None:
             compact(view.st.loop, ctx.config.loop_status_history_limit)
     conclude(ctx, views)
     delete_strays(ctx, expected=active_job_name(ctx, views) or expected_warm_job(ctx, views))
-    acknowledge_recorded(ctx)
+    acknowledge_recorded(ctx, views)
     set_job_ttls(ctx)

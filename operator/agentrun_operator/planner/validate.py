@@ -132,7 +132,6 @@ def _loop_problems(run: AgentRun, view: StepNode, config: OperatorConfig) -> Ite
     yield from _state_problems(run, view)
     yield from _checkpoint_problems(run, view)
     yield from candidates_problems(run, view)
-    yield from warm_problems(run, view)
 
 
 def _checkpoint_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
@@ -461,6 +460,7 @@ def _spec_problems(
     problems: list[Problem] = list(_runtime_problems(run, config, check_flag))
     for view in _step_views(run):
         problems.extend(_loop_problems(run, view, config))
+        problems.extend(warm_problems(run, view))
     problems.extend(_resume_problems(run))
     problems.extend(_volume_problems(run, observed))
     problems.extend(flow_problems(run))

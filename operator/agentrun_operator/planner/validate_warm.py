@@ -19,24 +19,41 @@ _REFERENCE: Final = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 (`$$(VAR)` is the escaped, literal form)."""
 
 
+def _warm_loop_of(view: StepNode) -> StepNode | None:
+    """The view whose loop is the step's nearest (its own, else a loop body's around it)."""
+    node: StepNode | None = view
+    while node is not None:
+        if node.step.loop is not None:
+            return node
+        node = node.parent
+    return None
+
+
 def warm_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
-    """A warm loop is a top-level looping workload step whose command is known (`main` runs it again
-    and again in a shell loop) and does not use a per-iteration variable the kubelet would expand
-    only once."""
+    """`loop.warm` sits on a top-level loop (a workload step, or a loop body whose workload steps it
+    covers); each workload step it covers has a known command (`main` runs it again and again from a
+    shell loop) that uses no per-iteration variable the kubelet would expand only once."""
     loop = view.step.loop
-    if loop is None or not loop.warm_enabled:
-        return
-    field = f"{view.field_path}.loop.warm"
-    if view.step.steps is not None or view.step.switch is not None or view.parent is not None:
+    if loop is not None and loop.warm_enabled and (view.parent is not None or view.step.kind == "switch"):
         yield Problem(
-            field,
+            f"{view.field_path}.loop.warm",
             {"enabled": True},
-            "loop.warm is supported on a top-level looping workload step, not on a loop body (steps:), a "
-            "switch, or a step inside a group or loop body: its one pod runs the step's own command",
-            "move loop.warm to a looping workload step at the top level of spec.workflow.steps, or remove it",
+            "loop.warm is supported on a top-level loop (a looping workload step or loop body), not on "
+            "a loop inside a group or loop body: one warm pod serves one loop",
+            "move loop.warm to the top-level loop around this step, or remove it",
             _concepts("warm-iterations"),
         )
         return
+    owner = _warm_loop_of(view)
+    if view.step.kind != "workload" or owner is None or owner.parent is not None:
+        return
+    owner_loop = owner.step.loop
+    if owner_loop is None or not owner_loop.warm_enabled:
+        return
+    yield from _command_problems(run, view)
+
+
+def _command_problems(run: AgentRun, view: StepNode) -> Iterator[Problem]:
     workload = effective_workload(run.spec.workload, view.step.workload)
     where = f"{view.field_path}.workload" if view.step.workload is not None else "spec.workload"
     if not workload.command:

@@ -27,15 +27,15 @@ from agentrun_operator import naming
 from agentrun_operator.api import JobRef, LoopWarm
 from agentrun_operator.control.envelope import decode_envelope
 from agentrun_operator.jobs.builder import build_iteration_objects
-from agentrun_operator.jobs.warm_pod import iteration_env, iteration_id, template_digest
+from agentrun_operator.jobs.warm_pod import iteration_env, iteration_id, job_iteration_id, template_digest
 from agentrun_operator.planner.actions import CreateJob, WarmCommand
-from agentrun_operator.planner.attempt_pod import label_iteration, planned_attempt, pod_control_path
+from agentrun_operator.planner.attempt_pod import label_iteration, planned_attempt, pod_control_path, warm_of
 from agentrun_operator.planner.attempt_results import record_failure, record_success
-from agentrun_operator.planner.context import PlanContext, clip
+from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, PlanContext, clip
 from agentrun_operator.planner.feedback import REASON_DEADLINE
 from agentrun_operator.planner.gating import gate_clear
 from agentrun_operator.planner.observed import ObservedJob, ObservedPod, ObservedWarm
-from agentrun_operator.planner.state import StepState, StepView, all_views, state_of
+from agentrun_operator.planner.state import StepState, StepView, state_of
 from agentrun_operator.resolution import step_timeout_seconds
 
 WARM_SILENCE_SECONDS: Final = 60.0
@@ -48,12 +48,41 @@ REASON_WARM_UNANSWERED: Final = "WarmSupervisorUnanswered"
 
 
 def warm_loop(step: StepView) -> LoopWarm | None:
-    """The step's `loop.warm` when it is on (a top-level looping workload step: validation refuses it
-    elsewhere)."""
-    loop = step.spec.loop
-    if loop is None or loop.warm is None or not loop.warm.enabled or step.parent is not None:
-        return None
-    return loop.warm
+    """`loop.warm` of the step's own loop or of the loop body around it, when on (a top-level loop:
+    validation refuses it deeper)."""
+    return warm_of(step)
+
+
+def current_id(step: StepView) -> str:
+    """The id of the step's current attempt in a warm pod: the loop's iteration (a loop body's child:
+    the body's pass) and the attempt."""
+    return iteration_id(label_iteration(step), step.st.attempt)
+
+
+def marked_warm(step: StepView) -> bool:
+    """The step's current attempt runs in a pod an earlier iteration started (the status says so:
+    its iteration record's `warm`, or the step's own for a loop body's child)."""
+    record = step.record() if step.loop is not None else None
+    return bool(record.warm if record is not None else step.st.warm)
+
+
+def mark(step: StepView, pod: str | None, warm: bool | None) -> None:
+    """Record which pod runs the current attempt, and whether an earlier iteration started it."""
+    record = step.record() if step.loop is not None else None
+    if record is not None:
+        record.pod, record.warm = pod, warm
+    else:
+        step.st.pod, step.st.warm = pod, warm
+
+
+def live_warm_jobs(ctx: PlanContext) -> list[ObservedJob]:
+    """The run's warm Jobs that may still run an iteration (not ended, not being deleted, and not
+    let go by this plan)."""
+    return [
+        job
+        for job in ctx.observed.jobs
+        if job.warm and not job.finished and not job.deleting and job.name not in ctx.delete_reasons
+    ]
 
 
 def live_pod(ctx: PlanContext, job: ObservedJob) -> ObservedPod | None:
@@ -84,39 +113,35 @@ class WarmStart:
 
 
 def warm_start(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> WarmStart | None:
-    """Whether iteration `iteration` (attempt `attempt`) runs in the pod of the step's last Job: only
-    a first attempt (a retry is a new pod), after an iteration that succeeded in that pod, which is
-    idle and holds its result, and only when the iteration's own Job would have the same pod."""
-    if warm_loop(step) is None or attempt != 1 or step.st.job_ref is None or ctx.ref_problems:
+    """Whether iteration `iteration` (attempt `attempt`) of the step runs in a live warm pod of the
+    run: only a first attempt (a retry is a new pod), in a pod that is idle, answers, and whose last
+    iteration succeeded (its result recorded: the planner moved past it), and only when the
+    iteration's own Job would have the same pod (`template_digest`, which also names the step)."""
+    if warm_loop(step) is None or attempt != 1 or ctx.ref_problems:
         return None
-    job = ctx.observed.job(step.st.job_ref.name)
-    if job is None or not job.warm or job.finished or job.deleting:
-        return None
-    pod = live_pod(ctx, job)
-    heard = ctx.observed.warm.get(pod.name) if pod is not None else None
-    last = iteration_id(step.iteration, step.st.attempt)
-    if pod is None or pod.warm_ip is None or heard is None or heard.error is not None:
-        return None
-    if heard.phase != "idle" or heard.result is None or heard.result.id != last or heard.result.exit_code:
+    jobs = live_warm_jobs(ctx)
+    if not jobs:
         return None
     manifest = _manifest(ctx, step, iteration, attempt)
-    if template_digest(manifest) != job.warm_template:
-        return None
-    return WarmStart(
-        job, pod, iteration_id(iteration, attempt), tuple(sorted(iteration_env(manifest).items()))
-    )
+    digest, wanted = template_digest(manifest), job_iteration_id(manifest)
+    for job in jobs:
+        pod = live_pod(ctx, job) if job.warm_template == digest else None
+        heard = ctx.observed.warm.get(pod.name) if pod is not None else None
+        if pod is None or pod.warm_ip is None or heard is None or heard.error is not None:
+            continue
+        result = heard.result
+        if heard.phase != "idle" or heard.running is not None or result is None or result.exit_code:
+            continue
+        if result.id != wanted:
+            return WarmStart(job, pod, wanted, tuple(sorted(iteration_env(manifest).items())))
+    return None
 
 
-def release_warm_job(ctx: PlanContext, step: StepView) -> None:
-    """The next attempt does not run in the step's live warm pod (`warm_start` said no): its Job goes,
-    so the one-Job gate opens for the new one."""
-    if warm_loop(step) is None or step.st.job_ref is None:
-        return
-    job = ctx.observed.job(step.st.job_ref.name)
-    if job is not None and job.warm and not job.finished and not job.deleting:
-        ctx.delete_reasons.setdefault(
-            job.name, "the next attempt cannot run in its warm pod; it starts a new pod"
-        )
+def release_warm_jobs(ctx: PlanContext) -> None:
+    """A new Job is about to start (`warm_start` found no pod for the attempt): every live warm Job of
+    the run goes, so the one-Job gate opens for the new one."""
+    for job in live_warm_jobs(ctx):
+        ctx.delete_reasons[job.name] = "the next attempt cannot run in its warm pod; it starts a new pod"
 
 
 def _manifest(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -> dict[str, object]:
@@ -166,8 +191,7 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
     """The running attempt of a warm loop, in Job `job`: True when its result was recorded (or the
     attempt failed, or moved to a new pod) and the step moved on."""
     st = step.st
-    current = iteration_id(step.iteration, st.attempt)
-    record = step.record()
+    current = current_id(step)
     pod = live_pod(ctx, job)
     heard = ctx.observed.warm.get(pod.name) if pod is not None else None
     if heard is not None and heard.result is not None and heard.result.id == current:
@@ -178,7 +202,7 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
         if said is not None and said.id == current and said.exit_code is not None:
             return _record(ctx, step, job, ended_pod, said.exit_code, said.envelope, ended_pod.finished_at)
     if pod is None or job.finished or job.deleting:
-        if record is not None and record.warm and _never_started(ended, current):
+        if marked_warm(step) and _never_started(ended, current):
             return _start_cold_instead(ctx, step)
         return record_failure(ctx, step, None, _ended_cause(ctx, step, job), REASON_WARM_POD_ENDED)
     if _timed_out(ctx, step, job):
@@ -193,7 +217,7 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
             )
             return record_failure(ctx, step, None, cause, REASON_WARM_UNANSWERED)
         ctx.requeue(WARM_SILENCE_SECONDS - silent)
-    if record is not None and record.warm and _start_pending(heard, current) and pod.warm_ip is not None:
+    if marked_warm(step) and _start_pending(heard, current) and pod.warm_ip is not None:
         env = tuple(sorted(iteration_env(_manifest(ctx, step, step.iteration, st.attempt)).items()))
         ctx.writes.append(WarmCommand("start", pod.name, pod.warm_ip, current, env, step.where))
     return False
@@ -224,11 +248,10 @@ def _start_cold_instead(ctx: PlanContext, step: StepView) -> bool:
         manifest = _manifest(ctx, step, step.iteration, step.st.attempt)
         ctx.writes.append(CreateJob(manifest))
     step.st.job_ref = JobRef(name=name)
-    record = step.record()
+    record = step.record() if step.loop is not None else None
     if record is not None:
         record.job_ref = JobRef(name=name)
-        record.warm = None
-        record.pod = None
+    mark(step, None, None)
     ctx.emit(
         "Normal",
         "IterationStarted",
@@ -251,11 +274,9 @@ def _record(
     """Record a warm iteration's result as any iteration's: its control envelope when `main`'s
     command exited 0, else a failed attempt (its usage counted; the retry is a new pod)."""
     envelope = decode_envelope(text, pod_control_path(step))
-    record = step.record()
-    if record is not None and pod is not None:
-        record.pod = pod.name
-    started = (record.last_attempt_started_at or record.started_at) if record is not None else None
-    duration = _seconds(started, finished_at)
+    if pod is not None:
+        mark(step, pod.name, marked_warm(step) or None)
+    duration = _seconds(_attempt_started(step), finished_at)
     if exit_code == 0:
         record_success(ctx, step, job, envelope, finished_at=finished_at, duration=duration)
         return True
@@ -268,6 +289,15 @@ def _record(
     )
     cause = f"main container's command exited with code {exit_code}{where}; whole log: {logs}"
     return record_failure(ctx, step, None, cause, envelope=envelope, duration=duration)
+
+
+def _attempt_started(step: StepView) -> datetime | None:
+    """When the current attempt started, as the status says (its iteration record's, else the
+    step's start: a loop body's child starts anew each pass)."""
+    record = step.record() if step.loop is not None else None
+    if record is not None:
+        return record.last_attempt_started_at or record.started_at
+    return step.st.started_at
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -299,9 +329,7 @@ def _timed_out(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
     """The step's timeout, per iteration attempt, from the attempt's start in the status: a warm
     Job has no deadline of its own. Past it, the pod is deleted and the attempt fails."""
     timeout = step_timeout_seconds(step.spec, ctx.refs)
-    record = step.record()
-    started = (record.last_attempt_started_at or record.started_at) if record is not None else None
-    started = started or step.st.started_at
+    started = _attempt_started(step)
     if timeout <= 0 or started is None:
         return False
     deadline = started + timedelta(seconds=timeout)
@@ -320,30 +348,32 @@ def _timed_out(ctx: PlanContext, step: StepView, job: ObservedJob) -> bool:
 
 
 def expected_warm_job(ctx: PlanContext, views: list[StepView]) -> str | None:
-    """The Job of a warm loop that waits between two iterations (its next one not started yet): it
-    may stay alive, its pod idle, for the next iteration."""
-    for step in views:
-        if step.spec.kind != "workload" or warm_loop(step) is None or step.st.job_ref is None:
-            continue
-        if state_of(step) is StepState.NEXT_DUE and step.st.job_ref.name not in ctx.delete_reasons:
-            return step.st.job_ref.name
+    """The run's live warm Job while no attempt runs in it, kept for the next iteration or pass of its
+    loop: until that loop's top-level step is done, the run ends, or a new Job lets it go."""
+    if ctx.status.phase in TERMINAL_RUN_PHASES:
+        return None
+    tops = {v.index: v for v in views if v.parent is None}
+    for job in live_warm_jobs(ctx):
+        top = tops.get(job.step_index)
+        if top is not None and state_of(top) is not StepState.DONE:
+            return job.name
     return None
 
 
-def acknowledge_recorded(ctx: PlanContext) -> None:
-    """Tell each live warm pod of the run that still holds a result its status has recorded, and runs
-    nothing, that the result is recorded: its idle clock starts (it never idles out holding one)."""
-    for step in all_views(ctx):
-        if step.spec.kind != "workload" or warm_loop(step) is None or step.st.job_ref is None:
+def acknowledge_recorded(ctx: PlanContext, views: list[StepView]) -> None:
+    """Tell each live warm pod that holds a result and runs nothing (no step's attempt runs in its
+    Job) that the result is recorded: its idle clock starts (it never idles out holding one). Sent
+    after the status that records it."""
+    running = {
+        v.st.job_ref.name for v in views if v.st.job_ref is not None and state_of(v) is StepState.RUNNING
+    }
+    for job in live_warm_jobs(ctx):
+        if job.name in running:
             continue
-        if state_of(step) is not StepState.NEXT_DUE:
-            continue
-        job = ctx.observed.job(step.st.job_ref.name)
-        pod = live_pod(ctx, job) if job is not None and job.warm else None
+        pod = live_pod(ctx, job)
         heard = ctx.observed.warm.get(pod.name) if pod is not None else None
         if pod is None or pod.warm_ip is None or heard is None or heard.result is None:
             continue
-        if heard.result.acked or heard.phase != "idle":
+        if heard.result.acked or heard.phase != "idle" or heard.running is not None:
             continue
-        if heard.result.id == iteration_id(step.iteration, step.st.attempt):
-            ctx.writes.append(WarmCommand("ack", pod.name, pod.warm_ip, heard.result.id, (), step.where))
+        ctx.writes.append(WarmCommand("ack", pod.name, pod.warm_ip, heard.result.id, ()))

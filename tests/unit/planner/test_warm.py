@@ -402,4 +402,80 @@ def test_warm_is_refused_where_a_pod_cannot_run_the_loop() -> None:
         "loop": {"maxIterations": 2, "warm": {}},
         "steps": [{"name": "c", "workload": COMMAND}],
     }
-    assert "spec.workflow.steps[0].loop.warm" in problems(body)
+    assert problems(body) == []  # a top-level loop body: its workload step has a command
+
+
+def body_world() -> PlannerWorld:
+    """A warm loop body: `implement` (a workload step) then the gate `sign-off`, until it says final."""
+    gate = {
+        "name": "sign-off",
+        "approval": {"message": "ok?", "inputs": [{"name": "verdict", "required": True}]},
+    }
+    body = {
+        "name": "develop",
+        "loop": {
+            "maxIterations": 4,
+            "condition": {"until": "iteration.last.control.outputs.verdict == 'final'"},
+            "warm": {"idleSeconds": 300},
+        },
+        "steps": [{"name": "implement", "workload": COMMAND}, gate],
+    }
+    world = PlannerWorld(manifest([body]))
+    world.plan()
+    return world
+
+
+def approve(world: PlannerWorld, iteration: int, verdict: str) -> None:
+    entry = {
+        "step": "develop/sign-off",
+        "iteration": iteration,
+        "decision": "Approved",
+        "inputs": {"verdict": verdict},
+    }
+    world.spec_manifest["spec"].setdefault("approvals", []).append(entry)
+
+
+def test_a_warm_loop_bodys_workload_step_runs_every_pass_in_one_pod_across_an_approval_gate() -> None:
+    world = body_world()
+    job = world.active()
+    assert job == naming.job_name("run", 1, 1, 1, ("1i1",))
+    pod = pod_of(world, job)
+    args = world.manifests[job]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--warm-first-id") + 1] == "1-1"
+    finish(world, pod, "1-1", control={})
+    world.plan()
+    body = world.step_status()
+    assert body.steps[1].phase == "AwaitingApproval"
+    assert [(c.verb, c.id) for c in world.commands] == [("ack", "1-1")]  # its idle clock starts
+    obey(world)
+    world.plan()
+    assert job not in world.deleted and not world.commands  # kept, idle, for the next pass
+    approve(world, 1, "revise")
+    world.plan()
+    (start,) = starts(world)
+    assert (start.id, start.pod) == ("2-1", pod) and dict(start.env)["AGENTRUN_ITERATION"] == "2"
+    implement = world.step_status().steps[0]
+    assert implement.phase == "Running" and implement.warm is True and implement.pod == pod
+    assert world.created == [job]
+    obey(world)
+    finish(world, pod, "2-1", control={})
+    world.plan()
+    obey(world)
+    approve(world, 2, "final")
+    world.plan()
+    assert world.phase == "Succeeded"
+    assert world.created == [job] and job in world.deleted
+
+
+def test_validation_of_a_warm_loop_body_checks_each_workload_step_it_covers() -> None:
+    body = {
+        "name": "develop",
+        "loop": {"maxIterations": 2, "warm": {}},
+        "steps": [
+            {"name": "implement"},
+            {"name": "inner", "loop": {"maxIterations": 2, "warm": {}}, "workload": COMMAND},
+        ],
+    }
+    paths = [p.path for p in validate_static(parse_agentrun(manifest([body])), LOOPS_ON)]
+    assert "spec.workload.command" in paths  # implement has no command of its own or the run's
+    assert "spec.workflow.steps[0].steps[1].loop.warm" in paths  # warm is a top-level loop's
