@@ -201,6 +201,8 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
     for ended_pod, said in ended:
         if said is not None and said.id == current and said.exit_code is not None:
             return _record(ctx, step, job, ended_pod, said.exit_code, said.envelope, ended_pod.finished_at)
+    if pod is None and not job.finished and not job.deleting and _pod_to_come(ctx, job):
+        return _timed_out(ctx, step, job)  # the pod is being made (no IP yet): the timeout counts
     if pod is None or job.finished or job.deleting:
         if marked_warm(step) and _never_started(ended, current):
             return _start_cold_instead(ctx, step)
@@ -221,6 +223,16 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
         env = tuple(sorted(iteration_env(_manifest(ctx, step, step.iteration, st.attempt)).items()))
         ctx.writes.append(WarmCommand("start", pod.name, pod.warm_ip, current, env, step.where))
     return False
+
+
+def _pod_to_come(ctx: PlanContext, job: ObservedJob) -> bool:
+    """The Job's pod may still become a live warm pod: none observed yet (the Job controller makes
+    it), or one that has not got its IP or started yet and has not ended."""
+    pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
+    return not pods or any(
+        not p.terminal and not p.containers_ended and p.main_exit_code is None and p.reporter_message is None
+        for p in pods
+    )
 
 
 def _start_pending(heard: ObservedWarm | None, current: str) -> bool:

@@ -479,3 +479,18 @@ def test_validation_of_a_warm_loop_body_checks_each_workload_step_it_covers() ->
     paths = [p.path for p in validate_static(parse_agentrun(manifest([body])), LOOPS_ON)]
     assert "spec.workload.command" in paths  # implement has no command of its own or the run's
     assert "spec.workflow.steps[0].steps[1].loop.warm" in paths  # warm is a top-level loop's
+
+
+def test_a_warm_pod_without_its_ip_yet_is_waited_for_within_the_timeout() -> None:
+    world = warm_world(retries=0, timeout=60)
+    job = world.active()
+    pod = pod_of(world, job)
+    world.pods[pod] = replace(world.pods[pod], phase="Pending", warm_ip=None)
+    world.plan()
+    assert world.step_status().phase == "Running" and world.last_requeue == 60
+    del world.pods[pod]  # not even made yet
+    world.plan()
+    assert world.step_status().phase == "Running"
+    world.advance(60)
+    world.plan()
+    assert world.phase == "Failed" and "timed out after 60s" in world.step_status().message
