@@ -206,6 +206,7 @@ def observe_warm_attempt(ctx: PlanContext, step: StepView, job: ObservedJob) -> 
     if pod is None or job.finished or job.deleting:
         if marked_warm(step) and _never_started(ended, current):
             return _start_cold_instead(ctx, step)
+        ctx.delete_reasons[job.name] = "its warm pod ended during an iteration; the retry starts a new pod"
         return record_failure(ctx, step, None, _ended_cause(ctx, step, job), REASON_WARM_POD_ENDED)
     if _timed_out(ctx, step, job):
         return True
@@ -367,7 +368,7 @@ def expected_warm_job(ctx: PlanContext, views: list[StepView]) -> str | None:
     tops = {v.index: v for v in views if v.parent is None}
     for job in live_warm_jobs(ctx):
         top = tops.get(job.step_index)
-        if top is not None and state_of(top) is not StepState.DONE:
+        if top is not None and state_of(top) is not StepState.DONE and live_pod(ctx, job) is not None:
             return job.name
     return None
 
