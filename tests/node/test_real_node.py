@@ -35,6 +35,7 @@ from tests.e2e import (
     test_operating,
     test_pod_waits,
     test_stopping,
+    test_warm,
 )
 from tests.node import checkpoint_owners, image_waits
 from tests.support.polling import eventually
@@ -101,6 +102,7 @@ TAKEN = take_over(
         test_pod_waits,
         test_checkpoints,
         test_candidates,
+        test_warm,
         test_helm_install,
         image_waits,
         checkpoint_owners,
