@@ -564,12 +564,17 @@ server = socket.create_server((ip, {POD_PORT}))
 while True:
     conn, _ = server.accept()
     with conn:
-        conn.sendall(f"{{name}} {{ip}}\\n".encode())
-        if conn.makefile().readline().strip() == "stop":
+        try:
+            conn.sendall(f"{{name}} {{ip}}\\n".encode())
+            said = conn.makefile().readline().strip()
+        except OSError:
+            continue
+        if said == "stop":
             break
 """
 """Answers each connection with the pod's name and the address it serves on, and ends once told
-`stop`. It binds the pod IP only (not 0.0.0.0), as the warm supervisor does."""
+`stop`. It binds the pod IP only (not 0.0.0.0), as the warm supervisor does. A connection that
+goes at once (the kubelet's tcpSocket probe connects and closes) is not an answer: it goes on."""
 
 
 def ready_with_ip(env: LocalDefault, name: str) -> dict[str, Any] | None:
