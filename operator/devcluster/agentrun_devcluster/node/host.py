@@ -179,7 +179,7 @@ def ensure_pod_network() -> None:
             f"--runtime kubelet: the pod subnet {POD_SUBNET} is already on this host's "
             f"{', '.join(users)}; the node needs it for its pods alone"
         )
-    steps = [
+    steps: list[tuple[str, ...]] = [
         ("route", "replace", "blackhole", POD_SUBNET, "metric", str(BLACKHOLE_METRIC)),
         *(
             ("route", "del", "blackhole", POD_SUBNET, "metric", str(m))
