@@ -10,8 +10,9 @@ completes before the next container starts, and kills its container when it fail
 containers started in order, each after its postStart hook, the next started even when a hook
 fails; a shared PID namespace (`shareProcessNamespace`) seen from a non-root container; a subPath
 that leaves its volume keeping its container waiting (`CreateContainerConfigError`) until fixed; a
-secret volume whose Secret is missing posting `FailedMount` until it exists. docs/local-dev.md
-#pod-runner-fidelity lists which test checks which behaviour.
+secret volume whose Secret is missing posting `FailedMount` until it exists; a pod's own IP,
+which the host reaches and two pods serve the same port on. docs/local-dev.md#pod-runner-fidelity
+lists which test checks which behaviour.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 from datetime import datetime
@@ -27,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from agentrun_operator.config import DEFAULT_REPORTER_IMAGE
 from tests.e2e.conftest import NAMESPACE, LocalDefault
 from tests.support.polling import eventually
 
@@ -550,3 +553,99 @@ def test_a_secret_volume_whose_secret_is_missing_waits_with_a_failed_mount_event
     ended = wait_terminal(env, "mounted-later", timeout=300)
     assert ended["status"]["phase"] == "Succeeded", ended["status"]
     assert container(ended, "main")["state"]["terminated"]["message"] == "mounted now"
+
+
+POD_PORT = 8471
+"""The warm channel's port (docs/design.md#warm-channel): a server in the pod on its own pod IP."""
+SERVE_ON_POD_IP = f"""
+import os, socket
+ip, name = os.environ["POD_IP"], os.environ["POD_NAME"]
+server = socket.create_server((ip, {POD_PORT}))
+while True:
+    conn, _ = server.accept()
+    with conn:
+        try:
+            conn.sendall(f"{{name}} {{ip}}\\n".encode())
+            said = conn.makefile().readline().strip()
+        except OSError:
+            continue
+        if said == "stop":
+            break
+"""
+"""Answers each connection with the pod's name and the address it serves on, and ends once told
+`stop`. It binds the pod IP only (not 0.0.0.0), as the warm supervisor does. A connection that
+goes at once (the kubelet's tcpSocket probe connects and closes) is not an answer: it goes on."""
+
+
+def ready_with_ip(env: LocalDefault, name: str) -> dict[str, Any] | None:
+    pod = get_pod(env, name) or {}
+    status = pod.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    return pod if status.get("phase") == "Running" and status.get("podIP") and ready else None
+
+
+def answer(ip: str, reply: str) -> str | None:
+    """The first line the server on ip:POD_PORT sends, after which it is told `reply`; None while
+    nothing answers there (not listening yet, or unreachable)."""
+    try:
+        with socket.create_connection((ip, POD_PORT), timeout=10) as conn:
+            line = conn.makefile().readline().strip()
+            conn.sendall(f"{reply}\n".encode())
+    except OSError:
+        return None
+    return line or None
+
+
+def test_the_host_reaches_each_pod_on_its_own_ip_where_two_pods_serve_one_port(
+    local_default: LocalDefault,
+) -> None:
+    """The operator (a process on the host) calls a warm pod on its `status.podIP`, where a server
+    in the pod listens on the address the downward API gave it (docs/design.md#warm-channel). Two
+    such pods on the same port at once do not collide: each has an IP of its own, not the host's.
+    On the real node the kubelet's own tcpSocket readiness probe reaches the pod too, from the host
+    (the pod runner runs no probes: its pod is ready once it runs). No `ports` are declared: a pod
+    with ports gets a network namespace of its own on the pod runner (docs/local-dev.md#network)."""
+    env = local_default
+    names = ("serves-a", "serves-b")
+    for name in names:
+        create_pod(
+            env,
+            name,
+            {
+                "terminationGracePeriodSeconds": 3,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": DEFAULT_REPORTER_IMAGE,  # python3, in the operator image and on the host
+                        "command": ["python3", "-c", SERVE_ON_POD_IP],
+                        "env": [
+                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        ],
+                        "readinessProbe": {"tcpSocket": {"port": POD_PORT}, "periodSeconds": 1},
+                    }
+                ],
+            },
+        )
+    pods = {
+        name: eventually(lambda n=name: ready_with_ip(env, n), timeout=120, what=f"{name} ready")
+        for name in names
+    }
+    ips = {name: pod["status"]["podIP"] for name, pod in pods.items()}
+    assert len(set(ips.values())) == len(names), ips
+    for pod in pods.values():
+        status = pod["status"]
+        assert status["podIPs"] == [{"ip": status["podIP"]}] and status["podIP"] != status["hostIP"], status
+    for name in names:  # both listen on the same port at once, each on its own address
+        said = eventually(
+            lambda n=name: answer(ips[n], "hello"),
+            timeout=60,
+            what=f"{name} to answer on {ips[name]}:{POD_PORT}",
+        )
+        assert said == f"{name} {ips[name]}"  # the downward API's podIP is the status's
+    for name in names:
+        assert answer(ips[name], "stop") == f"{name} {ips[name]}"
+        ended = wait_terminal(env, name)
+        assert ended["status"]["phase"] == "Succeeded", ended["status"]

@@ -54,6 +54,31 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
             "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "7711"]}],
         },
     )
+    # Its main container starts only once the gate is open, i.e. under the restarted runner, with
+    # the pod's IP from the downward API: the address the earlier runner gave the pod (addresses.py).
+    create_pod(
+        env,
+        "starts-later",
+        {
+            "initContainers": [
+                {
+                    "name": "wait",
+                    "image": "busybox",
+                    "command": ["sh", "-c", "while [ ! -e /gate/go ]; do sleep 0.2; done"],
+                    "volumeMounts": [{"name": "gate", "mountPath": "/gate"}],
+                }
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sh", "-c", "echo $POD_IP > /dev/termination-log"],
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                }
+            ],
+            "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "restart-gate"}}],
+        },
+    )
     # A pod with ports has its own network namespace, held by a helper process (network.py).
     create_pod(
         env,
@@ -75,6 +100,9 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
         timeout=120,
         what="the pods",
     )
+    pods = ("ends-unseen", "keeps-running", "serves", "starts-later")
+    ips = eventually(lambda: _pod_ips(env, pods), timeout=120, what="every pod's IP")
+    assert len(set(ips.values())) == len(pods) and "127.0.0.1" not in ips.values(), ips  # its own each
     network = _network_record(env, "serves")
     assert (network is not None) == (isolation_unavailable() is None)  # root with nsenter and ip
     before = container(get_pod(env, "keeps-running") or {}, "main")
@@ -100,6 +128,13 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
     assert main["state"]["terminated"]["reason"] == "Error"
     assert main["state"]["terminated"]["message"].strip() == "finished-unseen"
 
+    later = wait_terminal(env, "starts-later")
+    assert later["status"]["phase"] == "Succeeded", later["status"]
+    # started by the new runner, with the address the earlier one gave the pod (its record, not the
+    # API's status, which a runner writing no podIP would leave as it was)
+    assert container(later, "main")["state"]["terminated"]["message"].strip() == ips["starts-later"]
+    assert _pod_ips(env, pods) == ips
+
     after = container(get_pod(env, "keeps-running") or {}, "main")
     assert "running" in after["state"], after
     assert after["containerID"] == before["containerID"] and after["restartCount"] == 0
@@ -109,15 +144,19 @@ def test_runner_killed_and_restarted_adopts_running_and_reports_finished(
         assert _network_record(env, "serves") == network and network.alive()
         assert "running" in container(get_pod(env, "serves") or {}, "main")["state"]
 
-    env.plane.kubectl(
-        "delete", "pod", "keeps-running", "ends-unseen", "serves", "-n", "e2e", "--wait=true", "--timeout=90s"
-    )
+    env.plane.kubectl("delete", "pod", *pods, "-n", "e2e", "--wait=true", "--timeout=90s")
     eventually(
         lambda: not processes_with("sleep", "7711"), timeout=120, what="the adopted container to be stopped"
     )
     assert not processes_with("sleep", "7712")
     if network is not None:
         eventually(lambda: not network.alive(), timeout=120, what="the adopted network helper to be stopped")
+
+
+def _pod_ips(env: LocalDefault, pods: tuple[str, ...]) -> dict[str, str] | None:
+    """Each pod's `status.podIP`, once every one has one."""
+    ips = {pod: ((get_pod(env, pod) or {}).get("status") or {}).get("podIP") for pod in pods}
+    return {pod: ip for pod, ip in ips.items() if ip} if all(ips.values()) else None
 
 
 def _network_record(env: LocalDefault, pod: str) -> NetworkRecord | None:

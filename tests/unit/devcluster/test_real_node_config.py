@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import tarfile
 import tomllib
@@ -13,6 +14,7 @@ import yaml
 
 from agentrun_devcluster.node.config import (
     BRIDGE,
+    BRIDGE_ADDRESS,
     PAUSE_IMAGE,
     POD_SUBNET,
     NodePaths,
@@ -38,12 +40,20 @@ def test_containerd_is_its_own_instance_with_the_settings_this_host_needs() -> N
     assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": "/state/node/cni/net.d"}
 
 
-def test_the_pod_network_has_no_host_address_no_gateway_and_no_masquerade() -> None:
+def test_the_pod_network_leaves_the_hosts_address_to_the_host_and_adds_no_gateway_or_masquerade() -> None:
+    """The host's address on the bridge (the node sets it, docs/local-dev.md#real-node) is never a
+    pod's; the plugin adds no address, no default route and no NAT (isGateway would also turn on IP
+    forwarding host-wide)."""
     doc = json.loads(cni_conflist(PATHS))
     bridge = doc["plugins"][0]
     assert (bridge["type"], bridge["bridge"]) == ("bridge", BRIDGE)
-    assert bridge["isGateway"] is False and bridge["ipMasq"] is False
-    assert bridge["ipam"]["ranges"] == [[{"subnet": POD_SUBNET}]]
+    assert bridge["isGateway"] is False and bridge["ipMasq"] is False and "isDefaultGateway" not in bridge
+    ((pod_range,),) = bridge["ipam"]["ranges"]
+    assert pod_range["subnet"] == POD_SUBNET and "routes" not in bridge["ipam"]
+    host = ipaddress.ip_interface(BRIDGE_ADDRESS)
+    assert host.network == ipaddress.ip_network(POD_SUBNET) and host.ip == host.network.network_address + 1
+    assert pod_range["gateway"] == str(host.ip)  # host-local never hands out its range's gateway
+    assert ipaddress.ip_address(pod_range["rangeStart"]) == host.ip + 1
     assert bridge["ipam"]["dataDir"] == "/state/node/cni/ipam"  # not /var/lib/cni/networks
     assert [p["type"] for p in doc["plugins"]] == ["bridge", "loopback"]
 

@@ -4,9 +4,11 @@
   plugin's sandbox image made here, `restrict_oom_score_adj` (root in this kind of sandbox lacks
   CAP_SYS_RESOURCE, and runc fails every container without it), network namespaces under its state
   directory (not /var/run/netns).
-- CNI: a bridge with no host address (`isGateway: false`, `ipMasq: false`): pods get an `eth0` with
-  an address, as containerd wants, but the host has no route into the pod subnet except the
-  blackhole the node adds, and pods have no route out.
+- CNI: a bridge the node makes itself, with the subnet's first address as the host's
+  (`BRIDGE_ADDRESS`), so the host reaches its pods as a node's kubelet does (probes, the operator's
+  warm channel); the plugin is told `isGateway: false` and `ipMasq: false` (it would turn on IP
+  forwarding host-wide and add NAT), and host-local IPAM starts at the second address. Pods get an
+  `eth0` in the subnet and no other route: nothing out of the subnet, no default route.
 - kubelet: serves on loopback only, cgroupfs on cgroup v1 (`failCgroupV1: false`), its pod logs,
   volume plugins and state under the node's directory, no eviction thresholds (a dev node on a
   shared disk must not evict iteration pods).
@@ -24,6 +26,13 @@ import yaml
 PAUSE_IMAGE = "agentrun.local/pause:1"
 BRIDGE = "agentrun0"
 POD_SUBNET = "10.244.0.0/24"
+BRIDGE_ADDRESS = "10.244.0.1/24"
+"""The host's address on the bridge: the subnet's first, which host-local IPAM never hands to a pod
+(it is the range's gateway, and the range starts after it)."""
+FIRST_POD_ADDRESS = "10.244.0.2"
+BLACKHOLE_METRIC = 4242
+"""The pod subnet's blackhole route, behind the bridge's connected route (metric 0): while the bridge
+has its address the host reaches its pods over it; without it the subnet still goes nowhere."""
 NODE_NAME = "localhost"
 """The node's name, and so the `Hostname` address the API server dials for logs and exec: it resolves
 to loopback, where the kubelet serves (the kubelet refuses a loopback node IP of its own)."""
@@ -124,7 +133,8 @@ def containerd_config(paths: NodePaths, cni_bin_dir: str) -> str:
 
 
 def cni_conflist(paths: NodePaths) -> str:
-    """A bridge without a host address and the loopback plugin; addresses from `POD_SUBNET`."""
+    """The bridge (the node made it, with the host's address; the plugin adds no address, route or NAT)
+    and the loopback plugin; pod addresses from `POD_SUBNET`, after the host's."""
     doc: dict[str, Any] = {
         "cniVersion": "1.0.0",
         "name": "agentrun",
@@ -138,7 +148,15 @@ def cni_conflist(paths: NodePaths) -> str:
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(paths.cni_ipam_dir),
-                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "ranges": [
+                        [
+                            {
+                                "subnet": POD_SUBNET,
+                                "rangeStart": FIRST_POD_ADDRESS,
+                                "gateway": BRIDGE_ADDRESS.split("/")[0],
+                            }
+                        ]
+                    ],
                 },
             },
             {"type": "loopback"},

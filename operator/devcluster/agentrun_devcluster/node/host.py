@@ -2,9 +2,10 @@
 
 The node runs only where it can run as a node does: as root, with Debian's containerd, runc and
 CNI plugins (installed with apt-get when missing). Everything it makes outside its own directory is
-recorded when made and removed by `dev down`: the bridge the CNI plugin creates, the blackhole route
-that keeps the pod subnet from ever leaving the machine, the fixed host paths the kubelet and libcni
-write (only those that did not exist before), and the kubelet's cgroups.
+removed by `dev down`: the bridge with the host's address on the pod subnet (which the CNI plugin
+then uses), the blackhole route that keeps the pod subnet from ever leaving the machine, the fixed
+host paths the kubelet and libcni write (recorded when made: only those that did not exist before),
+and the kubelet's cgroups.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from agentrun_devcluster.node.config import BRIDGE, POD_SUBNET, NodePaths
+from agentrun_devcluster.node.config import BLACKHOLE_METRIC, BRIDGE, BRIDGE_ADDRESS, POD_SUBNET, NodePaths
 from agentrun_devcluster.podrunner.runtime import RuntimeUnavailable
 
 Progress = Callable[[str], None]
@@ -150,22 +151,60 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(["ip", *args], 127, "", "ip: command not found (install iproute2)")
 
 
-def ensure_blackhole() -> None:
-    """The pod subnet goes nowhere from the host: a blackhole route (the bridge has no address)."""
-    done = _ip("route", "replace", "blackhole", POD_SUBNET)
-    if done.returncode != 0:
+def _blackhole_metrics() -> list[int]:
+    """The metrics of the blackhole routes the host has for exactly the pod subnet."""
+    shown = _ip("-j", "route", "show", "table", "main", "exact", POD_SUBNET, "type", "blackhole")
+    try:
+        routes = json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+    except ValueError:
+        return []
+    return [int(r.get("metric") or 0) for r in routes if isinstance(r, dict)]
+
+
+def _subnet_users() -> list[str]:
+    """Interfaces other than the bridge that have an address in the pod subnet."""
+    shown = _ip("-o", "-4", "addr", "show", "to", POD_SUBNET)
+    return sorted({line.split()[1] for line in shown.stdout.splitlines() if len(line.split()) > 1} - {BRIDGE})
+
+
+def ensure_pod_network() -> None:
+    """The pod subnet on this host: a blackhole route for it (so nothing of it ever leaves the
+    machine, whatever else the host routes), then the bridge with the host's address, whose connected
+    route wins over the blackhole (metric 0 before `BLACKHOLE_METRIC`), so the host reaches its pods
+    over the bridge and nowhere else. Idempotent; a blackhole of an older node (metric 0, which
+    would shadow the bridge's route) is replaced."""
+    users = _subnet_users()
+    if users:
         raise NodeUnavailable(
-            f"--runtime kubelet: `ip route replace blackhole {POD_SUBNET}` failed: {done.stderr.strip()}"
+            f"--runtime kubelet: the pod subnet {POD_SUBNET} is already on this host's "
+            f"{', '.join(users)}; the node needs it for its pods alone"
         )
+    steps: list[tuple[str, ...]] = [
+        ("route", "replace", "blackhole", POD_SUBNET, "metric", str(BLACKHOLE_METRIC)),
+        *(
+            ("route", "del", "blackhole", POD_SUBNET, "metric", str(m))
+            for m in _blackhole_metrics()
+            if m != BLACKHOLE_METRIC
+        ),
+    ]
+    if _ip("link", "show", BRIDGE).returncode != 0:
+        steps.append(("link", "add", BRIDGE, "type", "bridge"))
+    steps += [("addr", "replace", BRIDGE_ADDRESS, "dev", BRIDGE), ("link", "set", BRIDGE, "up")]
+    for step in steps:
+        done = _ip(*step)
+        if done.returncode != 0:
+            raise NodeUnavailable(f"--runtime kubelet: `ip {' '.join(step)}` failed: {done.stderr.strip()}")
 
 
 def remove_network() -> list[str]:
-    """The blackhole route and the bridge, when present; what was removed."""
+    """The bridge (its address and route go with it) and the pod subnet's blackhole routes, when
+    present; what was removed."""
     removed = []
-    if _ip("route", "del", "blackhole", POD_SUBNET).returncode == 0:
-        removed.append(f"route blackhole {POD_SUBNET}")
     if _ip("link", "del", BRIDGE).returncode == 0:
-        removed.append(f"link {BRIDGE}")
+        removed.append(f"link {BRIDGE} ({BRIDGE_ADDRESS})")
+    for metric in _blackhole_metrics():
+        if _ip("route", "del", "blackhole", POD_SUBNET, "metric", str(metric)).returncode == 0:
+            removed.append(f"route blackhole {POD_SUBNET} metric {metric}")
     return removed
 
 

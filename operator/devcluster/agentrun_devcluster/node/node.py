@@ -233,7 +233,7 @@ class RealNode:
         self._claim_host()
         cni_dir = host.ensure_packages(self.say)
         host.record_host_state(self.paths)
-        host.ensure_blackhole()
+        host.ensure_pod_network()
         for name in NODE_COMPONENTS:
             self._ensure(name, cni_dir, timeout)
             if name == CONTAINERD:

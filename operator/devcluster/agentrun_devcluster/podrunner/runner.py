@@ -11,8 +11,9 @@ Nothing is written outside the state directory:
 
     <state>/pv/<pv-name>/                     a PersistentVolume of the local provisioner (a claim's
                                               files, kept across pods until the claim is deleted)
-    <state>/pods/<namespace>/<pod>/<uid>/     pod.json, tmp/, volumes/<name>/,
+    <state>/pods/<namespace>/<pod>/<uid>/     pod.json, pod-ip, tmp/, volumes/<name>/,
                                               containers/<name>/termination-log, logs/<name>/<n>.log
+    <state>/run/pod-addresses/<address>       the pod directory holding that pod IP (addresses.py)
     <state>/run/pod-runner.health.json        the heartbeat `agentrun dev status` reads
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from agentrun_devcluster import provisioner
 from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.addresses import PodAddresses
 from agentrun_devcluster.podrunner.api import SMP, Api, ApiError, pod_path, transient
 from agentrun_devcluster.podrunner.config import Layout, RunnerConfig
 from agentrun_devcluster.podrunner.logserver import LogServer
@@ -63,6 +65,7 @@ class PodRunner:
         self.watching: dict[str, bool] = {}
         self.last_error: str | None = None
         self.network_unavailable = isolation_unavailable()
+        self.addresses = PodAddresses(self.layout.run_dir, self._holds_address)
         self.log_server = LogServer(
             self.current_pod_dir,
             self.container_running,
@@ -94,6 +97,14 @@ class PodRunner:
         return (
             container in worker.procs or container in worker.restart_at or record.state.kind != "terminated"
         )
+
+    def _holds_address(self, pod_dir: Path) -> bool:
+        """Whether the pod of `pod_dir` still holds its address: this runner has a worker for it, or
+        something of it runs (a pod of an earlier runner process not adopted yet)."""
+        with self.lock:
+            if any(worker.dir == pod_dir for worker in self.workers.values()):
+                return True
+        return self.runtime.any_alive(pod_dir)
 
     # -- node -----------------------------------------------------------------------------------
     def register_node(self) -> None:

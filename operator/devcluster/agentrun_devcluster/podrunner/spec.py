@@ -168,8 +168,9 @@ def secret_data(secret: Mapping[str, Any]) -> dict[str, bytes]:
     return out
 
 
-def field_value(pod: Mapping[str, Any], path: str) -> str:
-    """`fieldRef.fieldPath` for the fields the downward API offers; unknown paths are a config error."""
+def field_value(pod: Mapping[str, Any], path: str, pod_ip: str = HOST_IP) -> str:
+    """`fieldRef.fieldPath` for the fields the downward API offers; unknown paths are a config error.
+    `pod_ip`: the pod's own address (addresses.py; the host's for a pod on `hostNetwork`)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     simple: dict[str, Any] = {
@@ -180,8 +181,8 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
         "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
         "status.hostIP": HOST_IP,
         "status.hostIPs": HOST_IP,
-        "status.podIP": HOST_IP,
-        "status.podIPs": HOST_IP,
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
     }
     if path in simple:
         return str(simple[path] or "")
@@ -279,10 +280,14 @@ def known_image(image: str) -> ImageConfig | None:
 
 
 def resolve_env(
-    pod: Mapping[str, Any], container: Mapping[str, Any], lookups: Lookups, base: Mapping[str, str]
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    lookups: Lookups,
+    base: Mapping[str, str],
+    pod_ip: str = HOST_IP,
 ) -> dict[str, str]:
     """The container's environment: `base`, then `envFrom`, then `env` in order with `$(VAR)` expansion
-    over the variables defined before each one (as the kubelet does)."""
+    over the variables defined before each one (as the kubelet does); `status.podIP` is `pod_ip`."""
     namespace = str((pod.get("metadata") or {}).get("namespace", "default"))
     env: dict[str, str] = dict(base)
     for source in container.get("envFrom") or []:
@@ -309,7 +314,7 @@ def resolve_env(
         if "valueFrom" in var and var["valueFrom"] is not None:
             source = var["valueFrom"]
             if "fieldRef" in source:
-                value = field_value(pod, str(source["fieldRef"].get("fieldPath", "")))
+                value = field_value(pod, str(source["fieldRef"].get("fieldPath", "")), pod_ip)
             elif "resourceFieldRef" in source:
                 value = _resource_value(container, str(source["resourceFieldRef"].get("resource", "")))
             elif "secretKeyRef" in source:
@@ -513,6 +518,11 @@ def shares_process_namespace(pod: Mapping[str, Any]) -> bool:
     """Whether the pod's containers share one PID namespace under a pause process, so that no
     container's command is PID 1 (docs/local-dev.md#pod-runner-signals)."""
     return bool((pod.get("spec") or {}).get("shareProcessNamespace"))
+
+
+def uses_host_network(pod: Mapping[str, Any]) -> bool:
+    """`hostNetwork: true`: the pod's IP is the host's, as a kubelet reports it."""
+    return bool((pod.get("spec") or {}).get("hostNetwork"))
 
 
 def grace_seconds(pod: Mapping[str, Any]) -> float:

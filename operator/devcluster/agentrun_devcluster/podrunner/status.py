@@ -130,6 +130,9 @@ class PodView:
     start_time: str | None = None
     verdict: PodVerdict | None = None
     previous_conditions: Sequence[Mapping[str, Any]] = field(default_factory=list)
+    pod_ip: str | None = None
+    """The pod's own address (addresses.py); None leaves the status's podIP as it is (a pod of an
+    earlier runner process that had none of its own, a pod whose state is gone)."""
 
 
 def init_done(records: Sequence[ContainerRecord]) -> bool:
@@ -233,12 +236,13 @@ def build_status(records: Sequence[ContainerRecord], view: PodView, now: str | N
         "phase": phase,
         "hostIP": HOST_IP,
         "hostIPs": [{"ip": HOST_IP}],
-        "podIP": HOST_IP,
-        "podIPs": [{"ip": HOST_IP}],
         "conditions": conditions,
         "initContainerStatuses": [within_pod_budget(r.to_status(), len(records)) for r in inits],
         "containerStatuses": [within_pod_budget(r.to_status(), len(records)) for r in mains],
     }
+    if view.pod_ip is not None:
+        status["podIP"] = view.pod_ip
+        status["podIPs"] = [{"ip": view.pod_ip}]
     if view.start_time:
         status["startTime"] = view.start_time
     if view.verdict is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrun_devcluster.podrunner import spec as S
+from agentrun_devcluster.podrunner.addresses import PodAddresses
 from agentrun_devcluster.podrunner.adopt import Launches
 from agentrun_devcluster.podrunner.api import SMP, Api, ApiError, pod_path, transient
 from agentrun_devcluster.podrunner.config import Layout, RunnerConfig
@@ -140,6 +141,7 @@ class Host(Protocol):
     volume_lookups: VolumeLookups
     lookups: S.Lookups
     network_unavailable: str | None
+    addresses: PodAddresses
 
     def confirm_deletion(self, namespace: str, name: str, uid: str) -> None: ...
 
@@ -178,6 +180,8 @@ class PodWorker:
         self._published: dict[str, Any] | None = None
         self.network: PodSandbox | None = None
         self.pid_namespace: PodSandbox | None = None
+        self.pod_ip: str | None = None
+        """The pod's own address (addresses.py), the host's on `hostNetwork`; None: not known here."""
         self._conditions: list[dict[str, Any]] = list((pod.get("status") or {}).get("conditions") or [])
         self.thread = threading.Thread(
             target=self._main, daemon=True, name=f"pod-{self.namespace}/{self.name}"
@@ -268,7 +272,7 @@ class PodWorker:
 
     def _write_status(self) -> None:
         """One status write (strategic merge: our conditions merge by type); transient errors raise."""
-        view = PodView(self.restart_policy, self.start_time, self.verdict, self._conditions)
+        view = PodView(self.restart_policy, self.start_time, self.verdict, self._conditions, self.pod_ip)
         status = build_status(list(self.records.values()), view)
         comparable = {
             **status,
@@ -313,6 +317,7 @@ class PodWorker:
                 if self.pid_namespace is not None:
                     self.pid_namespace.stop()
                 self._cleanup()
+                self.runner.addresses.release(self.dir)
             self.runner.forget(self.uid)
 
     def _life(self) -> None:
@@ -334,6 +339,9 @@ class PodWorker:
         else:
             self.start_time = now_rfc3339()
             self._write_pod_json()
+            if not self._assign_address():
+                self._await_deletion()
+                return
             self.publish()
             if not self._start_network() or not self._start_pid_namespace() or not self._prepare_volumes():
                 self._await_deletion()
@@ -351,6 +359,7 @@ class PodWorker:
         status = self.pod.get("status") or {}
         self.start_time = status.get("startTime") or now_rfc3339()
         self.started_mono = _started_monotonic(self.start_time)
+        self.pod_ip = S.HOST_IP if S.uses_host_network(self.pod) else self.runner.addresses.keep(self.dir)
         previous = {
             cs.get("name"): cs
             for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
@@ -469,6 +478,19 @@ class PodWorker:
         self.verdict = PodVerdict("Failed", reason, message)
         self.publish()
 
+    def _assign_address(self) -> bool:
+        """The pod's IP: its own loopback address (addresses.py), or the host's for a pod on
+        `hostNetwork`, as a kubelet gives it."""
+        if S.uses_host_network(self.pod):
+            self.pod_ip = S.HOST_IP
+            return True
+        try:
+            self.pod_ip = self.runner.addresses.assign(self.dir, self.uid)
+        except OSError as exc:
+            self._fail_pod("FailedCreatePodSandBox", f"could not give the pod an address: {exc}")
+            return False
+        return True
+
     def _start_network(self) -> bool:
         """A pod serving ports gets its own network namespace (see `network.py`) where possible."""
         if not wants_own_network(self.spec) or self.runner.network_unavailable is not None:
@@ -544,7 +566,7 @@ class PodWorker:
         restart = rec.restart_count
         try:
             base = self.runner.runtime.base_env(self.pod, self.api.server)
-            env = S.resolve_env(self.pod, container, self.runner.lookups, base)
+            env = S.resolve_env(self.pod, container, self.runner.lookups, base, self.pod_ip or S.HOST_IP)
             now = now_rfc3339()
             proc = self._spawn(name, container, env, restart, started_at=now)
         except S.ContainerConfigError as exc:  # wait, retry

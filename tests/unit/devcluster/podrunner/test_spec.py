@@ -152,6 +152,10 @@ def test_field_refs() -> None:
     assert env["SA"] == "default"
     assert env["WHO"] == f"{POD['metadata']['name']}.team"
     assert S.field_value(POD, "metadata.labels") == 'app="x"\ntier="y"'
+    mine = S.resolve_env(POD, container, S.Lookups(), {}, pod_ip="127.64.0.9")
+    assert mine["IP"] == "127.64.0.9"  # the pod's own address (addresses.py)
+    assert S.field_value(POD, "status.hostIP", pod_ip="127.64.0.9") == "127.0.0.1"
+    assert not S.uses_host_network(POD) and S.uses_host_network({"spec": {"hostNetwork": True}})
 
 
 def test_unsupported_field_ref_is_a_config_error() -> None:

@@ -129,6 +129,15 @@ def test_pending_conditions_name_the_containers() -> None:
     assert conds["Ready"]["message"] == "containers with unready status: [main]"
 
 
+def test_the_pods_own_address_is_its_ip_and_the_hosts_stays_the_host_ip() -> None:
+    status = build_status(records(reporter=RUNNING), PodView("Never", pod_ip="127.64.3.4"), now=T0)
+    assert (status["podIP"], status["podIPs"]) == ("127.64.3.4", [{"ip": "127.64.3.4"}])
+    assert (status["hostIP"], status["hostIPs"]) == ("127.0.0.1", [{"ip": "127.0.0.1"}])
+    # Not known (a pod of an older runner, or one whose state is gone): the status keeps its own.
+    unknown = build_status(records(reporter=RUNNING), PodView("Never"), now=T0)
+    assert "podIP" not in unknown and "podIPs" not in unknown and unknown["hostIP"] == "127.0.0.1"
+
+
 def test_a_verdict_overrides_the_phase() -> None:
     verdict = PodVerdict("Failed", "DeadlineExceeded", "Pod was active on the node longer than 5s")
     status = build_status(records(), PodView("Never", verdict=verdict), now=T0)
