@@ -67,6 +67,7 @@ from agentrun_operator.control.envelope import (
     attach_checkpoint,
     attach_extras,
     encode_envelope,
+    fit_envelope,
     parse_control_payload,
 )
 from agentrun_operator.control.gate import GateFiles
@@ -448,6 +449,24 @@ def report_text(
     """The encoded envelope for the control file (with the claim's outcome when it is news, the
     checkpoint's facts, the commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
     try:
+        return encode_envelope(
+            report_envelope(path, fingerprint_path, claim_report, checkout, artifacts, checkpoint_facts)
+        )
+    except Exception as exc:
+        return _fallback_text(path, f"reporter failed: {type(exc).__name__}: {exc}")
+
+
+def report_envelope(
+    path: str,
+    fingerprint_path: str | None,
+    claim_report: str | None = None,
+    checkout: str | None = None,
+    artifacts: Sequence[str] = (),
+    checkpoint_facts: str | None = None,
+) -> ControlEnvelope:
+    """`report_text`'s envelope, fitted to the termination message, before it is encoded (a warm
+    pod adds the iteration to it, control/warm.py)."""
+    try:
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
@@ -460,14 +479,11 @@ def report_text(
                 envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
             except Exception as exc:  # the control report must not be lost for the extras
                 _log(f"cannot report the commit or artifacts: {type(exc).__name__}: {exc}")
-        return encode_envelope(envelope)
+        return fit_envelope(envelope)
     except Exception as exc:
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
         reason = f"reporter failed: {type(exc).__name__}: {exc}"
-        try:
-            return encode_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
-        except Exception:
-            return _fallback_text(path, reason)
+        return fit_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
 
 
 def _attach_facts(envelope: ControlEnvelope, facts: dict[str, Any]) -> ControlEnvelope:
@@ -522,19 +538,11 @@ def wait_for_main(hook_done: str, gate: GateFiles | None = None, claimed: bool =
     With `gate` and `claimed` (this pod holds the Job's claim), a hook the kubelet went past without
     completing it (control/gate.py) is not waited for: the reporter takes the watermark itself and
     opens `main`'s gate."""
-    from agentrun_operator.control.mainwatch import MainWatch, before_main, look, read_hook_done
+    from agentrun_operator.control.mainwatch import MainWatch, before_main, look
 
-    done = read_hook_done(hook_done)
-    said = ""
-    while done is None:
-        if _signalled(HOOK_POLL):
-            return "signal"
-        done = read_hook_done(hook_done)
-        if done is None and gate is not None and claimed and os.path.isdir(gate.knock):
-            done, waiting = _open_for_lost_hook(gate, hook_done)
-            if waiting and waiting != said:
-                _log(waiting)
-                said = waiting
+    done = wait_for_gate(hook_done, gate, claimed)
+    if done is None:
+        return "signal"
     watermark, hook_pid = done
     ignore = frozenset(p for p in (os.getpid(), hook_pid) if p is not None)
     watch = MainWatch(watermark)
@@ -550,6 +558,28 @@ def wait_for_main(hook_done: str, gate: GateFiles | None = None, claimed: bool =
         seen = look(ignore, watermark=watermark, before=before)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
+
+
+def wait_for_gate(
+    hook_done: str, gate: GateFiles | None = None, claimed: bool = False
+) -> tuple[int | None, int | None] | None:
+    """Block until `main`'s gate is open: the postStart hook's last line (its watermark and PID), or,
+    with `gate` and `claimed`, the reporter's own opening of it for a hook the kubelet went past
+    (`_open_for_lost_hook`); None when SIGTERM/SIGINT came first."""
+    from agentrun_operator.control.mainwatch import read_hook_done
+
+    done = read_hook_done(hook_done)
+    said = ""
+    while done is None:
+        if _signalled(HOOK_POLL):
+            return None
+        done = read_hook_done(hook_done)
+        if done is None and gate is not None and claimed and os.path.isdir(gate.knock):
+            done, waiting = _open_for_lost_hook(gate, hook_done)
+            if waiting and waiting != said:
+                _log(waiting)
+                said = waiting
+    return done
 
 
 def _open_for_lost_hook(gate: GateFiles, hook_done: str) -> tuple[tuple[int | None, int | None] | None, str]:
@@ -595,10 +625,9 @@ def _open_for_lost_hook(gate: GateFiles, hook_done: str) -> tuple[tuple[int | No
     return (watermark, None), ""
 
 
-def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
-    """A reporter that cannot see `main`: why, in its termination message (the operator fails the
-    attempt with it); `blind` in its ready file, so the hook keeps `main`'s gate shut; `BLIND_EXIT`.
-    Nothing is claimed: the pod never runs `main`."""
+def _refuse(why: str, termination_log: str, ready_file: str | None, word: str, code: int) -> int:
+    """A reporter that will not let `main` start: why, in its termination message (the operator fails
+    the attempt with it); `word` in its ready file, so the hook keeps `main`'s gate shut; `code`."""
     _log(why)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
@@ -607,28 +636,22 @@ def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
         _log(f"cannot write the termination message to {termination_log}: {exc}")
     if ready_file:
         try:
-            _write_atomically(ready_file, BLIND)
+            _write_atomically(ready_file, word)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
-    return BLIND_EXIT
+    return code
+
+
+def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
+    """A reporter that cannot see `main`: `blind` in its ready file, `BLIND_EXIT`. Nothing is
+    claimed: the pod never runs `main`."""
+    return _refuse(why, termination_log, ready_file, BLIND, BLIND_EXIT)
 
 
 def refuse_checkpoint(why: str, termination_log: str, ready_file: str | None) -> int:
-    """The checkpoint failed before `main` (control/checkpointing.py): why, in the termination message
-    (the operator fails the attempt with it, `CheckpointFailed`); the ready file says `checkpoint`, so
-    the hook keeps `main`'s gate shut; `CHECKPOINT_EXIT`."""
-    _log(why)
-    try:
-        with open(termination_log, "w", encoding="utf-8") as handle:
-            handle.write(why)
-    except Exception as exc:
-        _log(f"cannot write the termination message to {termination_log}: {exc}")
-    if ready_file:
-        try:
-            _write_atomically(ready_file, REFUSED)
-        except Exception as exc:
-            _log(f"cannot write the ready file {ready_file}: {exc}")
-    return CHECKPOINT_EXIT
+    """The checkpoint failed before `main` (control/checkpointing.py; the operator fails the attempt
+    with why, `CheckpointFailed`): the ready file says `checkpoint`; `CHECKPOINT_EXIT`."""
+    return _refuse(why, termination_log, ready_file, REFUSED, CHECKPOINT_EXIT)
 
 
 def cmd_report(
