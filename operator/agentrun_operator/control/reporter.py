@@ -83,6 +83,10 @@ BLIND_EXIT: Final = 3
 """The reporter's exit code when it cannot see `main` (its termination message says why)."""
 """What the ready file says in a duplicate pod, whose `main` must never run; else it holds the
 reporter's pid (the pod may start `main`)."""
+NO_CHANNEL: Final = "nochannel"
+"""The ready file's word for a warm reporter without its key or channel (the hook keeps `main` shut)."""
+WARM_EXIT: Final = 5
+"""A warm reporter's exit code when it has no key or cannot open its channel (its message says why)."""
 JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
 POD_UID_ENV: Final = "AGENTRUN_POD_UID"
 """Set on the reporter from the downward API; read by ``report --before-main``."""
@@ -737,6 +741,116 @@ def cmd_report(
     return 0
 
 
+# ------------------------------------------------------------------------------------ warm pods
+
+
+@dataclass(frozen=True)
+class IterationReports:
+    """How a warm pod reads each iteration's control file: as a cold reporter does (control/warm.py
+    `Reports`)."""
+
+    path: str
+    fingerprint: str
+    claim_report: str | None
+    checkout: str | None
+    artifacts: tuple[str, ...]
+
+    def fingerprint_again(self) -> None:
+        record_fingerprint(self.path, self.fingerprint, self.checkout)
+
+    def report(self, first: bool) -> ControlEnvelope:
+        claim_report = self.claim_report if first else None
+        return report_envelope(self.path, self.fingerprint, claim_report, self.checkout, self.artifacts)
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    """A warm pod's reporter (docs/design.md#warm-pod): its usual work before `main` (the gate shut,
+    the claim, the fingerprint), then the warm directory, its FIFO and the channel's socket before
+    the ready file; once `main`'s gate is open, the supervisor (control/warm.py) runs the iterations
+    until it is stopped, idle or signalled; its termination message is the last iteration's envelope.
+
+    It does not watch /proc, so it does not refuse to run blind; it does refuse (before the claim, or
+    before the ready file) when it has no key or cannot open the channel: `main` never starts then."""
+    from agentrun_operator.control import warm, warm_server
+
+    gate = gate_files(args)
+    if gate is not None:
+        _shut_gate(gate.gate)
+    block_wait_signals()
+    try:
+        key = warm.read_key(args.warm_key_file)
+        warm.valid_id(args.warm_first_id)
+    except warm.Refusal as refusal:
+        return refuse_warm(f"warm pod: {refusal.message}", args.termination_log, args.ready_file)
+    if not prepare_for_main(
+        args.path, args.fingerprint, args.claim_dir, args.claim_volume, args.claim_report, args.checkout
+    ):
+        return _duplicate_warm_pod(args)
+    settings = warm.Settings(args.warm_dir, args.warm_first_id, args.warm_idle_seconds, args.path)
+    reports = IterationReports(
+        args.path, args.fingerprint, args.claim_report, args.checkout, tuple(args.artifact)
+    )
+    supervisor = warm.Supervisor(settings, reports)
+    host = os.environ.get(warm.POD_IP_ENV) or "0.0.0.0"
+    try:
+        warm.make_channel(args.warm_dir)
+        server = warm_server.listen(host, args.warm_port, supervisor, key)
+    except OSError as exc:
+        why = f"warm pod: cannot open the channel ({args.warm_dir}, {host}:{args.warm_port}): {exc}"
+        return refuse_warm(why, args.termination_log, args.ready_file)
+    if args.ready_file:
+        try:
+            _write_atomically(args.ready_file, str(os.getpid()))
+        except Exception as exc:
+            _log(f"cannot write the ready file {args.ready_file}: {exc}")
+    warm_server.serve_in_background(server)
+    warm.log(
+        f"listening on {server.server_name}:{server.server_port}; iteration {args.warm_first_id} waits "
+        "for main's gate"
+    )
+    why = "signal"
+    gate_open = wait_for_gate(args.hook_done, gate, claimed=True) is not None
+    if gate_open and supervisor.hand_first(warm.signalled):
+        why = supervisor.run(warm.signalled)
+    supervisor.close()
+    text = supervisor.termination_text()
+    try:
+        with open(args.termination_log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {args.termination_log}: {exc}")
+    server.shutdown()
+    server.wait_answered(warm.LAST_ANSWERS_SECONDS)
+    server.server_close()
+    warm.log(f"ended ({why})")
+    with contextlib.suppress(Exception):
+        print(text, flush=True)
+    return 0
+
+
+def refuse_warm(why: str, termination_log: str, ready_file: str | None) -> int:
+    """A warm reporter without its key or channel: the ready file says `nochannel`; `WARM_EXIT`."""
+    return _refuse(why, termination_log, ready_file, NO_CHANNEL, WARM_EXIT)
+
+
+def _duplicate_warm_pod(args: argparse.Namespace) -> int:
+    """A duplicate pod of the Job (another holds its claim): as a cold one, `taken` in the ready file
+    (the hook keeps `main` shut), then, at SIGTERM, the report with the claim's outcome."""
+    if args.ready_file:
+        try:
+            _write_atomically(args.ready_file, TAKEN)
+        except Exception as exc:
+            _log(f"cannot write the ready file {args.ready_file}: {exc}")
+    wait_for_signal()
+    text = report_text(args.path, args.fingerprint, args.claim_report)
+    try:
+        with open(args.termination_log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {args.termination_log}: {exc}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 
@@ -859,7 +973,47 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     rep.add_argument(
         "--candidate-checkpoint", metavar="ID", help="record the candidate's end as ID: <checkpoint-id>c<N>"
     )
+    warm = rep.add_argument_group("warm pods (loop.warm, docs/design.md#warm-iterations)")
+    warm.add_argument(
+        "--warm",
+        action="store_true",
+        help="supervise main's loop of iterations and serve the operator's channel (needs --fingerprint "
+        "and --hook-done; implies --before-main)",
+    )
+    warm.add_argument("--warm-port", type=int, default=8471, metavar="PORT", help="the channel's port")
+    warm.add_argument("--warm-key-file", metavar="FILE", help="the run's key (signs the channel)")
+    warm.add_argument("--warm-dir", metavar="DIR", help="where main's loop finds its FIFO and iterations")
+    warm.add_argument("--warm-first-id", metavar="ID", help="the pod's first iteration, started at once")
+    warm.add_argument(
+        "--warm-idle-seconds",
+        type=float,
+        default=60.0,
+        metavar="N",
+        help="end main's loop and the pod N seconds after the last result was acknowledged",
+    )
     return parser
+
+
+def _warm_problem(args: argparse.Namespace) -> str | None:
+    """Why the arguments do not make a warm reporter; None when they do."""
+    missing = [
+        option
+        for option, value in (
+            ("--fingerprint", args.fingerprint),
+            ("--hook-done", args.hook_done),
+            ("--warm-key-file", args.warm_key_file),
+            ("--warm-dir", args.warm_dir),
+            ("--warm-first-id", args.warm_first_id),
+        )
+        if not value
+    ]
+    if missing:
+        return f"--warm needs {', '.join(missing)}"
+    if args.wait_for_signal or args.checkpoint_root or args.candidate_index is not None:
+        return "--warm takes no --wait-for-signal, --checkpoint-* or --candidate-*"
+    if not 0 <= args.warm_port <= 65535 or not args.warm_idle_seconds >= 0:
+        return "--warm-port must be a port number and --warm-idle-seconds 0 or more"
+    return None
 
 
 def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
@@ -895,9 +1049,15 @@ def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agentrun reporter``; ``argv`` excludes the program and ``reporter`` words."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["report"] and ("--wait-for-signal" in args_list or "--hook-done" in args_list):
+    if args_list[:1] == ["report"] and ({"--wait-for-signal", "--hook-done", "--warm"} & set(args_list)):
         block_wait_signals()  # before argparse or anything else that takes time
-    args = build_parser().parse_args(args_list)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.reporter_command == "report" and args.warm:
+        problem = _warm_problem(args)
+        if problem is not None:
+            parser.error(problem)
+        return cmd_warm(args)
     if args.reporter_command == "fingerprint":
         return cmd_fingerprint(
             args.path,
