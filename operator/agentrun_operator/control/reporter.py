@@ -18,6 +18,9 @@ container of the operator image runs this module: ``report``, a regular containe
 3. A best-of-N candidate pod (``--candidate-*``, loop.candidates) claims per index of its Indexed
    Job, copies the iteration's start into its own work tree before ``main``, and records that tree
    as its own checkpoint once ``main`` has ended, before the report (control/checkpointing.py).
+4. A warm pod's reporter (``--warm``, loop.warm) does the same before ``main``, then supervises
+   ``main``'s loop of iterations and serves the operator's channel (`cmd_warm`, control/warm.py);
+   each iteration's envelope is read here, as a cold one's is.
 
 ``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
 kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
@@ -809,9 +812,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
         "for main's gate"
     )
     why = "signal"
-    gate_open = wait_for_gate(args.hook_done, gate, claimed=True) is not None
-    if gate_open and supervisor.hand_first(warm.signalled):
-        why = supervisor.run(warm.signalled)
+    try:
+        gate_open = wait_for_gate(args.hook_done, gate, claimed=True) is not None
+        if gate_open and supervisor.hand_first(warm.signalled):
+            why = supervisor.run(warm.signalled)
+    except Exception as exc:  # the report must not be lost: the message still says what ended
+        why = f"failed: {type(exc).__name__}: {exc}"
     supervisor.close()
     text = supervisor.termination_text()
     try:

@@ -157,14 +157,16 @@ def write_fifo(fifo: str, word: str, give_up: Callable[[], bool]) -> bool:
         except OSError as exc:
             if exc.errno != errno.ENXIO:
                 raise
-            if give_up():
-                return False
-            continue
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        return True
+        else:
+            try:
+                os.write(fd, data)
+                return True
+            except BrokenPipeError:  # `main` stopped reading between the open and the write
+                pass
+            finally:
+                os.close(fd)
+        if give_up():
+            return False
 
 
 def _bounded(seconds: float) -> Callable[[], bool]:
