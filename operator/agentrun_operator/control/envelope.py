@@ -86,6 +86,10 @@ class ControlEnvelope:
     checkpoint: dict[str, Any] | None = None
     """loop.checkpoint: the checkpoint the pod recorded or restored before `main` (id, files, bytes,
     addedBytes, restored, ms; control/checkpointing.py); docs/concepts.md#checkpoints."""
+    warm: dict[str, Any] | None = None
+    """A warm pod's termination message: which iteration this envelope is of, and its command's exit
+    code (`{"id", "exitCode"}`, control/warm.py); docs/design.md#warm-channel. Kept whatever else must
+    give way (`attach_warm`): without it the envelope could not be told from another iteration's."""
     v: Literal[1] = ENVELOPE_VERSION
 
     __pydantic_config__: ClassVar[dict[str, Any]] = {"strict": True}
@@ -101,10 +105,25 @@ class ControlEnvelope:
             raise ValueError("a 'found' envelope must carry a control object")
         if self.status != "found" and self.control is not None:
             raise ValueError(f"a {self.status!r} envelope must not carry a control object")
+        if self.warm is not None:
+            _check_warm(self.warm)
 
     def replace(self, **changes: Any) -> ControlEnvelope:
         """A copy with `changes`, checked as a new envelope is."""
         return dataclasses.replace(self, **changes)
+
+
+MAX_WARM_ID_CHARS: Final = 253
+
+
+def _check_warm(warm: dict[str, Any]) -> None:
+    iteration, code = warm.get("id"), warm.get("exitCode")
+    if set(warm) != {"id", "exitCode"}:
+        raise ValueError(f"warm must hold exactly id and exitCode, got {sorted(warm)}")
+    if not isinstance(iteration, str) or not 0 < len(iteration) <= MAX_WARM_ID_CHARS:
+        raise ValueError(f"warm.id must be a string of 1 to {MAX_WARM_ID_CHARS} characters")
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+        raise ValueError("warm.exitCode must be an integer or null")
 
 
 def effective_status(env: ControlEnvelope) -> EffectiveStatus:
@@ -145,7 +164,38 @@ def _as_doc(env: ControlEnvelope) -> dict[str, Any]:
         doc["artifacts"] = env.artifacts
     if env.checkpoint is not None:
         doc["checkpoint"] = env.checkpoint
+    if env.warm is not None:
+        doc["warm"] = env.warm
     return doc
+
+
+def attach_warm(env: ControlEnvelope, warm: dict[str, Any]) -> ControlEnvelope:
+    """`env` with `warm`, which always fits (a short id and a number): when the rest does not fit
+    beside it, the claim gives way first, then the artifacts (from the end), the commit and the
+    checkpoint's facts, and last the control itself (`tooLarge`, `fit_envelope`)."""
+    env = env.replace(warm=warm)
+    for dropped in ({}, {"claim": None}):
+        env = env.replace(**dropped)
+        if _fits(env):
+            return env
+    artifacts = list(env.artifacts or [])
+    while artifacts:
+        artifacts.pop()
+        env = env.replace(artifacts=artifacts)
+        if _fits(env):
+            return env
+    for dropped in ({"artifacts": None}, {"commit": None}, {"checkpoint": None}):
+        env = env.replace(**dropped)
+        if _fits(env):
+            return env
+    return fit_envelope(env)
+
+
+def _fits(env: ControlEnvelope) -> bool:
+    try:
+        return len(_wire(env)) <= MAX_ENVELOPE_BYTES
+    except (ValueError, TypeError, RecursionError):
+        return False
 
 
 def attach_checkpoint(env: ControlEnvelope, facts: dict[str, Any]) -> ControlEnvelope:
@@ -189,14 +239,19 @@ def _wire(env: ControlEnvelope) -> bytes:
     return _dump(_as_doc(env)).encode("utf-8")
 
 
-def max_control_bytes(path: str, size: int | None, reason: str | None = None) -> int:
-    """How many bytes of compact control JSON fit in a ``found`` envelope for this path and size."""
-    skeleton = ControlEnvelope(status="found", path=path, size=size, reason=reason, control={})
+def max_control_bytes(
+    path: str, size: int | None, reason: str | None = None, warm: dict[str, Any] | None = None
+) -> int:
+    """How many bytes of compact control JSON fit in a ``found`` envelope for this path and size
+    (beside `warm`, in a warm pod's termination message)."""
+    skeleton = ControlEnvelope(status="found", path=path, size=size, reason=reason, control={}, warm=warm)
     return max(MAX_ENVELOPE_BYTES - (len(_wire(skeleton)) - len(b"{}")), 0)
 
 
-def _too_large(path: str, size: int | None, compact_bytes: int | None) -> ControlEnvelope:
-    budget = max_control_bytes(path, size)
+def _too_large(
+    path: str, size: int | None, compact_bytes: int | None, warm: dict[str, Any] | None = None
+) -> ControlEnvelope:
+    budget = max_control_bytes(path, size, warm=warm)
     if compact_bytes is None:
         what = f"control file is {size} bytes"
         tail = f" (files over {MAX_CONTROL_FILE_BYTES} bytes are not even read)"
@@ -206,7 +261,7 @@ def _too_large(path: str, size: int | None, compact_bytes: int | None) -> Contro
             what += f" ({compact_bytes} bytes as compact JSON)"
         tail = ""
     reason = f"{what}; at most {budget} bytes fit in the {MAX_ENVELOPE_BYTES}-byte termination message{tail}"
-    return ControlEnvelope(status="tooLarge", path=path, size=size, reason=reason)
+    return ControlEnvelope(status="tooLarge", path=path, size=size, reason=reason, warm=warm)
 
 
 def _shrunk(text: str, keep: int) -> str:
@@ -235,7 +290,7 @@ def fit_envelope(env: ControlEnvelope) -> ControlEnvelope:
 
     A ``found`` envelope that would not fit becomes ``tooLarge``; a control object that is not
     encodable JSON becomes ``invalid``; over-long reasons and paths are shortened. The claim is
-    kept only when it fits beside the rest.
+    kept only when it fits beside the rest; `warm` always is (the control's room shrinks by it).
     """
     claim, env = env.claim, env.replace(claim=None)
     fitted = _fit_without_claim(env)
@@ -256,10 +311,10 @@ def _fit_without_claim(env: ControlEnvelope) -> ControlEnvelope:
             compact = len(_dump(env.control).encode("utf-8"))
         except (ValueError, TypeError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
             env = ControlEnvelope(
-                status="invalid", path=env.path, size=env.size, reason=_unencodable_reason(exc)
+                status="invalid", path=env.path, size=env.size, reason=_unencodable_reason(exc), warm=env.warm
             )
         else:
-            env = _too_large(env.path, env.size, compact)
+            env = _too_large(env.path, env.size, compact, env.warm)
     return _fit_text_fields(env)
 
 

@@ -18,6 +18,9 @@ container of the operator image runs this module: ``report``, a regular containe
 3. A best-of-N candidate pod (``--candidate-*``, loop.candidates) claims per index of its Indexed
    Job, copies the iteration's start into its own work tree before ``main``, and records that tree
    as its own checkpoint once ``main`` has ended, before the report (control/checkpointing.py).
+4. A warm pod's reporter (``--warm``, loop.warm) does the same before ``main``, then supervises
+   ``main``'s loop of iterations and serves the operator's channel (`cmd_warm`, control/warm.py);
+   each iteration's envelope is read here, as a cold one's is.
 
 ``--wait-for-signal`` is the native sidecar of pods made before (it reported at the SIGTERM the
 kubelet sends a sidecar once ``main`` has ended); ``fingerprint`` is the init container of pods
@@ -67,6 +70,7 @@ from agentrun_operator.control.envelope import (
     attach_checkpoint,
     attach_extras,
     encode_envelope,
+    fit_envelope,
     parse_control_payload,
 )
 from agentrun_operator.control.gate import GateFiles
@@ -82,6 +86,10 @@ BLIND_EXIT: Final = 3
 """The reporter's exit code when it cannot see `main` (its termination message says why)."""
 """What the ready file says in a duplicate pod, whose `main` must never run; else it holds the
 reporter's pid (the pod may start `main`)."""
+NO_CHANNEL: Final = "nochannel"
+"""The ready file's word for a warm reporter without its key or channel (the hook keeps `main` shut)."""
+WARM_EXIT: Final = 5
+"""A warm reporter's exit code when it has no key or cannot open its channel (its message says why)."""
 JOB_UID_ENV: Final = "AGENTRUN_JOB_UID"
 POD_UID_ENV: Final = "AGENTRUN_POD_UID"
 """Set on the reporter from the downward API; read by ``report --before-main``."""
@@ -448,6 +456,24 @@ def report_text(
     """The encoded envelope for the control file (with the claim's outcome when it is news, the
     checkpoint's facts, the commit and the artifacts); any unexpected error becomes an ``invalid`` one."""
     try:
+        return encode_envelope(
+            report_envelope(path, fingerprint_path, claim_report, checkout, artifacts, checkpoint_facts)
+        )
+    except Exception as exc:
+        return _fallback_text(path, f"reporter failed: {type(exc).__name__}: {exc}")
+
+
+def report_envelope(
+    path: str,
+    fingerprint_path: str | None,
+    claim_report: str | None = None,
+    checkout: str | None = None,
+    artifacts: Sequence[str] = (),
+    checkpoint_facts: str | None = None,
+) -> ControlEnvelope:
+    """`report_text`'s envelope, fitted to the termination message, before it is encoded (a warm
+    pod adds the iteration to it, control/warm.py)."""
+    try:
         envelope = build_report(path, fingerprint_path)
         claim = _load_claim(claim_report)
         if claim is not None:
@@ -460,14 +486,11 @@ def report_text(
                 envelope = attach_extras(envelope, *extras(fingerprint_path, path, checkout, artifacts))
             except Exception as exc:  # the control report must not be lost for the extras
                 _log(f"cannot report the commit or artifacts: {type(exc).__name__}: {exc}")
-        return encode_envelope(envelope)
+        return fit_envelope(envelope)
     except Exception as exc:
         _log(f"unexpected error: {type(exc).__name__}: {exc}")
         reason = f"reporter failed: {type(exc).__name__}: {exc}"
-        try:
-            return encode_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
-        except Exception:
-            return _fallback_text(path, reason)
+        return fit_envelope(ControlEnvelope(status="invalid", path=path, reason=reason))
 
 
 def _attach_facts(envelope: ControlEnvelope, facts: dict[str, Any]) -> ControlEnvelope:
@@ -522,19 +545,11 @@ def wait_for_main(hook_done: str, gate: GateFiles | None = None, claimed: bool =
     With `gate` and `claimed` (this pod holds the Job's claim), a hook the kubelet went past without
     completing it (control/gate.py) is not waited for: the reporter takes the watermark itself and
     opens `main`'s gate."""
-    from agentrun_operator.control.mainwatch import MainWatch, before_main, look, read_hook_done
+    from agentrun_operator.control.mainwatch import MainWatch, before_main, look
 
-    done = read_hook_done(hook_done)
-    said = ""
-    while done is None:
-        if _signalled(HOOK_POLL):
-            return "signal"
-        done = read_hook_done(hook_done)
-        if done is None and gate is not None and claimed and os.path.isdir(gate.knock):
-            done, waiting = _open_for_lost_hook(gate, hook_done)
-            if waiting and waiting != said:
-                _log(waiting)
-                said = waiting
+    done = wait_for_gate(hook_done, gate, claimed)
+    if done is None:
+        return "signal"
     watermark, hook_pid = done
     ignore = frozenset(p for p in (os.getpid(), hook_pid) if p is not None)
     watch = MainWatch(watermark)
@@ -550,6 +565,28 @@ def wait_for_main(hook_done: str, gate: GateFiles | None = None, claimed: bool =
         seen = look(ignore, watermark=watermark, before=before)
     pids = ",".join(str(p) for p in sorted(watch.seen)) or "none listed"
     return f"main ended (its processes: {pids}; last PID {seen.last_pid}, {watermark} before main)"
+
+
+def wait_for_gate(
+    hook_done: str, gate: GateFiles | None = None, claimed: bool = False
+) -> tuple[int | None, int | None] | None:
+    """Block until `main`'s gate is open: the postStart hook's last line (its watermark and PID), or,
+    with `gate` and `claimed`, the reporter's own opening of it for a hook the kubelet went past
+    (`_open_for_lost_hook`); None when SIGTERM/SIGINT came first."""
+    from agentrun_operator.control.mainwatch import read_hook_done
+
+    done = read_hook_done(hook_done)
+    said = ""
+    while done is None:
+        if _signalled(HOOK_POLL):
+            return None
+        done = read_hook_done(hook_done)
+        if done is None and gate is not None and claimed and os.path.isdir(gate.knock):
+            done, waiting = _open_for_lost_hook(gate, hook_done)
+            if waiting and waiting != said:
+                _log(waiting)
+                said = waiting
+    return done
 
 
 def _open_for_lost_hook(gate: GateFiles, hook_done: str) -> tuple[tuple[int | None, int | None] | None, str]:
@@ -595,10 +632,9 @@ def _open_for_lost_hook(gate: GateFiles, hook_done: str) -> tuple[tuple[int | No
     return (watermark, None), ""
 
 
-def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
-    """A reporter that cannot see `main`: why, in its termination message (the operator fails the
-    attempt with it); `blind` in its ready file, so the hook keeps `main`'s gate shut; `BLIND_EXIT`.
-    Nothing is claimed: the pod never runs `main`."""
+def _refuse(why: str, termination_log: str, ready_file: str | None, word: str, code: int) -> int:
+    """A reporter that will not let `main` start: why, in its termination message (the operator fails
+    the attempt with it); `word` in its ready file, so the hook keeps `main`'s gate shut; `code`."""
     _log(why)
     try:
         with open(termination_log, "w", encoding="utf-8") as handle:
@@ -607,28 +643,22 @@ def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
         _log(f"cannot write the termination message to {termination_log}: {exc}")
     if ready_file:
         try:
-            _write_atomically(ready_file, BLIND)
+            _write_atomically(ready_file, word)
         except Exception as exc:
             _log(f"cannot write the ready file {ready_file}: {exc}")
-    return BLIND_EXIT
+    return code
+
+
+def refuse_blind(why: str, termination_log: str, ready_file: str | None) -> int:
+    """A reporter that cannot see `main`: `blind` in its ready file, `BLIND_EXIT`. Nothing is
+    claimed: the pod never runs `main`."""
+    return _refuse(why, termination_log, ready_file, BLIND, BLIND_EXIT)
 
 
 def refuse_checkpoint(why: str, termination_log: str, ready_file: str | None) -> int:
-    """The checkpoint failed before `main` (control/checkpointing.py): why, in the termination message
-    (the operator fails the attempt with it, `CheckpointFailed`); the ready file says `checkpoint`, so
-    the hook keeps `main`'s gate shut; `CHECKPOINT_EXIT`."""
-    _log(why)
-    try:
-        with open(termination_log, "w", encoding="utf-8") as handle:
-            handle.write(why)
-    except Exception as exc:
-        _log(f"cannot write the termination message to {termination_log}: {exc}")
-    if ready_file:
-        try:
-            _write_atomically(ready_file, REFUSED)
-        except Exception as exc:
-            _log(f"cannot write the ready file {ready_file}: {exc}")
-    return CHECKPOINT_EXIT
+    """The checkpoint failed before `main` (control/checkpointing.py; the operator fails the attempt
+    with why, `CheckpointFailed`): the ready file says `checkpoint`; `CHECKPOINT_EXIT`."""
+    return _refuse(why, termination_log, ready_file, REFUSED, CHECKPOINT_EXIT)
 
 
 def cmd_report(
@@ -711,6 +741,119 @@ def cmd_report(
         _log(f"cannot write the termination message to {termination_log}: {exc}")
     with contextlib.suppress(Exception):  # a closed stdout must not change the exit code
         print(text, flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ warm pods
+
+
+@dataclass(frozen=True)
+class IterationReports:
+    """How a warm pod reads each iteration's control file: as a cold reporter does (control/warm.py
+    `Reports`)."""
+
+    path: str
+    fingerprint: str
+    claim_report: str | None
+    checkout: str | None
+    artifacts: tuple[str, ...]
+
+    def fingerprint_again(self) -> None:
+        record_fingerprint(self.path, self.fingerprint, self.checkout)
+
+    def report(self, first: bool) -> ControlEnvelope:
+        claim_report = self.claim_report if first else None
+        return report_envelope(self.path, self.fingerprint, claim_report, self.checkout, self.artifacts)
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    """A warm pod's reporter (docs/design.md#warm-pod): its usual work before `main` (the gate shut,
+    the claim, the fingerprint), then the warm directory, its FIFO and the channel's socket before
+    the ready file; once `main`'s gate is open, the supervisor (control/warm.py) runs the iterations
+    until it is stopped, idle or signalled; its termination message is the last iteration's envelope.
+
+    It does not watch /proc, so it does not refuse to run blind; it does refuse (before the claim, or
+    before the ready file) when it has no key or cannot open the channel: `main` never starts then."""
+    from agentrun_operator.control import warm, warm_server
+
+    gate = gate_files(args)
+    if gate is not None:
+        _shut_gate(gate.gate)
+    block_wait_signals()
+    try:
+        key = warm.read_key(args.warm_key_file)
+        warm.valid_id(args.warm_first_id)
+    except warm.Refusal as refusal:
+        return refuse_warm(f"warm pod: {refusal.message}", args.termination_log, args.ready_file)
+    if not prepare_for_main(
+        args.path, args.fingerprint, args.claim_dir, args.claim_volume, args.claim_report, args.checkout
+    ):
+        return _duplicate_warm_pod(args)
+    settings = warm.Settings(args.warm_dir, args.warm_first_id, args.warm_idle_seconds, args.path)
+    reports = IterationReports(
+        args.path, args.fingerprint, args.claim_report, args.checkout, tuple(args.artifact)
+    )
+    supervisor = warm.Supervisor(settings, reports)
+    host = os.environ.get(warm.POD_IP_ENV) or "0.0.0.0"
+    try:
+        warm.make_channel(args.warm_dir)
+        server = warm_server.listen(host, args.warm_port, supervisor, key)
+    except OSError as exc:
+        why = f"warm pod: cannot open the channel ({args.warm_dir}, {host}:{args.warm_port}): {exc}"
+        return refuse_warm(why, args.termination_log, args.ready_file)
+    if args.ready_file:
+        try:
+            _write_atomically(args.ready_file, str(os.getpid()))
+        except Exception as exc:
+            _log(f"cannot write the ready file {args.ready_file}: {exc}")
+    warm_server.serve_in_background(server)
+    warm.log(
+        f"listening on {server.server_name}:{server.server_port}; iteration {args.warm_first_id} waits "
+        "for main's gate"
+    )
+    why = "signal"
+    try:
+        gate_open = wait_for_gate(args.hook_done, gate, claimed=True) is not None
+        if gate_open and supervisor.hand_first(warm.signalled):
+            why = supervisor.run(warm.signalled)
+    except Exception as exc:  # the report must not be lost: the message still says what ended
+        why = f"failed: {type(exc).__name__}: {exc}"
+    supervisor.close()
+    text = supervisor.termination_text()
+    try:
+        with open(args.termination_log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {args.termination_log}: {exc}")
+    server.shutdown()
+    server.wait_answered(warm.LAST_ANSWERS_SECONDS)
+    server.server_close()
+    warm.log(f"ended ({why})")
+    with contextlib.suppress(Exception):
+        print(text, flush=True)
+    return 0
+
+
+def refuse_warm(why: str, termination_log: str, ready_file: str | None) -> int:
+    """A warm reporter without its key or channel: the ready file says `nochannel`; `WARM_EXIT`."""
+    return _refuse(why, termination_log, ready_file, NO_CHANNEL, WARM_EXIT)
+
+
+def _duplicate_warm_pod(args: argparse.Namespace) -> int:
+    """A duplicate pod of the Job (another holds its claim): as a cold one, `taken` in the ready file
+    (the hook keeps `main` shut), then, at SIGTERM, the report with the claim's outcome."""
+    if args.ready_file:
+        try:
+            _write_atomically(args.ready_file, TAKEN)
+        except Exception as exc:
+            _log(f"cannot write the ready file {args.ready_file}: {exc}")
+    wait_for_signal()
+    text = report_text(args.path, args.fingerprint, args.claim_report)
+    try:
+        with open(args.termination_log, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except Exception as exc:
+        _log(f"cannot write the termination message to {args.termination_log}: {exc}")
     return 0
 
 
@@ -836,7 +979,47 @@ def build_parser(prog: str = "agentrun reporter") -> argparse.ArgumentParser:
     rep.add_argument(
         "--candidate-checkpoint", metavar="ID", help="record the candidate's end as ID: <checkpoint-id>c<N>"
     )
+    warm = rep.add_argument_group("warm pods (loop.warm, docs/design.md#warm-iterations)")
+    warm.add_argument(
+        "--warm",
+        action="store_true",
+        help="supervise main's loop of iterations and serve the operator's channel (needs --fingerprint "
+        "and --hook-done; implies --before-main)",
+    )
+    warm.add_argument("--warm-port", type=int, default=8471, metavar="PORT", help="the channel's port")
+    warm.add_argument("--warm-key-file", metavar="FILE", help="the run's key (signs the channel)")
+    warm.add_argument("--warm-dir", metavar="DIR", help="where main's loop finds its FIFO and iterations")
+    warm.add_argument("--warm-first-id", metavar="ID", help="the pod's first iteration, started at once")
+    warm.add_argument(
+        "--warm-idle-seconds",
+        type=float,
+        default=60.0,
+        metavar="N",
+        help="end main's loop and the pod N seconds after the last result was acknowledged",
+    )
     return parser
+
+
+def _warm_problem(args: argparse.Namespace) -> str | None:
+    """Why the arguments do not make a warm reporter; None when they do."""
+    missing = [
+        option
+        for option, value in (
+            ("--fingerprint", args.fingerprint),
+            ("--hook-done", args.hook_done),
+            ("--warm-key-file", args.warm_key_file),
+            ("--warm-dir", args.warm_dir),
+            ("--warm-first-id", args.warm_first_id),
+        )
+        if not value
+    ]
+    if missing:
+        return f"--warm needs {', '.join(missing)}"
+    if args.wait_for_signal or args.checkpoint_root or args.candidate_index is not None:
+        return "--warm takes no --wait-for-signal, --checkpoint-* or --candidate-*"
+    if not 0 <= args.warm_port <= 65535 or not args.warm_idle_seconds >= 0:
+        return "--warm-port must be a port number and --warm-idle-seconds 0 or more"
+    return None
 
 
 def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
@@ -872,9 +1055,15 @@ def checkpoint_args(args: argparse.Namespace) -> CheckpointArgs | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``agentrun reporter``; ``argv`` excludes the program and ``reporter`` words."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["report"] and ("--wait-for-signal" in args_list or "--hook-done" in args_list):
+    if args_list[:1] == ["report"] and ({"--wait-for-signal", "--hook-done", "--warm"} & set(args_list)):
         block_wait_signals()  # before argparse or anything else that takes time
-    args = build_parser().parse_args(args_list)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.reporter_command == "report" and args.warm:
+        problem = _warm_problem(args)
+        if problem is not None:
+            parser.error(problem)
+        return cmd_warm(args)
     if args.reporter_command == "fingerprint":
         return cmd_fingerprint(
             args.path,
