@@ -441,16 +441,19 @@ class Supervisor:
         """The termination message: the last finished iteration's envelope with `warm` (its id and
         exit code); without one, `missing` saying no iteration finished."""
         with self._changed:
-            result = self.result
+            result, running = self.result, self.running
+        # The iteration handed to `main` and not finished: the operator must not take it for one that
+        # never started (planner/warm.py `_never_started`).
+        started = {"running": running.id} if running is not None and running.started_at is not None else {}
         if result is None:
-            return encode_envelope(
-                ControlEnvelope(
-                    status="missing",
-                    path=self.settings.path,
-                    reason="no warm iteration finished in this pod",
-                )
+            missing = ControlEnvelope(
+                status="missing",
+                path=self.settings.path,
+                reason="no warm iteration finished in this pod",
             )
-        return encode_envelope(attach_warm(result.envelope, {"id": result.id, "exitCode": result.exit_code}))
+            return encode_envelope(attach_warm(missing, started) if started else missing)
+        warm = {"id": result.id, "exitCode": result.exit_code, **started}
+        return encode_envelope(attach_warm(result.envelope, warm))
 
 
 def valid_id(value: Any) -> str:

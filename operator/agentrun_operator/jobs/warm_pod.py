@@ -13,7 +13,7 @@ from typing import Any, Final
 from agentrun_operator import naming
 from agentrun_operator.api import LoopWarm
 from agentrun_operator.jobs.reporter_container import META_VOLUME
-from agentrun_operator.jobs.warm import WARM_DIR, WARM_MAIN_MOUNT, WARM_SUBPATH, warm_main_command
+from agentrun_operator.jobs.warm import WARM_DIR, WARM_MOUNT, WARM_SUBPATH, warm_main_command
 
 KEY_VOLUME: Final = naming.WARM_KEY_VOLUME
 KEY_MOUNT: Final = "/agentrun-warm-key"
@@ -81,7 +81,7 @@ def add_warm(
     main["command"] = warm_main_command(list(command), list(args))
     main["volumeMounts"] = [
         *main.get("volumeMounts", []),
-        {"name": META_VOLUME, "mountPath": WARM_MAIN_MOUNT, "subPath": WARM_SUBPATH},
+        {"name": META_VOLUME, "mountPath": WARM_MOUNT, "subPath": WARM_SUBPATH},
     ]
     reporter["args"] = [
         *reporter["args"],

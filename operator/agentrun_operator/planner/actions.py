@@ -42,10 +42,10 @@ class CreateJob:
     def warm_secret(self) -> str | None:
         """A warm loop's Job mounts the run's warm key: the name of that Secret, which the shell makes
         (with a new random key) or adopts before the Job (docs/design.md#warm-pod); None otherwise."""
-        template = self.manifest["spec"]["template"]
+        template = (self.manifest.get("spec") or {}).get("template") or {}
         if naming.LABEL_WARM not in (template.get("metadata") or {}).get("labels", {}):
             return None
-        for volume in template["spec"].get("volumes", []):
+        for volume in (template.get("spec") or {}).get("volumes", []):
             secret = volume.get("secret") or {}
             if volume.get("name") == naming.WARM_KEY_VOLUME and secret.get("secretName"):
                 return str(secret["secretName"])

@@ -24,6 +24,7 @@ from agentrun_operator import naming
 from agentrun_operator.planner.actions import WarmCommand
 from agentrun_operator.planner.observed import ObservedPod, ObservedWarm, WarmResult
 from agentrun_operator.shell.kube import Kube, KubeError
+from agentrun_operator.shell.observe import parse_time
 from agentrun_operator.shell.warm_client import WarmClient, WarmError, WarmState
 from agentrun_operator.shell.workqueue import FRONT, TURNAROUND, Key
 
@@ -35,6 +36,8 @@ there is some)."""
 RETRY_SECONDS: Final = 1.0
 """The wait before asking again after a failed request."""
 KEY_BYTES: Final = 32
+UNREADABLE_EXIT: Final = -1
+"""An iteration whose exit code the supervisor could not read: a failed attempt, never a success."""
 
 
 def observed_of(pod: str, state: WarmState) -> ObservedWarm:
@@ -43,9 +46,15 @@ def observed_of(pod: str, state: WarmState) -> ObservedWarm:
     return ObservedWarm(
         pod=pod,
         phase=state.phase,
-        running=state.running,
+        running=state.running.id if state.running is not None else None,
         result=(
-            WarmResult(result.id, result.exit_code, result.envelope, result.finished_at, result.acked)
+            WarmResult(
+                result.id,
+                UNREADABLE_EXIT if result.exit_code is None else result.exit_code,
+                result.envelope,
+                parse_time(result.finished_at),
+                result.acked,
+            )
             if result is not None
             else None
         ),
