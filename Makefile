@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup bubblewrap test lint unit integration demo crds down clean kind image
+.PHONY: busybox setup bubblewrap test lint unit integration demo crds down clean kind image
 
 $(BIN)/.installed: pyproject.toml operator/devcluster/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(BIN)/.installed: pyproject.toml operator/devcluster/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]' -e operator/devcluster
 	touch $@
 
-setup: $(BIN)/.installed bubblewrap
+setup: $(BIN)/.installed bubblewrap busybox
 
 # The local pod runner mounts each pod's volumes with bubblewrap (`bwrap`): installed from the
 # distribution's packages when missing and we are root; otherwise say how.
@@ -22,6 +22,18 @@ bubblewrap:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
 	  else \
 	    echo "bubblewrap (bwrap) is missing; the local pod runner needs it: sudo apt-get install -y bubblewrap" >&2; \
+	  fi; }
+
+# A warm pod's `main` is a POSIX shell loop (jobs/warm.py): its unit tests run it with dash and with
+# busybox's sh, the shell of the examples' images; busybox from the distribution's packages when
+# missing and we are root; otherwise those tests run with dash only, and say so.
+busybox:
+	@command -v busybox >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq busybox-static || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq busybox-static; }; \
+	  else \
+	    echo "busybox is missing; the warm loop's tests run with dash only: sudo apt-get install -y busybox-static" >&2; \
 	  fi; }
 
 lint: setup
