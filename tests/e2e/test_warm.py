@@ -88,10 +88,10 @@ def log_lines(local_default: LocalDefault, name: str) -> list[list[str]]:
 
 
 def jobs_of(local_default: LocalDefault, name: str) -> list[str]:
-    out = local_default.plane.kubectl(
-        "get", "jobs", "-n", local_default.namespace, "-l", f"{naming.LABEL_RUN}={name}", "-o", "name"
-    )
-    return sorted(line.split("/", 1)[1] for line in out.split())
+    """Every Job the operator created for the run (its decision log: a finished warm loop's Job is
+    deleted with the loop's end)."""
+    lines = local_default.decision_lines(name)
+    return sorted({line["job"] for line in lines if line.get("decision") == "create-job"})
 
 
 def hold(local_default: LocalDefault, name: str, iteration: int, attempt: int = 1) -> Path:
@@ -217,6 +217,7 @@ def test_an_operator_restart_during_a_warm_iteration_loses_and_repeats_nothing(
     held.unlink()  # iteration 2 ends while no operator listens: the pod keeps its result
     eventually(lambda: (held.parent / "done-2-1").exists(), timeout=60, what="iteration 2 to end")
     local_default.operator.start()
+    local_default.ended.clear()  # a new operator process counts from zero: only runs ended from now
     run = local_default.wait_for_end(name)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     records = step_status(run)["loop"]["iterations"]

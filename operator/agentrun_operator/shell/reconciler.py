@@ -275,6 +275,7 @@ class Reconciler:
             vcs_providers=vcs_providers,
             secret_keys=secret_keys,
             object_keys=object_keys,
+            warm=observed.warm,
         )
 
     async def _observe_vcs(

@@ -164,6 +164,7 @@ class WarmChannels:
                 self._channels[(namespace, name)] = channel
                 self._by_run.setdefault(key, set()).add(name)
                 channel.task = asyncio.create_task(self._poll(channel), name=f"warm {namespace}/{name}")
+                log.info("warm channel opened", extra={"pod": name, "ip": pod.warm_ip, "port": self.port})
             found[name] = channel.heard
         return found
 
@@ -206,6 +207,15 @@ class WarmChannels:
         heard = observed_of(channel.pod, state)
         if heard == channel.heard:
             return
+        log.debug(
+            "warm pod says",
+            extra={
+                "pod": channel.pod,
+                "phase": heard.phase,
+                "running": heard.running,
+                "version": state.version,
+            },
+        )
         news = channel.heard.error is not None or heard.result != channel.heard.result
         channel.heard = heard
         self.enqueue(channel.key, TURNAROUND if news else FRONT)
