@@ -255,3 +255,61 @@ def test_the_supervisor_refuses_a_request_without_the_runs_key(local_default: Lo
     run = local_default.wait_for_end(name)
     assert run["status"]["phase"] == "Succeeded"
     assert [line[0] for line in log_lines(local_default, name)] == ["1", "2", "3"]
+
+
+def _warm_approval_loop(text: str) -> str:
+    """examples/approval-loop.yaml with a warm loop body, named apart, each pass noting its pod and
+    what its container remembers (a file in its own /tmp)."""
+    text = text.replace("name: approval-loop-workspace", "name: warm-approval-workspace")
+    text = text.replace("claimName: approval-loop-workspace", "claimName: warm-approval-workspace")
+    text = text.replace("name: approval-loop\n", "name: warm-approval\n")
+    text = text.replace(
+        "            until: \"iteration.last.control.outputs.verdict == 'final'\"\n",
+        "            until: \"iteration.last.control.outputs.verdict == 'final'\"\n"
+        "          warm:\n"
+        "            idleSeconds: 300\n",
+    )
+    marker = "                  cd /workspace\n"
+    assert marker in text and "warm:" in text
+    return text.replace(
+        marker,
+        marker
+        + "                  "
+        + 'echo "$(hostname) $(cat /tmp/seen 2>/dev/null || echo new)" >> pods.log; echo kept > /tmp/seen\n',
+    )
+
+
+def test_a_warm_loop_body_keeps_its_pod_across_the_approval_gate(local_default: LocalDefault) -> None:
+    """docs/concepts.md#warm-iterations (loop bodies): `implement` of pass 2 runs in pass 1's pod,
+    which waited idle while the gate waited for a person."""
+    from tests.e2e.test_examples import _gate_waits
+
+    name = "warm-approval"
+    local_default.apply_example("approval-loop.yaml", _warm_approval_loop)
+    _gate_waits(local_default, name, 1)
+    approved = local_default.cli(
+        "approve",
+        name,
+        "--step",
+        "develop/sign-off",
+        "--input",
+        "verdict=revise",
+        "--input",
+        "note=add tests",
+    )
+    assert approved.returncode == 0, approved.stderr
+    _gate_waits(local_default, name, 2)
+    implement = step_status(local_default.run(name))["steps"][0]
+    assert implement["warm"] is True and implement["phase"] == "Succeeded", implement
+    final = local_default.cli("approve", name, "--step", "develop/sign-off", "--input", "verdict=final")
+    assert final.returncode == 0, final.stderr
+    run = local_default.wait_for_end(name)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    root = Path(local_default.claim_dir(f"{name}-workspace"))
+    assert (root / "change.log").read_text().splitlines() == [
+        "iteration 1: first draft",
+        "iteration 2: revised: add tests",
+    ]
+    first, second = (line.split(" ") for line in (root / "pods.log").read_text().splitlines())
+    assert first[1] == "new" and second == [first[0], "kept"]  # one container: it remembers pass 1
+    assert len(jobs_of(local_default, name)) == 1
