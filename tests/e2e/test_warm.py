@@ -54,6 +54,7 @@ cd /workspace
 n=$(cat /tmp/count 2>/dev/null || echo 0); n=$((n + 1)); echo "$n" > /tmp/count
 echo "$AGENTRUN_ITERATION $AGENTRUN_ATTEMPT $(hostname) $n $AGENTRUN_PREVIOUS_CONTROL" >> log
 touch "started-$AGENTRUN_ITERATION-$AGENTRUN_ATTEMPT"
+echo "said by iteration $AGENTRUN_ITERATION"
 while [ -e "hold-$AGENTRUN_ITERATION-$AGENTRUN_ATTEMPT" ]; do sleep 0.05; done
 {fail}
 mkdir -p .agentrun
@@ -121,6 +122,9 @@ def test_a_warm_loop_runs_its_iterations_in_one_pod_and_records_each(local_defau
     assert len({line[2] for line in lines}) == 1  # one container: its /tmp counted 1..5
     assert json.loads(lines[2][4]) == {"continue": True, "n": 2}  # the previous iteration's control
     assert jobs_of(local_default, name) == [naming.job_name(name, 1, 1, 1)]
+    # docs/operations.md#logs: an iteration's log is its part of the one pod's log
+    shown = local_default.cli("logs", name, "--step", "work", "--iteration", "3")
+    assert shown.returncode == 0 and shown.stdout == "said by iteration 3\n", shown
 
 
 def test_a_failed_warm_attempt_is_retried_in_a_new_pod(local_default: LocalDefault) -> None:

@@ -10,7 +10,7 @@ collected: the line that says so is `collected_line`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from agentrun_operator import naming
@@ -33,6 +33,10 @@ class Attempt:
     pods: tuple[dict[str, Any], ...] = ()
     phase: str | None = None  # from the status, when it records this attempt
     order: tuple[str, str] = ("", "")  # (creationTimestamp of its Job, Job name): Jobs are in run order
+    pod_name: str | None = None  # loop.warm: the pod the status says ran it
+    warm_id: str | None = None
+    """loop.warm: its id in that pod, whose `main` log holds several iterations, each after a line
+    `agentrun: iteration <id>` (jobs/warm.py): the attempt's log is its slice."""
 
     @property
     def job_name(self) -> str | None:
@@ -126,8 +130,17 @@ def _from_entry(
             attempts = int(record.get("attempts") or 0)
             for number in range(1, attempts + 1):
                 phase = record.get("phase") if number == attempts else "Failed"
+                pod = record.get("pod") if number == attempts else None
                 found.append(
-                    Attempt(path, index, number, phase=phase, order=(started, f"{path}\0{number:06d}"))
+                    Attempt(
+                        path,
+                        index,
+                        number,
+                        phase=phase,
+                        order=(started, f"{path}\0{number:06d}"),
+                        pod_name=str(pod) if pod else None,
+                        warm_id=f"{index}-{number}" if pod else None,
+                    )
                 )
         elif index != current:
             for position, (child, phase) in enumerate((record.get("steps") or {}).items()):
@@ -141,7 +154,19 @@ def _from_entry(
         for number in range(1, attempts + 1):
             phase = entry.get("phase") if number == attempts else "Failed"
             order = (started, f"{path}\0{number:06d}")
-            found.append(Attempt(path, body_iteration or 1, number, phase=phase, order=order))
+            pod = entry.get("pod") if number == attempts else None
+            index = body_iteration or 1
+            found.append(
+                Attempt(
+                    path,
+                    index,
+                    number,
+                    phase=phase,
+                    order=order,
+                    pod_name=str(pod) if pod else None,
+                    warm_id=f"{index}-{number}" if pod else None,
+                )
+            )
     children_iteration = current or body_iteration
     for child in entry.get("steps") or []:
         found += _from_entry(child, path, children_iteration, workloads)
@@ -162,9 +187,11 @@ def merged(with_jobs: list[Attempt], recorded: list[Attempt]) -> list[Attempt]:
     """Every attempt once, in run order (by when its Job was created; for an attempt whose Job was
     collected, by when its iteration started): the phase from the status where it records it."""
     key = {(a.step, a.iteration, a.attempt): a for a in with_jobs}
-    phases = {(a.step, a.iteration, a.attempt): a.phase for a in recorded}
+    by_key = {(a.step, a.iteration, a.attempt): a for a in recorded}
     result = [
-        Attempt(a.step, a.iteration, a.attempt, a.label, a.job, a.pods, phases.get(k), a.order)
+        replace(a, phase=by_key[k].phase, pod_name=by_key[k].pod_name, warm_id=by_key[k].warm_id)
+        if k in by_key
+        else a
         for k, a in key.items()
     ]
     iterations = {(a.step, a.iteration) for a in with_jobs}
@@ -176,6 +203,49 @@ def merged(with_jobs: list[Attempt], recorded: list[Attempt]) -> list[Attempt]:
     ]
     result.sort(key=lambda a: a.order)
     return result
+
+
+WARM_MARK_PREFIX: Final = "agentrun: iteration "
+"""How a warm pod's `main` loop begins each iteration's part of its log (jobs/warm.py)."""
+
+
+def with_warm_pods(attempts: list[Attempt], pods: list[dict[str, Any]]) -> list[Attempt]:
+    """A warm attempt whose Job started with an earlier iteration gets the pod the status names."""
+    by_name = {str(p["metadata"]["name"]): p for p in pods}
+    return [
+        replace(a, pods=(by_name[a.pod_name],)) if a.pod_name in by_name and not a.pods else a
+        for a in attempts
+    ]
+
+
+class WarmSlice:
+    """Keeps the lines of one warm iteration from a warm pod's `main` log, fed in chunks: those after
+    its line `agentrun: iteration <id>`, up to the next such line (`done` then)."""
+
+    def __init__(self, warm_id: str) -> None:
+        self.mark = f"{WARM_MARK_PREFIX}{warm_id}"
+        self.inside = False
+        self.done = False
+        self._partial = ""
+
+    def feed(self, text: str, final: bool = False) -> str:
+        kept: list[str] = []
+        lines = (self._partial + text).split("\n")
+        self._partial = "" if final else lines.pop()
+        for line in lines:
+            if self.done:
+                break
+            if line.startswith(WARM_MARK_PREFIX):
+                if self.inside:
+                    self.done = True
+                    break
+                self.inside = line == self.mark
+                continue
+            if self.inside:
+                kept.append(line + "\n")
+        if final and kept and not text.endswith("\n"):
+            kept[-1] = kept[-1][:-1]
+        return "".join(kept)
 
 
 def step_paths(run: AgentRun) -> tuple[str, ...]:

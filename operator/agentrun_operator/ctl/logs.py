@@ -21,17 +21,20 @@ from agentrun_operator.ctl import render
 from agentrun_operator.ctl.attempts import (
     Attempt,
     Selection,
+    WarmSlice,
     collected_line,
     from_jobs,
     from_status,
     merged,
     select,
     step_paths,
+    with_warm_pods,
     workload_paths,
 )
 from agentrun_operator.ctl.commands import get_run
 from agentrun_operator.ctl.connect import CtlError, Target
 from agentrun_operator.jobs.builder import DEFAULT_CONTAINER_ANNOTATION
+from agentrun_operator.jobs.reporter_container import WORKLOAD_CONTAINERS
 from agentrun_operator.shell.kube import Kube
 
 EXIT_POD_GONE = 1
@@ -85,9 +88,16 @@ async def _get_pod(kube: Kube, target: Target, name: str) -> dict[str, Any] | No
 
 
 async def _stream(
-    kube: Kube, target: Target, pod: dict[str, Any], container: str, follow: bool, out: TextIO
+    kube: Kube,
+    target: Target,
+    pod: dict[str, Any],
+    container: str,
+    follow: bool,
+    out: TextIO,
+    warm_id: str | None = None,
 ) -> None:
-    """Copy the container's log to `out` (to its end; with `follow`, until the container ends)."""
+    """Copy the container's log to `out` (to its end; with `follow`, until the container ends); with
+    `warm_id`, only that warm iteration's part (with `follow`, until the next iteration begins)."""
     name = str(pod["metadata"]["name"])
     if follow:
         while not _started(pod, container):
@@ -110,8 +120,15 @@ async def _stream(
         if raw.status != 200:
             text = (await raw.read()).decode(errors="replace")
             raise CtlError(_log_error(int(raw.status), text, name, container, target))
+        part = WarmSlice(warm_id) if warm_id is not None else None
         async for chunk in raw.content.iter_any():
-            out.write(chunk.decode(errors="replace"))
+            text = chunk.decode(errors="replace")
+            out.write(text if part is None else part.feed(text))
+            out.flush()
+            if part is not None and part.done:
+                break
+        if part is not None and not part.done:
+            out.write(part.feed("", final=True))
             out.flush()
     finally:
         raw.release()
@@ -191,7 +208,7 @@ async def logs(
         workloads = workload_paths(run)
     jobs = await _list(kube, target, "jobs", name)
     pods = await _list(kube, target, "pods", name)
-    attempts = merged(from_jobs(jobs, pods), from_status(raw, workloads))
+    attempts = with_warm_pods(merged(from_jobs(jobs, pods), from_status(raw, workloads)), pods)
     picked = select(name, attempts, chosen)
     strategy = run.spec.pod_gc.strategy if run is not None and run.spec.pod_gc is not None else None
     shown = [(attempt, pod) for attempt in picked for pod in shown_pods(attempt)]
@@ -209,5 +226,8 @@ async def logs(
             code = EXIT_POD_GONE
             continue
         last = index == len(shown) - 1
-        await _stream(kube, target, pod, _container(pod, container), follow and last, out)
+        chosen_container = _container(pod, container)
+        # A warm pod's workload log holds several iterations: this attempt's part of it.
+        warm = attempt.warm_id if chosen_container in WORKLOAD_CONTAINERS else None
+        await _stream(kube, target, pod, chosen_container, follow and last, out, warm)
     return code

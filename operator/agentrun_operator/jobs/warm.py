@@ -24,8 +24,9 @@ WARM_MARK: Final = "agentrun-warm"
 """The loop's `$0`: how its process is known among the pod's."""
 
 WARM_LOOP_SCRIPT: Final = (
-    f"d=${{AGENTRUN_WARM_DIR:-{WARM_MOUNT}}}; f=$d/{FIFO_NAME}; child= sig=\n"
-    'forward() { sig=$1; if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; else exit "$2"; fi; }\n'
+    f"d=${{AGENTRUN_WARM_DIR:-{WARM_MOUNT}}}; f=$d/{FIFO_NAME}; child= sig= inside=\n"
+    'forward() { sig=$1; if [ -z "$inside" ]; then exit "$2"; fi; '
+    '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null; }\n'
     "trap 'forward TERM 143' TERM\n"
     "trap 'forward INT 130' INT\n"
     "while :; do\n"
@@ -36,11 +37,14 @@ WARM_LOOP_SCRIPT: Final = (
     "  fi\n"
     '  case $id in stop) exit 0 ;; ""|.*|*/*) continue ;; esac\n'
     '  echo "agentrun: iteration $id" >&2\n'
+    "  inside=1\n"
     '  ( . "$d/$id/env" && exec "$@" ) &\n'
     "  child=$!\n"
+    '  [ -z "$sig" ] || kill -TERM "$child" 2>/dev/null\n'
     '  while :; do wait "$child"; code=$?; [ -n "$sig" ] && kill -0 "$child" 2>/dev/null || break; done\n'
     "  child=\n"
     '  echo "$code" > "$d/$id/exit.tmp" && mv -f "$d/$id/exit.tmp" "$d/$id/exit"\n'
+    "  inside=\n"
     '  [ -z "$sig" ] || exit "$code"\n'
     "done\n"
 )
@@ -55,8 +59,10 @@ loop). A trapped signal interrupts `wait`; while the command's process is still 
 not yet reaped), it waits again, so the command's own exit code is kept. SIGINT is passed on as
 SIGTERM: a non-interactive shell starts background commands with SIGINT ignored (POSIX), so an INT
 would never reach them. After a signal the loop ends with the command's exit code once it is
-written; a signal while it waits for an id ends it at once (143, 130). The command's stdin is
-`/dev/null`, as a container's is without `stdin: true`."""
+written; a signal while it waits for an id ends it at once (143, 130). A signal that comes while an
+iteration starts (before the shell knows the command's pid) is remembered (`inside`) and passed on
+as soon as it does, so the command never runs on unsignalled. The command's stdin is `/dev/null`,
+as a container's is without `stdin: true`."""
 
 
 def warm_main_command(command: list[str], args: list[str] | None = None) -> list[str]:

@@ -40,11 +40,12 @@ def active_job_name(ctx: PlanContext, views: list[StepView] | None = None) -> st
     return None
 
 
-def delete_strays(ctx: PlanContext, expected: str | None) -> None:
-    """Delete every live Job of this run other than `expected` (orphans, cancelled, past deadline)."""
+def delete_strays(ctx: PlanContext, expected: str | None, spared: frozenset[str] = frozenset()) -> None:
+    """Delete every live Job of this run other than `expected` (orphans, cancelled, past deadline),
+    and those `spared` (a warm pod told to end on its own, planner/warm.py)."""
     terminal = ctx.status.phase in TERMINAL_RUN_PHASES
     for job in ctx.observed.jobs:
-        if not _live(ctx, job) or job.name == expected:
+        if not _live(ctx, job) or job.name == expected or job.name in spared:
             continue
         default = (
             f"the run {str(ctx.status.phase).lower()}; no Job may outlive it"

@@ -44,7 +44,7 @@ from agentrun_operator.planner.run import (
 from agentrun_operator.planner.state import all_views, step_views
 from agentrun_operator.planner.validate import resolve_references
 from agentrun_operator.planner.walk import plan_top
-from agentrun_operator.planner.warm import acknowledge_recorded, expected_warm_job
+from agentrun_operator.planner.warm import acknowledge_recorded, expected_warm_job, stop_finished_warm_pods
 from agentrun_operator.resolution import effective_steps
 
 __all__ = ["Plan", "compact_history", "plan", "result_recorded"]
@@ -81,7 +81,7 @@ def _plan_run(ctx: PlanContext) -> None:
     if isinstance(generation, int):
         status.observed_generation = generation
     if status.phase in TERMINAL_RUN_PHASES:
-        plan_finished_run(ctx)
+        plan_finished_run(ctx, stop_finished_warm_pods(ctx, None))
         return
     refused = ctx.observed.refusal("Status", ctx.name)
     if refused is not None:
@@ -108,6 +108,7 @@ def _execute(ctx: PlanContext) -> None:
         if view.st.loop is not None:
             compact(view.st.loop, ctx.config.loop_status_history_limit)
     conclude(ctx, views)
-    delete_strays(ctx, expected=active_job_name(ctx, views) or expected_warm_job(ctx, views))
+    expected = active_job_name(ctx, views) or expected_warm_job(ctx, views)
+    delete_strays(ctx, expected, stop_finished_warm_pods(ctx, expected))
     acknowledge_recorded(ctx, views)
     set_job_ttls(ctx)

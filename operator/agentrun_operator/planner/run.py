@@ -231,9 +231,10 @@ def fail_refused_status(ctx: PlanContext, refusal: Refusal) -> None:
     delete_strays(ctx, expected=None)
 
 
-def plan_finished_run(ctx: PlanContext) -> None:
-    """A finished run starts nothing: delete leftover Jobs, TTL the recorded ones, honour the run's TTL."""
-    delete_strays(ctx, expected=None)
+def plan_finished_run(ctx: PlanContext, spared: frozenset[str] = frozenset()) -> None:
+    """A finished run starts nothing: delete leftover Jobs but those `spared` (a warm pod told to end
+    is given the time to, planner/warm.py), TTL the recorded ones, honour the run's TTL."""
+    delete_strays(ctx, None, spared)
     set_job_ttls(ctx)
     ttl = ctx.run.spec.ttl_seconds_after_finished
     finished = ctx.status.finished_at

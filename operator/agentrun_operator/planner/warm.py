@@ -42,6 +42,8 @@ WARM_SILENCE_SECONDS: Final = 60.0
 """A running warm pod whose supervisor has not answered (or answered garbage) for this long fails its
 attempt: its pod is deleted and the retry is a new pod."""
 WARM_COLD_REQUEUE_SECONDS: Final = 1.0
+WARM_STOP_SECONDS: Final = 30.0
+"""How long after its run finished a warm pod told to end may take before its Job is deleted."""
 
 REASON_WARM_POD_ENDED: Final = "WarmPodEnded"
 REASON_WARM_UNANSWERED: Final = "WarmSupervisorUnanswered"
@@ -380,13 +382,54 @@ def acknowledge_recorded(ctx: PlanContext, views: list[StepView]) -> None:
     running = {
         v.st.job_ref.name for v in views if v.st.job_ref is not None and state_of(v) is StepState.RUNNING
     }
+    told = {w.pod for w in ctx.writes if isinstance(w, WarmCommand)}
     for job in live_warm_jobs(ctx):
         if job.name in running:
             continue
         pod = live_pod(ctx, job)
         heard = ctx.observed.warm.get(pod.name) if pod is not None else None
-        if pod is None or pod.warm_ip is None or heard is None or heard.result is None:
+        if pod is None or pod.warm_ip is None or heard is None or heard.result is None or pod.name in told:
             continue
         if heard.result.acked or heard.phase != "idle" or heard.running is not None:
             continue
         ctx.writes.append(WarmCommand("ack", pod.name, pod.warm_ip, heard.result.id, ()))
+
+
+def stop_finished_warm_pods(ctx: PlanContext, expected: str | None) -> frozenset[str]:
+    """The warm Jobs no step needs any more because their loop (or the run) ended as it should: each
+    live, idle pod that answers is told to end (`stop`), so its Job completes and is collected as any
+    recorded attempt's is (its log kept as the run's pod GC says, docs/api.md#podgc). Returns those
+    Jobs, which are not deleted; a pod that does not answer, an ended one, a cancelled run's and one
+    let go for a new Job (`ctx.delete_reasons`) are deleted as any stray Job."""
+    if ctx.stopping == "Immediate":
+        return frozenset()
+    spared: set[str] = set()
+    for job in live_warm_jobs(ctx):
+        if job.name == expected:
+            continue
+        pods = [p for p in ctx.observed.pods_of(job.name) if not p.deleting]
+        pod = live_pod(ctx, job)
+        heard = ctx.observed.warm.get(pod.name) if pod is not None else None
+        # Told to end, it says so (and may no longer answer), or its `main` loop ended cleanly: its
+        # Job completes on its own, then gets its TTL. One that does not end in time is deleted.
+        ending = (heard is not None and heard.phase == "stopping") or (
+            bool(pods) and all(p.main_exit_code == 0 for p in pods)
+        )
+        if ending:
+            waited = ctx.seconds_since(ctx.status.finished_at)
+            if waited < WARM_STOP_SECONDS:
+                spared.add(job.name)
+                ctx.requeue(WARM_STOP_SECONDS - waited)
+            continue
+        if pod is None or pod.warm_ip is None or heard is None:
+            continue
+        if (
+            heard.error is not None
+            or heard.phase != "idle"
+            or heard.running is not None
+            or heard.result is None
+        ):
+            continue
+        ctx.writes.append(WarmCommand("stop", pod.name, pod.warm_ip, heard.result.id, ()))
+        spared.add(job.name)
+    return frozenset(spared)

@@ -172,9 +172,11 @@ class Reconciler:
         observed = Observed(jobs=jobs, pods=pods)
         terminal = run.status is not None and run.status.phase in TERMINAL_RUN_PHASES
         if self.warm is not None:
-            if terminal:
+            # A finished run's warm pod is heard until it has ended (it was told to: planner/warm.py).
+            live = any(p.warm_ip and not p.terminal and not p.deleting for p in pods)
+            if not live:
                 self.warm.forget(key)
-            elif any(p.warm_ip for p in pods):
+            else:
                 heard = await self.warm.observe(key, naming.warm_secret_name(name), pods)
                 observed = dataclasses.replace(observed, warm=heard)
         if terminal:

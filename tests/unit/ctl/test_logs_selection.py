@@ -7,7 +7,16 @@ from typing import Any
 import pytest
 
 from agentrun_operator import naming
-from agentrun_operator.ctl.attempts import Selection, collected_line, from_jobs, from_status, merged, select
+from agentrun_operator.ctl.attempts import (
+    Selection,
+    WarmSlice,
+    collected_line,
+    from_jobs,
+    from_status,
+    merged,
+    select,
+    with_warm_pods,
+)
 from agentrun_operator.ctl.connect import CtlError
 
 WORKLOADS = frozenset({"dev/implement", "dev/review", "build"})
@@ -174,3 +183,65 @@ def test_an_attempt_of_candidates_shows_every_candidates_pod_by_index() -> None:
     assert "· promotion of the winner · pod promote" in _header(attempt, shown[3])
     (plain,) = from_jobs([job("j", "build", 1, 1, "t")], [pod("a", "j"), pod("b", "j")])
     assert [p["metadata"]["name"] for p in shown_pods(plain) if p is not None] == ["b"]
+
+
+WARM_STATUS = {
+    "status": {
+        "workflow": {
+            "steps": [
+                {
+                    "name": "build",
+                    "phase": "Running",
+                    "loop": {
+                        "currentIteration": 3,
+                        "iterations": [
+                            {
+                                "index": i,
+                                "attempts": 1,
+                                "phase": p,
+                                "startedAt": f"2026-11-28T05:0{i}:00Z",
+                                **w,
+                            }
+                            for i, p, w in (
+                                (1, "Succeeded", {"pod": "warm-pod"}),
+                                (2, "Succeeded", {"pod": "warm-pod", "warm": True}),
+                                (3, "Running", {"pod": "warm-pod", "warm": True}),
+                            )
+                        ],
+                    },
+                }
+            ]
+        }
+    }
+}
+
+
+def test_each_warm_iteration_is_its_own_attempt_on_the_pod_that_ran_it() -> None:
+    """docs/operations.md#logs: iterations 2 and 3 ran in iteration 1's pod (one Job): each is listed,
+    with that pod and its id in it, so its log is its slice of the pod's `main` log."""
+    jobs = [job("b-1", "build", 1, 1, "2026-11-28T05:01:00Z")]
+    pods = [pod("warm-pod", "b-1")]
+    attempts = with_warm_pods(merged(from_jobs(jobs, pods), from_status(WARM_STATUS, WORKLOADS)), pods)
+    assert [(a.iteration, a.warm_id, a.pods[0]["metadata"]["name"]) for a in attempts] == [
+        (1, "1-1", "warm-pod"),
+        (2, "2-1", "warm-pod"),
+        (3, "3-1", "warm-pod"),
+    ]
+    (second,) = select("r", attempts, Selection(step="build", iteration=2, workload_steps=("build",)))
+    assert second.warm_id == "2-1"
+
+
+def test_a_warm_slice_keeps_one_iterations_lines_whatever_the_chunks() -> None:
+    log = (
+        "agentrun: iteration 1-1\none\n"
+        "agentrun: iteration 2-1\ntwo a\ntwo b\n"
+        "agentrun: iteration 3-1\nthree\n"
+    )
+    for size in (1, 3, 7, len(log)):
+        part = WarmSlice("2-1")
+        chunks = [log[i : i + size] for i in range(0, len(log), size)]
+        kept = "".join(part.feed(chunk) for chunk in chunks) + part.feed("", final=True)
+        assert kept == "two a\ntwo b\n" and part.done
+    last = WarmSlice("3-1")
+    assert last.feed(log) == "three\n" and not last.done  # still running: -f goes on
+    assert WarmSlice("9-1").feed(log) == ""

@@ -150,17 +150,25 @@ def test_a_warm_loop_runs_to_its_end_in_one_job_and_the_job_goes_afterwards() ->
     for n in range(1, 5):
         finish(world, pod, f"{n}-1", control=go_on(n) if n < 3 else {"continue": False})
         world.plan()
-        obey(world)
         if n == 3:
             break
+        obey(world)
     assert world.phase == "Succeeded"
     step = world.step_status()
     assert step.loop.stop_reason == "LoopConditionFalse"
     assert [r.index for r in step.loop.iterations] == [1, 2, 3]
     assert [r.warm for r in step.loop.iterations] == [None, True, True]
     assert world.created == [job]
-    assert world.deleted == [job]  # the idle pod is not left waiting for its idleSeconds
-    assert not starts(world)
+    # The idle pod is told to end (not left waiting for its idleSeconds): its Job completes and is
+    # collected as any recorded attempt's, by the run's pod GC policy (its log stays until then).
+    assert [(c.verb, c.id) for c in world.commands] == [("stop", "3-1")] and not world.deleted
+    obey(world)
+    world.plan()
+    assert not world.commands and not world.deleted  # told already, and it says it is stopping
+    world.pods[pod] = replace(world.pods[pod], phase="Succeeded", main_exit_code=0, containers_ended=True)
+    world.jobs[job] = replace(world.jobs[job], outcome="Succeeded", finished_at=world.now)
+    world.plan()
+    assert world.jobs[job].ttl_seconds_after_finished is not None
 
 
 def test_a_lost_status_write_sends_the_same_start_again() -> None:
@@ -362,7 +370,7 @@ def test_a_graceful_cancel_lets_the_running_iteration_finish_and_starts_none() -
     world.plan()
     assert world.phase == "Cancelled"
     assert world.step_status().loop.iterations[-1].phase == "Succeeded"
-    assert not starts(world) and job in world.deleted
+    assert [(c.verb, c.id) for c in world.commands] == [("stop", "2-1")]  # ends on its own
 
 
 def test_between_iterations_of_an_interval_the_pod_is_acknowledged_and_kept() -> None:
@@ -464,7 +472,7 @@ def test_a_warm_loop_bodys_workload_step_runs_every_pass_in_one_pod_across_an_ap
     approve(world, 2, "final")
     world.plan()
     assert world.phase == "Succeeded"
-    assert world.created == [job] and job in world.deleted
+    assert world.created == [job] and [c.verb for c in world.commands] == ["stop"]
 
 
 def test_validation_of_a_warm_loop_body_checks_each_workload_step_it_covers() -> None:
@@ -494,3 +502,23 @@ def test_a_warm_pod_without_its_ip_yet_is_waited_for_within_the_timeout() -> Non
     world.advance(60)
     world.plan()
     assert world.phase == "Failed" and "timed out after 60s" in world.step_status().message
+
+
+def test_a_warm_pod_told_to_end_is_given_the_time_to_and_no_more() -> None:
+    """The loop ended: the pod is told to stop (its Job completes and is collected by the pod GC
+    policy, its log kept meanwhile); while it ends (its `main` loop exited, its supervisor going) the
+    Job is not deleted; one that has not ended 30 s after the run did is deleted as a stray."""
+    world = warm_world(max_iterations=2)
+    job = world.active()
+    pod = pod_of(world, job)
+    finish(world, pod, "1-1", control={"continue": False})
+    world.plan()
+    assert world.phase == "Succeeded" and [c.verb for c in world.commands] == ["stop"]
+    world.commands.clear()
+    world.pods[pod] = replace(world.pods[pod], main_exit_code=0)  # the loop ended; the reporter not yet
+    world.warm[pod] = replace(world.warm[pod], error="refused the connection", error_since=world.now)
+    world.plan()
+    assert not world.deleted and world.last_requeue == 30
+    world.advance(30)
+    world.plan()
+    assert world.deleted == [job]
