@@ -811,3 +811,19 @@ def test_best_of_n_keeps_each_iterations_highest_score(local_default: LocalDefau
     assert logs.returncode == 0, logs.stderr
     assert [f"candidate {i} · pod" in logs.stdout for i in range(3)] == [True, True, True], logs.stdout
     assert '"promoted":"best-of-n_1_1c2"' in logs.stdout  # the promotion pod's own line
+
+
+def test_warm_loop_runs_every_iteration_in_one_pod(local_default: LocalDefault) -> None:
+    local_default.apply_example("warm-loop.yaml")
+    run = local_default.wait_for_end("warm-loop")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    step = step_status(run)
+    assert step["loop"]["stopReason"] == "LoopConditionFalse"
+    records = iterations(run)
+    assert [r.get("warm", False) for r in records] == [False, True, True, True, True]
+    (pod,) = {r["pod"] for r in records}
+    assert len({r["jobRef"]["name"] for r in records}) == 1
+    root = local_default.claim_dir("warm-loop-workspace")
+    assert (root / "build.log").read_text().splitlines() == [
+        f"iteration {k} in {pod}, its run {k}" for k in range(1, 6)
+    ]
