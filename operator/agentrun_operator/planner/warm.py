@@ -90,7 +90,7 @@ def live_warm_jobs(ctx: PlanContext) -> list[ObservedJob]:
 def live_pod(ctx: PlanContext, job: ObservedJob) -> ObservedPod | None:
     """The pod of a warm Job that can still run an iteration: it has its IP, is not being deleted, and
     neither `main` (its shell loop) nor the supervisor has ended. A duplicate pod of the Job never
-    gets past its gate (docs/concepts.md#exactly-once); the one the operator has heard from wins."""
+    gets past its gate (docs/concepts.md#exactly-once) and never answers: the one that answers wins."""
     alive = [
         p
         for p in ctx.observed.pods_of(job.name)
@@ -101,7 +101,13 @@ def live_pod(ctx: PlanContext, job: ObservedJob) -> ObservedPod | None:
         and p.main_exit_code is None
         and p.reporter_message is None
     ]
-    return max(alive, key=lambda p: (p.name in ctx.observed.warm, p.name), default=None)
+    return max(alive, key=lambda p: (_answers(ctx.observed.warm.get(p.name)), p.name), default=None)
+
+
+def _answers(heard: ObservedWarm | None) -> bool:
+    """The pod's supervisor has answered and its last request did not fail: a duplicate pod of the
+    Job serves nothing, so it never does."""
+    return heard is not None and heard.phase is not None and heard.error is None
 
 
 @dataclass(frozen=True)

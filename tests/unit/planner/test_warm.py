@@ -522,3 +522,22 @@ def test_a_warm_pod_told_to_end_is_given_the_time_to_and_no_more() -> None:
     world.advance(30)
     world.plan()
     assert world.deleted == [job]
+
+
+def test_a_duplicate_pod_of_the_warm_job_is_never_taken_for_the_warm_pod() -> None:
+    """The Job controller may make a second pod of a Job; it never gets past its gate and serves
+    nothing (docs/concepts.md#exactly-once): the pod that answers is the one the loop runs in."""
+    world = warm_world()
+    job = world.active()
+    pod = pod_of(world, job)
+    duplicate = f"{job}-pod-zz"  # sorts after the real pod
+    world.pods[duplicate] = replace(world.pods[pod], name=duplicate, warm_ip="10.244.0.99")
+    world.warm[duplicate] = ObservedWarm(duplicate, error="refused the connection", error_since=world.now)
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    (start,) = starts(world)
+    assert start.pod == pod and world.step_status().loop.iterations[-1].pod == pod
+    world.advance(WARM_SILENCE_SECONDS)
+    obey(world)
+    world.plan()
+    assert world.step_status().phase == "Running"  # the duplicate's silence fails nothing
