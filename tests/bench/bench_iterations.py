@@ -125,11 +125,14 @@ def lost_and_repeated(
     iterations: int,
     watch: JobWatch,
     retried: frozenset[int] = frozenset(),
+    warm: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """What a correct operator never does: lose an iteration or run one twice (the iterations
-    `retried` have exactly two attempts: a first that failed on purpose and its retry)."""
+    `retried` have exactly two attempts: a first that failed on purpose and its retry). The runs
+    `warm` (`loop.warm`) have one Job, iteration 1's, and every later record says `warm` and names
+    its pod: a warm run that made another Job, or a record that is not warm, is `not_warm`."""
     by_name = {r["metadata"]["name"]: r for r in runs}
-    not_succeeded, unfinished, lost, repeated = [], [], [], []
+    not_succeeded, unfinished, lost, repeated, not_warm = [], [], [], [], []
     completed = 0
     for name in names:
         status = (by_name.get(name) or {}).get("status") or {}
@@ -150,8 +153,16 @@ def lost_and_repeated(
             lost.append(f"{name}: completed={loop.get('completedIterations')} recorded={indexes}")
         if len(indexes) != len(set(indexes)) or any(r[1] != (2 if r[0] in retried else 1) for r in records):
             repeated.append(f"{name}: records={records}")
+        if name in warm:
+            later = [i for i in loop.get("iterations") or [] if i.get("index") != 1]
+            if any(not i.get("warm") for i in later) or len({i.get("pod") for i in later}) > 1:
+                not_warm.append(f"{name}: {[(i.get('index'), i.get('warm'), i.get('pod')) for i in later]}")
         for k in range(1, iterations + 1):
             first = naming.job_name(name, 1, k, 1)
+            if name in warm and k > 1:
+                if first in watch.added:
+                    not_warm.append(f"{name}: a Job for iteration {k} (its warm pod runs them all)")
+                continue
             if first not in watch.added:
                 lost.append(f"{name}: no Job for iteration {k}")
             elif watch.adds[first] != 1:
@@ -172,7 +183,8 @@ def lost_and_repeated(
         "not_succeeded": not_succeeded[:20],
         "lost": len(lost),
         "repeated": len(repeated),
-        "examples": (lost + repeated)[:20],
+        "not_warm": len(not_warm),
+        "examples": (lost + repeated + not_warm)[:20],
     }
 
 
@@ -212,7 +224,23 @@ def main() -> int:
         default=0,
         help="checkpoint: this iteration's first attempt fails, its retry restores (0: none)",
     )
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="kubelet: N pairs of runs, cold then warm (loop.warm), the same main; the overhead is "
+        "an iteration recorded -> the next command started (tests/bench/node_warm.py)",
+    )
+    ap.add_argument(
+        "--image-tag",
+        default=imagebuild.DEFAULT_TAG,
+        help="kubelet: the operator image's tag to build and run the reporter from (another tree "
+        "building the default tag meanwhile would replace it)",
+    )
     args = ap.parse_args()
+    if args.warm and (
+        args.runtime != "kubelet" or args.parallel != 1 or args.checkpoint or args.iterations < 2
+    ):
+        ap.error("--warm needs --runtime kubelet, --parallel 1, --iterations 2 or more, and not --checkpoint")
     if args.checkpoint and (args.runtime != "kubelet" or args.parallel != 1 or args.iterations < 3):
         ap.error("--checkpoint needs --runtime kubelet, --parallel 1 and --iterations 3 or more")
     if args.restore_at and not 3 <= args.restore_at <= args.iterations:
@@ -380,28 +408,37 @@ def main() -> int:
 
 def main_kubelet(args: argparse.Namespace) -> int:
     """The benchmark on the real node: the stage split of every iteration, and the bare pod
-    baseline from the same run (tests/bench/node_stages.py)."""
-    from tests.bench import node_checkpoints, node_stages
+    baseline from the same run (tests/bench/node_stages.py); with `--warm`, cold and warm runs in
+    pairs (tests/bench/node_warm.py)."""
+    from tests.bench import node_checkpoints, node_stages, node_warm
 
     home = Path(tempfile.mkdtemp(prefix="agentrun-bench-node-"))
     crds = Path(__file__).resolve().parents[2] / "crds"
-    plane, node = node_stages.start_node(home, toolchain.ensure_tools(print), crds)
+    plane, node = node_stages.start_node(home, toolchain.ensure_tools(print), crds, args.image_tag)
     events = node_stages.ContainerdEvents(node.paths.containerd_socket, home / "containerd-events.txt")
+    pod_logs: node_warm.PodLogs | None = None
     in_pod: dict[str, list[float]] = {}
     by_mode = node_checkpoints.run_names(args.runs)
+    warm_modes = node_warm.run_names(args.runs)
     retried = frozenset({args.restore_at} if args.checkpoint and args.restore_at else set())
     main_script = node_checkpoints.script(
         args.workspace_files, args.workspace_megabytes, args.changed, args.restore_at
     )
 
-    def make(name: str) -> dict[str, Any]:
+    def claim(name: str, megabytes: int) -> None:
         code, body = plane.api_request(
             "POST",
             f"/api/v1/namespaces/{NS}/persistentvolumeclaims",
-            node_checkpoints.claim(name, NS, args.workspace_megabytes),
+            node_checkpoints.claim(name, NS, megabytes),
         )
         if code != 201:
             raise RuntimeError(f"create the claim of {name}: {code} {body[:300]!r}")
+
+    def make(name: str) -> dict[str, Any]:
+        if args.warm:
+            claim(name, 1)
+            return node_warm.agentrun(name, NS, args.iterations, warm=name in warm_modes["warm"])
+        claim(name, args.workspace_megabytes)
         mode = "Files" if name in by_mode["Files"] else "None"
         return node_checkpoints.agentrun(name, NS, args.iterations, mode, main_script, args.restore_at)
 
@@ -416,20 +453,29 @@ def main_kubelet(args: argparse.Namespace) -> int:
         pods = node_stages.Watch(plane, f"/api/v1/namespaces/{NS}/pods").start()
         run_watch = node_stages.Watch(plane, f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns")
         run_watch.start()
-        env = {"AGENTS_CONTROLLER_NAMESPACES": NS}
+        if args.warm:
+            containers = ("reporter", "main")
+            pod_logs = node_warm.PodLogs(node.paths.pod_logs_dir, NS, containers, poll=0.2).start()
+        env = {"AGENTS_CONTROLLER_NAMESPACES": NS, "AGENTS_REPORTER_IMAGE": args.image_tag}
         operator, pid, port = start_operator(plane, home, args.iterations, 30, env=env)
         before = scrape(port)
         cpu_before = cpu_seconds(pid)
         if args.checkpoint:
             names = node_checkpoints.interleaved(by_mode)
+        elif args.warm:
+            names = node_warm.interleaved(warm_modes)
         else:
             names = [f"bench-{r}" for r in range(args.runs)]
+        offset_start = node_warm.clock_offset()
         load_start = os.getloadavg()
         started = time.monotonic()
         deadline = started + args.timeout
+        starts: list[tuple[str, dict[str, float], float]] = []  # --warm: at each run's creation
         for at in range(0, len(names), max(1, args.parallel)):
             batch = names[at : at + max(1, args.parallel)]
-            create_runs(plane, batch, args.iterations, make if args.checkpoint else None)
+            if args.warm:
+                starts.append((batch[0], scrape(port), cpu_seconds(pid)))
+            create_runs(plane, batch, args.iterations, make if args.checkpoint or args.warm else None)
             while time.monotonic() < deadline:
                 phases = {
                     r["metadata"]["name"]: (r.get("status") or {}).get("phase") for r in list_runs(plane)
@@ -440,6 +486,7 @@ def main_kubelet(args: argparse.Namespace) -> int:
             print(f"runs {at + len(batch)}/{len(names)} ended after {time.monotonic() - started:.1f}s")
         elapsed = time.monotonic() - started
         load_end = os.getloadavg()
+        offset_end = node_warm.clock_offset()
         time.sleep(1.0)
         after = scrape(port)
         cpu = cpu_seconds(pid) - cpu_before
@@ -447,17 +494,58 @@ def main_kubelet(args: argparse.Namespace) -> int:
         by_job: dict[str, dict[str, float]] = {}
         if args.parallel == 1:
             ctr_events = events.stop()
-            in_pod = node_stages.in_pod_stages(ctr_events, imagebuild.DEFAULT_TAG)
-            by_job = node_stages.in_pod_stages_by_job(ctr_events, imagebuild.DEFAULT_TAG)
+            in_pod = node_stages.in_pod_stages(ctr_events, args.image_tag)
+            by_job = node_stages.in_pod_stages_by_job(ctr_events, args.image_tag)
         runs = list_runs(plane)
         added, adds = jobs.first_added()
         seen = JobWatch(plane)
         seen.added, seen.adds = added, collections.Counter(adds)
-        check = lost_and_repeated(runs, names, args.iterations, seen, retried)
+        warm_names = frozenset(warm_modes["warm"]) if args.warm else frozenset()
+        check = lost_and_repeated(runs, names, args.iterations, seen, retried, warm_names)
+        chain_names = warm_modes["cold"] if args.warm else names
+        if args.warm:  # the containerd stages of the cold pods only (a warm pod's main is the loop)
+            cold_jobs = {
+                naming.job_name(n, 1, k, 1) for n in chain_names for k in range(1, args.iterations + 1)
+            }
+            in_pod = {
+                stage: [v[stage] for job, v in by_job.items() if job in cold_jobs]
+                for stage in node_stages.IN_POD_STAGES
+            }
         rows = node_stages.iteration_figures(
-            names, args.iterations, added, node_stages.pods_by_job(pods.events), run_watch.events
+            chain_names, args.iterations, added, node_stages.pods_by_job(pods.events), run_watch.events
         )
         figures = node_stages.summarize(rows, bare, in_pod)
+        warm_figures: dict[str, Any] = {}
+        if args.warm:
+            assert pod_logs is not None
+            lines = pod_logs.stop()
+            offset = (offset_start + offset_end) / 2
+            rows_of: dict[str, list[dict[str, float]]] = {mode: [] for mode in node_warm.MODES}
+            log_lost: list[str] = []
+            log_repeated: list[str] = []
+            for name in names:
+                text = node_warm.read_log(plane, NS, name)
+                lost_here, repeated_here = node_warm.log_check(text, args.iterations)
+                log_lost += [f"{name}: {what}" for what in lost_here]
+                log_repeated += [f"{name}: {what}" for what in repeated_here]
+                recorded = {
+                    k: t + offset
+                    for k in range(1, args.iterations + 1)
+                    if (t := node_stages.recorded_at(run_watch.events, name, k)) is not None
+                }
+                is_warm = name in warm_names
+                said = node_warm.supervisor_marks(lines, naming.job_name(name, 1, 1, 1)) if is_warm else None
+                rows_of["warm" if is_warm else "cold"] += node_warm.iteration_rows(
+                    node_warm.parse_log(text), recorded, args.iterations, said
+                )
+            check["lost"] += len(log_lost)
+            check["repeated"] += len(log_repeated)
+            check["examples"] = (check["examples"] + log_lost + log_repeated)[:20]
+            warm_figures = node_warm.summarize(rows_of["cold"], rows_of["warm"])
+            warm_figures["per_mode"] = node_warm.per_mode_costs(
+                starts, (after, cpu_before + cpu), warm_names, args.iterations
+            )
+            warm_figures["clock_offset_drift_ms"] = 1000 * (offset_end - offset_start)
         completed = max(1, check["completed_iterations"])
         writes = sum(
             v - before.get(k, 0.0)
@@ -481,6 +569,15 @@ def main_kubelet(args: argparse.Namespace) -> int:
             "writes_per_iteration": writes / completed,
             "check": check,
         }
+        if args.warm:
+            # `overhead_ms` is the warm figure; the cold runs' own figures, with the overhead as
+            # before (wall - main), are under `cold`.
+            report["cold"] = {
+                key: report.pop(key) for key in ("wall_ms", "main_ms", "overhead_ms", "stages_ms")
+            }
+            report["cold"]["containerd_ms"] = report.pop("containerd_ms")
+            report.update(warm_figures)
+            report["runs"] = {"cold": args.runs, "warm": args.runs}
         if args.checkpoint:
             report["checkpoint"] = {
                 "workspace_files": args.workspace_files,
@@ -493,26 +590,38 @@ def main_kubelet(args: argparse.Namespace) -> int:
             }
         print()
         print(
-            f"runtime=kubelet runs={args.runs} iterations/run={args.iterations} parallel={args.parallel} "
+            f"runtime=kubelet runs={len(names)} iterations/run={args.iterations} parallel={args.parallel} "
             f"wall={elapsed:.1f}s; load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}"
         )
         print(
             f"check: {check['succeeded']}/{check['runs']} Succeeded, {check['unfinished']} unfinished, "
             f"lost={check['lost']} repeated={check['repeated']}"
+            + (f" not_warm={check['not_warm']}" if args.warm else "")
         )
         for example in check["examples"]:
             print("   ", example)
+        if args.warm:
+            print("the cold runs, as without --warm:")
         node_stages.print_summary(figures)
+        if args.warm:
+            node_warm.print_figures(warm_figures)
         if args.checkpoint:
             node_checkpoints.print_figures(report["checkpoint"]["modes"])
         print(
             f"operator CPU {report['cpu_ms_per_iteration']:.2f} ms and "
             f"{report['writes_per_iteration']:.2f} API writes per iteration"
         )
-        ok = check["lost"] == 0 and check["repeated"] == 0 and check["succeeded"] == check["runs"]
+        ok = (
+            check["lost"] == 0
+            and check["repeated"] == 0
+            and check["not_warm"] == 0
+            and check["succeeded"] == check["runs"]
+        )
     finally:
         if operator is not None:
             operator.stop()
+        if pod_logs is not None:
+            pod_logs.stop()
         events.stop()
         node.stop()
         plane.stop()

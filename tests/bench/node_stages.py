@@ -387,25 +387,27 @@ def print_summary(figures: dict[str, Any]) -> None:
             print(row(f"    {stage}", d))
 
 
-def node_images() -> list[str]:
-    """busybox and the operator image (the reporter's), made on a Docker engine when missing."""
+def node_images(tag: str | None = None) -> list[str]:
+    """busybox and the operator image (the reporter's) as `tag` (default: the image's own tag), made
+    on a Docker engine when missing."""
     from agentrun_devcluster import dockerengine, imagebuild
     from agentrun_devcluster.baseimages import BUSYBOX
 
     dockerengine.ensure_engine(print)
-    built = imagebuild.build_image_with_busybox(imagebuild.DEFAULT_TAG, "auto", print)
+    built = imagebuild.build_image_with_busybox(tag or imagebuild.DEFAULT_TAG, "auto", print)
     return [BUSYBOX, built.tag]
 
 
-def start_node(home: Path, tools: Any, crds: Path) -> tuple[ControlPlane, Any]:
-    """A control plane with the real node on it (as the node tier's fixture starts it)."""
+def start_node(home: Path, tools: Any, crds: Path, image_tag: str | None = None) -> tuple[ControlPlane, Any]:
+    """A control plane with the real node on it (as the node tier's fixture starts it); the operator
+    image is built as `image_tag` (default: its own tag)."""
     from agentrun_devcluster.node.host import host_problem
     from agentrun_devcluster.node.node import RealNode
 
     problem = host_problem()
     if problem is not None:
         raise SystemExit(f"no real node here: {problem}")
-    images = node_images()
+    images = node_images(image_tag)
     plane = ControlPlane(home, tools, progress=print)
     plane.set_runtime("kubelet")
     node = RealNode(plane, progress=print)
