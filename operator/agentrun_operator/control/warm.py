@@ -45,7 +45,9 @@ FIFO_WRITE_SECONDS: Final = 5.0
 EXIT_POLL: Final = 0.01
 EXIT_POLL_LATER: Final = 0.1
 EXIT_FAST_SECONDS: Final = 10.0
-"""Looks for an iteration's exit code every 10 ms for its first 10 s, then every 100 ms."""
+"""Looks for an iteration's exit code every 10 ms for its first 10 s, then every 100 ms; between
+iterations every 10 ms while a result waits for the operator (its start of the next one comes within
+milliseconds) for up to 10 s, then every 100 ms (`Supervisor.poll_seconds`)."""
 ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 """An iteration id: a directory name and a line of the FIFO (no `/`, no leading dot, not `stop`)."""
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -200,6 +202,8 @@ class Result:
     text: str
     finished_at: str
     acked: bool = False
+    since: float = 0.0
+    """When the supervisor saw it end (monotonic)."""
 
 
 @dataclass(frozen=True)
@@ -374,22 +378,35 @@ class Supervisor:
         while True:
             with self._changed:
                 running, ending = self.running, self.ending
+                wait = self.poll_seconds(time.monotonic())
             if ending is not None:
                 return ending
-            fast = running is not None and time.monotonic() - running.since < EXIT_FAST_SECONDS
-            if signalled(EXIT_POLL if fast else EXIT_POLL_LATER):
+            if signalled(wait):
                 return "signal"
             if running is not None:
                 self._finish_if_ended(running)
             elif self._idle_over():
                 self._stop_idle()
 
+    def poll_seconds(self, now: float) -> float:
+        """How long the main thread waits before it looks again (under the state lock): `EXIT_POLL`
+        for a running iteration's first `EXIT_FAST_SECONDS`, and between iterations for as long while
+        the last result waits for the operator, whose start of the next iteration usually follows it
+        within milliseconds (so that iteration's end is not seen up to `EXIT_POLL_LATER` late when it
+        is short); `EXIT_POLL_LATER` otherwise: a long iteration, an acknowledged result (idle)."""
+        running, result = self.running, self.result
+        if running is not None:
+            fast = now - running.since < EXIT_FAST_SECONDS
+        else:
+            fast = result is not None and not result.acked and now - result.since < EXIT_FAST_SECONDS
+        return EXIT_POLL if fast else EXIT_POLL_LATER
+
     def _finish_if_ended(self, running: Running) -> None:
         ended, code = read_exit(self.settings.directory, running.id)
         if not ended:
             return
         envelope = self.reports.report(first=running.id == self.settings.first_id)
-        result = Result(running.id, code, envelope, encode_envelope(envelope), _now())
+        result = Result(running.id, code, envelope, encode_envelope(envelope), _now(), since=time.monotonic())
         with self._changed:
             self.result = result
             self.running = None
