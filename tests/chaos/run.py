@@ -33,6 +33,13 @@ workspace): every candidate of every iteration must start and finish once, each 
 candidates must have seen the previous iteration's winner's files, and the workspace must end as the
 chain of winners (docs/development.md#chaos-candidates).
 
+`--warm` gives each run `loop.warm` (its iterations run in one live pod, told by the operator) and
+retries, and adds the fault kind `warm-pod-kill`: a warm pod deleted while an iteration runs in it
+(one the pod did not start with, when there is one). Every iteration must be recorded once, the
+workload's own log must show each recorded attempt's command started once and only the last one
+done, and each iteration must have seen the previous iteration's control (`AGENTRUN_PREVIOUS_CONTROL`)
+and state (docs/development.md#chaos-warm).
+
 Afterwards every run must have Succeeded and each run's PVC log must show each iteration started
 and done exactly once (an attempt that failed on purpose and its retry count as one start). The
 report gives the faults injected per kind and the counts of wrong terminal states, repeated and lost
@@ -60,18 +67,24 @@ from typing import Any
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.provisioner import local_path
+from agentrun_operator import naming
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
 from tests.support.manifests import claim_yaml
 
 PROCESS_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "runner-restart")
 NODE_KINDS = ("operator-kill", "apiserver-freeze", "apiserver-restart", "etcd-restart", "kubelet-restart")
 """On the real node (`--runtime kubelet`) the kubelet is killed instead of the pod runner."""
-KINDS = (*PROCESS_KINDS, "kubelet-restart")
+WARM_KINDS = ("operator-kill", "warm-pod-kill")
+"""With `--warm`, by default: the operator killed, and a warm pod deleted while an iteration runs in it."""
+KINDS = (*PROCESS_KINDS, "kubelet-restart", "warm-pod-kill")
 NAMESPACE = "default"
 AR_PATH = f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NAMESPACE}/agentruns"
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 POLL_SECONDS = 0.5
 """How often the suite looks at the runs and their claims (one or two GETs each time)."""
+WARM_KILL_PREFER_SECONDS = 30.0
+"""`warm-pod-kill` waits this long for a warm pod running an iteration it did not start with before
+it takes any warm pod mid-iteration."""
 
 RUN_TEMPLATE = """\
 apiVersion: agents.proompteng.ai/v1alpha1
@@ -147,6 +160,38 @@ if [ $(( (C - N + 1 + {count} * {iterations}) % {count} )) -eq 0 ]; then SCORE=1
 mkdir -p "$(dirname "$AGENTRUN_LOOP_CONTROL_PATH")"
 echo "{{\\"score\\": $SCORE}}" > "$AGENTRUN_LOOP_CONTROL_PATH"
 echo "done $N $C" >> /logs/chaos.log
+"""
+
+WARM_STEP = """\
+        retries: {retries}
+        retryBackoffSeconds: 0
+"""
+
+WARM_LOOP = """\
+          warm:
+            idleSeconds: {idle}
+"""
+
+WARM_IDLE_SECONDS = 300
+"""`--warm`: how long a warm pod waits for the next iteration (the operator may be down meanwhile)."""
+
+# `--warm`: each attempt logs its start (with its pod and how many iterations its container has run:
+# more than 1 is a warm one) and what it found: the last line of state.txt and its
+# AGENTRUN_PREVIOUS_CONTROL; at its end it appends `N A` to state.txt, writes its control
+# `{"n": N, "a": A}` and logs `done N A`. A warm pod deleted mid-iteration ends its command there.
+WARM_SCRIPT = """\
+set -eu
+cd /workspace
+N=$AGENTRUN_ITERATION
+A=$AGENTRUN_ATTEMPT
+C=$(cat /tmp/chaos-count 2>/dev/null || echo 0); C=$((C + 1)); echo "$C" > /tmp/chaos-count
+echo "start $N $A $(hostname) $C" >> chaos.log
+echo "$N $A|$(tail -n 1 state.txt 2>/dev/null || echo none)|$AGENTRUN_PREVIOUS_CONTROL" >> seen.log
+{hold}sleep {sleep}
+echo "$N $A" >> state.txt
+mkdir -p "$(dirname "$AGENTRUN_LOOP_CONTROL_PATH")"
+echo "{{\\"n\\": $N, \\"a\\": $A}}" > "$AGENTRUN_LOOP_CONTROL_PATH"
+echo "done $N $A" >> chaos.log
 """
 
 CHECKPOINT_EXCLUDE = ("chaos.log", "release", "chaos-hashes")
@@ -234,6 +279,14 @@ class Config:
     and fails: its retry must start from the iteration's start (docs/concepts.md#checkpoints)."""
     candidates: int = 0
     """Each run's loop has `loop.candidates: {count: candidates}` and a shared /logs claim (0: none)."""
+    warm: bool = False
+    """Each run's loop has `loop.warm` and `retries` (a deleted warm pod's attempt is retried in a new
+    pod); the fault kind `warm-pod-kill` deletes a warm pod mid-iteration."""
+
+    @property
+    def warm_retries(self) -> int:
+        """`--warm`: every warm pod kill could hit one run (each fails an attempt), and one more."""
+        return min(100, self.faults * self.kinds.count("warm-pod-kill") + 1)
 
 
 def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
@@ -243,6 +296,8 @@ def manifest(config: Config, name: str, fail_iteration: int = 0) -> str:
     hold = HOLD.format(hold_iteration=config.hold_iteration, hold="yes" if config.hold else "no", mount=mount)
     if config.candidates:
         return candidates_manifest(config, name)
+    if config.warm:
+        return warm_manifest(config, name)
     if config.checkpoints:
         script = CHECKPOINT_SCRIPT.format(
             mount=mount, hold=hold, sleep=config.iteration_seconds, fail_iteration=fail_iteration
@@ -280,6 +335,102 @@ def candidates_manifest(config: Config, name: str) -> str:
     volume_end = "        mountPath: /workspace\n"
     run = run.replace(volume_end, volume_end + CANDIDATES_VOLUME.format(name=name), 1)
     return claim_yaml(f"{name}-workspace") + claim_yaml(f"{name}-logs") + run
+
+
+def warm_manifest(config: Config, name: str) -> str:
+    """`--warm`: one run with `loop.warm` and retries, and its workspace claim."""
+    hold = HOLD.format(
+        hold_iteration=config.hold_iteration, hold="yes" if config.hold else "no", mount="/workspace"
+    )
+    script = WARM_SCRIPT.format(hold=hold, sleep=config.iteration_seconds)
+    return claim_yaml(f"{name}-workspace") + RUN_TEMPLATE.format(
+        name=name,
+        script="\n".join(f"        {line}" if line else "" for line in script.splitlines()),
+        mount="/workspace",
+        iterations=config.iterations,
+        retries=WARM_STEP.format(retries=config.warm_retries),
+        checkpoint=WARM_LOOP.format(idle=WARM_IDLE_SECONDS),
+    )
+
+
+def warm_check(
+    log: str, seen: str, run: dict[str, Any], iterations: int
+) -> tuple[list[int], list[int], list[str]]:
+    """`--warm`: (repeated, lost, wrong) of one run. Lost: an iteration not recorded `Succeeded`, or
+    whose recorded last attempt never logged `done`. Repeated: an attempt that started or finished
+    twice, an attempt that ran beyond those the status records, or a failed attempt whose command
+    finished too (the iteration's work done twice). Wrong: a recorded attempt whose command never
+    started, an iteration that did not see the previous iteration's control
+    (`{"n": N-1, "a": <its recorded attempts>}`, `null` for the first) or state (its line `N-1 A`, or
+    the line of an earlier attempt of its own iteration that was killed after writing it)."""
+    records: dict[int, dict[str, Any]] = {}
+    for step in ((run.get("status") or {}).get("workflow") or {}).get("steps") or []:
+        for record in (step.get("loop") or {}).get("iterations") or []:
+            if isinstance(record.get("index"), int):
+                records[record["index"]] = record
+    starts = Counter(_log_lines(log, "start"))
+    dones = Counter(_log_lines(log, "done"))
+    repeated: set[int] = set()
+    lost: set[int] = set()
+    wrong: list[str] = []
+    attempts: dict[int, int] = {}
+    for k in range(1, iterations + 1):
+        record = records.get(k) or {}
+        ran = sorted(a for (i, a) in starts if i == k and a is not None)
+        if any(n > 1 for (i, _a), n in starts.items() if i == k) or any(
+            n > 1 for (i, _a), n in dones.items() if i == k
+        ):
+            repeated.add(k)
+        if record.get("phase") != "Succeeded" or not isinstance(record.get("attempts"), int):
+            lost.add(k)
+            wrong.append(f"iteration {k}: recorded as {record.get('phase')!r}")
+            continue
+        last = attempts[k] = int(record["attempts"])
+        if any(a > last for a in ran):
+            repeated.add(k)
+            wrong.append(f"iteration {k}: attempts {ran} ran, the status records {last}")
+        never = [a for a in range(1, last + 1) if a not in ran]
+        if never:
+            wrong.append(f"iteration {k}: recorded attempt(s) {never} never started their command")
+        if dones[k, last] != 1:
+            lost.add(k)
+        if any(dones[k, a] for a in range(1, last)):
+            repeated.add(k)
+            wrong.append(f"iteration {k}: a failed attempt's command finished too: {sorted(dones)}")
+    for line in seen.splitlines():  # "<N> <A>|<last line of state.txt>|<AGENTRUN_PREVIOUS_CONTROL>"
+        head, _, rest = line.partition("|")
+        before, _, control = rest.partition("|")
+        k, a = (int(x) for x in head.split())
+        if k == 1:
+            want_state, want_control = "none", None
+        elif k - 1 in attempts:
+            want_state, want_control = f"{k - 1} {attempts[k - 1]}", {"n": k - 1, "a": attempts[k - 1]}
+        else:
+            continue  # the previous iteration is not recorded: already counted lost
+        killed_own = (
+            before.startswith(f"{k} ") and int(before.split()[1]) < a and not dones[k, int(before.split()[1])]
+        )
+        if before != want_state and not killed_own:
+            wrong.append(f"iteration {k} attempt {a} started from state {before!r}, not {want_state!r}")
+        try:
+            found = json.loads(control)
+        except ValueError:
+            found = control
+        if found != want_control:
+            wrong.append(
+                f"iteration {k} attempt {a} saw the previous control {control!r}, not {want_control}"
+            )
+    return sorted(repeated), sorted(lost), wrong
+
+
+def warm_iterations(log: str) -> int:
+    """`--warm`: how many commands ran in a container that had run an earlier iteration (the count
+    each one logs after its pod's name)."""
+    return sum(
+        1
+        for line in log.splitlines()
+        if line.startswith("start ") and len(line.split()) == 5 and line.split()[4] != "1"
+    )
 
 
 def winner_of(iteration: int, count: int) -> int:
@@ -348,6 +499,14 @@ class Report:
     """`--checkpoints`: per run, the retries that did not start from their iteration's start hash."""
     not_retried: list[str] = field(default_factory=list)
     """`--checkpoints`: runs whose failing iteration did not fail once and then run again."""
+    warm_wrong: dict[str, list[str]] = field(default_factory=dict)
+    """`--warm`: per run, what is off besides lost and repeated (`warm_check`)."""
+    warm_pods_killed: list[str] = field(default_factory=list)
+    """`--warm`: each warm pod deleted, and the iteration attempt it was running."""
+    warm_iterations: int = 0
+    """`--warm`: commands that ran in a container that had run an earlier iteration."""
+    warm_attempts: int = 0
+    """`--warm`: iteration attempts the runs' status records (one per iteration, more when retried)."""
 
     @property
     def wrong_terminal(self) -> dict[str, str]:
@@ -362,6 +521,7 @@ class Report:
             and not any(self.lost.values())
             and not any(self.restore_mismatch.values())
             and not any(self.candidates_wrong.values())
+            and not any(self.warm_wrong.values())
             and not self.not_retried
         )
 
@@ -393,6 +553,13 @@ class Report:
                 f"{c.runs * c.iterations * c.candidates}  "
                 f"candidates_wrong: {sum(len(v) for v in self.candidates_wrong.values())}"
             )
+        if c.warm:
+            lines.append(
+                f"warm: iterations in a pod that ran an earlier one: {self.warm_iterations}  "
+                f"attempts recorded: {self.warm_attempts}  warm pods killed mid-iteration: "
+                f"{len(self.warm_pods_killed)}  warm_wrong: {sum(len(v) for v in self.warm_wrong.values())}"
+            )
+            lines += [f"  killed {what}" for what in self.warm_pods_killed]
         if self.error:
             lines.append(f"STOPPED EARLY: {self.error}")
         for name, phase in sorted(self.wrong_terminal.items()):
@@ -404,6 +571,8 @@ class Report:
         for name, problems in sorted(self.restore_mismatch.items()):
             lines += [f"  {name}: {problem}" for problem in problems]
         for name, problems in sorted(self.candidates_wrong.items()):
+            lines += [f"  {name}: {problem}" for problem in problems]
+        for name, problems in sorted(self.warm_wrong.items()):
             lines += [f"  {name}: {problem}" for problem in problems]
         for name in self.not_retried:
             lines.append(
@@ -526,6 +695,10 @@ class LocalDefault:
         """The claim whose root holds chaos.log and release: `logs` with `--candidates`."""
         self.plane = ControlPlane(home, toolchain.bin_dir())
         self.failed_recoveries = 0
+        self.names: list[str] = []
+        """The suite's runs (a warm pod to kill is one of theirs)."""
+        self.rng = random.Random(0)
+        self.warm_pods_killed: list[str] = []
 
     def agentrun(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
@@ -582,7 +755,8 @@ class LocalDefault:
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    def inject(self, kind: str, config: Config) -> None:
+    def inject(self, kind: str, config: Config) -> bool:
+        """Inject one fault of `kind`; False when it could not be (`warm-pod-kill`: every run ended)."""
         if kind == "operator-kill":
             self.kill_and_up("operator")
         elif kind == "apiserver-freeze":
@@ -595,8 +769,68 @@ class LocalDefault:
             self.kill_and_up("pod-runner")
         elif kind == "kubelet-restart":
             self.kill_and_up("kubelet")  # its containers keep running, as on a node
+        elif kind == "warm-pod-kill":
+            return self.kill_warm_pod(time.monotonic() + config.timeout)
         else:
             raise ValueError(kind)
+        return True
+
+    def kill_warm_pod(self, deadline: float) -> bool:
+        """Delete (as `kubectl delete pod` does: its grace period, SIGTERM first) a warm pod while an
+        iteration's command runs in it, one the pod did not start with when there is such a pod (the
+        iterations the operator started over the channel are what is new here); otherwise, after
+        `WARM_KILL_PREFER_SECONDS`, any warm pod mid-iteration. Waits for one; False when every run
+        has ended first."""
+        since = time.monotonic()
+        while True:
+            found = self.warm_pods_mid_iteration()
+            later = [f for f in found if f[3]]
+            if time.monotonic() - since >= WARM_KILL_PREFER_SECONDS:
+                later = later or found
+            if later:
+                pod, run, (k, a), warm, first = self.rng.choice(sorted(later))
+                code, _ = self.plane.api_request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+                if code in (200, 202):
+                    what = "an iteration it started over the channel" if warm else "its first iteration"
+                    self.warm_pods_killed.append(
+                        f"{pod} ({run}, iteration {k} attempt {a}: {what}; the pod started at {first})"
+                    )
+                    self.say(f"chaos: deleted warm pod {pod} during iteration {k} attempt {a} of {run}")
+                    return True
+            if self.all_ended(len(self.names)):
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError("timed out waiting for a warm pod mid-iteration")
+            time.sleep(POLL_SECONDS)
+
+    def warm_pods_mid_iteration(self) -> list[tuple[str, str, tuple[int, int], bool, str]]:
+        """(pod, run, the (iteration, attempt) its command runs, whether the pod started with another
+        iteration, the iteration it started with) of each live warm pod of the suite's runs whose run's
+        log last started an attempt that has not finished."""
+        code, body = self.plane.api_get(
+            f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={naming.LABEL_WARM}%3Dtrue", timeout=10
+        )
+        if code != 200:
+            return []
+        found = []
+        for pod in json.loads(body).get("items") or []:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            run = labels.get(naming.LABEL_RUN)
+            if run not in self.names or meta.get("deletionTimestamp"):
+                continue
+            if (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            log = self.claim_log(run)
+            started = _log_lines(log, "start")
+            if not started:
+                continue
+            k, a = started[-1]
+            if a is None or (k, a) in set(_log_lines(log, "done")):
+                continue
+            first = int(labels.get(naming.LABEL_ITERATION, "0"))
+            found.append((str(meta["name"]), run, (k, a), k > first, f"iteration {first}"))
+        return found
 
     def phases(self) -> dict[str, str] | None:
         code, body = self.plane.api_get(AR_PATH, timeout=10)
@@ -712,6 +946,8 @@ def run(
         say(f"chaos: starting a local default in {home} ({config.runtime} runtime)")
         env.agentrun("dev", "up", f"--runtime={config.runtime}")
         names = [f"chaos-{i:03d}" for i in range(config.runs)]
+        env.names = names
+        env.rng = random.Random(f"{config.seed}/warm")
         if config.checkpoints:
             report.fail_iterations = fail_iterations(config, names)
         manifests = "---\n".join(manifest(config, n, report.fail_iterations.get(n, 0)) for n in names)
@@ -727,8 +963,8 @@ def run(
                 break  # faults are injected while runs are in flight only
             time.sleep(config.gap)
             say(f"chaos: {kind}")
-            env.inject(kind, config)
-            report.injected[kind] += 1
+            if env.inject(kind, config):
+                report.injected[kind] += 1
         if config.hold:
             env.release(names, deadline)
         while time.monotonic() < deadline:
@@ -750,6 +986,18 @@ def run(
                     log, seen, state, env.agentrun_object(name), config.iterations, config.candidates
                 )
                 report.candidates_wrong[name] = wrong
+            elif config.warm:
+                obj = env.agentrun_object(name)
+                repeated, lost, wrong = warm_check(
+                    log, env.claim_log(name, "seen.log"), obj, config.iterations
+                )
+                report.warm_wrong[name] = wrong
+                report.warm_iterations += warm_iterations(log)
+                report.warm_attempts += sum(
+                    int(r.get("attempts") or 0)
+                    for step in ((obj.get("status") or {}).get("workflow") or {}).get("steps") or []
+                    for r in (step.get("loop") or {}).get("iterations") or []
+                )
             else:
                 repeated, lost = iteration_counts(log, config.iterations)
             report.repeated[name] = repeated
@@ -771,6 +1019,7 @@ def run(
         report.error = str(exc)
     finally:
         report.failed_recoveries = env.failed_recoveries
+        report.warm_pods_killed = list(env.warm_pods_killed)
         report.seconds = time.monotonic() - started
         if shared:
             processes.stop_process(home / "run", "operator", grace=20)
@@ -832,14 +1081,25 @@ def main(argv: list[str] | None = None) -> int:
         help="loop.candidates with N candidates per iteration and a shared /logs claim: every candidate "
         "runs once, each iteration starts from the previous winner, the workspace ends as the winners' chain",
     )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="loop.warm and retries per run, and the fault kind warm-pod-kill (default kinds: "
+        f"{','.join(WARM_KINDS)}): every iteration recorded once, each recorded attempt's command "
+        "started once, each iteration saw the previous one's control and state",
+    )
     parser.add_argument("--home", help="the local default's state directory (default: a new temporary one)")
     parser.add_argument("--keep", action="store_true", help="leave the local default running afterwards")
     args = parser.parse_args(argv)
-    default = NODE_KINDS if args.runtime == "kubelet" else PROCESS_KINDS
+    default = WARM_KINDS if args.warm else NODE_KINDS if args.runtime == "kubelet" else PROCESS_KINDS
     kinds = tuple(k for k in args.kinds.split(",") if k) if args.kinds else default
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         parser.error(f"unknown fault kinds {unknown}; choose from {', '.join(KINDS)}")
+    if "warm-pod-kill" in kinds and not args.warm:
+        parser.error("the fault kind warm-pod-kill needs --warm")
+    if args.warm and (args.checkpoints or args.candidates or args.control_off_volume):
+        parser.error("--warm goes with neither --checkpoints, --candidates nor --control-off-volume")
     if not 1 <= args.hold_iteration <= args.iterations:
         parser.error(f"--hold-iteration must be between 1 and --iterations ({args.iterations})")
     config = Config(
@@ -858,6 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
         control_off_volume=args.control_off_volume,
         checkpoints=args.checkpoints,
         candidates=args.candidates,
+        warm=args.warm,
     )
     home = Path(args.home) if args.home else Path(tempfile.mkdtemp(prefix="agentrun-chaos-")) / "dev"
     report = run(config, home, keep=args.keep)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.run import Config, run
+from tests.chaos.run import WARM_KINDS, Config, run
 
 
 def _require_the_local_default() -> None:
@@ -107,4 +107,37 @@ def test_every_candidate_runs_once_and_the_winners_chain_survives_faults(tmp_pat
     assert not any(report.repeated.values()), report.summary()
     assert not any(report.lost.values()), report.summary()
     assert not any(report.candidates_wrong.values()), report.summary()
+    assert report.ok
+
+
+def test_warm_iterations_run_once_each_seeing_the_last_under_faults(tmp_path: Path) -> None:
+    """`--warm` at a small size (docs/development.md#chaos-warm): each run's loop runs its
+    iterations in one live pod. Held in iteration 2 (a pod's second iteration, started over the
+    channel) while the operator is killed and a warm pod is deleted mid-iteration: every iteration
+    must be recorded once, each recorded attempt's command start once (the deleted pod's attempt
+    retried in a new pod), and each iteration see the previous one's control and state."""
+    _require_the_local_default()
+    config = Config(
+        runs=2,
+        iterations=3,
+        faults=1,
+        kinds=WARM_KINDS,
+        iteration_seconds=1.0,
+        gap=0.5,
+        timeout=600,
+        hold=True,
+        hold_iteration=2,
+        warm=True,
+    )
+    report = run(config, tmp_path / "dev")
+    print(report.summary())
+    assert not report.error, report.summary()
+    assert sum(report.injected.values()) == 2, report.summary()
+    assert len(report.warm_pods_killed) == 1, report.summary()
+    assert report.wrong_terminal == {}, report.summary()
+    assert not any(report.repeated.values()), report.summary()
+    assert not any(report.lost.values()), report.summary()
+    assert not any(report.warm_wrong.values()), report.summary()
+    assert report.warm_iterations >= 2, report.summary()  # each run's iteration 2 in its first pod
+    assert report.warm_attempts == 7, report.summary()  # 6 iterations, one retried after the kill
     assert report.ok

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,6 +18,8 @@ from tests.chaos.run import (
     CHECKPOINT_EXCLUDE,
     NODE_KINDS,
     PROCESS_KINDS,
+    WARM_IDLE_SECONDS,
+    WARM_KINDS,
     Config,
     candidates_check,
     fail_iterations,
@@ -25,6 +28,8 @@ from tests.chaos.run import (
     restore_check,
     schedule,
     status_check,
+    warm_check,
+    warm_iterations,
     winner_of,
 )
 
@@ -214,3 +219,91 @@ def test_the_candidates_manifest_is_a_valid_run_with_a_shared_logs_claim() -> No
     from agentrun_operator.api import agentrun_errors
 
     assert agentrun_errors(run) == []
+
+
+def _warm_run(*attempts: int, phase: str = "Succeeded") -> dict[str, object]:
+    records = [{"index": k, "attempts": a, "phase": phase, "warm": k > 1} for k, a in enumerate(attempts, 1)]
+    return {"status": {"workflow": {"steps": [{"loop": {"iterations": records}}]}}}
+
+
+def _seen(k: int, a: int, state: str, control: str) -> str:
+    return f"{k} {a}|{state}|{control}\n"
+
+
+def test_warm_iterations_each_once_seeing_the_previous_control_and_state_are_clean() -> None:
+    # Iteration 2's first attempt was killed mid-iteration (no done); its retry saw iteration 1's.
+    log = "start 1 1 p 1\ndone 1 1\nstart 2 1 p 2\nstart 2 2 q 1\ndone 2 2\nstart 3 1 q 2\ndone 3 1\n"
+    seen = (
+        _seen(1, 1, "none", "null")
+        + _seen(2, 1, "1 1", '{"a":1,"n":1}')
+        + _seen(2, 2, "1 1", '{"a":1,"n":1}')
+        + _seen(3, 1, "2 2", '{"a":2,"n":2}')
+    )
+    assert warm_check(log, seen, _warm_run(1, 2, 1), 3) == ([], [], [])
+    assert warm_iterations(log) == 2  # iteration 2 attempt 1 and iteration 3: the second in their pods
+    # An attempt killed after writing its state line: its retry starts from it, which is no fault.
+    killed_late = _seen(2, 2, "2 1", '{"a":1,"n":1}')
+    assert (
+        warm_check(
+            log, seen.replace(_seen(2, 2, "1 1", '{"a":1,"n":1}'), killed_late), _warm_run(1, 2, 1), 3
+        )[2]
+        == []
+    )
+
+
+def test_warm_repeated_lost_and_wrong_are_each_found() -> None:
+    log = (
+        "start 1 1 p 1\ndone 1 1\nstart 2 1 p 2\ndone 2 1\nstart 2 2 q 1\ndone 2 2\n"
+        "start 3 1 q 2\nstart 3 1 q 3\n"
+    )
+    seen = _seen(1, 1, "none", "null") + _seen(2, 1, "none", '{"a":1,"n":1}') + _seen(3, 1, "2 2", '{"n":2}')
+    repeated, lost, wrong = warm_check(log, seen, _warm_run(1, 2, 1), 3)
+    assert repeated == [2, 3]  # 2: its failed attempt finished too; 3: started twice
+    assert lost == [3]  # never done
+    assert any("a failed attempt's command finished too" in w for w in wrong)
+    assert "iteration 2 attempt 1 started from state 'none', not '1 1'" in wrong
+    assert any(w.startswith("iteration 3 attempt 1 saw the previous control") for w in wrong)
+    _, lost, wrong = warm_check("start 1 2 p 1\ndone 1 2\n", "", _warm_run(2), 1)
+    assert wrong == ["iteration 1: recorded attempt(s) [1] never started their command"] and lost == []
+    repeated, lost, wrong = warm_check("start 1 1 p 1\nstart 1 2 p 2\ndone 1 2\n", "", _warm_run(1), 1)
+    assert repeated == [1] and lost == [1]
+    assert wrong == ["iteration 1: attempts [1, 2] ran, the status records 1"]
+    _, lost, _ = warm_check("", "", _warm_run(1, phase="Failed"), 1)
+    assert lost == [1]
+
+
+def test_the_warm_manifest_is_a_valid_warm_run_with_a_retry_per_pod_kill() -> None:
+    config = Config(warm=True, kinds=WARM_KINDS, faults=6, hold=True, hold_iteration=5, iterations=5)
+    (claim, run) = yaml.safe_load_all(manifest(config, "chaos-000"))
+    assert claim["kind"] == "PersistentVolumeClaim"
+    step = run["spec"]["workflow"]["steps"][0]
+    assert step["retries"] == 7 and step["retryBackoffSeconds"] == 0
+    assert step["loop"]["warm"] == {"idleSeconds": WARM_IDLE_SECONDS}
+    assert run["spec"]["workload"]["command"] == ["sh", "-c"]
+    from agentrun_operator.api import agentrun_errors
+
+    assert agentrun_errors(run) == []
+
+
+def test_the_warm_workload_logs_what_it_saw(tmp_path: Path) -> None:
+    """The run's script by hand (sh standing in for busybox), the operator's part played here: each
+    iteration gets the previous one's control as AGENTRUN_PREVIOUS_CONTROL; a container's count
+    (in its own /tmp, here a directory of the test's) goes on across the iterations it runs."""
+    doc = list(yaml.safe_load_all(manifest(Config(warm=True, iteration_seconds=0), "c")))[1]
+    script = doc["spec"]["workload"]["args"][0].replace("/workspace", str(tmp_path))
+    script = script.replace("/tmp/chaos-count", str(tmp_path / "count"))
+    control = tmp_path / ".agentrun" / "control.json"
+    previous = "null"
+    for k in (1, 2, 3):
+        env = dict(
+            os.environ,
+            AGENTRUN_ITERATION=str(k),
+            AGENTRUN_ATTEMPT="1",
+            AGENTRUN_PREVIOUS_CONTROL=previous,
+            AGENTRUN_LOOP_CONTROL_PATH=str(control),
+        )
+        subprocess.run(["sh", "-c", script], env=env, check=True)
+        previous = json.dumps(json.loads(control.read_text()), separators=(",", ":"), sort_keys=True)
+    log, seen = (tmp_path / "chaos.log").read_text(), (tmp_path / "seen.log").read_text()
+    assert warm_check(log, seen, _warm_run(1, 1, 1), 3) == ([], [], [])
+    assert warm_iterations(log) == 2
