@@ -188,8 +188,24 @@ def pod_from_k8s(pod: dict[str, Any]) -> ObservedPod | None:
         containers_ended=containers_ended(status),
         node_name=(pod.get("spec") or {}).get("nodeName") or None,
         completion_index=completion_index(meta),
-        warm_ip=(status.get("podIP") or None) if labels.get(naming.LABEL_WARM) == "true" else None,
+        warm_ip=warm_address(labels, status),
     )
+
+
+def warm_address(labels: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """Where a warm loop's pod serves its channel (`status.podIP`), once its reporter (the supervisor)
+    has started: the pod has its IP from its sandbox on, while the kubelet may still pull the
+    reporter's image for minutes, and a supervisor not started yet is no silence to count
+    (planner/warm.py `WARM_SILENCE_SECONDS`); until then the planner waits for the pod as for one
+    without its IP, within the step's timeout. None for any other pod."""
+    if labels.get(naming.LABEL_WARM) != "true" or not status.get("podIP"):
+        return None
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") == REPORTER_CONTAINER:
+            state, last = cs.get("state") or {}, cs.get("lastState") or {}
+            if "running" in state or "terminated" in state or "terminated" in last:
+                return str(status["podIP"])
+    return None
 
 
 COMPLETION_INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"

@@ -13,9 +13,10 @@ from agentrun_operator import naming
 from agentrun_operator.api import parse_agentrun
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
 from agentrun_operator.planner.actions import CreateJob, DeleteJob, WarmCommand
-from agentrun_operator.planner.observed import ObservedWarm, WarmResult
+from agentrun_operator.planner.observed import ObservedPod, ObservedWarm, WarmResult
 from agentrun_operator.planner.validate import validate_static
 from agentrun_operator.planner.warm import WARM_SILENCE_SECONDS
+from agentrun_operator.shell.observe import pod_from_k8s
 from tests.unit.planner.world import (
     LOOPS_ON,
     PlannerWorld,
@@ -541,3 +542,50 @@ def test_a_duplicate_pod_of_the_warm_job_is_never_taken_for_the_warm_pod() -> No
     obey(world)
     world.plan()
     assert world.step_status().phase == "Running"  # the duplicate's silence fails nothing
+
+
+def _warm_pod(name: str, job: str, reporter: dict[str, Any]) -> ObservedPod:
+    """A warm pod as the shell decodes it from the API (shell/observe.py): its IP from its sandbox
+    on, its reporter in `reporter` state."""
+    pod = pod_from_k8s(
+        {
+            "metadata": {"name": name, "labels": {"job-name": job, naming.LABEL_WARM: "true"}},
+            "status": {
+                "phase": "Running" if "running" in reporter else "Pending",
+                "podIP": "10.244.0.9",
+                "containerStatuses": [
+                    {"name": "reporter", "state": reporter, "image": "op:1"},
+                    {"name": "main", "state": {"waiting": {"reason": "PodInitializing"}}},
+                ],
+            },
+        }
+    )
+    assert pod is not None
+    return pod
+
+
+def test_a_warm_pod_pulling_its_reporters_image_is_waited_for_not_failed_as_unanswered() -> None:
+    """A pod has its IP from its sandbox on, while the kubelet may pull the reporter's image for
+    minutes. The channel polls a pod with its address (shell/warm_channels.py `observe`), and its
+    refused connections counted as the supervisor's silence: the attempt failed after
+    WARM_SILENCE_SECONDS as WarmSupervisorUnanswered while the image was still coming. The address
+    is now the pod's once its reporter has started (shell/observe.py `warm_address`)."""
+    world = warm_world(retries=0, timeout=600)
+    job = world.active()
+    pod = pod_of(world, job)
+    pulling = {"waiting": {"reason": "ContainerCreating"}}
+    world.pods[pod] = _warm_pod(pod, job, pulling)
+    if world.pods[pod].warm_ip is not None:  # polled: its supervisor refuses the connection
+        world.warm[pod] = ObservedWarm(pod, error="refused the connection", error_since=world.now)
+    world.plan()
+    world.advance(WARM_SILENCE_SECONDS + 30)
+    world.plan()
+    assert world.step_status().phase == "Running", world.step_status().message
+    assert job not in world.deleted
+    world.pods[pod] = _warm_pod(pod, job, {"running": {"startedAt": "2026-12-05T00:00:00Z"}})
+    assert world.pods[pod].warm_ip == "10.244.0.9"
+    world.warm[pod] = ObservedWarm(pod, "running", "1-1")
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    assert [r.phase for r in world.step_status().loop.iterations] == ["Succeeded", "Running"]
+    assert [c.id for c in starts(world)] == ["2-1"]
