@@ -311,7 +311,7 @@ def per_mode_costs(
     after the last; a run's share is up to the next run's creation (so it includes its trailing
     writes: the Job's TTL, its Events, a warm loop's Job deleted at its end). Pure."""
     totals: dict[str, dict[str, Any]] = {
-        mode: {"iterations": 0, "cpu": 0.0, "writes": Counter()} for mode in MODES
+        mode: {"iterations": 0, "cpu": 0.0, "writes": Counter(), "sums": Counter()} for mode in MODES
     }
     bounds = [*((m[1], m[2]) for m in marks[1:]), end]
     for (name, scraped, cpu), (next_scraped, next_cpu) in zip(marks, bounds, strict=True):
@@ -319,16 +319,31 @@ def per_mode_costs(
         share["iterations"] += iterations
         share["cpu"] += next_cpu - cpu
         share["writes"].update(write_deltas(scraped, next_scraped))
+        for key in SUMS:
+            share["sums"][key] += next_scraped.get(key, 0.0) - scraped.get(key, 0.0)
     out: dict[str, dict[str, Any]] = {}
     for mode, total in totals.items():
         n = max(1, total["iterations"])
         writes: Counter[str] = total["writes"]
+        sums: Counter[str] = total["sums"]
+        reconciles = sums["agentrun_reconcile_duration_seconds_count"]
         out[mode] = {
             "cpu_ms_per_iteration": 1000 * total["cpu"] / n,
             "writes_per_iteration": sum(writes.values()) / n,
             "writes_per_iteration_by_resource": {k: v / n for k, v in sorted(writes.items())},
+            "reconciles_per_iteration": reconciles / n,
+            "reconcile_ms_mean": 1000 * sums["agentrun_reconcile_duration_seconds_sum"] / max(1, reconciles),
+            "planner_ms_per_iteration": 1000 * sums["agentrun_plan_duration_seconds_sum"] / n,
         }
     return out
+
+
+SUMS = (
+    "agentrun_reconcile_duration_seconds_count",
+    "agentrun_reconcile_duration_seconds_sum",
+    "agentrun_plan_duration_seconds_sum",
+)
+"""The operator's own timings (unlabelled series) that `per_mode_costs` splits by mode."""
 
 
 def print_figures(figures: dict[str, Any]) -> None:
@@ -349,8 +364,10 @@ def print_figures(figures: dict[str, Any]) -> None:
         print(row(f"    {stage}", figures["warm_ms"][stage]))
     for mode, costs in figures.get("per_mode", {}).items():
         print(
-            f"{mode}: operator CPU {costs['cpu_ms_per_iteration']:.2f} ms and "
-            f"{costs['writes_per_iteration']:.2f} API writes per iteration"
+            f"{mode}: operator CPU {costs['cpu_ms_per_iteration']:.2f} ms, "
+            f"{costs['writes_per_iteration']:.2f} API writes, {costs['reconciles_per_iteration']:.2f} "
+            f"reconciles (mean {costs['reconcile_ms_mean']:.1f} ms) and "
+            f"{costs['planner_ms_per_iteration']:.2f} ms of planning per iteration"
         )
         for key, value in costs["writes_per_iteration_by_resource"].items():
             print(f"    {key}: {value:.2f}/iteration")

@@ -132,6 +132,8 @@ def test_each_mode_pays_for_its_runs_until_the_next_one_starts() -> None:
             'agentrun_api_requests_total{verb="POST",resource="jobs"}': job,
             'agentrun_api_requests_total{verb="PUT",resource="agentruns/status"}': status,
             'agentrun_api_requests_total{verb="GET",resource="jobs"}': gets,
+            "agentrun_reconcile_duration_seconds_count": status * 2,
+            "agentrun_reconcile_duration_seconds_sum": status * 0.01,
         }
 
     starts = [
@@ -146,6 +148,9 @@ def test_each_mode_pays_for_its_runs_until_the_next_one_starts() -> None:
         'verb="PUT",resource="agentruns/status"': pytest.approx(1.1),
     }
     assert costs["warm"]["cpu_ms_per_iteration"] == pytest.approx(5.0)
+    assert costs["warm"]["reconciles_per_iteration"] == pytest.approx(2.2)
+    assert costs["warm"]["reconcile_ms_mean"] == pytest.approx(5.0)
+    assert costs["cold"]["planner_ms_per_iteration"] == 0.0  # no such series scraped
 
 
 def _status(records: list[dict[str, Any]]) -> dict[str, Any]:
