@@ -75,6 +75,10 @@ class ChannelServer(ThreadingHTTPServer):
 class ChannelHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_CONNECTION_SECONDS
+    disable_nagle_algorithm = True
+    """TCP_NODELAY on every connection: an answer is written as its headers, then its body; with
+    Nagle's algorithm the body waited for the client's delayed ACK of the headers, about 40 ms on
+    Linux, on every answer of a kept-alive connection (the long poll's among them)."""
     server: ChannelServer
 
     def do_GET(self) -> None:
