@@ -308,8 +308,9 @@ def per_mode_costs(
 ) -> dict[str, dict[str, Any]]:
     """The operator's CPU and API writes per iteration of each mode. The runs went one at a time:
     `marks` holds each run's name with the metrics and CPU seconds when it was created, `end` those
-    after the last; a run's share is up to the next run's creation (so it includes its trailing
-    writes: the Job's TTL, its Events, a warm loop's Job deleted at its end). Pure."""
+    after the last; a run's share is up to the next run's creation, so what it writes after the
+    next run was made counts for that one (a warm loop's Job, collected once its stopped pod ended,
+    gets its TTL during the next cold run). Pure."""
     totals: dict[str, dict[str, Any]] = {
         mode: {"iterations": 0, "cpu": 0.0, "writes": Counter(), "sums": Counter()} for mode in MODES
     }
