@@ -24,9 +24,9 @@ WARM_MARK: Final = "agentrun-warm"
 """The loop's `$0`: how its process is known among the pod's."""
 
 WARM_LOOP_SCRIPT: Final = (
-    f"d=${{AGENTRUN_WARM_DIR:-{WARM_MOUNT}}}; f=$d/{FIFO_NAME}; child= sig= inside=\n"
-    'forward() { sig=$1; if [ -z "$inside" ]; then exit "$2"; fi; '
-    '[ -z "$child" ] || kill -TERM "$child" 2>/dev/null; }\n'
+    f"d=${{AGENTRUN_WARM_DIR:-{WARM_MOUNT}}}; f=$d/{FIFO_NAME}; child= sig= late= inside=\n"
+    'forward() { if [ -z "$inside" ]; then exit "$2"; fi; if [ "$inside" = 2 ]; then late=$2; return; fi; '
+    'sig=$1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null; }\n'
     "trap 'forward TERM 143' TERM\n"
     "trap 'forward INT 130' INT\n"
     "while :; do\n"
@@ -42,9 +42,10 @@ WARM_LOOP_SCRIPT: Final = (
     "  child=$!\n"
     '  [ -z "$sig" ] || kill -TERM "$child" 2>/dev/null\n'
     '  while :; do wait "$child"; code=$?; [ -n "$sig" ] && kill -0 "$child" 2>/dev/null || break; done\n'
-    "  child=\n"
+    "  child= inside=2\n"
     '  echo "$code" > "$d/$id/exit.tmp" && mv -f "$d/$id/exit.tmp" "$d/$id/exit"\n'
     "  inside=\n"
+    '  [ -z "$late" ] || exit "$late"\n'
     '  [ -z "$sig" ] || exit "$code"\n'
     "done\n"
 )
@@ -61,7 +62,9 @@ SIGTERM: a non-interactive shell starts background commands with SIGINT ignored 
 would never reach them. After a signal the loop ends with the command's exit code once it is
 written; a signal while it waits for an id ends it at once (143, 130). A signal that comes while an
 iteration starts (before the shell knows the command's pid) is remembered (`inside`) and passed on
-as soon as it does, so the command never runs on unsignalled. The command's stdin is `/dev/null`,
+as soon as it does, so the command never runs on unsignalled; one that comes after the command ended,
+while its exit code is being written, ends the loop once it is written (143, 130), as one while it
+waits for an id does. The command's stdin is `/dev/null`,
 as a container's is without `stdin: true`."""
 
 
