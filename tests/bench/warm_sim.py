@@ -1,0 +1,747 @@
+"""The warm pod's supervisor, simulated outside the cluster for the KWOK plane (docs/local-dev.md#kwok).
+
+KWOK simulates the kubelet; this process simulates what runs in a warm loop's pod
+(docs/design.md#warm-iterations), so that the scale benchmark measures the released operator with
+warm iterations: it watches the namespace's pods with the warm label (`naming.LABEL_WARM`), and for
+each Running one with a pod IP (KWOK gives loopback IPs, `agentrun_devcluster.kwok.POD_CIDR`) it
+listens on that IP at the port of the pod's reporter (`--warm-port`) and plays its supervisor as
+docs/design.md#warm-channel says: every request's signature checked with the run's key (the Secret
+the pod mounts), every answer signed, the long poll, start / ack / stop, 400 / 401 / 404 / 409.
+
+Each iteration runs at once: its result's envelope is the one KWOK's Stages write for an iteration
+pod (the control payload of the workload's env `AGENTRUN_SIM_CONTROL`, exit code 0); a workload with
+`AGENTRUN_SIM_HANG=true` runs for good. The pod's first iteration (`--warm-first-id`) finishes as
+soon as the pod is Running. On `stop`, or `--warm-idle-seconds` after an acknowledgement, it ends the
+pod as the kubelet would (the pod's status: Succeeded, every container terminated with exit code 0,
+the reporter's termination message the last result's envelope with `"warm": {"id", "exitCode"}`):
+those are the kubelet's writes, not the operator's. A pod being deleted is no longer served.
+
+A benchmark part, not product code: nothing in the operator knows it. What it saw (the iterations
+each run ran, the turnarounds, the requests by answer) is served on `--stats-port` (`GET /stats`)
+and written to `--out` when it ends.
+
+    python -m tests.bench.warm_sim --plane PLANE_HOME --namespace bench --stats-port 18080
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import contextlib
+import json
+import os
+import signal
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import web
+
+from agentrun_devcluster import processes
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
+from agentrun_operator import naming
+from agentrun_operator.control import warm_auth
+from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
+from agentrun_operator.jobs.warm_pod import FIRST_ID_ARG, KEY_ITEM
+from tests.support.processes import GroupProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+READY_LINE: Final = "warm-sim ready"
+MAX_BODY: Final = 1024 * 1024
+MAX_WAIT_SECONDS: Final = 60.0
+"""The longest long poll (docs/design.md#warm-channel)."""
+DEFAULT_IDLE_SECONDS: Final = 300.0
+
+Answer = tuple[int, dict[str, Any]]
+
+
+def _now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _arg(args: list[str], name: str) -> str | None:
+    """The value after `name` in a container's args, if any."""
+    if name in args:
+        at = args.index(name)
+        if at + 1 < len(args):
+            return args[at + 1]
+    return None
+
+
+def envelope_for(control: str | None, path: str) -> str:
+    """The envelope KWOK's iteration Stage writes for the same pod (agentrun_devcluster/kwok_stages.py
+    `_ENVELOPE`): `found` with the control payload verbatim, else `missing`."""
+    quoted = json.dumps(path)
+    if control:
+        size = len(control.encode())
+        return f'{{"v":1,"status":"found","path":{quoted},"size":{size},"reason":null,"control":{control}}}'
+    return f'{{"v":1,"status":"missing","path":{quoted},"size":null,"reason":null,"control":null}}'
+
+
+@dataclass(frozen=True)
+class WarmPod:
+    """What the simulator reads of a warm pod: where it listens, its run, its first id and idle time,
+    the envelope its iterations report, and the Secret holding its run's key."""
+
+    namespace: str
+    name: str
+    uid: str
+    run: str
+    ip: str
+    port: int
+    first_id: str
+    idle_seconds: float
+    envelope: str
+    hang: bool
+    secret: str
+    containers: tuple[tuple[str, str], ...]  # (name, image)
+
+
+def warm_pod_of(pod: dict[str, Any]) -> WarmPod | None:
+    """The warm pod a pod object describes, once it is Running with an IP; None otherwise (not warm,
+    not yet Running, being deleted, or without what a warm pod's reporter is given)."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(naming.LABEL_WARM) != "true" or meta.get("deletionTimestamp"):
+        return None
+    if status.get("phase") != "Running" or not status.get("podIP"):
+        return None
+    containers = spec.get("containers") or []
+    reporter = next((c for c in containers if c.get("name") == REPORTER_CONTAINER), None)
+    if reporter is None:
+        return None
+    args = [str(a) for a in reporter.get("args") or []]
+    first_id, port = _arg(args, FIRST_ID_ARG), _arg(args, "--warm-port")
+    if first_id is None or port is None or not port.isdigit():
+        return None
+    control, hang = None, False
+    for container in containers:
+        if container.get("name") in WORKLOAD_CONTAINERS:
+            for var in container.get("env") or []:
+                if var.get("name") == CONTROL_ENV:
+                    control = var.get("value")
+                elif var.get("name") == HANG_ENV:
+                    hang = var.get("value") == "true"
+    secret = next(
+        (
+            str((v.get("secret") or {}).get("secretName"))
+            for v in spec.get("volumes") or []
+            if v.get("name") == naming.WARM_KEY_VOLUME
+        ),
+        naming.warm_secret_name(str(labels.get(naming.LABEL_RUN, ""))),
+    )
+    idle = _arg(args, "--warm-idle-seconds")
+    return WarmPod(
+        namespace=str(meta.get("namespace")),
+        name=str(meta.get("name")),
+        uid=str(meta.get("uid", "")),
+        run=str(labels.get(naming.LABEL_RUN, "")),
+        ip=str(status["podIP"]),
+        port=int(port),
+        first_id=first_id,
+        idle_seconds=float(idle) if idle and idle.isdigit() else DEFAULT_IDLE_SECONDS,
+        envelope=envelope_for(control, _arg(args, "--path") or ""),
+        hang=hang,
+        secret=secret,
+        containers=tuple((str(c.get("name")), str(c.get("image", ""))) for c in containers),
+    )
+
+
+@dataclass
+class Ledger:
+    """What the simulator saw, across pods: the benchmark's lost/repeated check and turnaround."""
+
+    ran: collections.Counter[str] = field(default_factory=collections.Counter)
+    """`run/id` -> how many times that iteration id started (its pod's first included): 1 each."""
+    turnarounds: list[float] = field(default_factory=list)
+    """Seconds from a result available in a pod to the next start received by that pod, for results
+    of iterations the operator started there."""
+    first_turnarounds: list[float] = field(default_factory=list)
+    """The same from the result of a pod's first iteration, which the simulator finishes the moment
+    the pod is Running, before the operator could have connected: it measures the channel's setup."""
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
+    """`METHOD /path STATUS` -> count."""
+    duplicate_starts: int = 0
+    """Starts of the id running or just finished: a no-op, as the channel says."""
+    pods_served: int = 0
+    pods_ended: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Pods this simulator ended as a kubelet would, by why (`stop`, `idle`)."""
+    pods_gone: int = 0
+    end_failures: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "ran": dict(self.ran),
+            "turnarounds": list(self.turnarounds),
+            "first_turnarounds": list(self.first_turnarounds),
+            "requests": dict(self.requests),
+            "duplicate_starts": self.duplicate_starts,
+            "pods_served": self.pods_served,
+            "pods_ended": dict(self.pods_ended),
+            "pods_gone": self.pods_gone,
+            "end_failures": self.end_failures,
+        }
+
+
+@dataclass
+class _Result:
+    id: str
+    exit_code: int
+    envelope: str
+    finished_at: str
+    available: float  # monotonic
+    first: bool  # the pod's first iteration
+    acked: bool = False
+
+
+class Supervisor:
+    """One warm pod's supervisor as the channel describes it (docs/design.md#warm-channel): its state,
+    the answers to each request, the long poll. `end(why, message)` ends the pod (the kubelet's part)."""
+
+    def __init__(
+        self,
+        pod: WarmPod,
+        key: bytes,
+        ledger: Ledger,
+        end: Callable[[Supervisor, str, str], Coroutine[Any, Any, None]],
+    ) -> None:
+        self.pod = pod
+        self.key = key
+        self.ledger = ledger
+        self._end = end
+        self.nonces = warm_auth.NonceMemory()
+        self.version = 0
+        self.phase = "idle"
+        self.running: tuple[str, str] | None = None  # (id, startedAt)
+        self.result: _Result | None = None
+        self.acked_ids: set[str] = set()
+        self.ended = False
+        self._changed = asyncio.Event()
+        self._idle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._begin(pod.first_id)
+
+    # -- the state ---------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        result = self.result
+        return {
+            "v": 1,
+            "version": self.version,
+            "phase": self.phase,
+            "running": {"id": self.running[0], "startedAt": self.running[1]} if self.running else None,
+            "result": (
+                {
+                    "id": result.id,
+                    "exitCode": result.exit_code,
+                    "envelope": result.envelope,
+                    "finishedAt": result.finished_at,
+                    "acked": result.acked,
+                }
+                if result is not None
+                else None
+            ),
+        }
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_change(self, seen: int | None, seconds: float) -> None:
+        """Until the state's version is not `seen`, at most `seconds`."""
+        if seen is None or seen != self.version or seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
+
+    # -- iterations ----------------------------------------------------------------------------------
+
+    def _begin(self, id_: str) -> None:
+        """Start iteration `id_` (`main` reads it from its FIFO); it finishes at once unless the
+        workload plays a container that never ends."""
+        self.ledger.ran[f"{self.pod.run}/{id_}"] += 1
+        self.running = (id_, _now_text())
+        self.phase = "running"
+        self._bump()
+        if not self.pod.hang:
+            asyncio.get_running_loop().call_soon(self._finish, id_)
+
+    def _finish(self, id_: str) -> None:
+        if self.ended or self.running is None or self.running[0] != id_:
+            return
+        self.running = None
+        self.phase = "idle"
+        first = id_ == self.pod.first_id
+        self.result = _Result(id_, 0, self.pod.envelope, _now_text(), time.monotonic(), first)
+        self._bump()
+
+    def _acknowledge(self) -> None:
+        if self.result is not None and not self.result.acked:
+            self.result.acked = True
+            self.acked_ids.add(self.result.id)
+
+    def _idle_clock(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(self.pod.idle_seconds, self._idle_out)
+
+    def _idle_out(self) -> None:
+        if self.ended or self.running is not None or self.result is None or not self.result.acked:
+            return
+        self._stop("idle")
+
+    def _stop(self, why: str) -> None:
+        """`main`'s loop ends, then the supervisor exits 0 with its termination message."""
+        self.phase = "stopping"
+        self._bump()
+        result = self.result
+        assert result is not None
+        doc = json.loads(result.envelope)
+        doc["warm"] = {"id": result.id, "exitCode": result.exit_code}
+        message = json.dumps(doc, separators=(",", ":"))
+        task = asyncio.get_running_loop().create_task(self._end(self, why, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """The pod is gone (deleted, or ended): no more timers."""
+        self.ended = True
+        if self._idle is not None:
+            self._idle.cancel()
+        self._changed.set()
+
+    # -- the requests --------------------------------------------------------------------------------
+
+    def start(self, body: dict[str, Any]) -> Answer:
+        id_, env = body.get("id"), body.get("env", {})
+        if not isinstance(id_, str) or not id_ or not isinstance(env, dict):
+            return 400, {"error": "start needs an id (a string) and env (an object)"}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            return 400, {"error": "env: names and values must be strings"}
+        if self.running is not None:
+            if self.running[0] == id_:
+                self.ledger.duplicate_starts += 1
+                return 200, self.state()
+            return 409, {"error": f"iteration {self.running[0]} is running"}
+        if self.result is not None and self.result.id == id_:
+            self.ledger.duplicate_starts += 1
+            return 200, self.state()
+        if id_ in self.acked_ids:
+            return 409, {"error": f"iteration {id_} was acknowledged before"}
+        if self.phase == "stopping":
+            return 409, {"error": "the pod is stopping"}
+        if self.result is not None:
+            took = time.monotonic() - self.result.available
+            (self.ledger.first_turnarounds if self.result.first else self.ledger.turnarounds).append(took)
+        self._acknowledge()
+        if self._idle is not None:
+            self._idle.cancel()
+        self._begin(id_)
+        return 200, self.state()
+
+    def ack(self, body: dict[str, Any]) -> Answer:
+        id_ = body.get("id")
+        if not isinstance(id_, str) or not id_:
+            return 400, {"error": "ack needs an id (a string)"}
+        if self.result is None or self.result.id != id_:
+            if id_ in self.acked_ids:
+                return 200, self.state()
+            return 409, {"error": f"no result of iteration {id_} is held"}
+        if not self.result.acked:
+            self._acknowledge()
+            self._bump()
+        if self.running is None and self.phase == "idle":
+            self._idle_clock()
+        return 200, self.state()
+
+    def stop(self, body: dict[str, Any]) -> Answer:
+        id_ = body.get("id")
+        if not isinstance(id_, str) or not id_:
+            return 400, {"error": "stop needs an id (a string)"}
+        if self.running is not None:
+            return 409, {"error": f"iteration {self.running[0]} is running"}
+        if self.result is None or (self.result.id != id_ and id_ not in self.acked_ids):
+            return 409, {"error": f"no result of iteration {id_} is held"}
+        if self.phase == "stopping":
+            return 200, self.state()
+        if self.result.id == id_:
+            self._acknowledge()
+        if not self.result.acked:
+            return 409, {"error": f"the result of iteration {self.result.id} is not acknowledged"}
+        if self._idle is not None:
+            self._idle.cancel()
+        self._stop("stop")
+        return 200, self.state()
+
+    async def answer(self, request: web.BaseRequest) -> web.Response:
+        """One request, checked and answered as the supervisor does."""
+        body = b""
+        if (request.content_length or 0) <= MAX_BODY:
+            body = await request.read()  # all of it (a chunked one too), then its size is checked
+        else:
+            body = b"x" * (MAX_BODY + 1)  # said too large: not read
+        target = request.raw_path
+        parsed = warm_auth.parse_authorization(request.headers.get("Authorization"))
+        nonce = parsed[0] if parsed is not None else None
+        status, doc = await self._route(request, target, body, parsed)
+        text = json.dumps(doc, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        if nonce is not None:
+            headers[warm_auth.ANSWER_HEADER] = warm_auth.answer_signature(self.key, nonce, status, text)
+        self.ledger.requests[f"{request.method} {request.path} {status}"] += 1
+        return web.Response(status=status, body=text, headers=headers)
+
+    async def _route(
+        self, request: web.BaseRequest, target: str, body: bytes, parsed: tuple[str, str] | None
+    ) -> Answer:
+        if len(body) > MAX_BODY:
+            return 400, {"error": "body over 1 MiB"}
+        if parsed is None:
+            return 401, {"error": "no signature"}
+        nonce, signature = parsed
+        if not warm_auth.request_is_signed(self.key, request.method, target, nonce, signature, body):
+            return 401, {"error": "wrong signature"}
+        if not self.nonces.first_use(nonce):
+            return 401, {"error": "replayed nonce"}
+        if request.method == "GET" and request.path == "/v1/state":
+            try:
+                wait = min(MAX_WAIT_SECONDS, max(0.0, float(request.query.get("wait", "0"))))
+                seen_text = request.query.get("seen")
+                seen = int(seen_text) if seen_text not in (None, "") else None
+            except ValueError:
+                return 400, {"error": "wait and seen must be numbers"}
+            await self.wait_change(seen, wait)
+            return 200, self.state()
+        verbs = {"/v1/start": self.start, "/v1/ack": self.ack, "/v1/stop": self.stop}
+        if request.method != "POST" or request.path not in verbs:
+            return 404, {"error": f"no {request.method} {request.path}"}
+        try:
+            doc = json.loads(body or b"{}")
+        except ValueError:
+            return 400, {"error": "the body is not JSON"}
+        if not isinstance(doc, dict):
+            return 400, {"error": "the body is not a JSON object"}
+        return verbs[request.path](doc)
+
+
+class Served:
+    """A pod's listening socket and its HTTP server."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self.http = web.Server(self._handle, handler_cancellation=True)
+        self.server: asyncio.Server | None = None
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self.supervisor.answer(request)
+
+    async def listen(self) -> None:
+        pod = self.supervisor.pod
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(self.http, pod.ip, pod.port, reuse_address=True, backlog=64)
+
+    async def close(self) -> None:
+        self.supervisor.close()
+        if self.server is not None:
+            self.server.close()
+        await self.http.shutdown(1.0)
+
+
+class Simulator:
+    """Watches the namespace's warm pods and serves each Running one (`Served`) until it is deleted
+    or ended."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, ledger: Ledger | None = None) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self.ledger = ledger or Ledger()
+        self.served: dict[str, Served] = {}  # by pod uid
+        self.by_ip: dict[str, str] = {}  # pod IP -> uid
+        self.starting: set[str] = set()
+        self.done: set[str] = set()  # uids ended or gone: never served again
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            ctx = ssl.create_default_context(cafile=str(self.plane.pki.ca_cert))
+            ctx.load_cert_chain(
+                str(self.plane.pki.client_cert("admin")), str(self.plane.pki.client_key("admin"))
+            )
+            self._session = aiohttp.ClientSession(
+                base_url=self.plane.server, connector=aiohttp.TCPConnector(ssl=ctx, limit=64)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        for served in list(self.served.values()):
+            await served.close()
+        self.served.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- the watch -----------------------------------------------------------------------------------
+
+    async def list_pods(self) -> str:
+        """Serve every warm pod there is; the list's resourceVersion, to watch from."""
+        selector = quote(f"{naming.LABEL_WARM}=true")
+        async with self.session().get(
+            f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}"
+        ) as resp:
+            resp.raise_for_status()
+            doc = await resp.json()
+        for pod in doc.get("items") or []:
+            self.on_pod("ADDED", pod)
+        return str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch(self, version: str) -> None:
+        """Follow the namespace's warm pods from `version`, re-listing when the watch cannot resume."""
+        selector = quote(f"{naming.LABEL_WARM}=true")
+        while True:
+            path = (
+                f"/api/v1/namespaces/{self.namespace}/pods?watch=1&allowWatchBookmarks=true"
+                f"&timeoutSeconds=300&labelSelector={selector}&resourceVersion={version}"
+            )
+            try:
+                async with self.session().get(path, timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                    resp.raise_for_status()
+                    buffer = b""
+                    async for chunk in resp.content.iter_any():
+                        buffer += chunk
+                        while b"\n" in buffer:
+                            line, buffer = buffer.split(b"\n", 1)
+                            if not line.strip():
+                                continue
+                            event = json.loads(line)
+                            obj = event.get("object") or {}
+                            if event.get("type") == "ERROR":
+                                raise _Gone
+                            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                            if event.get("type") != "BOOKMARK":
+                                self.on_pod(str(event.get("type")), obj)
+            except _Gone:
+                version = await self.list_pods()
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                print(f"warm-sim: pod watch broke ({type(exc).__name__}: {exc}); resuming", flush=True)
+                await asyncio.sleep(0.5)
+
+    def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            self._spawn(self.gone(uid))
+            return
+        if uid in self.served or uid in self.starting or uid in self.done:
+            return
+        warm = warm_pod_of(pod)
+        if warm is not None:
+            self.starting.add(uid)
+            self._spawn(self.serve(warm))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one pod ---------------------------------------------------------------------------------------
+
+    async def read_key(self, pod: WarmPod) -> bytes | None:
+        async with self.session().get(f"/api/v1/namespaces/{pod.namespace}/secrets/{pod.secret}") as resp:
+            if resp.status != 200:
+                return None
+            doc = await resp.json()
+        raw = (doc.get("data") or {}).get(KEY_ITEM)
+        return base64.b64decode(raw).strip() if raw else None
+
+    async def serve(self, pod: WarmPod) -> None:
+        try:
+            key = await self.read_key(pod)
+            if key is None:
+                print(f"warm-sim: no key in Secret {pod.secret} for pod {pod.name}", flush=True)
+                return
+            if pod.uid in self.done:
+                return
+            previous = self.by_ip.get(pod.ip)
+            if previous is not None:  # the IP of a pod that is gone, given again (KWOK reuses them)
+                await self.gone(previous)
+            served = Served(Supervisor(pod, key, self.ledger, self.end_pod))
+            await served.listen()
+            if pod.uid in self.done:  # deleted meanwhile
+                await served.close()
+                return
+            self.served[pod.uid] = served
+            self.by_ip[pod.ip] = pod.uid
+            self.ledger.pods_served += 1
+        except (aiohttp.ClientError, OSError) as exc:
+            print(f"warm-sim: cannot serve pod {pod.name} at {pod.ip}:{pod.port}: {exc}", flush=True)
+        finally:
+            self.starting.discard(pod.uid)
+
+    async def gone(self, uid: str) -> None:
+        """The pod is deleted or ended: stop serving it."""
+        if uid in self.done and uid not in self.served:
+            return
+        self.done.add(uid)
+        served = self.served.pop(uid, None)
+        if served is None:
+            return
+        self.ledger.pods_gone += 1
+        if self.by_ip.get(served.supervisor.pod.ip) == uid:
+            del self.by_ip[served.supervisor.pod.ip]
+        await served.close()
+
+    async def end_pod(self, supervisor: Supervisor, why: str, message: str) -> None:
+        """What the kubelet writes when the pod's containers have ended: the pod's status."""
+        pod = supervisor.pod
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        statuses = []
+        for name, image in pod.containers:
+            terminated: dict[str, Any] = {
+                "exitCode": 0,
+                "reason": "Completed",
+                "startedAt": now,
+                "finishedAt": now,
+            }
+            if name == REPORTER_CONTAINER:
+                terminated["message"] = message
+            statuses.append(
+                {
+                    "name": name,
+                    "image": image,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": terminated},
+                }
+            )
+        conditions = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+            {
+                "type": "ContainersReady",
+                "status": "False",
+                "reason": "PodCompleted",
+                "lastTransitionTime": now,
+            },
+        ]
+        patch = {"status": {"phase": "Succeeded", "conditions": conditions, "containerStatuses": statuses}}
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        headers = {"Content-Type": "application/merge-patch+json"}
+        try:
+            async with self.session().patch(path, data=json.dumps(patch), headers=headers) as resp:
+                if resp.status == 200:
+                    self.ledger.pods_ended[why] += 1
+                else:
+                    self.ledger.end_failures += 1
+                    print(f"warm-sim: ending pod {pod.name}: {resp.status} {await resp.text()}", flush=True)
+        except aiohttp.ClientError as exc:
+            self.ledger.end_failures += 1
+            print(f"warm-sim: ending pod {pod.name}: {exc}", flush=True)
+        await self.gone(pod.uid)
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old: list again."""
+
+
+async def _stats_server(ledger: Ledger, port: int) -> web.AppRunner:
+    async def stats(_request: web.Request) -> web.Response:
+        return web.json_response(ledger.snapshot())
+
+    app = web.Application()
+    app.router.add_get("/stats", stats)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def run(plane_home: Path, namespace: str, stats_port: int, out: Path | None) -> None:
+    plane = ControlPlane(plane_home, Path("/nonexistent"))
+    simulator = Simulator(plane, namespace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = await _stats_server(simulator.ledger, stats_port)
+    version = await simulator.list_pods()
+    watch = asyncio.create_task(simulator.watch(version))
+    print(
+        f"{READY_LINE}: serving the warm pods of namespace {namespace}; stats on 127.0.0.1:{stats_port}",
+        flush=True,
+    )
+    await stop.wait()
+    watch.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watch
+    if out is not None:
+        out.write_text(json.dumps(simulator.ledger.snapshot()))
+    await simulator.close()
+    await runner.cleanup()
+
+
+class WarmSimProcess(GroupProcess):
+    """The simulator as a process of the benchmark or test (`start`, `stats`, `stop`): the warm pods
+    of `namespace` on the plane kept under `plane_home`."""
+
+    ready_text = READY_LINE
+    what = "simulated warm supervisor"
+
+    def __init__(self, plane_home: Path, namespace: str, log_dir: Path) -> None:
+        super().__init__(log_dir / "warm-sim.log")
+        self.plane_home = plane_home
+        self.namespace = namespace
+        self.out = log_dir / "warm-sim.json"
+        self.stats_port = 0
+
+    def start(self) -> WarmSimProcess:
+        self.stats_port = processes.free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.bench.warm_sim",
+            f"--plane={self.plane_home}",
+            f"--namespace={self.namespace}",
+            f"--stats-port={self.stats_port}",
+            f"--out={self.out}",
+        ]
+        paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        self._spawn(argv, dict(os.environ, PYTHONPATH=os.pathsep.join(paths)), timeout=120)
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        """What it saw so far (`Ledger.snapshot`)."""
+        url = f"http://127.0.0.1:{self.stats_port}/stats"
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            return dict(json.loads(resp.read()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.warm_sim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plane", type=Path, required=True, help="the control plane's home (its PKI and ports)")
+    ap.add_argument("--namespace", default="bench", help="the namespace whose warm pods to serve")
+    ap.add_argument("--stats-port", type=int, required=True, help="GET /stats on 127.0.0.1:PORT")
+    ap.add_argument("--out", type=Path, default=None, help="write the stats here when stopped")
+    args = ap.parse_args(argv)
+    asyncio.run(run(args.plane, args.namespace, args.stats_port, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
