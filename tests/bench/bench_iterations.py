@@ -125,12 +125,15 @@ def lost_and_repeated(
     iterations: int,
     watch: JobWatch,
     retried: frozenset[int] = frozenset(),
+    job_per_iteration: bool = True,
 ) -> dict[str, Any]:
     """What a correct operator never does: lose an iteration or run one twice (the iterations
-    `retried` have exactly two attempts: a first that failed on purpose and its retry)."""
+    `retried` have exactly two attempts: a first that failed on purpose and its retry).
+    `job_per_iteration=False` (a warm loop: its iterations run in the pod of its first Job): exactly
+    one Job for iteration 1, and any other Job of the run counted in `other_jobs`, not checked."""
     by_name = {r["metadata"]["name"]: r for r in runs}
     not_succeeded, unfinished, lost, repeated = [], [], [], []
-    completed = 0
+    completed = other_jobs = 0
     for name in names:
         status = (by_name.get(name) or {}).get("status") or {}
         steps_now = (status.get("workflow") or {}).get("steps") or [{}]
@@ -152,6 +155,9 @@ def lost_and_repeated(
             repeated.append(f"{name}: records={records}")
         for k in range(1, iterations + 1):
             first = naming.job_name(name, 1, k, 1)
+            if not job_per_iteration and k > 1:
+                other_jobs += sum(naming.job_name(name, 1, k, a) in watch.added for a in (1, 2))
+                continue
             if first not in watch.added:
                 lost.append(f"{name}: no Job for iteration {k}")
             elif watch.adds[first] != 1:
@@ -173,6 +179,7 @@ def lost_and_repeated(
         "lost": len(lost),
         "repeated": len(repeated),
         "examples": (lost + repeated)[:20],
+        **({} if job_per_iteration else {"other_jobs": other_jobs}),
     }
 
 
