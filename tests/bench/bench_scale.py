@@ -361,6 +361,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         before_api = apiserver_metrics(kwok)
         cpu_before = cpu_seconds(pid)
         plane_before = plane_cpu(kwok)
+        sim_cpu_before = cpu_seconds(simulator.pid) if simulator is not None else 0.0
         names = [f"scale-{r}" for r in range(args.runs)]
         if competitors is not None:
             competitors.start()
@@ -405,6 +406,9 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         sim: dict[str, Any] = {}
         if simulator is not None:
             sim = simulator.stats()
+            # The simulator's own cost (the supervisors of every pod, in one process), beside the plane's.
+            sim["cpu_seconds"] = cpu_seconds(simulator.pid) - sim_cpu_before
+            sim["peak_rss_mb"] = peak_rss_mb(simulator.pid)
             check = simulator_check(check, runs, names, args.iterations, sim.pop("ran"))
         done_iterations = max(1, check["completed_iterations"])
         latency = [
@@ -553,7 +557,8 @@ def summary(report: dict[str, Any]) -> str:
                 f"warm: writes {report['writes_per_iteration']:.2f}/iteration, {c.get('other_jobs', 0)} Jobs "
                 f"beyond each run's first; simulated supervisors: {report['warm_simulator']['pods_served']} "
                 f"pods served, {c.get('simulator_iterations', 0)} iterations started, "
-                f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), requests "
+                f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), "
+                f"CPU {report['warm_simulator']['cpu_seconds']:.0f}s, requests "
                 + ", ".join(f"{k} {v}" for k, v in sorted(report["warm_simulator"]["requests"].items())),
             ]
             if report.get("warm")

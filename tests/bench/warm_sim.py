@@ -725,6 +725,11 @@ class WarmSimProcess(GroupProcess):
         self._spawn(argv, dict(os.environ, PYTHONPATH=os.pathsep.join(paths)), timeout=120)
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def stats(self) -> dict[str, Any]:
         """What it saw so far (`Ledger.snapshot`)."""
         url = f"http://127.0.0.1:{self.stats_port}/stats"
