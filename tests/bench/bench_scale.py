@@ -558,7 +558,9 @@ def summary(report: dict[str, Any]) -> str:
                 f"beyond each run's first; simulated supervisors: {report['warm_simulator']['pods_served']} "
                 f"pods served, {c.get('simulator_iterations', 0)} iterations started, "
                 f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), "
-                f"CPU {report['warm_simulator']['cpu_seconds']:.0f}s, requests "
+                f"CPU {report['warm_simulator']['cpu_seconds']:.0f}s, "
+                f"{report['warm_simulator']['ips_reused']} pods at a reused IP, 401s by why "
+                f"{report['warm_simulator']['refused']}, requests "
                 + ", ".join(f"{k} {v}" for k, v in sorted(report["warm_simulator"]["requests"].items())),
             ]
             if report.get("warm")

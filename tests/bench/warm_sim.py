@@ -173,6 +173,11 @@ class Ledger:
     the pod is Running, before the operator could have connected: it measures the channel's setup."""
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
     """`METHOD /path STATUS` -> count."""
+    refused: collections.Counter[str] = field(default_factory=collections.Counter)
+    """The 401s by why: no signature, a wrong one (another run's key: a request meant for the pod
+    that had this IP before), a replayed nonce."""
+    ips_reused: int = 0
+    """Pods served at an IP an earlier pod had (KWOK gives a deleted pod's IP again)."""
     duplicate_starts: int = 0
     """Starts of the id running or just finished: a no-op, as the channel says."""
     pods_served: int = 0
@@ -187,6 +192,8 @@ class Ledger:
             "turnarounds": list(self.turnarounds),
             "first_turnarounds": list(self.first_turnarounds),
             "requests": dict(self.requests),
+            "refused": dict(self.refused),
+            "ips_reused": self.ips_reused,
             "duplicate_starts": self.duplicate_starts,
             "pods_served": self.pods_served,
             "pods_ended": dict(self.pods_ended),
@@ -404,18 +411,22 @@ class Supervisor:
         self.ledger.requests[f"{request.method} {request.path} {status}"] += 1
         return web.Response(status=status, body=text, headers=headers)
 
+    def _refuse(self, why: str) -> Answer:
+        self.ledger.refused[why] += 1
+        return 401, {"error": why}
+
     async def _route(
         self, request: web.BaseRequest, target: str, body: bytes, parsed: tuple[str, str] | None
     ) -> Answer:
         if len(body) > MAX_BODY:
             return 400, {"error": "body over 1 MiB"}
         if parsed is None:
-            return 401, {"error": "no signature"}
+            return self._refuse("no signature")
         nonce, signature = parsed
         if not warm_auth.request_is_signed(self.key, request.method, target, nonce, signature, body):
-            return 401, {"error": "wrong signature"}
+            return self._refuse("wrong signature")
         if not self.nonces.first_use(nonce):
-            return 401, {"error": "replayed nonce"}
+            return self._refuse("replayed nonce")
         if request.method == "GET" and request.path == "/v1/state":
             try:
                 wait = min(MAX_WAIT_SECONDS, max(0.0, float(request.query.get("wait", "0"))))
@@ -470,6 +481,7 @@ class Simulator:
         self.ledger = ledger or Ledger()
         self.served: dict[str, Served] = {}  # by pod uid
         self.by_ip: dict[str, str] = {}  # pod IP -> uid
+        self.ips_seen: set[str] = set()
         self.starting: set[str] = set()
         self.done: set[str] = set()  # uids ended or gone: never served again
         self._session: aiohttp.ClientSession | None = None
@@ -585,6 +597,8 @@ class Simulator:
                 return
             self.served[pod.uid] = served
             self.by_ip[pod.ip] = pod.uid
+            self.ledger.ips_reused += pod.ip in self.ips_seen
+            self.ips_seen.add(pod.ip)
             self.ledger.pods_served += 1
         except (aiohttp.ClientError, OSError) as exc:
             print(f"warm-sim: cannot serve pod {pod.name} at {pod.ip}:{pod.port}: {exc}", flush=True)
