@@ -60,7 +60,7 @@ from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
 from tests.bench.competing import Competitors
 from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
 from tests.bench.harness import start_operator
-from tests.bench.warm_sim import WarmSimProcess
+from tests.bench.warm_sim import SECONDS_ENV, WarmSimProcess
 from tests.bench.watch import ResumableWatch
 from tests.support import metrics as prom
 from tests.support.processes import OperatorProcess
@@ -79,13 +79,17 @@ def scale_run(
     timeout_seconds: int = 0,
     node: str = "",
     warm: bool = False,
+    seconds: float = 0.0,
 ) -> dict[str, Any]:
     """A looped AgentRun whose simulated iterations report `CONTROL` (no volume: docs/local-dev.md#kwok);
     `hang`: its container never ends; `timeout_seconds`: the step's per-attempt deadline; `node`: the
-    fake node its pods must run on; `warm`: `loop.warm` (its workload has the `command` that needs)."""
+    fake node its pods must run on; `warm`: `loop.warm` (its workload has the `command` that needs);
+    `seconds`: how long each warm iteration runs in the simulated supervisor (0: at once)."""
     env = [{"name": CONTROL_ENV, "value": json.dumps(CONTROL, separators=(",", ":"))}]
     if hang:
         env.append({"name": HANG_ENV, "value": "true"})
+    if seconds:
+        env.append({"name": SECONDS_ENV, "value": f"{seconds:g}"})
     workload: dict[str, Any] = {"image": "busybox:1.36", "command": ["true"], "env": env}
     if node:
         workload["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -370,7 +374,10 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         create_all(
             kwok,
             f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
-            [scale_run(name, args.iterations, warm=args.warm) for name in names],
+            [
+                scale_run(name, args.iterations, warm=args.warm, seconds=args.iteration_seconds)
+                for name in names
+            ],
         )
         created = time.monotonic() - started
         print(f"{args.runs} runs created in {created:.1f}s")
@@ -440,6 +447,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "runs": args.runs,
             "iterations_per_run": args.iterations,
             "warm": args.warm,
+            "iteration_seconds": args.iteration_seconds,
             # The figures every mode has, by the same names (docs/operator.md#scale).
             "writes_per_iteration": op_writes / done_iterations,
             "turnaround_ms": distribution(sim["turnarounds"]) if args.warm else queue_latency,
@@ -559,7 +567,9 @@ def summary(report: dict[str, Any]) -> str:
                 f"pods served, {c.get('simulator_iterations', 0)} iterations started, "
                 f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), "
                 f"CPU {report['warm_simulator']['cpu_seconds']:.0f}s, "
-                f"{report['warm_simulator']['ips_reused']} pods at a reused IP, 401s by why "
+                f"{report['warm_simulator']['ips_reused']} pods at a reused IP, "
+                f"{report['warm_simulator']['ip_changes']} IPs changed while Running, "
+                f"{report['warm_simulator']['ip_conflicts']} IPs given twice, 401s by why "
                 f"{report['warm_simulator']['refused']}, requests "
                 + ", ".join(f"{k} {v}" for k, v in sorted(report["warm_simulator"]["requests"].items())),
             ]
@@ -663,6 +673,13 @@ def main() -> int:
         help="warm loops (loop.warm), their pods' supervisor simulated (tests/bench/warm_sim.py)",
     )
     ap.add_argument(
+        "--iteration-seconds",
+        type=float,
+        default=0.0,
+        help="with --warm: each iteration runs this long in the simulated supervisor (default: at once, "
+        "so every run always waits on the operator); an offered load below its capacity",
+    )
+    ap.add_argument(
         "--argo", action="store_true", help="then the same N x K as Argo Workflows on the same plane"
     )
     ap.add_argument(
@@ -670,6 +687,8 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.apf = args.apf or args.flow_schema
+    if args.iteration_seconds and not args.warm:
+        ap.error("--iteration-seconds needs --warm (KWOK ends a cold iteration's pod at once)")
     home = Path(tempfile.mkdtemp(prefix="agentrun-scale-"))
     try:
         report = measure(args, home)

@@ -8,13 +8,15 @@ listens on that IP at the port of the pod's reporter (`--warm-port`) and plays i
 docs/design.md#warm-channel says: every request's signature checked with the run's key (the Secret
 the pod mounts), every answer signed, the long poll, start / ack / stop, 400 / 401 / 404 / 409.
 
-Each iteration runs at once: its result's envelope is the one KWOK's Stages write for an iteration
-pod (the control payload of the workload's env `AGENTRUN_SIM_CONTROL`, exit code 0); a workload with
-`AGENTRUN_SIM_HANG=true` runs for good. The pod's first iteration (`--warm-first-id`) finishes as
-soon as the pod is Running. On `stop`, or `--warm-idle-seconds` after an acknowledgement, it ends the
-pod as the kubelet would (the pod's status: Succeeded, every container terminated with exit code 0,
-the reporter's termination message the last result's envelope with `"warm": {"id", "exitCode"}`):
-those are the kubelet's writes, not the operator's. A pod being deleted is no longer served.
+Each iteration runs at once (or for the workload's `AGENTRUN_SIM_SECONDS`): its result's envelope is
+the one KWOK's Stages write for an iteration pod (the control payload of the workload's env
+`AGENTRUN_SIM_CONTROL`, exit code 0); a workload with `AGENTRUN_SIM_HANG=true` runs for good. The
+pod's first iteration (`--warm-first-id`) starts as soon as the pod is Running. On `stop`, or
+`--warm-idle-seconds` after an acknowledgement, it ends the pod as the kubelet would (the pod's
+status: Succeeded, every container terminated with exit code 0, the reporter's termination message
+the last result's envelope with `"warm": {"id", "exitCode"}`): those are the kubelet's writes, not
+the operator's. A pod being deleted is no longer served; a pod whose IP changes (KWOK may play a
+pod's Running Stage twice) is served at its new one.
 
 A benchmark part, not product code: nothing in the operator knows it. What it saw (the iterations
 each run ran, the turnarounds, the requests by answer) is served on `--stats-port` (`GET /stats`)
@@ -38,7 +40,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -63,6 +65,9 @@ MAX_BODY: Final = 1024 * 1024
 MAX_WAIT_SECONDS: Final = 60.0
 """The longest long poll (docs/design.md#warm-channel)."""
 DEFAULT_IDLE_SECONDS: Final = 300.0
+SECONDS_ENV: Final = "AGENTRUN_SIM_SECONDS"
+"""The workload env that makes each simulated iteration of a warm pod run this many seconds (a
+benchmark's offered load below what the operator can take; unset: at once)."""
 
 Answer = tuple[int, dict[str, Any]]
 
@@ -107,6 +112,8 @@ class WarmPod:
     hang: bool
     secret: str
     containers: tuple[tuple[str, str], ...]  # (name, image)
+    seconds: float = 0.0
+    """How long each iteration runs (`SECONDS_ENV`); 0: it finishes at once."""
 
 
 def warm_pod_of(pod: dict[str, Any]) -> WarmPod | None:
@@ -126,7 +133,7 @@ def warm_pod_of(pod: dict[str, Any]) -> WarmPod | None:
     first_id, port = _arg(args, FIRST_ID_ARG), _arg(args, "--warm-port")
     if first_id is None or port is None or not port.isdigit():
         return None
-    control, hang = None, False
+    control, hang, seconds = None, False, 0.0
     for container in containers:
         if container.get("name") in WORKLOAD_CONTAINERS:
             for var in container.get("env") or []:
@@ -134,6 +141,9 @@ def warm_pod_of(pod: dict[str, Any]) -> WarmPod | None:
                     control = var.get("value")
                 elif var.get("name") == HANG_ENV:
                     hang = var.get("value") == "true"
+                elif var.get("name") == SECONDS_ENV:
+                    with contextlib.suppress(TypeError, ValueError):
+                        seconds = max(0.0, float(var.get("value")))
     secret = next(
         (
             str((v.get("secret") or {}).get("secretName"))
@@ -156,6 +166,7 @@ def warm_pod_of(pod: dict[str, Any]) -> WarmPod | None:
         hang=hang,
         secret=secret,
         containers=tuple((str(c.get("name")), str(c.get("image", ""))) for c in containers),
+        seconds=seconds,
     )
 
 
@@ -178,6 +189,11 @@ class Ledger:
     that had this IP before), a replayed nonce."""
     ips_reused: int = 0
     """Pods served at an IP an earlier pod had (KWOK gives a deleted pod's IP again)."""
+    ip_changes: int = 0
+    """Pods whose IP changed while Running (KWOK can play a pod's Running Stage twice, each play
+    taking an IP): served at the new one from then on, as the operator calls it there."""
+    ip_conflicts: int = 0
+    """Pods given an IP a live pod still had: the older one is no longer served."""
     duplicate_starts: int = 0
     """Starts of the id running or just finished: a no-op, as the channel says."""
     pods_served: int = 0
@@ -194,6 +210,8 @@ class Ledger:
             "requests": dict(self.requests),
             "refused": dict(self.refused),
             "ips_reused": self.ips_reused,
+            "ip_changes": self.ip_changes,
+            "ip_conflicts": self.ip_conflicts,
             "duplicate_starts": self.duplicate_starts,
             "pods_served": self.pods_served,
             "pods_ended": dict(self.pods_ended),
@@ -277,14 +295,19 @@ class Supervisor:
     # -- iterations ----------------------------------------------------------------------------------
 
     def _begin(self, id_: str) -> None:
-        """Start iteration `id_` (`main` reads it from its FIFO); it finishes at once unless the
-        workload plays a container that never ends."""
+        """Start iteration `id_` (`main` reads it from its FIFO); it finishes at once, or after the
+        workload's `SECONDS_ENV`, or never when it plays a container that never ends."""
         self.ledger.ran[f"{self.pod.run}/{id_}"] += 1
         self.running = (id_, _now_text())
         self.phase = "running"
         self._bump()
-        if not self.pod.hang:
-            asyncio.get_running_loop().call_soon(self._finish, id_)
+        if self.pod.hang:
+            return
+        loop = asyncio.get_running_loop()
+        if self.pod.seconds > 0:
+            loop.call_later(self.pod.seconds, self._finish, id_)
+        else:
+            loop.call_soon(self._finish, id_)
 
     def _finish(self, id_: str) -> None:
         if self.ended or self.running is None or self.running[0] != id_:
@@ -466,9 +489,33 @@ class Served:
 
     async def close(self) -> None:
         self.supervisor.close()
+        await self._stop_listening()
+
+    async def _stop_listening(self) -> None:
+        """The listening socket closes at once (its IP may be another pod's next); the connections it
+        accepted are closed behind (an idle keep-alive one holds `shutdown` for its timeout)."""
         if self.server is not None:
             self.server.close()
-        await self.http.shutdown(1.0)
+        shutdown = asyncio.ensure_future(self.http.shutdown(1.0))
+        _CLOSING.add(shutdown)
+        shutdown.add_done_callback(_CLOSING.discard)
+
+    async def move(self, ip: str) -> None:
+        """The pod's IP changed: listen on the new one (the same supervisor, its state kept)."""
+        await self._stop_listening()
+        self.supervisor.pod = replace(self.supervisor.pod, ip=ip)
+        self.http = web.Server(self._handle, handler_cancellation=True)
+        await self.listen()
+
+
+_CLOSING: set[asyncio.Future[None]] = set()
+"""Connections being closed behind their pod's listening socket (`Served._stop_listening`)."""
+
+
+async def closed() -> None:
+    """Every connection of a pod no longer served is closed."""
+    while _CLOSING:
+        await asyncio.gather(*list(_CLOSING), return_exceptions=True)
 
 
 class Simulator:
@@ -482,6 +529,7 @@ class Simulator:
         self.served: dict[str, Served] = {}  # by pod uid
         self.by_ip: dict[str, str] = {}  # pod IP -> uid
         self.ips_seen: set[str] = set()
+        self.latest_ip: dict[str, str] = {}  # uid -> the pod's IP in its newest event
         self.starting: set[str] = set()
         self.done: set[str] = set()  # uids ended or gone: never served again
         self._session: aiohttp.ClientSession | None = None
@@ -502,6 +550,7 @@ class Simulator:
         for served in list(self.served.values()):
             await served.close()
         self.served.clear()
+        await closed()
         if self._session is not None:
             await self._session.close()
 
@@ -557,6 +606,12 @@ class Simulator:
         if kind == "DELETED" or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
             self._spawn(self.gone(uid))
             return
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip:
+            self.latest_ip[uid] = str(ip)
+        served = self.served.get(uid)
+        if served is not None and ip and served.supervisor.pod.ip != ip:
+            self._spawn(self.follow_ip(uid))
         if uid in self.served or uid in self.starting or uid in self.done:
             return
         warm = warm_pod_of(pod)
@@ -587,9 +642,7 @@ class Simulator:
                 return
             if pod.uid in self.done:
                 return
-            previous = self.by_ip.get(pod.ip)
-            if previous is not None:  # the IP of a pod that is gone, given again (KWOK reuses them)
-                await self.gone(previous)
+            await self._free(pod.ip, pod.name)
             served = Served(Supervisor(pod, key, self.ledger, self.end_pod))
             await served.listen()
             if pod.uid in self.done:  # deleted meanwhile
@@ -600,10 +653,42 @@ class Simulator:
             self.ledger.ips_reused += pod.ip in self.ips_seen
             self.ips_seen.add(pod.ip)
             self.ledger.pods_served += 1
+            if self.latest_ip.get(pod.uid, pod.ip) != pod.ip:  # it changed meanwhile
+                self._spawn(self.follow_ip(pod.uid))
         except (aiohttp.ClientError, OSError) as exc:
             print(f"warm-sim: cannot serve pod {pod.name} at {pod.ip}:{pod.port}: {exc}", flush=True)
         finally:
             self.starting.discard(pod.uid)
+
+    async def _free(self, ip: str, name: str) -> None:
+        """No other pod is served at `ip`: one that is gone is let go of (KWOK gives a deleted pod's
+        IP again); one that is not is a conflict (said, and let go of too)."""
+        previous = self.by_ip.get(ip)
+        if previous is None:
+            return
+        if previous not in self.done:
+            self.ledger.ip_conflicts += 1
+            other = self.served[previous].supervisor.pod.name if previous in self.served else previous
+            print(f"warm-sim: pod {name} was given {ip}, which live pod {other} has", flush=True)
+        await self.gone(previous)
+
+    async def follow_ip(self, uid: str) -> None:
+        """A served pod's IP changed: serve it at the new one."""
+        served, ip = self.served.get(uid), self.latest_ip.get(uid)
+        if served is None or ip is None or served.supervisor.pod.ip == ip:
+            return
+        old = served.supervisor.pod.ip
+        self.ledger.ip_changes += 1
+        print(f"warm-sim: pod {served.supervisor.pod.name} moved from {old} to {ip}", flush=True)
+        if self.by_ip.get(old) == uid:
+            del self.by_ip[old]
+        await self._free(ip, served.supervisor.pod.name)
+        try:
+            await served.move(ip)
+        except OSError as exc:
+            print(f"warm-sim: cannot serve pod {served.supervisor.pod.name} at {ip}: {exc}", flush=True)
+            return
+        self.by_ip[ip] = uid
 
     async def gone(self, uid: str) -> None:
         """The pod is deleted or ended: stop serving it."""

@@ -18,7 +18,16 @@ from agentrun_operator import naming
 from agentrun_operator.api import DEFAULT_CONTROL_PATH
 from agentrun_operator.control import warm_auth
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope, encode_envelope
-from tests.bench.warm_sim import Ledger, Served, Supervisor, WarmPod, envelope_for, warm_pod_of
+from tests.bench.warm_sim import (
+    SECONDS_ENV,
+    Ledger,
+    Served,
+    Supervisor,
+    WarmPod,
+    closed,
+    envelope_for,
+    warm_pod_of,
+)
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 KEY = b"0123456789abcdef" * 4
@@ -51,6 +60,8 @@ def test_a_warm_pod_is_read_as_the_builder_makes_it() -> None:
     envelope = decode_envelope(pod.envelope)
     assert (envelope.status, envelope.control) == ("found", {"continue": True})
     assert warm_pod_of(warm_job_pod(env=[{"name": HANG_ENV, "value": "true"}])).hang  # type: ignore[union-attr]
+    slow = warm_pod_of(warm_job_pod(env=[{"name": SECONDS_ENV, "value": "2.5"}]))
+    assert slow is not None and slow.seconds == 2.5 and pod.seconds == 0.0
 
 
 def test_a_pod_not_warm_not_running_or_deleting_is_not_served() -> None:
@@ -184,6 +195,7 @@ def test_the_channel_as_the_design_says() -> None:
     assert ledger.duplicate_starts == 1
     assert len(ledger.first_turnarounds) == 1 and ledger.turnarounds == []
     assert ledger.requests["GET /v1/state 401"] == 3 and ledger.requests["POST /v1/start 409"] == 1
+    assert ledger.refused == {"wrong signature": 1, "no signature": 1, "replayed nonce": 1}
     [(why, message)] = ended
     doc = json.loads(message)
     assert why == "stop" and doc["warm"] == {"id": "2-1", "exitCode": 0}
@@ -222,3 +234,31 @@ def test_a_hung_iteration_refuses_the_next_and_an_idle_pod_ends() -> None:
     assert codes == [409, 409, 200]
     assert [why for why, _ in ended] == ["idle"]
     assert json.loads(ended[0][1])["warm"] == {"id": "1-1", "exitCode": 0}
+
+
+async def _moved() -> tuple[int, dict[str, Any], bool]:
+    ended: list[tuple[str, str]] = []
+    pod, done = loopback_pod(), asyncio.Event()
+    served = await serving(pod, Ledger(), ended, done)
+    try:
+        async with aiohttp.ClientSession() as session:
+            code, _ = await Channel(session, pod).call("POST", "/v1/start", {"id": "2-1", "env": {}})
+            assert code == 200
+            moved = replace(pod, ip=loopback_pod().ip)
+            await served.move(moved.ip)
+            code, state = await Channel(session, moved).call("GET", "/v1/state")
+            try:
+                await Channel(session, pod).call("GET", "/v1/state")
+                refused = False
+            except aiohttp.ClientConnectionError:
+                refused = True
+    finally:
+        await served.close()
+        await closed()
+    return code, state, refused
+
+
+def test_a_pod_whose_ip_changed_is_served_at_the_new_one_with_its_state() -> None:
+    code, state, refused = asyncio.run(_moved())
+    assert code == 200 and state["result"]["id"] == "2-1", state
+    assert refused
