@@ -185,8 +185,9 @@ class Ledger:
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
     """`METHOD /path STATUS` -> count."""
     refused: collections.Counter[str] = field(default_factory=collections.Counter)
-    """The 401s by why: no signature, a wrong one (another run's key: a request meant for the pod
-    that had this IP before), a replayed nonce."""
+    """The 401s by why: no signature, one made with the key of a pod this IP had before (the
+    operator's channel to a pod that is gone: KWOK gives its IP again), another wrong one, a replayed
+    nonce."""
     ips_reused: int = 0
     """Pods served at an IP an earlier pod had (KWOK gives a deleted pod's IP again)."""
     ip_changes: int = 0
@@ -241,11 +242,15 @@ class Supervisor:
         key: bytes,
         ledger: Ledger,
         end: Callable[[Supervisor, str, str], Coroutine[Any, Any, None]],
+        former_keys: Callable[[str], list[bytes]] = lambda _ip: [],
     ) -> None:
         self.pod = pod
         self.key = key
         self.ledger = ledger
         self._end = end
+        # The keys of the pods this IP had before: a request signed with one of them was meant for
+        # such a pod (a channel the operator has not let go of yet), not forged.
+        self._former_keys = former_keys
         self.nonces = warm_auth.NonceMemory()
         self.version = 0
         self.phase = "idle"
@@ -447,7 +452,11 @@ class Supervisor:
             return self._refuse("no signature")
         nonce, signature = parsed
         if not warm_auth.request_is_signed(self.key, request.method, target, nonce, signature, body):
-            return self._refuse("wrong signature")
+            meant = any(
+                warm_auth.request_is_signed(key, request.method, target, nonce, signature, body)
+                for key in self._former_keys(self.pod.ip)
+            )
+            return self._refuse("signed for the pod this IP had before" if meant else "wrong signature")
         if not self.nonces.first_use(nonce):
             return self._refuse("replayed nonce")
         if request.method == "GET" and request.path == "/v1/state":
@@ -530,6 +539,7 @@ class Simulator:
         self.by_ip: dict[str, str] = {}  # pod IP -> uid
         self.ips_seen: set[str] = set()
         self.latest_ip: dict[str, str] = {}  # uid -> the pod's IP in its newest event
+        self.former_keys: dict[str, list[bytes]] = collections.defaultdict(list)  # IP -> gone pods' keys
         self.starting: set[str] = set()
         self.done: set[str] = set()  # uids ended or gone: never served again
         self._session: aiohttp.ClientSession | None = None
@@ -557,14 +567,19 @@ class Simulator:
     # -- the watch -----------------------------------------------------------------------------------
 
     async def list_pods(self) -> str:
-        """Serve every warm pod there is; the list's resourceVersion, to watch from."""
+        """Serve every warm pod there is, and no longer those that are not (deleted while the watch
+        could not resume); the list's resourceVersion, to watch from."""
         selector = quote(f"{naming.LABEL_WARM}=true")
         async with self.session().get(
             f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}"
         ) as resp:
             resp.raise_for_status()
             doc = await resp.json()
-        for pod in doc.get("items") or []:
+        items = doc.get("items") or []
+        listed = {str((pod.get("metadata") or {}).get("uid", "")) for pod in items}
+        for uid in [uid for uid in self.served if uid not in listed]:
+            self._spawn(self.gone(uid))
+        for pod in items:
             self.on_pod("ADDED", pod)
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -594,9 +609,17 @@ class Simulator:
                             if event.get("type") != "BOOKMARK":
                                 self.on_pod(str(event.get("type")), obj)
             except _Gone:
-                version = await self.list_pods()
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                version = await self._relist()
+            except Exception as exc:  # never a dead watch: the pods would go unserved
                 print(f"warm-sim: pod watch broke ({type(exc).__name__}: {exc}); resuming", flush=True)
+                await asyncio.sleep(0.5)
+
+    async def _relist(self) -> str:
+        while True:
+            try:
+                return await self.list_pods()
+            except Exception as exc:
+                print(f"warm-sim: listing pods failed ({type(exc).__name__}: {exc}); again", flush=True)
                 await asyncio.sleep(0.5)
 
     def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -643,7 +666,7 @@ class Simulator:
             if pod.uid in self.done:
                 return
             await self._free(pod.ip, pod.name)
-            served = Served(Supervisor(pod, key, self.ledger, self.end_pod))
+            served = Served(Supervisor(pod, key, self.ledger, self.end_pod, self.former_keys.__getitem__))
             await served.listen()
             if pod.uid in self.done:  # deleted meanwhile
                 await served.close()
@@ -699,8 +722,10 @@ class Simulator:
         if served is None:
             return
         self.ledger.pods_gone += 1
-        if self.by_ip.get(served.supervisor.pod.ip) == uid:
-            del self.by_ip[served.supervisor.pod.ip]
+        ip = served.supervisor.pod.ip
+        if self.by_ip.get(ip) == uid:
+            del self.by_ip[ip]
+        self.former_keys[ip] = [*self.former_keys[ip][-7:], served.supervisor.key]
         await served.close()
 
     async def end_pod(self, supervisor: Supervisor, why: str, message: str) -> None:

@@ -129,12 +129,18 @@ def loopback_pod(**changes: Any) -> WarmPod:
     return replace(base, **changes)
 
 
-async def serving(pod: WarmPod, ledger: Ledger, ended: list[tuple[str, str]], event: asyncio.Event) -> Served:
+async def serving(
+    pod: WarmPod,
+    ledger: Ledger,
+    ended: list[tuple[str, str]],
+    event: asyncio.Event,
+    former: tuple[bytes, ...] = (),
+) -> Served:
     async def end(_supervisor: Supervisor, why: str, message: str) -> None:
         ended.append((why, message))
         event.set()
 
-    served = Served(Supervisor(pod, KEY, ledger, end))
+    served = Served(Supervisor(pod, KEY, ledger, end, lambda _ip: list(former)))
     await served.listen()
     return served
 
@@ -262,3 +268,24 @@ def test_a_pod_whose_ip_changed_is_served_at_the_new_one_with_its_state() -> Non
     code, state, refused = asyncio.run(_moved())
     assert code == 200 and state["result"]["id"] == "2-1", state
     assert refused
+
+
+async def _stale() -> Ledger:
+    pod, ledger, done = loopback_pod(), Ledger(), asyncio.Event()
+    served = await serving(pod, ledger, [], done, former=(b"the key of the pod this IP had before",))
+    try:
+        async with aiohttp.ClientSession() as session:
+            stale = Channel(session, pod, key=b"the key of the pod this IP had before")
+            assert (await stale.call("GET", "/v1/state"))[0] == 401
+            assert (await Channel(session, pod, key=b"nobody's").call("GET", "/v1/state"))[0] == 401
+    finally:
+        await served.close()
+        await closed()
+    return ledger
+
+
+def test_a_request_meant_for_the_pod_this_ip_had_before_is_refused_and_told_apart() -> None:
+    """KWOK gives a deleted pod's IP to a later pod: a channel the operator has not let go of yet
+    reaches the new pod, whose supervisor refuses it (another run's key), as a stranger's."""
+    ledger = asyncio.run(_stale())
+    assert ledger.refused == {"signed for the pod this IP had before": 1, "wrong signature": 1}
