@@ -433,7 +433,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         api_before, api_after = api_requests(before_api), api_requests(after_api)
         api_by_verb = {v: (api_after[v] - api_before.get(v, 0)) / done_iterations for v in sorted(api_after)}
         op_by_verb: collections.Counter[str] = collections.Counter()
-        op_writes_by_resource: collections.Counter[str] = collections.Counter()
+        op_writes_by_resource: dict[str, float] = collections.defaultdict(float)
         for key, value in after_op.items():
             if key.startswith("agentrun_api_requests_total{"):
                 verb = key.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in key else "?"

@@ -33,6 +33,7 @@ import base64
 import collections
 import contextlib
 import json
+import math
 import os
 import signal
 import ssl
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 import aiohttp
 from aiohttp import web
@@ -54,6 +55,8 @@ from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
 from agentrun_operator.control import warm_auth
+from agentrun_operator.control.envelope import attach_warm, decode_envelope, encode_envelope
+from agentrun_operator.control.warm import Refusal, valid_env, valid_id
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
 from agentrun_operator.jobs.warm_pod import FIRST_ID_ARG, KEY_ITEM
 from tests.support.processes import GroupProcess
@@ -233,8 +236,10 @@ class _Result:
 
 
 class Supervisor:
-    """One warm pod's supervisor as the channel describes it (docs/design.md#warm-channel): its state,
-    the answers to each request, the long poll. `end(why, message)` ends the pod (the kubelet's part)."""
+    """One warm pod's supervisor, as control/warm.py's answers the channel (docs/design.md#warm-channel):
+    the same state, the same answers and refusals (its `valid_id`, `valid_env` and `Refusal`), the
+    long poll; what `main` does is played by the clock. `end(supervisor, why, message)` ends the pod
+    (the kubelet's part)."""
 
     def __init__(
         self,
@@ -252,16 +257,17 @@ class Supervisor:
         # such a pod (a channel the operator has not let go of yet), not forged.
         self._former_keys = former_keys
         self.nonces = warm_auth.NonceMemory()
-        self.version = 0
-        self.phase = "idle"
-        self.running: tuple[str, str] | None = None  # (id, startedAt)
+        # As the real one starts: the pod's first iteration waits for `main` (startedAt null).
+        self.version = 1
+        self.phase = "running"
+        self.running: tuple[str, str | None] | None = (pod.first_id, None)  # (id, startedAt)
         self.result: _Result | None = None
-        self.acked_ids: set[str] = set()
+        self.acknowledged: set[str] = set()
         self.ended = False
         self._changed = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._begin(pod.first_id)
+        self._begin(pod.first_id)  # `main` takes it at once: nothing to wait for here
 
     # -- the state ---------------------------------------------------------------------------------
 
@@ -291,8 +297,8 @@ class Supervisor:
         self._changed = asyncio.Event()
 
     async def wait_change(self, seen: int | None, seconds: float) -> None:
-        """Until the state's version is not `seen`, at most `seconds`."""
-        if seen is None or seen != self.version or seconds <= 0:
+        """Until the state's version is not `seen`, at most `seconds` (at once without `seen`)."""
+        if seen is None or seen != self.version or seconds <= 0 or self.ended:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), seconds)
@@ -300,8 +306,8 @@ class Supervisor:
     # -- iterations ----------------------------------------------------------------------------------
 
     def _begin(self, id_: str) -> None:
-        """Start iteration `id_` (`main` reads it from its FIFO); it finishes at once, or after the
-        workload's `SECONDS_ENV`, or never when it plays a container that never ends."""
+        """`main` takes iteration `id_`; it finishes at once, or after the workload's `SECONDS_ENV`, or
+        never when it plays a container that never ends."""
         self.ledger.ran[f"{self.pod.run}/{id_}"] += 1
         self.running = (id_, _now_text())
         self.phase = "running"
@@ -323,11 +329,6 @@ class Supervisor:
         self.result = _Result(id_, 0, self.pod.envelope, _now_text(), time.monotonic(), first)
         self._bump()
 
-    def _acknowledge(self) -> None:
-        if self.result is not None and not self.result.acked:
-            self.result.acked = True
-            self.acked_ids.add(self.result.id)
-
     def _idle_clock(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
@@ -336,148 +337,173 @@ class Supervisor:
     def _idle_out(self) -> None:
         if self.ended or self.running is not None or self.result is None or not self.result.acked:
             return
-        self._stop("idle")
-
-    def _stop(self, why: str) -> None:
-        """`main`'s loop ends, then the supervisor exits 0 with its termination message."""
         self.phase = "stopping"
         self._bump()
+        self._exit("idle")
+
+    def _exit(self, why: str) -> None:
+        """`main`'s loop has ended; the supervisor exits 0 with its termination message (as
+        control/warm.py `termination_text`: the last result's envelope with `warm`)."""
         result = self.result
         assert result is not None
-        doc = json.loads(result.envelope)
-        doc["warm"] = {"id": result.id, "exitCode": result.exit_code}
-        message = json.dumps(doc, separators=(",", ":"))
-        task = asyncio.get_running_loop().create_task(self._end(self, why, message))
+        envelope = attach_warm(
+            decode_envelope(result.envelope), {"id": result.id, "exitCode": result.exit_code}
+        )
+        task = asyncio.get_running_loop().create_task(self._end(self, why, encode_envelope(envelope)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        """The pod is gone (deleted, or ended): no more timers."""
+        """The pod is gone (deleted, or ended): no more timers; pending long polls answer at once."""
         self.ended = True
         if self._idle is not None:
             self._idle.cancel()
         self._changed.set()
 
-    # -- the requests --------------------------------------------------------------------------------
+    # -- the requests (control/warm.py Supervisor.start, ack, stop) -------------------------------------
 
-    def start(self, body: dict[str, Any]) -> Answer:
-        id_, env = body.get("id"), body.get("env", {})
-        if not isinstance(id_, str) or not id_ or not isinstance(env, dict):
-            return 400, {"error": "start needs an id (a string) and env (an object)"}
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            return 400, {"error": "env: names and values must be strings"}
-        if self.running is not None:
-            if self.running[0] == id_:
-                self.ledger.duplicate_starts += 1
-                return 200, self.state()
-            return 409, {"error": f"iteration {self.running[0]} is running"}
-        if self.result is not None and self.result.id == id_:
+    def start(self, iteration: str, env: dict[str, str]) -> dict[str, Any]:
+        running, result = self.running, self.result
+        if (running is not None and running[0] == iteration) or (
+            result is not None and result.id == iteration and not result.acked
+        ):
             self.ledger.duplicate_starts += 1
-            return 200, self.state()
-        if id_ in self.acked_ids:
-            return 409, {"error": f"iteration {id_} was acknowledged before"}
+            return self.state()
         if self.phase == "stopping":
-            return 409, {"error": "the pod is stopping"}
-        if self.result is not None:
-            took = time.monotonic() - self.result.available
-            (self.ledger.first_turnarounds if self.result.first else self.ledger.turnarounds).append(took)
-        self._acknowledge()
+            raise Refusal(409, f"the pod is stopping: iteration {iteration} not started")
+        if running is not None:
+            raise Refusal(409, f"iteration {running[0]} is running: iteration {iteration} not started")
+        if iteration in self.acknowledged:
+            raise Refusal(409, f"iteration {iteration} ran in this pod and was acknowledged")
+        if result is not None:
+            took = time.monotonic() - result.available
+            (self.ledger.first_turnarounds if result.first else self.ledger.turnarounds).append(took)
+            if not result.acked:
+                result.acked = True
+                self.acknowledged.add(result.id)
         if self._idle is not None:
             self._idle.cancel()
-        self._begin(id_)
-        return 200, self.state()
+        self._begin(iteration)
+        return self.state()
 
-    def ack(self, body: dict[str, Any]) -> Answer:
-        id_ = body.get("id")
-        if not isinstance(id_, str) or not id_:
-            return 400, {"error": "ack needs an id (a string)"}
-        if self.result is None or self.result.id != id_:
-            if id_ in self.acked_ids:
-                return 200, self.state()
-            return 409, {"error": f"no result of iteration {id_} is held"}
-        if not self.result.acked:
-            self._acknowledge()
+    def ack(self, iteration: str) -> dict[str, Any]:
+        result = self.result
+        if self.running is not None and self.running[0] == iteration:
+            raise Refusal(409, f"iteration {iteration} is running: no result to acknowledge")
+        if result is not None and result.id == iteration and not result.acked:
+            result.acked = True
+            self.acknowledged.add(iteration)
             self._bump()
-        if self.running is None and self.phase == "idle":
-            self._idle_clock()
-        return 200, self.state()
+            if self.running is None:
+                self._idle_clock()
+        elif iteration not in self.acknowledged:
+            raise Refusal(404, f"no result of iteration {iteration} in this pod")
+        return self.state()
 
-    def stop(self, body: dict[str, Any]) -> Answer:
-        id_ = body.get("id")
-        if not isinstance(id_, str) or not id_:
-            return 400, {"error": "stop needs an id (a string)"}
-        if self.running is not None:
-            return 409, {"error": f"iteration {self.running[0]} is running"}
-        if self.result is None or (self.result.id != id_ and id_ not in self.acked_ids):
-            return 409, {"error": f"no result of iteration {id_} is held"}
+    def stop(self, iteration: str) -> dict[str, Any]:
         if self.phase == "stopping":
-            return 200, self.state()
-        if self.result.id == id_:
-            self._acknowledge()
-        if not self.result.acked:
-            return 409, {"error": f"the result of iteration {self.result.id} is not acknowledged"}
+            return self.state()
+        if self.running is not None:
+            raise Refusal(409, f"iteration {self.running[0]} is running: not stopping")
+        result = self.result
+        if (result is None or result.id != iteration) and iteration not in self.acknowledged:
+            raise Refusal(404, f"no result of iteration {iteration} in this pod")
+        if result is not None and result.id != iteration and not result.acked:
+            raise Refusal(409, f"iteration {result.id}'s result is not acknowledged: not stopping")
+        if result is not None and result.id == iteration:
+            result.acked = True
+        self.acknowledged.add(iteration)
         if self._idle is not None:
             self._idle.cancel()
-        self._stop("stop")
-        return 200, self.state()
+        self.phase = "stopping"
+        self._bump()
+        self._exit("stop")
+        return self.state()
+
+    # -- the channel (control/warm_server.py) ------------------------------------------------------------
 
     async def answer(self, request: web.BaseRequest) -> web.Response:
-        """One request, checked and answered as the supervisor does."""
-        body = b""
-        if (request.content_length or 0) <= MAX_BODY:
-            body = await request.read()  # all of it (a chunked one too), then its size is checked
-        else:
-            body = b"x" * (MAX_BODY + 1)  # said too large: not read
-        target = request.raw_path
+        """One request, checked and answered as the supervisor's server does; every answer signed
+        (over an empty nonce when the request had none readable)."""
         parsed = warm_auth.parse_authorization(request.headers.get("Authorization"))
-        nonce = parsed[0] if parsed is not None else None
-        status, doc = await self._route(request, target, body, parsed)
+        nonce = parsed[0] if parsed is not None else ""
+        try:
+            body = await self._body(request)
+            self._check(request, body, parsed)
+            status, doc = 200, await self._route(request, body)
+        except Refusal as refusal:
+            status, doc = refusal.status, {"error": refusal.message}
         text = json.dumps(doc, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"}
-        if nonce is not None:
-            headers[warm_auth.ANSWER_HEADER] = warm_auth.answer_signature(self.key, nonce, status, text)
+        headers = {
+            "Content-Type": "application/json",
+            warm_auth.ANSWER_HEADER: warm_auth.answer_signature(self.key, nonce, status, text),
+        }
         self.ledger.requests[f"{request.method} {request.path} {status}"] += 1
         return web.Response(status=status, body=text, headers=headers)
 
-    def _refuse(self, why: str) -> Answer:
-        self.ledger.refused[why] += 1
-        return 401, {"error": why}
+    @staticmethod
+    async def _body(request: web.BaseRequest) -> bytes:
+        if request.headers.get("Transfer-Encoding"):
+            raise Refusal(400, "a request body must come with Content-Length")
+        if (request.content_length or 0) > MAX_BODY:
+            raise Refusal(400, f"the request body is over {MAX_BODY} bytes")
+        return await request.read()
 
-    async def _route(
-        self, request: web.BaseRequest, target: str, body: bytes, parsed: tuple[str, str] | None
-    ) -> Answer:
-        if len(body) > MAX_BODY:
-            return 400, {"error": "body over 1 MiB"}
+    def _check(self, request: web.BaseRequest, body: bytes, parsed: tuple[str, str] | None) -> None:
+        target = request.raw_path
         if parsed is None:
-            return self._refuse("no signature")
+            self._refuse("no signature")
+        assert parsed is not None
         nonce, signature = parsed
         if not warm_auth.request_is_signed(self.key, request.method, target, nonce, signature, body):
             meant = any(
                 warm_auth.request_is_signed(key, request.method, target, nonce, signature, body)
                 for key in self._former_keys(self.pod.ip)
             )
-            return self._refuse("signed for the pod this IP had before" if meant else "wrong signature")
+            self._refuse("signed for the pod this IP had before" if meant else "wrong signature")
         if not self.nonces.first_use(nonce):
-            return self._refuse("replayed nonce")
+            self.ledger.refused["replayed nonce"] += 1
+            raise Refusal(401, "the request's nonce was used before (a replay)")
+
+    def _refuse(self, why: str) -> None:
+        self.ledger.refused[why] += 1
+        raise Refusal(401, "the request is not signed with this run's key")
+
+    async def _route(self, request: web.BaseRequest, body: bytes) -> dict[str, Any]:
         if request.method == "GET" and request.path == "/v1/state":
-            try:
-                wait = min(MAX_WAIT_SECONDS, max(0.0, float(request.query.get("wait", "0"))))
-                seen_text = request.query.get("seen")
-                seen = int(seen_text) if seen_text not in (None, "") else None
-            except ValueError:
-                return 400, {"error": "wait and seen must be numbers"}
+            seen, wait = _state_query(request.query_string)
             await self.wait_change(seen, wait)
-            return 200, self.state()
-        verbs = {"/v1/start": self.start, "/v1/ack": self.ack, "/v1/stop": self.stop}
-        if request.method != "POST" or request.path not in verbs:
-            return 404, {"error": f"no {request.method} {request.path}"}
-        try:
-            doc = json.loads(body or b"{}")
-        except ValueError:
-            return 400, {"error": "the body is not JSON"}
-        if not isinstance(doc, dict):
-            return 400, {"error": "the body is not a JSON object"}
-        return verbs[request.path](doc)
+            return self.state()
+        if request.method == "POST" and request.path in ("/v1/start", "/v1/ack", "/v1/stop"):
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                raise Refusal(400, "the request body is not JSON") from None
+            if not isinstance(doc, dict):
+                raise Refusal(400, "the request body is not a JSON object")
+            iteration = valid_id(doc.get("id"))
+            if request.path == "/v1/start":
+                return self.start(iteration, valid_env(doc.get("env")))
+            return self.ack(iteration) if request.path == "/v1/ack" else self.stop(iteration)
+        raise Refusal(404, f"no endpoint {request.method} {request.path[:200]}")
+
+
+def _state_query(query: str) -> tuple[int | None, float]:
+    """(`seen`, `wait` in seconds, at most `MAX_WAIT_SECONDS`), as control/warm_server.py reads them."""
+    try:
+        fields = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise Refusal(400, f"bad query: {exc}") from None
+    seen_text, wait_text = fields.get("seen", [None])[-1], fields.get("wait", ["0"])[-1]
+    if seen_text is not None and not seen_text.isdigit():
+        raise Refusal(400, f"seen must be a version number, got {seen_text[:32]!r}")
+    try:
+        wait = float(wait_text or "0")
+    except ValueError:
+        raise Refusal(400, f"wait must be a number of seconds, got {wait_text[:32]!r}") from None
+    if not math.isfinite(wait) or wait < 0:
+        raise Refusal(400, f"wait must be 0 or more seconds, got {wait_text[:32]!r}")
+    return (None if seen_text is None else int(seen_text)), min(wait, MAX_WAIT_SECONDS)
 
 
 class Served:

@@ -18,6 +18,7 @@ from agentrun_operator import naming
 from agentrun_operator.api import DEFAULT_CONTROL_PATH
 from agentrun_operator.control import warm_auth
 from agentrun_operator.control.envelope import ControlEnvelope, decode_envelope, encode_envelope
+from agentrun_operator.shell.warm_client import WarmClient, WarmError
 from tests.bench.warm_sim import (
     SECONDS_ENV,
     Ledger,
@@ -178,7 +179,7 @@ async def _channel_scenario() -> tuple[Ledger, list[tuple[str, str]]]:
             assert (await channel.call("POST", "/v1/start", {"id": "1-1", "env": {}}))[0] == 409
             assert (await channel.call("POST", "/v1/start", {"id": 2}))[0] == 400
             assert (await channel.call("POST", "/v1/nothing", {}))[0] == 404
-            assert (await channel.call("POST", "/v1/ack", {"id": "9-1"}))[0] == 409
+            assert (await channel.call("POST", "/v1/ack", {"id": "9-1"}))[0] == 404
             assert (await Channel(session, pod, key=b"another run's key").call("GET", "/v1/state"))[0] == 401
             assert (await channel.call("GET", "/v1/state", sign=False))[0] == 401
             nonce = warm_auth.new_nonce()
@@ -289,3 +290,41 @@ def test_a_request_meant_for_the_pod_this_ip_had_before_is_refused_and_told_apar
     reaches the new pod, whose supervisor refuses it (another run's key), as a stranger's."""
     ledger = asyncio.run(_stale())
     assert ledger.refused == {"signed for the pod this IP had before": 1, "wrong signature": 1}
+
+
+async def _with_the_operators_client() -> tuple[list[Any], list[tuple[str, str]]]:
+    ended: list[tuple[str, str]] = []
+    pod, done = loopback_pod(), asyncio.Event()
+    served = await serving(pod, Ledger(), ended, done)
+    seen: list[Any] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = WarmClient(session, pod.ip, pod.port, KEY)
+            first = await client.state()
+            seen.append(first)
+            seen.append(await client.start("2-1", {"AGENTRUN_ITERATION": "2"}))
+            seen.append(await client.state(30, seen[-1].version))
+            seen.append(await client.ack("2-1"))
+            seen.append(await client.stop("2-1"))
+            try:
+                await client.start("1-1", {})
+            except WarmError as exc:
+                seen.append(exc.message)
+            await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await served.close()
+        await closed()
+    return seen, ended
+
+
+def test_the_operators_own_client_takes_its_answers() -> None:
+    """shell/warm_client.py, the operator's end, against the simulated supervisor: every answer
+    signed, parsed and as the channel says."""
+    seen, ended = asyncio.run(_with_the_operators_client())
+    first, started, finished, acked, stopped, refused = seen
+    assert first.phase == "idle" and first.result.id == "1-1" and first.result.exit_code == 0
+    assert started.running.id == "2-1" and started.result.acked
+    assert finished.phase == "idle" and finished.result.id == "2-1" and not finished.result.acked
+    assert acked.result.acked and stopped.phase == "stopping"
+    assert "refused: 409" in refused
+    assert [why for why, _ in ended] == ["stop"]
