@@ -11,6 +11,7 @@ import yaml
 from agentrun_devcluster import kwok_stages
 from agentrun_devcluster.kwok import POD_CIDR
 from agentrun_devcluster.kwok_stages import TerminationMessage, owned_by, pod_completed_stage
+from agentrun_devcluster.podrunner.addresses import POD_ADDRESSES
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
 from agentrun_operator.naming import LABEL_RUN, LABEL_WARM
 
@@ -88,5 +89,5 @@ def test_pod_ips_are_loopback_and_apart_from_the_pod_runners() -> None:
     the pod runner's range."""
     pods = ipaddress.ip_network(POD_CIDR)
     assert pods.subnet_of(ipaddress.ip_network("127.0.0.0/8"))
-    assert not pods.overlaps(ipaddress.ip_network("127.64.0.0/10"))
+    assert not pods.overlaps(POD_ADDRESSES)
     assert ipaddress.ip_address("127.0.0.1") not in pods
