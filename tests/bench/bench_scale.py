@@ -20,7 +20,17 @@ one size (docs/operator.md#scale):
 - with `--apf`: kube-apiserver with API Priority and Fairness on and the operator as the chart's
   ServiceAccount (tests/bench/apf.py); `--flow-schema` adds the chart's FlowSchema and priority
   level; `--competing-clients N`: N other ServiceAccounts LIST ConfigMaps back to back while the
-  runs go (tests/bench/competing.py); `--apiserver-inflight S`: the API server's concurrency limit.
+  runs go (tests/bench/competing.py); `--apiserver-inflight S`: the API server's concurrency limit,
+- with `--warm`: the runs' loops are warm (`loop.warm`: one pod runs all of a run's iterations,
+  the operator calling its supervisor), the supervisor simulated outside the cluster
+  (tests/bench/warm_sim.py, its own process, as KWOK simulates the kubelet); the turnaround is then
+  a result available in the supervisor -> the next iteration's start received by it, and the
+  lost/repeated check reads the status records, one Job per run, and the iterations the simulator
+  ran (each id once).
+
+Whatever the mode, the JSON carries `writes_per_iteration` (the operator's requests other than GET,
+LIST and WATCH, per iteration), `iterations_per_second`, `turnaround_ms` (p50/p95/p99), `lost` and
+`repeated`; with `--argo`, Argo's side under `argo` (its `steps_per_second`...).
 
 It asserts nothing about time; the exit code is 1 only when an iteration was lost or repeated.
 
@@ -50,6 +60,7 @@ from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
 from tests.bench.competing import Competitors
 from tests.bench.figures import cpu_seconds, distribution, line, peak_rss_mb, scrape
 from tests.bench.harness import start_operator
+from tests.bench.warm_sim import SECONDS_ENV, WarmSimProcess
 from tests.bench.watch import ResumableWatch
 from tests.support import metrics as prom
 from tests.support.processes import OperatorProcess
@@ -62,14 +73,23 @@ PODS_PER_NODE = 1000
 
 
 def scale_run(
-    name: str, iterations: int, hang: bool = False, timeout_seconds: int = 0, node: str = ""
+    name: str,
+    iterations: int,
+    hang: bool = False,
+    timeout_seconds: int = 0,
+    node: str = "",
+    warm: bool = False,
+    seconds: float = 0.0,
 ) -> dict[str, Any]:
     """A looped AgentRun whose simulated iterations report `CONTROL` (no volume: docs/local-dev.md#kwok);
     `hang`: its container never ends; `timeout_seconds`: the step's per-attempt deadline; `node`: the
-    fake node its pods must run on."""
+    fake node its pods must run on; `warm`: `loop.warm` (its workload has the `command` that needs);
+    `seconds`: how long each warm iteration runs in the simulated supervisor (0: at once)."""
     env = [{"name": CONTROL_ENV, "value": json.dumps(CONTROL, separators=(",", ":"))}]
     if hang:
         env.append({"name": HANG_ENV, "value": "true"})
+    if seconds:
+        env.append({"name": SECONDS_ENV, "value": f"{seconds:g}"})
     workload: dict[str, Any] = {"image": "busybox:1.36", "command": ["true"], "env": env}
     if node:
         workload["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -80,6 +100,8 @@ def scale_run(
             "condition": {"type": "cel", "expression": "iteration.last.control.continue == true"},
         },
     }
+    if warm:
+        step["loop"]["warm"] = {}
     if timeout_seconds:
         step["timeoutSeconds"] = timeout_seconds
     spec: dict[str, Any] = {"workload": workload, "workflow": {"steps": [step]}}
@@ -255,6 +277,35 @@ def status_bytes(runs: list[dict[str, Any]]) -> float:
     return sum(sizes) / len(sizes) if sizes else float("nan")
 
 
+def simulator_check(
+    check: dict[str, Any], runs: list[dict[str, Any]], names: list[str], iterations: int, ran: dict[str, int]
+) -> dict[str, Any]:
+    """`check` (the status records and the one Job of each run) with what the simulated supervisors
+    ran added: every iteration of every run that ended started exactly once in a warm pod (`ran`:
+    `run/id` -> starts), and nothing else of it."""
+    ended = {
+        r["metadata"]["name"] for r in runs if ((r.get("status") or {}).get("phase") or "") in FINAL
+    } & set(names)
+    lost, repeated = [], []
+    wanted = {f"{name}/{k}-1" for name in ended for k in range(1, iterations + 1)}
+    for key in sorted(wanted):
+        count = ran.get(key, 0)
+        if count == 0:
+            lost.append(f"{key}: never started in a warm pod")
+        elif count > 1:
+            repeated.append(f"{key}: started {count} times")
+    for key, count in sorted(ran.items()):
+        if key not in wanted and key.split("/", 1)[0] in ended:
+            repeated.append(f"{key}: started {count} times, not an iteration of the run's first attempt")
+    return {
+        **check,
+        "lost": check["lost"] + len(lost),
+        "repeated": check["repeated"] + len(repeated),
+        "examples": (check["examples"] + lost + repeated)[:20],
+        "simulator_iterations": sum(ran.values()),
+    }
+
+
 def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     # Argo keeps a Workflow's pods (no podGC by default): room for all N x K of them as well.
     pods = args.runs + args.unrelated_pods + (args.runs * args.iterations if args.argo else 0)
@@ -279,6 +330,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     plane = kwok.plane
     operator: OperatorProcess | None = None
     competitors: Competitors | None = None
+    simulator: WarmSimProcess | None = None
     try:
         plane.kubectl("create", "namespace", NS, check=False)
         while plane.api_get(f"/api/v1/namespaces/{NS}/serviceaccounts/default")[0] != 200:
@@ -298,17 +350,22 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             competitors = Competitors(plane, args.competing_clients, args.competing_objects).prepare(
                 lambda path, bodies: create_all(kwok, path, bodies), token_seconds
             )
+        operator_env: dict[str, str] = {}
+        if args.warm:  # the warm pods' supervisor, simulated (tests/bench/warm_sim.py); a port of the run's
+            simulator = WarmSimProcess(home, NS, home / "warm-sim").start()
+            operator_env["AGENTS_CONTROLLER_WARM_PORT"] = str(processes.free_port())
         watch = JobWatch(plane).start()
         pods = PodEnds(kwok)
         phases = RunPhases(kwok).start()
         operator, pid, port = start_operator(
-            plane, home, args.iterations, 60, workers=args.workers, kubeconfig=kubeconfig
+            plane, home, args.iterations, 60, env=operator_env, workers=args.workers, kubeconfig=kubeconfig
         )
         rss_idle = peak_rss_mb(pid)
         before_op = scrape(port)
         before_api = apiserver_metrics(kwok)
         cpu_before = cpu_seconds(pid)
         plane_before = plane_cpu(kwok)
+        sim_cpu_before = cpu_seconds(simulator.pid) if simulator is not None else 0.0
         names = [f"scale-{r}" for r in range(args.runs)]
         if competitors is not None:
             competitors.start()
@@ -317,7 +374,10 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         create_all(
             kwok,
             f"/apis/agents.proompteng.ai/v1alpha1/namespaces/{NS}/agentruns",
-            [scale_run(name, args.iterations) for name in names],
+            [
+                scale_run(name, args.iterations, warm=args.warm, seconds=args.iteration_seconds)
+                for name in names
+            ],
         )
         created = time.monotonic() - started
         print(f"{args.runs} runs created in {created:.1f}s")
@@ -349,7 +409,16 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         plane_after = plane_cpu(kwok)
         rss = peak_rss_mb(pid)
         runs = list_all_runs(kwok)
-        check = lost_and_repeated(runs, names, args.iterations, watch)
+        check = lost_and_repeated(
+            runs, names, args.iterations, watch, warm=frozenset(names) if args.warm else frozenset()
+        )
+        sim: dict[str, Any] = {}
+        if simulator is not None:
+            sim = simulator.stats()
+            # The simulator's own cost (the supervisors of every pod, in one process), beside the plane's.
+            sim["cpu_seconds"] = cpu_seconds(simulator.pid) - sim_cpu_before
+            sim["peak_rss_mb"] = peak_rss_mb(simulator.pid)
+            check = simulator_check(check, runs, names, args.iterations, sim.pop("ran"))
         done_iterations = max(1, check["completed_iterations"])
         latency = [
             watch.added[naming.job_name(name, 1, k + 1, 1)] - pods.ended[naming.job_name(name, 1, k, 1)]
@@ -366,14 +435,31 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         api_before, api_after = api_requests(before_api), api_requests(after_api)
         api_by_verb = {v: (api_after[v] - api_before.get(v, 0)) / done_iterations for v in sorted(api_after)}
         op_by_verb: collections.Counter[str] = collections.Counter()
+        op_writes_by_resource: dict[str, float] = collections.defaultdict(float)
         for key, value in after_op.items():
             if key.startswith("agentrun_api_requests_total{"):
                 verb = key.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in key else "?"
+                resource = key.split('resource="', 1)[1].split('"', 1)[0] if 'resource="' in key else "?"
                 op_by_verb[verb] += value - before_op.get(key, 0.0)
+                if verb not in ("GET", "LIST", "WATCH"):
+                    op_writes_by_resource[f"{verb} {resource}"] += value - before_op.get(key, 0.0)
         op_writes = sum(v for k, v in op_by_verb.items() if k not in ("GET", "LIST", "WATCH"))
+        queue_latency = distribution(latency)
         report: dict[str, Any] = {
             "runs": args.runs,
             "iterations_per_run": args.iterations,
+            "warm": args.warm,
+            "iteration_seconds": args.iteration_seconds,
+            # The figures every mode has, by the same names (docs/operator.md#scale).
+            "writes_per_iteration": op_writes / done_iterations,
+            "turnaround_ms": distribution(sim["turnarounds"]) if args.warm else queue_latency,
+            "turnaround_measured": (
+                "a result available in the warm pod's supervisor -> the next start it received"
+                if args.warm
+                else "a pod's terminal status seen -> the next iteration's Job seen"
+            ),
+            "lost": check["lost"],
+            "repeated": check["repeated"],
             "nodes": nodes,
             "unrelated_pods": args.unrelated_pods,
             "unrelated_pods_seconds": unrelated_seconds,
@@ -390,7 +476,7 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "operator_peak_rss_mb": rss,
             "operator_cpu_seconds": cpu,
             "operator_cpu_ms_per_iteration": 1000 * cpu / done_iterations,
-            "queue_latency_ms": distribution(latency),
+            "queue_latency_ms": queue_latency,
             # A new run seen -> its first Job seen: how long a run created in a burst waits.
             "first_job_latency_ms": distribution(first_job),
             # The operator's own share of it, from its metrics (bucket bounds): a key's wait in the
@@ -409,6 +495,9 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 k: v / done_iterations for k, v in sorted(op_by_verb.items())
             },
             "operator_writes_per_iteration": op_writes / done_iterations,
+            "operator_writes_per_iteration_by_resource": {
+                k: v / done_iterations for k, v in sorted(op_writes_by_resource.items()) if v
+            },
             # Reconciles whose Events the operator dropped (its writers' backlog full): their writes
             # are missing from the figure above.
             "operator_events_dropped": after_op.get("agentrun_events_dropped_total", 0.0)
@@ -426,6 +515,13 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             "plane_cpu_seconds": {k: plane_after.get(k, 0.0) - plane_before.get(k, 0.0) for k in PLANE_PARTS},
             "check": check,
         }
+        if simulator is not None:
+            # From a pod's first iteration, which the simulator finishes the moment the pod is
+            # Running: the operator's channel to the pod is still being set up then.
+            report["first_turnaround_ms"] = distribution(sim.pop("first_turnarounds"))
+            report["warm_simulator"] = {k: v for k, v in sim.items() if k != "turnarounds"}
+            simulator.stop()
+            simulator = None
         if args.argo:  # the same N x K on the same plane, the operator stopped (docs/operator.md#scale-argo)
             operator.stop()
             operator = None
@@ -443,6 +539,8 @@ def measure(args: argparse.Namespace, home: Path) -> dict[str, Any]:
             competitors.stop()
         if operator is not None:
             operator.stop()
+        if simulator is not None:
+            simulator.stop()
         kwok.stop()
 
 
@@ -462,6 +560,24 @@ def summary(report: dict[str, Any]) -> str:
         f"(Events of {report['operator_events_dropped']:.0f} reconciles dropped), "
         f"status {report['status_bytes_mean']:.0f} B/run",
         line("work-queue latency (pod ended -> next Job)", report["queue_latency_ms"]),
+        *(
+            [
+                line("warm turnaround (result -> next start)", report["turnaround_ms"]),
+                line("warm, a pod's first result -> next start", report["first_turnaround_ms"]),
+                f"warm: writes {report['writes_per_iteration']:.2f}/iteration, {c.get('not_warm', 0)} not warm "
+                f"beyond each run's first; simulated supervisors: {report['warm_simulator']['pods_served']} "
+                f"pods served, {c.get('simulator_iterations', 0)} iterations started, "
+                f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), "
+                f"CPU {report['warm_simulator']['cpu_seconds']:.0f}s, "
+                f"{report['warm_simulator']['ips_reused']} pods at a reused IP, "
+                f"{report['warm_simulator']['ip_changes']} IPs changed while Running, "
+                f"{report['warm_simulator']['ip_conflicts']} IPs given twice, 401s by why "
+                f"{report['warm_simulator']['refused']}, requests "
+                + ", ".join(f"{k} {v}" for k, v in sorted(report["warm_simulator"]["requests"].items())),
+            ]
+            if report.get("warm")
+            else []
+        ),
         line("first Job (run seen -> its first Job)", report["first_job_latency_ms"]),
         f"Job controller: {report['controller_syncs'] or 'default'} workers, "
         f"queue at most {report['job_controller_queue_max']} (sampled every 30 s)",
@@ -476,6 +592,8 @@ def summary(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.2f}" for k, v in report["apiserver_requests_per_iteration_by_verb"].items()),
         "API requests/iteration (operator): "
         + ", ".join(f"{k} {v:.2f}" for k, v in report["operator_requests_per_iteration_by_verb"].items()),
+        "the operator's writes/iteration by resource: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in report["operator_writes_per_iteration_by_resource"].items()),
         f"plane CPU: {plane}; load average {report['load_average_start'][0]:.1f} -> "
         f"{report['load_average_end'][0]:.1f}",
     ]
@@ -552,6 +670,18 @@ def main() -> int:
         "--max-mutating-requests-inflight (default 400 + 200)",
     )
     ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="warm loops (loop.warm), their pods' supervisor simulated (tests/bench/warm_sim.py)",
+    )
+    ap.add_argument(
+        "--iteration-seconds",
+        type=float,
+        default=0.0,
+        help="with --warm: each iteration runs this long in the simulated supervisor (default: at once, "
+        "so every run always waits on the operator); an offered load below its capacity",
+    )
+    ap.add_argument(
         "--argo", action="store_true", help="then the same N x K as Argo Workflows on the same plane"
     )
     ap.add_argument(
@@ -559,6 +689,8 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.apf = args.apf or args.flow_schema
+    if args.iteration_seconds and not args.warm:
+        ap.error("--iteration-seconds needs --warm (KWOK ends a cold iteration's pod at once)")
     home = Path(tempfile.mkdtemp(prefix="agentrun-scale-"))
     try:
         report = measure(args, home)

@@ -1,9 +1,10 @@
 """The scale benchmark's small size, and the simulated node's failures, on a KWOK plane of its own.
 
 KWOK (built by the toolchain from its Go module, like the control plane) plays every iteration pod
-on fake nodes, its reporter's control envelope included (agentrun_devcluster/kwok_stages.py); the
-operator is the released one, as a process. Correctness only: no figure here is timed
-(tests/bench/bench_scale.py measures; docs/operator.md#scale).
+on fake nodes, its reporter's control envelope included (agentrun_devcluster/kwok_stages.py); a warm
+loop's pod is served by the simulated supervisor (tests/bench/warm_sim.py, its own process) at the
+loopback IP KWOK gave it; the operator is the released one, as a process. Correctness only: no
+figure here is timed (tests/bench/bench_scale.py measures; docs/operator.md#scale).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from agentrun_devcluster import toolchain
+from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.kwok import KwokPlane
 from agentrun_operator import naming
 from tests.bench.bench_iterations import FINAL, NS, JobWatch, lost_and_repeated
-from tests.bench.bench_scale import CONTROL, ROOT, create_all, list_all_runs, scale_run
+from tests.bench.bench_scale import CONTROL, ROOT, create_all, list_all_runs, scale_run, simulator_check
+from tests.bench.warm_sim import WarmSimProcess
 from tests.support import api
 from tests.support.api import ready_namespace
 from tests.support.polling import eventually
@@ -31,28 +33,43 @@ pytestmark = pytest.mark.timeout(3600)
 
 RUNS = int(os.environ.get("AGENTRUN_KWOK_TEST_RUNS", "50"))
 ITERATIONS = 3
+WARM_RUNS, WARM_ITERATIONS = 20, 5
 RUNS_PATH = f"{api.RUNS}/namespaces/{NS}/agentruns"
 
 
 @pytest.fixture(scope="module")
-def kwok(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KwokPlane, JobWatch]]:
+def kwok_and_sim(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[KwokPlane, JobWatch, WarmSimProcess]]:
     built = toolchain.is_built(toolchain.KWOK) and all(toolchain.is_built(t) for t in toolchain.TOOLS)
     if not built and shutil.which("go") is None:
         pytest.skip("KWOK and the control plane are not built and Go is not on PATH to build them")
     plane = KwokPlane(tmp_path_factory.mktemp("kwok"), nodes=2, progress=print)
     operator: OperatorProcess | None = None
+    simulator: WarmSimProcess | None = None
     try:
         plane.start(crds_dir=ROOT / "crds")
         ready_namespace(plane.plane, NS)
         watch = JobWatch(plane.plane).start()
-        operator = OperatorProcess(
-            plane.plane, tmp_path_factory.mktemp("operator"), env={"AGENTS_CONTROLLER_RESYNC_SECONDS": "30"}
-        ).start()
-        yield plane, watch
+        simulator = WarmSimProcess(plane.home, NS, tmp_path_factory.mktemp("warm-sim")).start()
+        env = {
+            "AGENTS_CONTROLLER_RESYNC_SECONDS": "30",
+            # Where warm pods' supervisors listen: a port of this plane's own on the pods' loopback IPs.
+            "AGENTS_CONTROLLER_WARM_PORT": str(processes.free_port()),
+        }
+        operator = OperatorProcess(plane.plane, tmp_path_factory.mktemp("operator"), env=env).start()
+        yield plane, watch, simulator
     finally:
         if operator is not None:
             operator.stop()
+        if simulator is not None:
+            simulator.stop()
         plane.stop()
+
+
+@pytest.fixture(scope="module")
+def kwok(kwok_and_sim: tuple[KwokPlane, JobWatch, WarmSimProcess]) -> tuple[KwokPlane, JobWatch]:
+    return kwok_and_sim[0], kwok_and_sim[1]
 
 
 def _phase(kwok: KwokPlane, name: str) -> str:
@@ -123,3 +140,35 @@ def test_a_fake_node_deleted_mid_iteration(kwok: tuple[KwokPlane, JobWatch]) -> 
     assert [r.get("index") for r in records] == [1], records
     assert watch.adds[naming.job_name("orphaned", 1, 1, 1)] == 1
     assert naming.job_name("orphaned", 1, 2, 1) not in watch.added
+
+
+def test_warm_runs_lose_and_repeat_no_iteration_in_one_job_each(
+    kwok_and_sim: tuple[KwokPlane, JobWatch, WarmSimProcess],
+) -> None:
+    """`loop.warm`: every iteration of a run in the pod of its one Job, the operator calling the pod's
+    supervisor (simulated: tests/bench/warm_sim.py) at the loopback IP KWOK gave the pod."""
+    plane, watch, simulator = kwok_and_sim
+    names = [f"warm-{i}" for i in range(WARM_RUNS)]
+    create_all(plane, RUNS_PATH, [scale_run(n, WARM_ITERATIONS, warm=True) for n in names])
+
+    def ended() -> list[dict[str, Any]] | None:
+        runs = [r for r in list_all_runs(plane) if r["metadata"]["name"] in set(names)]
+        final = [r for r in runs if (r.get("status") or {}).get("phase") in FINAL]
+        return runs if len(final) == len(names) else None
+
+    runs = eventually(ended, timeout=1200, what=f"{WARM_RUNS} warm runs x {WARM_ITERATIONS} to end", every=2)
+    ran = simulator.stats()["ran"]
+    check = lost_and_repeated(runs, names, WARM_ITERATIONS, watch, warm=frozenset(names))
+    check = simulator_check(check, runs, names, WARM_ITERATIONS, ran)
+    assert (check["lost"], check["repeated"], check["succeeded"]) == (0, 0, WARM_RUNS), check
+    assert check["not_warm"] == 0 and check["simulator_iterations"] == WARM_RUNS * WARM_ITERATIONS, check
+    jobs = {n: [j for j in watch.added if j.startswith(f"{n}-step-")] for n in names}
+    assert all(found == [naming.job_name(n, 1, 1, 1)] for n, found in jobs.items()), jobs
+    for run in runs:
+        loop = _loop(run)
+        records = loop.get("iterations") or []
+        assert loop.get("stopReason") == "LoopMaxIterationsReached", loop
+        assert loop.get("lastControl") == CONTROL, loop
+        # The first iteration started its pod; each one after it ran in that pod, told to.
+        assert [r.get("warm", False) for r in records] == [False] + [True] * (WARM_ITERATIONS - 1), records
+        assert len({r.get("pod") for r in records}) == 1, records

@@ -36,6 +36,11 @@ POD_PLAY_PARALLELISM = 32
 play one status PATCH, a busy API server's latency made KWOK the pace of the whole plane: a scheduled
 pod waited about 12 s to start at 1,000 runs, while the operator's queue stood empty."""
 NODE_PREFIX = "kwok-node-"
+POD_CIDR = "127.192.0.0/12"
+"""Where KWOK allocates pod IPs: loopback, so that a connection to a simulated pod's IP (the operator
+calling a warm pod's supervisor, docs/design.md#warm-channel) stays on `lo` (Linux routes all of
+127.0.0.0/8 there, and a process may bind any of it without setup), where the benchmark's simulated
+supervisor listens (tests/bench/warm_sim.py). Disjoint from the pod runner's 127.64.0.0/10."""
 
 
 def controller_sync_args(syncs: int | None) -> tuple[str, ...]:
@@ -151,7 +156,7 @@ class KwokPlane:
             f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}={NODE_ANNOTATION_VALUE}",
             "--node-lease-duration-seconds=0",  # no node-lifecycle controller here reads leases
             f"--server-address=127.0.0.1:{processes.free_port()}",
-            "--cidr=10.64.0.0/12",
+            f"--cidr={POD_CIDR}",
         ]
         processes.start_process(self.plane.run_dir, KWOK, argv, self.plane.log_dir / f"{KWOK}.log")
 

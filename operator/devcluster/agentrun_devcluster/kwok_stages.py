@@ -1,13 +1,16 @@
 """The KWOK Stages that play an iteration pod's life on a simulated node (docs/local-dev.md#kwok).
 
 KWOK runs no container: these Stages write what a kubelet would. A pod bound to a fake node starts
-Running at once; a pod of an AgentRun (the run label the operator puts on every iteration pod) then
-ends Succeeded with every container terminated, and the `reporter` container's termination message
-is the control envelope the real reporter would write (agentrun_operator/control/envelope.py) — for
-the control payload the run declares in its workload's env `AGENTRUN_SIM_CONTROL` (a JSON object;
-unset: a `missing` envelope, as for an iteration that wrote no control file). A run that sets
-`AGENTRUN_SIM_HANG=true` plays a container that never ends. A pod being deleted is gone at once (the
-kubelet's confirmation). Pods of anything else only start and keep running (the unrelated load).
+Running at once, with a pod IP from the plane's loopback range (`kwok.POD_CIDR`); a pod of an
+AgentRun (the run label the operator puts on every iteration pod) then ends Succeeded with every
+container terminated, and the `reporter` container's termination message is the control envelope the
+real reporter would write (agentrun_operator/control/envelope.py) — for the control payload the run
+declares in its workload's env `AGENTRUN_SIM_CONTROL` (a JSON object; unset: a `missing` envelope, as
+for an iteration that wrote no control file). A run that sets `AGENTRUN_SIM_HANG=true` plays a
+container that never ends. A warm loop's pod (`naming.LABEL_WARM`) only starts: its supervisor, which
+the operator calls at its pod IP, is simulated outside the cluster (tests/bench/warm_sim.py), and that
+simulator ends the pod as a kubelet would. A pod being deleted is gone at once (the kubelet's
+confirmation). Pods of anything else only start and keep running (the unrelated load).
 
 So the operator under test is the released one: it reads the envelope from the pod status exactly
 as on a real node; nothing in the product knows it is simulated. Pure data.
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
-from agentrun_operator.naming import LABEL_RUN
+from agentrun_operator.naming import LABEL_RUN, LABEL_WARM
 
 CONTROL_ENV: Final = "AGENTRUN_SIM_CONTROL"
 """The workload env a benchmark sets to the JSON control payload each iteration reports."""
@@ -211,6 +214,8 @@ def stages_yaml() -> str:
         "agentrun-iteration-ended",
         (
             expression(f'.metadata.labels["{LABEL_RUN}"]', "Exists"),
+            # A warm pod runs iteration after iteration: the simulated supervisor ends it.
+            expression(f'.metadata.labels["{LABEL_WARM}"]', "NotIn", "true"),
             expression(
                 f'{_WORKLOAD_SELECTOR} | .env.[]? | select( .name == "{HANG_ENV}" ) | .value', "NotIn", "true"
             ),

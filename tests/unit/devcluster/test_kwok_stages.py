@@ -3,14 +3,17 @@ every owner kind (an AgentRun's iteration pods, with the reporter's envelope; Ar
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import yaml
 
 from agentrun_devcluster import kwok_stages
+from agentrun_devcluster.kwok import POD_CIDR
 from agentrun_devcluster.kwok_stages import TerminationMessage, owned_by, pod_completed_stage
+from agentrun_devcluster.podrunner.addresses import POD_ADDRESSES
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
-from agentrun_operator.naming import LABEL_RUN
+from agentrun_operator.naming import LABEL_RUN, LABEL_WARM
 
 
 def _stages() -> dict[str, dict[str, Any]]:
@@ -41,9 +44,11 @@ def test_running_and_ended_select_live_pods_by_phase() -> None:
     running, ended = _match(stages["agentrun-pod-running"]), _match(stages["agentrun-iteration-ended"])
     assert running == [live, {"key": ".status.phase", "operator": "In", "values": ["Pending"]}]
     assert ended[:2] == [live, {"key": ".status.phase", "operator": "In", "values": ["Running"]}]
-    # Only an AgentRun's pods end, and not those that play a container that never ends.
+    # Only an AgentRun's pods end, not a warm loop's (the simulated supervisor ends those), and not
+    # those that play a container that never ends.
     assert ended[2] == {"key": f'.metadata.labels["{LABEL_RUN}"]', "operator": "Exists"}
-    assert kwok_stages.HANG_ENV in ended[3]["key"] and ended[3]["values"] == ["true"]
+    assert ended[3] == {"key": f'.metadata.labels["{LABEL_WARM}"]', "operator": "NotIn", "values": ["true"]}
+    assert kwok_stages.HANG_ENV in ended[4]["key"] and ended[4]["values"] == ["true"]
 
 
 def test_an_iteration_pod_ends_with_the_reporters_envelope_as_its_message() -> None:
@@ -76,3 +81,13 @@ def test_one_completion_stage_serves_any_owner_with_or_without_a_message() -> No
         r for r in template.splitlines() if "$m" not in r and "sidecar" not in r and "{{ end }}" not in r
     ]
     assert strip == [r for r in plain["spec"]["next"]["statusTemplate"].splitlines() if "{{ end }}" not in r]
+
+
+def test_pod_ips_are_loopback_and_apart_from_the_pod_runners() -> None:
+    """A connection to a simulated pod's IP (the operator calling a warm pod's supervisor) stays on
+    `lo`, where the simulated supervisor listens (tests/bench/warm_sim.py); never 127.0.0.1 itself, nor
+    the pod runner's range."""
+    pods = ipaddress.ip_network(POD_CIDR)
+    assert pods.subnet_of(ipaddress.ip_network("127.0.0.0/8"))
+    assert not pods.overlaps(POD_ADDRESSES)
+    assert ipaddress.ip_address("127.0.0.1") not in pods
