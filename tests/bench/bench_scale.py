@@ -564,7 +564,8 @@ def summary(report: dict[str, Any]) -> str:
             [
                 line("warm turnaround (result -> next start)", report["turnaround_ms"]),
                 line("warm, a pod's first result -> next start", report["first_turnaround_ms"]),
-                f"warm: writes {report['writes_per_iteration']:.2f}/iteration, {c.get('not_warm', 0)} not warm "
+                f"warm: writes {report['writes_per_iteration']:.2f}/iteration, "
+                f"{c.get('not_warm', 0)} not warm "
                 f"beyond each run's first; simulated supervisors: {report['warm_simulator']['pods_served']} "
                 f"pods served, {c.get('simulator_iterations', 0)} iterations started, "
                 f"{report['warm_simulator']['duplicate_starts']} duplicate starts (no-ops), "
