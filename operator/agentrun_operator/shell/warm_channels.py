@@ -34,10 +34,15 @@ POLL_WAIT_SECONDS: Final = 25.0
 """How long one long poll waits for news before it asks again (the supervisor answers at once when
 there is some)."""
 RETRY_SECONDS: Final = 1.0
-"""The wait before asking again after a failed request."""
+"""The wait before asking again after a failed request (doubling while they fail)."""
+MAX_RETRY_SECONDS: Final = 8.0
 KEY_BYTES: Final = 32
 UNREADABLE_EXIT: Final = -1
 """An iteration whose exit code the supervisor could not read: a failed attempt, never a success."""
+
+
+def _result_key(heard: ObservedWarm) -> tuple[str, int] | None:
+    return (heard.result.id, heard.result.exit_code) if heard.result is not None else None
 
 
 def observed_of(pod: str, state: WarmState) -> ObservedWarm:
@@ -72,6 +77,7 @@ class _Channel:
     secret: str
     heard: ObservedWarm
     version: int | None = None
+    failures: int = 0
     task: asyncio.Task[None] | None = None
     commands: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -193,17 +199,18 @@ class WarmChannels:
                 raise
             except WarmError as exc:
                 self._failed(channel, str(exc))
-                await asyncio.sleep(RETRY_SECONDS)
+                await asyncio.sleep(self._backoff(channel))
                 continue
             except Exception as exc:  # never a dead poll: say it, and ask again
                 log.exception("warm poll failed", extra={"pod": channel.pod})
                 self._failed(channel, f"{type(exc).__name__}: {exc}")
-                await asyncio.sleep(RETRY_SECONDS)
+                await asyncio.sleep(self._backoff(channel))
                 continue
             self._heard(channel, state)
 
     def _heard(self, channel: _Channel, state: WarmState) -> None:
         channel.version = state.version
+        channel.failures = 0
         heard = observed_of(channel.pod, state)
         if heard == channel.heard:
             return
@@ -216,9 +223,22 @@ class WarmChannels:
                 "version": state.version,
             },
         )
-        news = channel.heard.error is not None or heard.result != channel.heard.result
+        before = channel.heard
         channel.heard = heard
-        self.enqueue(channel.key, TURNAROUND if news else FRONT)
+        # What the planner acts on: the pod's first word, the end of a silence, a new result. Its
+        # running an iteration it was told to, or the result being acknowledged, changes no plan.
+        if before.phase is None or before.error is not None:
+            self.enqueue(channel.key, FRONT)
+        elif _result_key(heard) != _result_key(before):
+            self.enqueue(channel.key, TURNAROUND)
+
+    @staticmethod
+    def _backoff(channel: _Channel) -> float:
+        """1 s after a failed request, doubling to `MAX_RETRY_SECONDS`: a pod that is gone (its IP
+        maybe another pod's by now, which refuses the run's signature) is not asked every second
+        until the run's next reconcile drops its channel."""
+        channel.failures += 1
+        return float(min(RETRY_SECONDS * 2 ** (channel.failures - 1), MAX_RETRY_SECONDS))
 
     def _failed(self, channel: _Channel, error: str) -> None:
         first = channel.heard.error is None
