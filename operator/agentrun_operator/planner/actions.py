@@ -94,6 +94,10 @@ class DeleteJob:
     where: Where | None = None
     grace_seconds: int | None = None
     uid: str | None = None
+    foreground: bool = False
+    """Foreground propagation: the Job stays, being deleted, until the garbage collector has deleted
+    its pods, so they stay in the run's view and hold the one-Job gate until they are gone (a warm
+    Job's pod runs between attempts: its retry must not start beside it)."""
 
 
 @dataclass(frozen=True)

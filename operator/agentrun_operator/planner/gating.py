@@ -55,7 +55,7 @@ def delete_strays(ctx: PlanContext, expected: str | None, spared: frozenset[str]
         reason = ctx.delete_reasons.get(job.name, default)
         grace = ctx.delete_graces.get(job.name)
         uid = job.uid if grace is not None else None
-        ctx.writes.insert(0, DeleteJob(job.name, reason, _where(ctx, job), grace, uid))
+        ctx.writes.insert(0, DeleteJob(job.name, reason, _where(ctx, job), grace, uid, foreground=job.warm))
 
 
 def set_job_ttls(ctx: PlanContext) -> None:

@@ -343,8 +343,11 @@ class Kube:
             raise KubeError(status, resp, f"delete pods of job uid {job_uid}")
         return True
 
-    async def delete_job(self, namespace: str, name: str) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    async def delete_job(self, namespace: str, name: str, foreground: bool = False) -> None:
+        """Delete a Job and, by the garbage collector, its pods: at once (`Background`), or with the
+        Job kept, being deleted, until its pods are gone (`Foreground`)."""
+        policy = "Foreground" if foreground else "Background"
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": policy}
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
         status, resp = await self.request("DELETE", path, body=body)
         if status not in (200, 202, 404):

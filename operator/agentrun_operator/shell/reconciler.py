@@ -441,7 +441,7 @@ class Reconciler:
                         "with their own grace period",
                         extra={**corr, **_where(action.where), "job": action.name},
                     )
-                await self.kube.delete_job(namespace, action.name)
+                await self.kube.delete_job(namespace, action.name, action.foreground)
                 log.info(
                     f"job deleted: {action.reason}",
                     extra={**corr, **_where(action.where), "job": action.name, "decision": "delete-job"},

@@ -230,6 +230,10 @@ def test_a_failed_warm_iteration_is_a_failed_attempt_whose_retry_is_a_new_pod() 
     assert "exited with code 3 in warm pod" in step.loop.iterations[-1].message
     assert step.usage.input_tokens == 5  # the failed attempt's usage counts
     assert job in world.deleted
+    # Deleted in the foreground: the Job stays, being deleted, until its pod is gone, so the pod (its
+    # `main` loop still running) stays in the run's view and holds the gate for the retry.
+    (deleted,) = [a for p in world.plans for a in p.actions if isinstance(a, DeleteJob)]
+    assert deleted.foreground is True
     world.settle()
     world.plan()
     retry = world.active()
