@@ -180,7 +180,10 @@ def test_a_container_started_just_before_the_runner_died_is_adopted_not_started_
         },
     )
     eventually(lambda: _running(env, "unrecorded"), timeout=120, what="the pod")
-    pids = processes_with("sleep", "7713")
+    # Running is reported once the container is launched; its `sleep` execs a moment later.
+    pids = eventually(
+        lambda: processes_with("sleep", "7713") or None, timeout=60, what="the container's sleep"
+    )
     assert len(pids) == 1
     env.runner.kill()
     try:
