@@ -84,7 +84,7 @@ class RecordingKube:
         owned = {**manifest["metadata"], "uid": f"uid-{name}"}
         return True, {**manifest, "metadata": owned}
 
-    async def delete_job(self, namespace: str, name: str) -> None:
+    async def delete_job(self, namespace: str, name: str, foreground: bool = False) -> None:
         self.calls.append(("delete", f"jobs/{name}"))
 
     async def delete_job_pods(self, namespace: str, job_uid: str, grace_seconds: int) -> bool:
