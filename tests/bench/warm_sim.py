@@ -33,7 +33,6 @@ import base64
 import collections
 import contextlib
 import json
-import math
 import os
 import signal
 import ssl
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -57,6 +56,7 @@ from agentrun_operator import naming
 from agentrun_operator.control import warm_auth
 from agentrun_operator.control.envelope import attach_warm, decode_envelope, encode_envelope
 from agentrun_operator.control.warm import Refusal, valid_env, valid_id
+from agentrun_operator.control.warm_server import state_query
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
 from agentrun_operator.jobs.warm_pod import FIRST_ID_ARG, KEY_ITEM
 from tests.support.processes import GroupProcess
@@ -471,7 +471,7 @@ class Supervisor:
 
     async def _route(self, request: web.BaseRequest, body: bytes) -> dict[str, Any]:
         if request.method == "GET" and request.path == "/v1/state":
-            seen, wait = _state_query(request.query_string)
+            seen, wait = state_query(request.query_string)
             await self.wait_change(seen, wait)
             return self.state()
         if request.method == "POST" and request.path in ("/v1/start", "/v1/ack", "/v1/stop"):
@@ -486,24 +486,6 @@ class Supervisor:
                 return self.start(iteration, valid_env(doc.get("env")))
             return self.ack(iteration) if request.path == "/v1/ack" else self.stop(iteration)
         raise Refusal(404, f"no endpoint {request.method} {request.path[:200]}")
-
-
-def _state_query(query: str) -> tuple[int | None, float]:
-    """(`seen`, `wait` in seconds, at most `MAX_WAIT_SECONDS`), as control/warm_server.py reads them."""
-    try:
-        fields = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as exc:
-        raise Refusal(400, f"bad query: {exc}") from None
-    seen_text, wait_text = fields.get("seen", [None])[-1], fields.get("wait", ["0"])[-1]
-    if seen_text is not None and not seen_text.isdigit():
-        raise Refusal(400, f"seen must be a version number, got {seen_text[:32]!r}")
-    try:
-        wait = float(wait_text or "0")
-    except ValueError:
-        raise Refusal(400, f"wait must be a number of seconds, got {wait_text[:32]!r}") from None
-    if not math.isfinite(wait) or wait < 0:
-        raise Refusal(400, f"wait must be 0 or more seconds, got {wait_text[:32]!r}")
-    return (None if seen_text is None else int(seen_text)), min(wait, MAX_WAIT_SECONDS)
 
 
 class Served:

@@ -130,7 +130,7 @@ class ChannelHandler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         supervisor = self.server.supervisor
         if method == "GET" and path == STATE_PATH:
-            seen, wait = _state_query(query)
+            seen, wait = state_query(query)
             return supervisor.wait_for_change(seen, wait)
         if method == "POST" and path in POSTS:
             doc = _json_object(body)
@@ -155,8 +155,9 @@ class ChannelHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _state_query(query: str) -> tuple[int | None, float]:
-    """(`seen`, `wait` in seconds, at most `MAX_WAIT_SECONDS`) of a long poll."""
+def state_query(query: str) -> tuple[int | None, float]:
+    """(`seen`, `wait` in seconds, at most `MAX_WAIT_SECONDS`) of a long poll (the KWOK plane's
+    simulated supervisor reads it with this too, tests/bench/warm_sim.py)."""
     try:
         fields = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as exc:
