@@ -135,6 +135,8 @@ class PlannedAttempt:
     warm: LoopWarm | None = None
     """loop.warm of the step's loop, or of the loop body around it: the pod runs its iterations one
     after the other when told (jobs/warm_pod.py, planner/warm.py)."""
+    warm_ttl_seconds: int | None = None
+    """A warm Job's `ttlSecondsAfterFinished` at creation (planner/podgc.py `warm_creation_ttl`)."""
 
     @property
     def top_index(self) -> int:
@@ -626,7 +628,8 @@ def build_iteration_objects(
 
     `backoffLimit: 0` because retries are the planner's (per iteration, with backoff and pod
     gating); `activeDeadlineSeconds` only when the attempt has a timeout; no TTL at creation: the
-    planner sets it once the attempt's result is safely recorded in the run's status.
+    planner sets it once the attempt's result is safely recorded in the run's status -- but for a
+    warm Job, which ends only after its loop's results are recorded (`warm_ttl_seconds`).
     """
     step = attempt.step if attempt.step is not None else effective_steps(run)[attempt.step_index - 1]
     run_name = str(run.metadata.get("name", ""))
@@ -653,6 +656,8 @@ def build_iteration_objects(
     if attempt.warm is not None and attempt.warm.enabled:
         first = iteration_id(attempt.env_iteration or attempt.iteration, attempt.attempt)
         add_warm(job_spec, attempt.warm, run_name, config.warm_port, first)
+        if attempt.warm_ttl_seconds is not None:
+            job_spec["ttlSecondsAfterFinished"] = attempt.warm_ttl_seconds
         job = job_manifest(run, iteration_job_name(run, attempt), labels, annotations, job_spec)
         job["metadata"]["annotations"][naming.ANNOTATION_WARM_TEMPLATE] = template_digest(job)
         return job, companions

@@ -102,10 +102,11 @@ class DeleteJob:
 
 @dataclass(frozen=True)
 class SetJobTTL:
-    """The result of this Job is recorded: let the TTL controller remove it after `seconds`."""
+    """The result of this Job is recorded: let the TTL controller remove it after `seconds` (None:
+    remove the TTL a warm Job was created with, pod GC keeps it: planner/podgc.py)."""
 
     name: str
-    seconds: int
+    seconds: int | None
     where: Where | None = None
 
 

@@ -18,6 +18,7 @@ from agentrun_operator.planner.feedback import (
 from agentrun_operator.planner.loops import collected_outputs, with_inherited_parameters
 from agentrun_operator.planner.outputs import declared_outputs
 from agentrun_operator.planner.placement import preferred_node
+from agentrun_operator.planner.podgc import policy_of, warm_creation_ttl
 from agentrun_operator.planner.state import StepView
 from agentrun_operator.resolution import (
     control_path,
@@ -76,7 +77,8 @@ def planned_attempt(ctx: PlanContext, step: StepView, iteration: int, attempt: i
         path=step.label if nested else None,
         prefer_node=preferred_node(ctx.observed.pods),
         checkpoint=checkpoint_plan(ctx, step, iteration, attempt),
-        warm=warm_of(step),
+        warm=(warm := warm_of(step)),
+        warm_ttl_seconds=warm_creation_ttl(policy_of(ctx.run, ctx.config)) if warm is not None else None,
     )
     looping = _loop_env(step, iteration)
     if looping is None:

@@ -77,7 +77,13 @@ def set_job_ttls(ctx: PlanContext) -> None:
             continue
         when = (by_pod or job).finished_at
         ended.append(
-            EndedJob(job.name, (by_pod or job).outcome == "Succeeded", when, job.ttl_seconds_after_finished)
+            EndedJob(
+                job.name,
+                (by_pod or job).outcome == "Succeeded",
+                when,
+                job.ttl_seconds_after_finished,
+                job.warm,
+            )
         )
         by_name[job.name] = job
     policy = policy_of(ctx.run, ctx.config)

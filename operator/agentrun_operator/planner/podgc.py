@@ -12,6 +12,11 @@ turns a difference into a `SetJobTTL`. Strategies:
 
 At most `maxKeptPods` Jobs are kept per run: past it the oldest kept ones are released (they get the
 Job TTL like a succeeded attempt), so a loop of 1,000 failing attempts cannot pile up pods.
+
+A warm loop's Job is created with its TTL (`warm_creation_ttl`): it ends only after its loop's last
+result is recorded (the pod is told to stop), so setting the TTL then would be a write per run for
+nothing. Should it end otherwise (its pod died) and the policy keep it, that TTL is removed or
+changed like any other (`ttl_changes`), once the status records what the pod left.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class EndedJob:
     succeeded: bool
     ended_at: datetime | None
     ttl_seconds: int | None  # its current `ttlSecondsAfterFinished`
+    warm: bool = False  # a warm loop's Job: created with its TTL, which may be removed
 
 
 def _kept(policy: PodGCPolicy, job: EndedJob, run_finished: bool) -> bool:
@@ -80,16 +86,35 @@ def wanted_ttls(policy: PodGCPolicy, jobs: Iterable[EndedJob], run_finished: boo
     return {job.name: retained if job.name in keep else policy.job_ttl_seconds for job in listed}
 
 
-def ttl_changes(policy: PodGCPolicy, jobs: Iterable[EndedJob], run_finished: bool) -> list[tuple[str, int]]:
-    """(Job name, TTL) for every Job whose TTL must be set or changed, in the order given.
+WARM_CREATION_TTL_FLOOR_SECONDS = 60
+"""A warm Job gets its TTL at creation only when it is at least this long: should its pod die, the
+operator has that long to read what the pod left (its termination message) before the Job goes."""
 
-    A TTL is never removed: a Job that has one (set by an older operator or another policy) and should
-    be kept without one keeps the TTL it has (docs/migration.md#pod-gc)."""
+
+def warm_creation_ttl(policy: PodGCPolicy) -> int | None:
+    """The `ttlSecondsAfterFinished` a warm loop's Job is created with: the one a succeeded attempt
+    gets (`OnPodSuccess`, `OnPodCompletion`), None when pods are kept while the run runs
+    (`OnRunCompletion`) or the TTL is below the floor (then it is set once the end is recorded)."""
+    if policy.strategy == "OnRunCompletion" or policy.job_ttl_seconds < WARM_CREATION_TTL_FLOOR_SECONDS:
+        return None
+    return policy.job_ttl_seconds
+
+
+def ttl_changes(
+    policy: PodGCPolicy, jobs: Iterable[EndedJob], run_finished: bool
+) -> list[tuple[str, int | None]]:
+    """(Job name, TTL) for every Job whose TTL must be set, changed or (None) removed, in the order given.
+
+    A cold Job's TTL is never removed: a Job that has one (set by an older operator or another policy)
+    and should be kept without one keeps the TTL it has (docs/migration.md#pod-gc). A warm Job's is:
+    it was given at creation, before anyone knew how the Job would end (`warm_creation_ttl`)."""
     listed = list(jobs)
     wanted = wanted_ttls(policy, listed, run_finished)
-    changes: list[tuple[str, int]] = []
+    changes: list[tuple[str, int | None]] = []
     for job in listed:
         ttl = wanted[job.name]
         if ttl is not None and job.ttl_seconds != ttl:
             changes.append((job.name, ttl))
+        elif ttl is None and job.warm and job.ttl_seconds is not None:
+            changes.append((job.name, None))
     return changes

@@ -353,8 +353,8 @@ class Kube:
         if status not in (200, 202, 404):
             raise KubeError(status, resp, f"delete job {name}")
 
-    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> dict[str, Any] | None:
-        """The patched Job (None when it is gone)."""
+    async def set_job_ttl(self, namespace: str, name: str, seconds: int | None) -> dict[str, Any] | None:
+        """The patched Job (None when it is gone); `seconds` None removes its TTL (a merge patch's null)."""
         path = f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}"
         patch = {"spec": {"ttlSecondsAfterFinished": seconds}}
         status, resp = await self.request(

@@ -25,9 +25,10 @@ def job_relevant(job: ObservedJob) -> ObservedJob:
     has ended and a committed status records its result, after which its outcome is never read again
     (`gating.result_recorded`) -- so the Job controller marking it complete re-plans nothing; only
     its deletion does. A `settling` Job gets no TTL (`gating.set_job_ttls`), so its end, which opens
-    the one-Job gate, stays news."""
+    the one-Job gate, stays news. A warm Job is created with its TTL (planner/podgc.py), so its TTL
+    says nothing of its result: its end stays news too."""
     relevant = replace(job, started_at=None, ttl_seconds_after_finished=None)
-    if job.ttl_seconds_after_finished is not None:
+    if job.ttl_seconds_after_finished is not None and not job.warm:
         return replace(relevant, outcome="Succeeded", finished_at=None, message=None, settling=False)
     return relevant
 

@@ -58,7 +58,7 @@ class Writes:
         if fresh is not None:
             self.cache.runs.answer(fresh, window, read=True)
 
-    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+    async def set_job_ttl(self, namespace: str, name: str, seconds: int | None) -> None:
         with self.cache.jobs.window(namespace, name) as window:
             patched = await self.kube.set_job_ttl(namespace, name, seconds)
         if patched is not None:

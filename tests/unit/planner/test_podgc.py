@@ -6,7 +6,15 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun_operator.api import parse_agentrun
 from agentrun_operator.config import ConfigError, OperatorConfig
-from agentrun_operator.planner.podgc import EndedJob, PodGCPolicy, policy_of, ttl_changes, wanted_ttls
+from agentrun_operator.planner.podgc import (
+    WARM_CREATION_TTL_FLOOR_SECONDS,
+    EndedJob,
+    PodGCPolicy,
+    policy_of,
+    ttl_changes,
+    wanted_ttls,
+    warm_creation_ttl,
+)
 from tests.unit.planner.world import PlannerWorld, loop_step, manifest
 
 T0 = datetime(2026, 11, 28, 5, 0, tzinfo=UTC)
@@ -114,3 +122,24 @@ def test_a_failing_loop_keeps_its_failed_pods_through_the_planner() -> None:
         "run-step-1-iter-1-attempt-2",
         "run-step-1-iter-1-attempt-3",
     ]
+
+
+def test_a_warm_job_is_created_with_the_ttl_a_succeeded_attempt_gets_where_the_policy_allows() -> None:
+    assert warm_creation_ttl(policy("OnPodSuccess")) == 300
+    assert warm_creation_ttl(policy("OnPodCompletion")) == 300
+    assert warm_creation_ttl(policy("OnRunCompletion")) is None  # kept while the run runs
+    assert warm_creation_ttl(policy(ttl=WARM_CREATION_TTL_FLOOR_SECONDS)) == WARM_CREATION_TTL_FLOOR_SECONDS
+    assert warm_creation_ttl(policy(ttl=WARM_CREATION_TTL_FLOOR_SECONDS - 1)) is None  # set once recorded
+
+
+def test_a_kept_warm_jobs_creation_ttl_is_removed_or_changed_a_cold_ones_never_removed() -> None:
+    warm_failed = EndedJob("warm-1", False, T0, 300, warm=True)
+    cold_failed = EndedJob("cold-1", False, T0, 300)
+    assert ttl_changes(policy(), [warm_failed, cold_failed], run_finished=False) == [("warm-1", None)]
+    assert ttl_changes(policy(retention=3600), [warm_failed], run_finished=False) == [("warm-1", 3600)]
+    # A succeeded warm Job already has what it should: no write at its end.
+    assert ttl_changes(policy(), [EndedJob("warm-2", True, T0, 300, warm=True)], run_finished=True) == []
+    # Released past maxKeptPods: the TTL comes back.
+    removed = EndedJob("warm-1", False, T0, None, warm=True)
+    newer = EndedJob("warm-3", False, T0 + timedelta(minutes=1), None, warm=True)
+    assert ttl_changes(policy(kept=1), [removed, newer], run_finished=False) == [("warm-1", 300)]

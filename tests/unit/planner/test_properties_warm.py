@@ -1,6 +1,7 @@
 """Properties of warm loops under random worlds (hypothesis): supervisors that run what they are told
 (docs/design.md#warm-channel), commands lost on the way, status writes lost, operator restarts that
-forget what was heard, pods that die or idle out, failures and retries. After every step: no
+forget what was heard, pods that die (their Job failed or not yet) or idle out, failures and
+retries. After every step: no
 iteration attempt runs twice anywhere, at most one pod runs, and an iteration is recorded
 succeeded at most once; a world that keeps answering brings the run to its end."""
 
@@ -136,6 +137,9 @@ class Cluster:
         pod = self.world.pods.get(supervisor.pod)
         if pod is not None:
             self.world.pods[supervisor.pod] = replace(pod, phase="Failed", reason="Evicted", message="gone")
+            job = self.world.jobs.get(pod.job_name)
+            if job is not None and pick % 2:  # the Job controller has seen it: backoffLimit 0
+                self.world.jobs[pod.job_name] = replace(job, outcome="Failed", finished_at=self.world.now)
         self.world.warm.pop(supervisor.pod, None)
 
     def idle_out(self, pick: int) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from agentrun_operator import naming
 from agentrun_operator.api import parse_agentrun
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
-from agentrun_operator.planner.actions import CreateJob, DeleteJob, WarmCommand
+from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL, WarmCommand
 from agentrun_operator.planner.observed import ObservedPod, ObservedWarm, WarmResult
 from agentrun_operator.planner.validate import validate_static
 from agentrun_operator.planner.warm import WARM_SILENCE_SECONDS
@@ -593,3 +595,54 @@ def test_a_warm_pod_pulling_its_reporters_image_is_waited_for_not_failed_as_unan
     world.plan()
     assert [r.phase for r in world.step_status().loop.iterations] == ["Succeeded", "Running"]
     assert [c.id for c in starts(world)] == ["2-1"]
+
+
+def test_a_warm_job_carries_its_ttl_from_creation_so_the_loops_end_costs_no_job_write() -> None:
+    world = warm_world(max_iterations=2)
+    job = world.active()
+    assert world.manifests[job]["spec"]["ttlSecondsAfterFinished"] == LOOPS_ON.job_ttl_seconds_after_recorded
+    pod = pod_of(world, job)
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    obey(world)
+    finish(world, pod, "2-1", control=go_on(2))
+    world.plan()
+    assert world.phase == "Succeeded"
+    obey(world)  # told to stop: its Job completes
+    world.pods[pod] = replace(world.pods[pod], phase="Succeeded", main_exit_code=0, containers_ended=True)
+    world.jobs[job] = replace(world.jobs[job], outcome="Succeeded", finished_at=world.now)
+    world.plan()
+    assert not [a for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
+    assert world.jobs[job].ttl_seconds_after_finished == LOOPS_ON.job_ttl_seconds_after_recorded
+
+
+def test_a_warm_job_whose_pod_died_is_kept_by_pod_gc_its_creation_ttl_removed_once_recorded() -> None:
+    world = warm_world(retries=1)
+    job = world.active()
+    pod = pod_of(world, job)
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    obey(world)
+    world.pods[pod] = replace(world.pods[pod], phase="Failed", reason="Evicted", message="node pressure")
+    world.jobs[job] = replace(
+        world.jobs[job], outcome="Failed", finished_at=world.now, message="BackoffLimitExceeded"
+    )
+    world.plan()
+    assert world.step_status().last_failure.reason == "WarmPodEnded"
+    removed = [a for a in world.plans[-1].actions if isinstance(a, SetJobTTL)]
+    assert removed == [SetJobTTL(job, None, removed[0].where)]  # OnPodSuccess keeps a failed attempt's pod
+    assert world.jobs[job].ttl_seconds_after_finished is None
+
+
+@pytest.mark.parametrize(
+    ("strategy", "ttl", "created_with"),
+    [("OnPodCompletion", 300, 300), ("OnRunCompletion", 300, None), ("OnPodSuccess", 30, None)],
+)
+def test_a_warm_jobs_creation_ttl_follows_the_pod_gc_policy(
+    strategy: str, ttl: int, created_with: int | None
+) -> None:
+    step = loop_step(max_iterations=3, expression=CONTINUE, loop={"warm": {}}, workload=COMMAND)
+    config = replace(LOOPS_ON, job_ttl_seconds_after_recorded=ttl)
+    world = PlannerWorld(manifest([step], podGC={"strategy": strategy}), config=config)
+    world.plan()
+    assert world.manifests[world.active()]["spec"].get("ttlSecondsAfterFinished") == created_with

@@ -243,6 +243,7 @@ class PlannerWorld:
             outcome="Active",
             started_at=self.now,
             completions=int(action.manifest["spec"].get("completions") or 1),
+            ttl_seconds_after_finished=action.manifest["spec"].get("ttlSecondsAfterFinished"),
             warm_template=(action.manifest["metadata"].get("annotations") or {}).get(
                 naming.ANNOTATION_WARM_TEMPLATE
             ),

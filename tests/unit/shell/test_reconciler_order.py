@@ -104,7 +104,7 @@ class RecordingKube:
         self.written_status = run["status"]
         return run
 
-    async def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+    async def set_job_ttl(self, namespace: str, name: str, seconds: int | None) -> None:
         self.calls.append(("patch", f"jobs/{name}"))
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,10 @@ would not make anyway."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from agentrun_operator.planner.actions import ClaimIdempotencyKey, CreateJob, DeleteJob, DeleteRun, SetJobTTL
-from agentrun_operator.planner.observed import Observed, ObservedPod
+from agentrun_operator.planner.observed import Observed, ObservedJob, ObservedPod
 from agentrun_operator.planner.plan import Plan, plan
 from agentrun_operator.shell.relevance import job_relevant, pod_arrival_relevant
 from tests.unit.planner.world import LOOPS_ON, PlannerWorld, loop_step, manifest
@@ -115,3 +116,15 @@ def test_a_job_with_its_ttl_set_ending_changes_no_plan_for_the_worse() -> None:
         world.advance(1)
     assert world.phase == "Succeeded"
     assert checked >= 3, "no Job had its TTL before it ended: the test would be vacuous"
+
+
+def test_a_warm_jobs_end_stays_news_although_it_has_its_ttl_from_creation() -> None:
+    """A warm Job is created with its TTL (planner/podgc.py `warm_creation_ttl`): its TTL says nothing
+    of its result, so its end re-plans, as a cold Job's does before its TTL."""
+    warm = ObservedJob(
+        "run-1-1-1", "uid", 1, 1, 1, "Active", ttl_seconds_after_finished=300, warm_template="d"
+    )
+    failed = replace(warm, outcome="Failed", finished_at=datetime(2026, 12, 5, tzinfo=UTC), message="died")
+    assert job_relevant(warm) != job_relevant(failed)
+    cold, cold_failed = replace(warm, warm_template=None), replace(failed, warm_template=None)
+    assert job_relevant(cold) == job_relevant(cold_failed)  # a cold Job gets its TTL once recorded
