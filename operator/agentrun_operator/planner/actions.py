@@ -128,8 +128,9 @@ class EmitEvent:
     message: str
     where: Where | None = None  # None for an Event about the whole run
     fold: bool = False
-    """Fold into the run's series even when its reason is a decision's (a warm loop's
-    `ConditionEvaluated`: docs/operator.md#events)."""
+    """Routine progress of a warm loop (its hand-over, its decision): folds into the run's series
+    even when its reason is a decision's, and a reconcile of only such Events is held, not posted
+    at once (docs/operator.md#events)."""
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,7 @@ def record_success(
             "IterationSucceeded",
             f"step {step.label}: succeeded{tries} (Job {job.name})",
             step.where,
+            fold=job.warm,
         )
         end_step(ctx, step, "Succeeded", None, f"succeeded{tries}")
         return
@@ -216,7 +217,15 @@ def record_success(
     loop.last_control = control
     st.message = f"iteration {step.iteration}/{loop.max_iterations} succeeded{tries}"
     iteration_finished(ctx, step, "Succeeded", job, duration)
-    ctx.emit("Normal", "IterationSucceeded", f"step {step.label}: {st.message} (Job {job.name})", step.where)
+    # An iteration that ran in a warm pod is routine: its Event is held with the warm hand-over's
+    # (docs/operator.md#events); a cold loop's is posted as always.
+    ctx.emit(
+        "Normal",
+        "IterationSucceeded",
+        f"step {step.label}: {st.message} (Job {job.name})",
+        step.where,
+        fold=job.warm,
+    )
     if not account_usage(ctx, step, control) or not collect_output(ctx, step, control):
         return
     if not record_progress(ctx, step, control):

@@ -137,6 +137,7 @@ def _start_warm(ctx: PlanContext, step: StepView, iteration: int, start: WarmSta
         f"step {step.label}: {where}attempt 1/{retries + 1} started in warm pod {start.pod.name} "
         f"(Job {start.job.name})",
         step.where,
+        fold=True,  # a warm hand-over: routine, held by the Event writer (docs/operator.md#events)
     )
     start_command(ctx, step, start)
 

@@ -97,7 +97,7 @@ class PlanContext:
         fold: bool = False,
     ) -> None:
         """Post an Event; `where` names the step, iteration and attempt it is about (None: the run);
-        `fold`: never an Event of its own (a warm loop's decision, shell/events.py)."""
+        `fold`: a warm loop's routine progress, held and folded (shell/events.py)."""
         self.events.append(EmitEvent(type_, reason, clip(message), where, fold))
 
     def requeue(self, seconds: float) -> None:

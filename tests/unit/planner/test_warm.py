@@ -14,7 +14,7 @@ import pytest
 from agentrun_operator import naming
 from agentrun_operator.api import parse_agentrun
 from agentrun_operator.control.envelope import ControlEnvelope, encode_envelope
-from agentrun_operator.planner.actions import CreateJob, DeleteJob, SetJobTTL, WarmCommand
+from agentrun_operator.planner.actions import CreateJob, DeleteJob, EmitEvent, SetJobTTL, WarmCommand
 from agentrun_operator.planner.observed import ObservedPod, ObservedWarm, WarmResult
 from agentrun_operator.planner.validate import validate_static
 from agentrun_operator.planner.warm import WARM_SILENCE_SECONDS
@@ -394,6 +394,74 @@ def test_between_iterations_of_an_interval_the_pod_is_acknowledged_and_kept() ->
     world.plan()
     (start,) = starts(world)
     assert start.id == "2-1" and world.created == [job]
+
+
+def run_warm(world: PlannerWorld, iterations: int) -> None:
+    """Every iteration succeeds in the first pod; the last one's control file ends the loop."""
+    pod = pod_of(world, world.active())
+    for n in range(1, iterations + 1):
+        finish(world, pod, f"{n}-1", control=go_on(n) if n < iterations else {"continue": False})
+        world.plan()
+        obey(world)
+
+
+def plan_events(world: PlannerWorld) -> list[list[tuple[str, bool]]]:
+    """Each reconcile's Events that asked for any, as (reason, fold)."""
+    events = [[(a.reason, a.fold) for a in p.actions if isinstance(a, EmitEvent)] for p in world.plans]
+    return [e for e in events if e]
+
+
+def test_a_warm_loops_hand_overs_are_routine_its_start_and_end_are_not() -> None:
+    """The Events of a hand-over in the warm pod are `fold` (the Event writer holds them,
+    docs/operator.md#events); the loop's start (its first pod is a new one) and the run's end are not."""
+    world = warm_world(max_iterations=4)
+    run_warm(world, 4)
+    assert world.phase == "Succeeded"
+    hand_over = [("IterationSucceeded", True), ("ConditionEvaluated", True), ("IterationStarted", True)]
+    assert plan_events(world) == [
+        [("LoopStarted", False), ("IterationStarted", False)],
+        hand_over,
+        hand_over,
+        hand_over,
+        [("IterationSucceeded", True), ("LoopCompleted", False), ("RunSucceeded", False)],
+    ]
+
+
+def test_a_warm_loops_failure_its_retry_and_a_start_in_a_new_pod_are_not_routine() -> None:
+    world = warm_world(retries=1)
+    pod = pod_of(world, world.active())
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    obey(world)
+    finish(world, pod, "2-1", code=3, control=go_on(2))
+    world.plan()
+    world.settle()
+    world.plan()  # the retry: a new pod
+    assert plan_events(world)[-2:] == [[("IterationRetrying", False)], [("IterationStarted", False)]]
+
+    world = warm_world()
+    job = world.active()
+    pod = pod_of(world, job)
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    world.commands.clear()  # the pod idles out before the start reaches it
+    said = '{"v":1,"status":"missing","path":"/p","size":null,"reason":"x","control":null,' + (
+        '"warm":{"id":"1-1","exitCode":0}}'
+    )
+    world.pods[pod] = replace(world.pods[pod], phase="Succeeded", reporter_message=said, main_exit_code=0)
+    world.jobs[job] = replace(world.jobs[job], outcome="Succeeded", finished_at=world.now)
+    world.warm.clear()
+    world.plan()
+    assert plan_events(world)[-1] == [("IterationStarted", False)]
+
+
+def test_a_cold_loops_events_are_never_routine() -> None:
+    """A loop without `warm` asks for the Events it always did, none of them `fold`."""
+    world = PlannerWorld(manifest([loop_step(max_iterations=3, expression=CONTINUE, workload=COMMAND)]))
+    world.drive(lambda w, job: w.succeed(job, control=go_on(1)))
+    assert world.phase == "Succeeded"
+    assert {"IterationStarted", "IterationSucceeded", "ConditionEvaluated"} <= set(world.event_reasons())
+    assert not any(e.fold for e in world.events)
 
 
 def test_warm_is_refused_where_a_pod_cannot_run_the_loop() -> None:
