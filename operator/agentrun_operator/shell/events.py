@@ -12,7 +12,11 @@ cost 2-3 writes per iteration. Here (docs/operator.md#events):
 - a decision (`ConditionEvaluated`: a loop's condition after an iteration) is its own Event, never
   merged nor folded, so each iteration's decision stays findable (a series would keep only the
   newest message). Its name is derived from the run and the decision, so a replayed plan posts it
-  once. Past `MAX_DECISION_EVENTS` of one run (per operator process) decisions fold as the rest do.
+  once. Past `MAX_DECISION_EVENTS` of one run (per operator process) decisions fold as the rest do;
+- a routine reconcile (its Events all `fold` and `Normal`: a warm loop's hand-over) starts no
+  series of its own: the series is held in memory and posted `flush_seconds` after its first Event
+  or when the operator stops; if the run finishes first, it becomes one part of the run's final
+  Event. A warm iteration thus costs no Event write (a held series is lost if the process is killed).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +53,9 @@ _RANK = {
     "StepSkipped": 20,
 }
 MAX_MESSAGE = 1024
+HELD_MESSAGE = 200
+"""A held series' newest message, as a part of the run's final Event, is clipped to this: the
+summary comes after the run's end, and truncation at `MAX_MESSAGE` cuts it first."""
 DECISION_REASONS = frozenset({"ConditionEvaluated"})
 MAX_DECISION_EVENTS = 200
 """Decisions posted as Events of their own per run (and operator process); later ones fold. A loop
@@ -75,20 +82,38 @@ def decision_event_name(run_name: str, uid: str, event: EmitEvent) -> str:
     return f"{run_name[:200]}.{digest}"
 
 
-def merge(events: Sequence[EmitEvent]) -> EmitEvent:
-    """One Event for all a reconcile planned: the most telling reason (the latest among equals)."""
+def merge(events: Sequence[EmitEvent], held: Sequence[str] = ()) -> EmitEvent:
+    """One Event for all a reconcile planned: the most telling reason (the latest among equals).
+    `held`: summaries of held series (`held_summary`), parts after the reconcile's own."""
     warning = any(e.type == "Warning" for e in events)
     best = events[0]
     for event in events[1:]:
         if rank(event) >= rank(best):
             best = event
-    if len(events) == 1:
+    if len(events) == 1 and not held:
         message = events[0].message
     else:  # each part keeps its reason, so describe (and a grep for a reason) still finds it
-        message = "; ".join(f"{e.reason}: {e.message.rstrip('.')}" for e in events)
+        message = "; ".join([*(f"{e.reason}: {e.message.rstrip('.')}" for e in events), *held])
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 1] + "…"
     return EmitEvent("Warning" if warning else "Normal", best.reason, message)
+
+
+def held_summary(reason: str, series: Series) -> str:
+    """A held series as a part of another Event: `IterationStarted (x9 over 12s): <newest message>`."""
+    message = series.message.rstrip(".")
+    if len(message) > HELD_MESSAGE:
+        message = message[: HELD_MESSAGE - 1] + "…"
+    if series.count == 1:
+        return f"{reason}: {message}"
+    return f"{reason} (x{series.count} over {_span(series.last_seen - series.first_seen)}): {message}"
+
+
+def _span(seconds: float) -> str:
+    whole = max(0, round(seconds))
+    if whole < 120:
+        return f"{whole}s"
+    return f"{whole // 60}m" if whole < 7200 else f"{whole // 3600}h"
 
 
 def rank(event: EmitEvent) -> int:
@@ -101,18 +126,35 @@ def _now() -> str:
 
 @dataclass
 class Series:
-    name: str  # the Event object's name
+    name: str  # the Event object's name; "" while held (not posted yet)
     count: int
     message: str
+    first_timestamp: str
     last_timestamp: str
-    written_at: float  # monotonic time of the last write
+    first_seen: float  # the recorder's clock at the first Event, at the newest, at the last write
+    last_seen: float
+    written_at: float
     dirty: bool = False
+
+    @property
+    def held(self) -> bool:
+        return not self.name
+
+    def fold(self, event: EmitEvent, now: float) -> None:
+        self.count += 1
+        self.message = event.message
+        self.last_timestamp = _now()
+        self.last_seen = now
+        self.dirty = True
 
 
 @dataclass
 class RunSeries:
+    involved: dict[str, Any]  # the run, as its Events' involvedObject
     by_reason: dict[tuple[str, str], Series] = field(default_factory=dict)
     decisions: int = 0  # decision Events posted as their own
+    # Held by `record` and by a flush: a held series is posted once, never also merged at the end.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 WRITERS = 8
@@ -132,10 +174,17 @@ class EventRecorder:
     a busy API server's full latency: at 1,000 concurrent runs on two cores, 0.2 s each, about a
     third of a reconcile (docs/operator.md#scale)."""
 
-    def __init__(self, kube: Kube, instance: str, flush_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        instance: str,
+        flush_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.instance = instance
         self.flush_seconds = flush_seconds
+        self.clock = clock
         self._runs: dict[str, RunSeries] = {}  # by run uid
         self._backlogs: list[asyncio.Queue[tuple[dict[str, Any], list[EmitEvent], bool]]] = []
         self._writers: list[asyncio.Task[None]] = []
@@ -191,94 +240,159 @@ class EventRecorder:
                 backlog.task_done()
 
     async def record(self, run: dict[str, Any], events: Sequence[EmitEvent], finished: bool) -> None:
-        """Post (or fold into a series) what one reconcile planned; flush all when `finished`."""
-        meta = run["metadata"]
-        uid = str(meta["uid"])
-        own, events = split_decisions(events, self._runs.get(uid, RunSeries()).decisions)
+        """Post (or fold into a series, or hold) what one reconcile planned; flush all when `finished`."""
+        if not events and not finished:
+            return
+        uid = str(run["metadata"]["uid"])
+        run_series = self._runs.setdefault(uid, RunSeries(_involved(run)))
+        run_series.involved = _involved(run)
+        async with run_series.lock:
+            try:
+                await self._record(run_series, events, finished)
+            finally:
+                if finished:
+                    self._runs.pop(uid, None)
+
+    async def _record(self, run_series: RunSeries, events: Sequence[EmitEvent], finished: bool) -> None:
+        involved = run_series.involved
+        own, events = split_decisions(events, run_series.decisions)
         for decision in own:
-            self._runs.setdefault(uid, RunSeries()).decisions += 1
-            await self._post(run, decision, name=decision_event_name(str(meta["name"]), uid, decision))
+            run_series.decisions += 1
+            name = decision_event_name(str(involved["name"]), str(involved["uid"]), decision)
+            await self._post(run_series, decision, name=name)
+        series_of = run_series.by_reason
         if events:
-            event = merge(events)
-            series = self._runs.setdefault(uid, RunSeries()).by_reason.get((event.type, event.reason))
-            if series is None:
-                await self._post(run, event)
+            # Routine: a warm loop's hand-over, which no one waits to see (docs/operator.md#events).
+            routine = not finished and all(e.fold and e.type == "Normal" for e in events)
+            plain = merge(events)
+            key: tuple[str, str] = (plain.type, plain.reason)
+            held: list[tuple[str, str]] = []
+            if finished:  # held series end as parts of the run's final Event, after its own
+                held = [k for k, s in series_of.items() if s.held and k != key]
+            event = merge(events, [held_summary(k[1], series_of[k]) for k in held])
+            for k in held:
+                del series_of[k]
+            series = series_of.get(key)
+            now = self.clock()
+            if series is None and routine:
+                stamp = _now()
+                series_of[key] = Series("", 1, event.message, stamp, stamp, now, now, now)
+            elif series is None:
+                await self._post(run_series, event)
             else:
-                series.count += 1
-                series.message = event.message
-                series.last_timestamp = _now()
-                series.dirty = True
-                if time.monotonic() - series.written_at >= self.flush_seconds:
-                    await self._patch(meta["namespace"], series)
+                series.fold(event, now)
+                if series.held:  # an Event that is not routine is not held back by routine ones
+                    if not routine or now - series.first_seen >= self.flush_seconds:
+                        await self._post_held(run_series, key, series)
+                elif now - series.written_at >= self.flush_seconds:
+                    await self._patch(involved["namespace"], series)
         if finished:
-            for series in self._runs.pop(uid, RunSeries()).by_reason.values():
-                if series.dirty:
-                    await self._patch(meta["namespace"], series)
+            for key, series in list(series_of.items()):
+                if series.held:  # no Event of the run's end to merge into: posted as it is
+                    await self._post_held(run_series, key, series)
+                elif series.dirty:
+                    await self._patch(involved["namespace"], series)
 
     async def flush_due(self, namespaces: dict[str, str]) -> None:
-        """Patch series that changed and were last written `flush_seconds` ago (the resync calls it).
+        """Post held series whose first Event is `flush_seconds` old, and patch series that changed
+        and were last written `flush_seconds` ago (the resync calls it).
 
         `namespaces` maps a run's uid to its namespace."""
-        now = time.monotonic()
+        await self._flush(namespaces, wait=False)
+
+    async def flush_all(self, namespaces: dict[str, str]) -> None:
+        """Post every held series and patch every changed one now (the operator is stopping)."""
+        self.flush_seconds = 0.0
+        await self._flush(namespaces, wait=True)
+
+    async def _flush(self, namespaces: dict[str, str], wait: bool) -> None:
         for uid, run_series in list(self._runs.items()):
             ns = namespaces.get(uid)
             if ns is None:
                 self._runs.pop(uid, None)  # the run is gone
                 continue
-            for series in run_series.by_reason.values():
-                if series.dirty and now - series.written_at >= self.flush_seconds:
-                    await self._patch(ns, series)
+            if run_series.lock.locked() and not wait:
+                continue  # its writer is at it; the next resync comes back
+            async with run_series.lock:
+                if self._runs.get(uid) is not run_series:
+                    continue  # finished meanwhile: its series were written
+                now = self.clock()
+                for key, series in list(run_series.by_reason.items()):
+                    if series.held and now - series.first_seen >= self.flush_seconds:
+                        await self._post_held(run_series, key, series)
+                    elif series.dirty and now - series.written_at >= self.flush_seconds:
+                        await self._patch(ns, series)
 
-    async def flush_all(self, namespaces: dict[str, str]) -> None:
-        """Patch every changed series now (the operator is stopping)."""
-        self.flush_seconds = 0.0
-        await self.flush_due(namespaces)
-
-    async def _post(self, run: dict[str, Any], action: EmitEvent, name: str | None = None) -> None:
+    async def _post(self, run_series: RunSeries, action: EmitEvent, name: str | None = None) -> None:
         """Post `action` as a new Event (a series, unless `name` is given: a decision of its own)."""
-        meta = run["metadata"]
         now = _now()
-        identity = {"name": name} if name else {"generateName": f"{meta['name'][:200]}."}
+        created = await self._create(
+            run_series.involved, action.type, action.reason, action.message, 1, now, now, name
+        )
+        if created and not name:  # a decision is no series: nothing folds into it
+            clock = self.clock()
+            series = Series(created, 1, action.message, now, now, clock, clock, clock)
+            run_series.by_reason[(action.type, action.reason)] = series
+
+    async def _post_held(self, run_series: RunSeries, key: tuple[str, str], series: Series) -> None:
+        """Post a held series as it stands; from then on it is an ordinary series."""
+        type_, reason = key
+        created = await self._create(
+            run_series.involved,
+            type_,
+            reason,
+            series.message,
+            series.count,
+            series.first_timestamp,
+            series.last_timestamp,
+        )
+        if not created:  # best effort: the next routine Event starts a new one
+            run_series.by_reason.pop(key, None)
+            return
+        series.name = created
+        series.dirty = False
+        series.written_at = self.clock()
+
+    async def _create(
+        self,
+        involved: dict[str, Any],
+        type_: str,
+        reason: str,
+        message: str,
+        count: int,
+        first_timestamp: str,
+        last_timestamp: str,
+        name: str | None = None,
+    ) -> str:
+        """POST an Event; its name, "" when it was not posted."""
+        namespace = involved["namespace"]
+        identity = {"name": name} if name else {"generateName": f"{involved['name'][:200]}."}
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {**identity, "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": run.get("apiVersion", API_VERSION),
-                "kind": "AgentRun",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": action.reason,
-            "message": action.message[:MAX_MESSAGE],
-            "type": action.type,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            "metadata": {**identity, "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:MAX_MESSAGE],
+            "type": type_,
+            "firstTimestamp": first_timestamp,
+            "lastTimestamp": last_timestamp,
+            "count": count,
             "source": {"component": "agentrun-operator"},
             "reportingComponent": f"{naming.GROUP}/agentrun-operator",
             "reportingInstance": self.instance,
         }
         try:
-            created = await self.kube.create_event(meta["namespace"], event)
+            created = await self.kube.create_event(namespace, event)
         except KubeError as exc:  # Events are best effort; never fail a reconcile on them
             if not (name and exc.status == 409):  # a decision posted before a replay: it is there
                 log.warning("event not posted: %s", exc)
-            return
-        if name:
-            return  # a decision is no series: nothing folds into it
-        name = str((created.get("metadata") or {}).get("name") or "")
-        if name:
-            series = Series(name, 1, action.message, now, time.monotonic())
-            self._runs.setdefault(str(meta["uid"]), RunSeries()).by_reason[(action.type, action.reason)] = (
-                series
-            )
+            return ""
+        return str((created.get("metadata") or {}).get("name") or "")
 
     async def _patch(self, namespace: str, series: Series) -> None:
         series.dirty = False
-        series.written_at = time.monotonic()
+        series.written_at = self.clock()
         patch = {
             "count": series.count,
             "lastTimestamp": series.last_timestamp,
@@ -288,3 +402,15 @@ class EventRecorder:
             await self.kube.patch_event(namespace, series.name, patch)
         except KubeError as exc:
             log.warning("event series not updated: %s", exc)
+
+
+def _involved(run: dict[str, Any]) -> dict[str, Any]:
+    meta = run["metadata"]
+    return {
+        "apiVersion": run.get("apiVersion", API_VERSION),
+        "kind": "AgentRun",
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
+        "resourceVersion": meta.get("resourceVersion"),
+    }
