@@ -343,6 +343,52 @@ def test_event_series_fold_repeats_into_one_object(env: Any, writers: bool) -> N
     assert writes == 3  # two POSTs and one PATCH for four reconciles' worth of Events
 
 
+@pytest.mark.parametrize("ends", [False, True], ids=["posted-when-stopping", "in-the-runs-end"])
+def test_a_held_series_is_written_once_with_its_count(env: Any, ends: bool) -> None:
+    """A warm loop's routine hand-overs (`fold`) are held: no write for them. Posted (the operator
+    stopping), they are one Event the API server takes with its count; when the run ends first,
+    they are the last part of the run's final Event."""
+    plane = env[0]
+    name = f"held-{int(ends)}"
+    _create(plane, workflow_run(name, {}))
+    run = _run(plane, name)
+    uid = run["metadata"]["uid"]
+
+    async def body(kube: Kube) -> int:
+        recorder = EventRecorder(kube, "test")
+        before = kube.counters.writes
+        for k in range(1, 4):
+            hand_over = [
+                EmitEvent("Normal", "IterationSucceeded", f"iteration {k} succeeded", fold=True),
+                EmitEvent("Normal", "IterationStarted", f"iteration {k + 1} started", fold=True),
+            ]
+            await recorder.submit(run, hand_over, finished=False)
+        assert kube.counters.writes == before
+        if ends:
+            await recorder.submit(run, [EmitEvent("Normal", "RunSucceeded", "run succeeded")], finished=True)
+        else:
+            await recorder.flush_all({uid: NAMESPACE})
+        return kube.counters.writes - before
+
+    writes = _in_process(plane, body)
+    out = plane.kubectl(
+        "get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.uid={uid}", "-o", "json"
+    )
+    events = {e["reason"]: e for e in json.loads(out)["items"]}
+    assert writes == 1
+    newest = "IterationSucceeded: iteration 3 succeeded; IterationStarted: iteration 4 started"
+    if ends:
+        assert set(events) == {"RunSucceeded"}
+        message = events["RunSucceeded"]["message"]
+        assert message.startswith("RunSucceeded: run succeeded; IterationStarted (x3 over "), message
+        assert message.endswith(f"): {newest}"), message
+    else:
+        assert set(events) == {"IterationStarted"}
+        held = events["IterationStarted"]
+        assert (held["count"], held["message"]) == (3, newest)
+        assert held["firstTimestamp"] <= held["lastTimestamp"]
+
+
 def _references(plane: ControlPlane, prefix: str) -> dict[str, Any]:
     """An AgentProvider, an Agent using it and an ImplementationSpec; the spec fields of a run naming them."""
     for kind, name, spec in (
