@@ -54,8 +54,8 @@ _RANK = {
 }
 MAX_MESSAGE = 1024
 HELD_MESSAGE = 200
-"""A held series' newest message, as a part of the run's final Event, is clipped to this: the
-summary comes after the run's end, and truncation at `MAX_MESSAGE` cuts it first."""
+"""A held series' newest message, as a part of the run's final Event, is clipped to its last this many
+characters: the summary comes after the run's end, and truncation at `MAX_MESSAGE` cuts it first."""
 DECISION_REASONS = frozenset({"ConditionEvaluated"})
 MAX_DECISION_EVENTS = 200
 """Decisions posted as Events of their own per run (and operator process); later ones fold. A loop
@@ -102,8 +102,8 @@ def merge(events: Sequence[EmitEvent], held: Sequence[str] = ()) -> EmitEvent:
 def held_summary(reason: str, series: Series) -> str:
     """A held series as a part of another Event: `IterationStarted (x9 over 12s): <newest message>`."""
     message = series.message.rstrip(".")
-    if len(message) > HELD_MESSAGE:
-        message = message[: HELD_MESSAGE - 1] + "…"
+    if len(message) > HELD_MESSAGE:  # its newest part last: a hand-over's start is its end
+        message = "…" + message[-(HELD_MESSAGE - 1) :]
     if series.count == 1:
         return f"{reason}: {message}"
     return f"{reason} (x{series.count} over {_span(series.last_seen - series.first_seen)}): {message}"
