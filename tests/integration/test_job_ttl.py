@@ -13,19 +13,14 @@ import pytest
 
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_operator.shell.kube import Kube
-from tests.support.polling import eventually
+from tests.support.api import ready_namespace
 
 NAMESPACE = "job-ttl"
 
 
 @pytest.fixture(scope="module")
 def plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    if not control_plane.kubectl("get", "ns", NAMESPACE, "--ignore-not-found", "-o", "name").strip():
-        control_plane.kubectl("create", "namespace", NAMESPACE)
-    eventually(
-        lambda: control_plane.api_get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
-        what="the namespace's default ServiceAccount",
-    )
+    ready_namespace(control_plane, NAMESPACE)
     yield control_plane
     control_plane.kubectl("delete", "jobs", "--all", "-n", NAMESPACE, "--wait=false", check=False)
 
