@@ -259,16 +259,6 @@ def test_a_pod_that_ends_during_an_iteration_fails_the_attempt() -> None:
     assert step.phase == "Retrying"
     assert "ended during iteration 2 (Evicted: node pressure)" in step.loop.iterations[-1].message
     assert step.last_failure.reason == "WarmPodEnded"
-    # The Job controller fails its Job (backoffLimit 0). Pod GC (OnPodSuccess) keeps a failed
-    # attempt's pod: the TTL the warm Job was created with goes, now that the status records it.
-    assert world.jobs[job].ttl_seconds_after_finished == LOOPS_ON.job_ttl_seconds_after_recorded
-    world.jobs[job] = replace(
-        world.jobs[job], outcome="Failed", finished_at=world.now, message="BackoffLimitExceeded"
-    )
-    world.plan()
-    removed = [a for a in world.plans[-1].actions if isinstance(a, SetJobTTL)]
-    assert [(a.name, a.seconds) for a in removed] == [(job, None)]
-    assert world.jobs[job].ttl_seconds_after_finished is None
 
 
 def test_a_pod_that_idled_out_before_its_start_runs_the_same_attempt_in_a_new_pod() -> None:
@@ -692,6 +682,28 @@ def test_a_warm_job_carries_its_ttl_from_creation_so_the_loops_end_costs_no_job_
     world.plan()
     assert not [a for p in world.plans for a in p.actions if isinstance(a, SetJobTTL)]
     assert world.jobs[job].ttl_seconds_after_finished == LOOPS_ON.job_ttl_seconds_after_recorded
+
+
+def test_a_warm_job_failed_with_its_pod_is_kept_by_pod_gc_its_creation_ttl_removed_once_recorded() -> None:
+    """The Job controller failed the Job (backoffLimit 0) before the operator saw the pod end: the Job
+    has ended, so it is no stray to delete; pod GC (OnPodSuccess) keeps a failed attempt's pod, so the
+    TTL the warm Job was created with goes, in the plan that records the attempt."""
+    world = warm_world(retries=1)
+    job = world.active()
+    pod = pod_of(world, job)
+    finish(world, pod, "1-1", control=go_on(1))
+    world.plan()
+    obey(world)
+    assert world.jobs[job].ttl_seconds_after_finished == LOOPS_ON.job_ttl_seconds_after_recorded
+    world.pods[pod] = replace(world.pods[pod], phase="Failed", reason="Evicted", message="node pressure")
+    world.jobs[job] = replace(
+        world.jobs[job], outcome="Failed", finished_at=world.now, message="BackoffLimitExceeded"
+    )
+    world.plan()
+    assert world.step_status().last_failure.reason == "WarmPodEnded"
+    removed = [a for a in world.plans[-1].actions if isinstance(a, SetJobTTL)]
+    assert [(a.name, a.seconds) for a in removed] == [(job, None)]
+    assert world.jobs[job].ttl_seconds_after_finished is None and job in world.jobs
 
 
 @pytest.mark.parametrize(
