@@ -827,3 +827,18 @@ def test_warm_loop_runs_every_iteration_in_one_pod(local_default: LocalDefault) 
     assert (root / "build.log").read_text().splitlines() == [
         f"iteration {k} in {pod}, its run {k}" for k in range(1, 6)
     ]
+    # No Event per hand-over (docs/operator.md#events): the 4 hand-overs are one held series, a part
+    # of the run's final Event when the run ends within its first minute, else posted once with its
+    # count (a loaded machine may take longer).
+    end = eventually(
+        lambda: next((e for e in local_default.events("warm-loop") if e["reason"] == "RunSucceeded"), None),
+        what="the run's final Event",
+    )
+    events = local_default.events("warm-loop")
+    reasons = sorted(e["reason"] for e in events)
+    if reasons == ["LoopStarted", "RunSucceeded"]:
+        assert "; IterationStarted (x4 over " in end["message"], end["message"]
+    else:
+        assert reasons == ["IterationStarted", "LoopStarted", "RunSucceeded"], events
+        series = next(e for e in events if e["reason"] == "IterationStarted")
+        assert series["count"] == 4 and "iteration 5/10 attempt 1/1 started" in series["message"], series
