@@ -34,7 +34,7 @@ from agentrun_operator.planner.attempt_results import record_failure, record_suc
 from agentrun_operator.planner.context import TERMINAL_RUN_PHASES, PlanContext, clip
 from agentrun_operator.planner.feedback import REASON_DEADLINE
 from agentrun_operator.planner.gating import gate_clear
-from agentrun_operator.planner.observed import ObservedJob, ObservedPod, ObservedWarm
+from agentrun_operator.planner.observed import ObservedJob, ObservedPod, ObservedWarm, WarmResult
 from agentrun_operator.planner.state import StepState, StepView, state_of
 from agentrun_operator.resolution import step_timeout_seconds
 
@@ -111,6 +111,28 @@ def _answers(heard: ObservedWarm | None) -> bool:
 
 
 @dataclass(frozen=True)
+class IdlePod:
+    """A warm Job's live pod, heard idle with a result: the only pod a `start`, `ack` or `stop` goes to."""
+
+    pod: ObservedPod
+    ip: str
+    heard: ObservedWarm
+    result: WarmResult
+
+
+def idle_pod(ctx: PlanContext, job: ObservedJob) -> IdlePod | None:
+    """The live pod of `job` (`live_pod`) with its IP, whose supervisor last said it runs nothing and
+    holds a result (its last request may since have failed: `heard.error`)."""
+    pod = live_pod(ctx, job)
+    heard = ctx.observed.warm.get(pod.name) if pod is not None else None
+    if pod is None or pod.warm_ip is None or heard is None or heard.result is None:
+        return None
+    if heard.phase != "idle" or heard.running is not None:
+        return None
+    return IdlePod(pod, pod.warm_ip, heard, heard.result)
+
+
+@dataclass(frozen=True)
 class WarmStart:
     """The next iteration may run in this pod of this Job, with this id and these variables."""
 
@@ -133,15 +155,11 @@ def warm_start(ctx: PlanContext, step: StepView, iteration: int, attempt: int) -
     manifest = _manifest(ctx, step, iteration, attempt)
     digest, wanted = template_digest(manifest), job_iteration_id(manifest)
     for job in jobs:
-        pod = live_pod(ctx, job) if job.warm_template == digest else None
-        heard = ctx.observed.warm.get(pod.name) if pod is not None else None
-        if pod is None or pod.warm_ip is None or heard is None or heard.error is not None:
+        idle = idle_pod(ctx, job) if job.warm_template == digest else None
+        if idle is None or idle.heard.error is not None or idle.result.exit_code:
             continue
-        result = heard.result
-        if heard.phase != "idle" or heard.running is not None or result is None or result.exit_code:
-            continue
-        if result.id != wanted:
-            return WarmStart(job, pod, wanted, tuple(sorted(iteration_env(manifest).items())))
+        if idle.result.id != wanted:
+            return WarmStart(job, idle.pod, wanted, tuple(sorted(iteration_env(manifest).items())))
     return None
 
 
@@ -392,13 +410,10 @@ def acknowledge_recorded(ctx: PlanContext, views: list[StepView]) -> None:
     for job in live_warm_jobs(ctx):
         if job.name in running:
             continue
-        pod = live_pod(ctx, job)
-        heard = ctx.observed.warm.get(pod.name) if pod is not None else None
-        if pod is None or pod.warm_ip is None or heard is None or heard.result is None or pod.name in told:
+        idle = idle_pod(ctx, job)
+        if idle is None or idle.pod.name in told or idle.result.acked:
             continue
-        if heard.result.acked or heard.phase != "idle" or heard.running is not None:
-            continue
-        ctx.writes.append(WarmCommand("ack", pod.name, pod.warm_ip, heard.result.id, ()))
+        ctx.writes.append(WarmCommand("ack", idle.pod.name, idle.ip, idle.result.id, ()))
 
 
 def stop_finished_warm_pods(ctx: PlanContext, expected: str | None) -> frozenset[str]:
@@ -417,7 +432,7 @@ def stop_finished_warm_pods(ctx: PlanContext, expected: str | None) -> frozenset
         pod = live_pod(ctx, job)
         heard = ctx.observed.warm.get(pod.name) if pod is not None else None
         # Told to end, it says so (and may no longer answer), or its `main` loop ended cleanly: its
-        # Job completes on its own, then gets its TTL. One that does not end in time is deleted.
+        # Job completes on its own, then goes by its TTL. One that does not end in time is deleted.
         ending = (heard is not None and heard.phase == "stopping") or (
             bool(pods) and all(p.main_exit_code == 0 for p in pods)
         )
@@ -427,15 +442,9 @@ def stop_finished_warm_pods(ctx: PlanContext, expected: str | None) -> frozenset
                 spared.add(job.name)
                 ctx.requeue(WARM_STOP_SECONDS - waited)
             continue
-        if pod is None or pod.warm_ip is None or heard is None:
+        idle = idle_pod(ctx, job)
+        if idle is None or idle.heard.error is not None:
             continue
-        if (
-            heard.error is not None
-            or heard.phase != "idle"
-            or heard.running is not None
-            or heard.result is None
-        ):
-            continue
-        ctx.writes.append(WarmCommand("stop", pod.name, pod.warm_ip, heard.result.id, ()))
+        ctx.writes.append(WarmCommand("stop", idle.pod.name, idle.ip, idle.result.id, ()))
         spared.add(job.name)
     return frozenset(spared)
