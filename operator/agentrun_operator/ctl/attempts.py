@@ -128,20 +128,7 @@ def _from_entry(
         started = str(record.get("startedAt") or entry.get("startedAt") or "")
         if path in workloads:
             attempts = int(record.get("attempts") or 0)
-            for number in range(1, attempts + 1):
-                phase = record.get("phase") if number == attempts else "Failed"
-                pod = record.get("pod") if number == attempts else None
-                found.append(
-                    Attempt(
-                        path,
-                        index,
-                        number,
-                        phase=phase,
-                        order=(started, f"{path}\0{number:06d}"),
-                        pod_name=str(pod) if pod else None,
-                        warm_id=f"{index}-{number}" if pod else None,
-                    )
-                )
+            found += _recorded(path, index, attempts, record, started)
         elif index != current:
             for position, (child, phase) in enumerate((record.get("steps") or {}).items()):
                 child_path = f"{path}/{child}"
@@ -151,25 +138,34 @@ def _from_entry(
     if not records and path in workloads and entry.get("jobRef") and int(entry.get("attempt") or 0) >= 1:
         attempts = int(entry.get("attempt") or 0)
         started = str(entry.get("startedAt") or "")
-        for number in range(1, attempts + 1):
-            phase = entry.get("phase") if number == attempts else "Failed"
-            order = (started, f"{path}\0{number:06d}")
-            pod = entry.get("pod") if number == attempts else None
-            index = body_iteration or 1
-            found.append(
-                Attempt(
-                    path,
-                    index,
-                    number,
-                    phase=phase,
-                    order=order,
-                    pod_name=str(pod) if pod else None,
-                    warm_id=f"{index}-{number}" if pod else None,
-                )
-            )
+        found += _recorded(path, body_iteration or 1, attempts, entry, started)
     children_iteration = current or body_iteration
     for child in entry.get("steps") or []:
         found += _from_entry(child, path, children_iteration, workloads)
+    return found
+
+
+def _recorded(
+    path: str, iteration: int, attempts: int, record: dict[str, Any], started: str
+) -> list[Attempt]:
+    """Attempts 1..`attempts` of an iteration `record` (an iteration record, or a loop body's child
+    entry): earlier ones failed; the last has the record's phase and, when it ran in a warm pod
+    (`pod`), that pod and its id there (`<iteration>-<attempt>`)."""
+    found: list[Attempt] = []
+    for number in range(1, attempts + 1):
+        last = number == attempts
+        pod = record.get("pod") if last else None
+        found.append(
+            Attempt(
+                path,
+                iteration,
+                number,
+                phase=record.get("phase") if last else "Failed",
+                order=(started, f"{path}\0{number:06d}"),
+                pod_name=str(pod) if pod else None,
+                warm_id=f"{iteration}-{number}" if pod else None,
+            )
+        )
     return found
 
 
