@@ -56,7 +56,7 @@ from agentrun_operator import naming
 from agentrun_operator.control import warm_auth
 from agentrun_operator.control.envelope import attach_warm, decode_envelope, encode_envelope
 from agentrun_operator.control.warm import Refusal, valid_env, valid_id
-from agentrun_operator.control.warm_server import state_query
+from agentrun_operator.control.warm_server import json_object, state_query
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
 from agentrun_operator.jobs.warm_pod import FIRST_ID_ARG, KEY_ITEM
 from tests.support.processes import GroupProcess
@@ -475,12 +475,7 @@ class Supervisor:
             await self.wait_change(seen, wait)
             return self.state()
         if request.method == "POST" and request.path in ("/v1/start", "/v1/ack", "/v1/stop"):
-            try:
-                doc = json.loads(body)
-            except ValueError:
-                raise Refusal(400, "the request body is not JSON") from None
-            if not isinstance(doc, dict):
-                raise Refusal(400, "the request body is not a JSON object")
+            doc = json_object(body)
             iteration = valid_id(doc.get("id"))
             if request.path == "/v1/start":
                 return self.start(iteration, valid_env(doc.get("env")))
