@@ -376,17 +376,9 @@ def print_figures(figures: dict[str, Any]) -> None:
 
 def workspace_dir(plane: Any, namespace: str, name: str) -> Path | None:
     """The host directory of the volume bound to `<name>-workspace` (None until bound)."""
-    import json
+    from agentrun_devcluster.dev import claim_directory
 
-    from agentrun_devcluster.provisioner import local_path
-
-    code, body = plane.api_get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}-workspace")
-    volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
-    if not volume:
-        return None
-    code, body = plane.api_get(f"/api/v1/persistentvolumes/{volume}")
-    path = local_path(json.loads(body)) if code == 200 else None
-    return Path(path) if path else None
+    return claim_directory(plane, namespace, f"{name}-workspace")
 
 
 def read_log(plane: Any, namespace: str, name: str) -> str:

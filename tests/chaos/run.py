@@ -66,7 +66,7 @@ from typing import Any
 
 from agentrun_devcluster import processes, toolchain
 from agentrun_devcluster.controlplane import ControlPlane
-from agentrun_devcluster.provisioner import local_path
+from agentrun_devcluster.dev import claim_directory
 from agentrun_operator import naming
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER
 from tests.support.manifests import claim_yaml
@@ -869,17 +869,7 @@ class LocalDefault:
 
     def claim_dir(self, name: str, claim: str = "workspace") -> Path | None:
         """The directory of the volume bound to the run's claim `<name>-<claim>` (None until bound)."""
-        code, body = self.plane.api_get(
-            f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{name}-{claim}"
-        )
-        volume = (json.loads(body).get("spec") or {}).get("volumeName") if code == 200 else None
-        if not volume:
-            return None
-        code, body = self.plane.api_get(f"/api/v1/persistentvolumes/{volume}")
-        if code != 200:
-            return None
-        path = local_path(json.loads(body))
-        return Path(path) if path else None
+        return claim_directory(self.plane, NAMESPACE, f"{name}-{claim}")
 
     def job_claims(self, name: str) -> int:
         claim = self.claim_dir(name)

@@ -627,7 +627,7 @@ def _show_files(root: Path, limit: int = 2048) -> None:
         print(text.rstrip("\n") + ("\n  …" if len(data) > limit else ""))
 
 
-def _claim_directory(plane: ControlPlane, namespace: str, claim: str) -> Path | None:
+def claim_directory(plane: ControlPlane, namespace: str, claim: str) -> Path | None:
     """The directory of the local volume bound to `claim`, if it is bound to one."""
     from agentrun_devcluster.provisioner import local_path
 
@@ -736,7 +736,7 @@ def run_example(
                     f"{it.get('message') or ''}".rstrip()
                 )
     for claim in claims:
-        root = _claim_directory(plane, namespace, claim)
+        root = claim_directory(plane, namespace, claim)
         if root is None:
             print(f"\nPVC {claim}: not bound to a volume of the local provisioner (nothing to show)")
             continue
