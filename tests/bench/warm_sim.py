@@ -55,7 +55,7 @@ from agentrun_devcluster.kwok_stages import CONTROL_ENV, HANG_ENV
 from agentrun_operator import naming
 from agentrun_operator.control import warm_auth
 from agentrun_operator.control.envelope import attach_warm, decode_envelope, encode_envelope
-from agentrun_operator.control.warm import Refusal, valid_env, valid_id
+from agentrun_operator.control.warm import Refusal, ack_takes, start_runs, stop_ends, valid_env, valid_id
 from agentrun_operator.control.warm_server import json_object, state_query
 from agentrun_operator.jobs.reporter_container import REPORTER_CONTAINER, WORKLOAD_CONTAINERS
 from agentrun_operator.jobs.warm_pod import FIRST_ID_ARG, KEY_ITEM
@@ -362,19 +362,17 @@ class Supervisor:
 
     # -- the requests (control/warm.py Supervisor.start, ack, stop) -------------------------------------
 
+    def _ids(self) -> tuple[str | None, str | None, bool]:
+        """What the requests' rules read (control/warm.py `start_runs`, `ack_takes`, `stop_ends`)."""
+        result = self.result
+        running = self.running[0] if self.running is not None else None
+        return running, (result.id if result is not None else None), (result is not None and result.acked)
+
     def start(self, iteration: str, env: dict[str, str]) -> dict[str, Any]:
-        running, result = self.running, self.result
-        if (running is not None and running[0] == iteration) or (
-            result is not None and result.id == iteration and not result.acked
-        ):
+        result = self.result
+        if not start_runs(self.phase, *self._ids(), self.acknowledged, iteration):
             self.ledger.duplicate_starts += 1
             return self.state()
-        if self.phase == "stopping":
-            raise Refusal(409, f"the pod is stopping: iteration {iteration} not started")
-        if running is not None:
-            raise Refusal(409, f"iteration {running[0]} is running: iteration {iteration} not started")
-        if iteration in self.acknowledged:
-            raise Refusal(409, f"iteration {iteration} ran in this pod and was acknowledged")
         if result is not None:
             took = time.monotonic() - result.available
             (self.ledger.first_turnarounds if result.first else self.ledger.turnarounds).append(took)
@@ -388,28 +386,18 @@ class Supervisor:
 
     def ack(self, iteration: str) -> dict[str, Any]:
         result = self.result
-        if self.running is not None and self.running[0] == iteration:
-            raise Refusal(409, f"iteration {iteration} is running: no result to acknowledge")
-        if result is not None and result.id == iteration and not result.acked:
+        if ack_takes(*self._ids(), self.acknowledged, iteration) and result is not None:
             result.acked = True
             self.acknowledged.add(iteration)
             self._bump()
             if self.running is None:
                 self._idle_clock()
-        elif iteration not in self.acknowledged:
-            raise Refusal(404, f"no result of iteration {iteration} in this pod")
         return self.state()
 
     def stop(self, iteration: str) -> dict[str, Any]:
-        if self.phase == "stopping":
+        if not stop_ends(self.phase, *self._ids(), self.acknowledged, iteration):
             return self.state()
-        if self.running is not None:
-            raise Refusal(409, f"iteration {self.running[0]} is running: not stopping")
         result = self.result
-        if (result is None or result.id != iteration) and iteration not in self.acknowledged:
-            raise Refusal(404, f"no result of iteration {iteration} in this pod")
-        if result is not None and result.id != iteration and not result.acked:
-            raise Refusal(409, f"iteration {result.id}'s result is not acknowledged: not stopping")
         if result is not None and result.id == iteration:
             result.acked = True
         self.acknowledged.add(iteration)

@@ -26,7 +26,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol
@@ -87,6 +87,71 @@ class Refusal(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+# --------------------------------------------------------------------- the requests' rules (pure)
+# What a start, an ack and a stop do in each state (docs/design.md#warm-channel), apart from their
+# effects: the supervisor applies them, and so does the KWOK plane's simulated one
+# (tests/bench/warm_sim.py). `running`: the id running, if any; `held`: the id of the result held,
+# if any, and whether it is acknowledged; `acknowledged`: every id acknowledged in this pod.
+
+
+def start_runs(
+    phase: str,
+    running: str | None,
+    held: str | None,
+    held_acked: bool,
+    acknowledged: Container[str],
+    iteration: str,
+) -> bool:
+    """Whether a start of `iteration` runs it: False when it runs, or its result is held and not
+    acknowledged (the same start again, a no-op); a Refusal (409) when another runs, the pod is
+    stopping, or `iteration` ran here and was acknowledged."""
+    if running == iteration or (held == iteration and not held_acked):
+        return False
+    if phase == "stopping":
+        raise Refusal(409, f"the pod is stopping: iteration {iteration} not started")
+    if running is not None:
+        raise Refusal(409, f"iteration {running} is running: iteration {iteration} not started")
+    if iteration in acknowledged:
+        raise Refusal(409, f"iteration {iteration} ran in this pod and was acknowledged")
+    return True
+
+
+def ack_takes(
+    running: str | None, held: str | None, held_acked: bool, acknowledged: Container[str], iteration: str
+) -> bool:
+    """Whether an ack of `iteration` acknowledges the result held: False when it was acknowledged
+    before (a no-op); a Refusal when it runs (409) or this pod holds no result of it (404)."""
+    if running == iteration:
+        raise Refusal(409, f"iteration {iteration} is running: no result to acknowledge")
+    if held == iteration and not held_acked:
+        return True
+    if iteration not in acknowledged:
+        raise Refusal(404, f"no result of iteration {iteration} in this pod")
+    return False
+
+
+def stop_ends(
+    phase: str,
+    running: str | None,
+    held: str | None,
+    held_acked: bool,
+    acknowledged: Container[str],
+    iteration: str,
+) -> bool:
+    """Whether a stop after `iteration` ends the pod: False while it is stopping already (a no-op); a
+    Refusal while an iteration runs (409), for an id this pod never finished (404), or while the
+    result held is another id's, not acknowledged (409)."""
+    if phase == "stopping":
+        return False
+    if running is not None:
+        raise Refusal(409, f"iteration {running} is running: not stopping")
+    if held != iteration and iteration not in acknowledged:
+        raise Refusal(404, f"no result of iteration {iteration} in this pod")
+    if held is not None and held != iteration and not held_acked:
+        raise Refusal(409, f"iteration {held}'s result is not acknowledged: not stopping")
+    return True
 
 
 # ------------------------------------------------------------------------------ the warm directory
@@ -278,12 +343,8 @@ class Supervisor:
         """Start `iteration` (acknowledging the result held); the same id again is a no-op."""
         with self._handing:
             with self._changed:
-                running, result = self.running, self.result
-                if (running is not None and running.id == iteration) or (
-                    result is not None and result.id == iteration and not result.acked
-                ):
+                if not start_runs(self.phase, *self._ids(), self.acknowledged, iteration):
                     return self._state()
-                self._refuse_start(iteration)
             self.reports.fingerprint_again()
             write_iteration(self.settings.directory, iteration, env)
             if not write_fifo(self.fifo, iteration, _bounded(FIFO_WRITE_SECONDS)):
@@ -301,43 +362,32 @@ class Supervisor:
                 self._forget(held.id)
             return self.state()
 
-    def _refuse_start(self, iteration: str) -> None:
-        if self.phase == "stopping":
-            raise Refusal(409, f"the pod is stopping: iteration {iteration} not started")
-        if self.running is not None:
-            raise Refusal(409, f"iteration {self.running.id} is running: iteration {iteration} not started")
-        if iteration in self.acknowledged:
-            raise Refusal(409, f"iteration {iteration} ran in this pod and was acknowledged")
+    def _ids(self) -> tuple[str | None, str | None, bool]:
+        """(the id running, the id of the result held, whether that is acknowledged): what the
+        requests' rules read (`start_runs`, `ack_takes`, `stop_ends`); under the state lock."""
+        result = self.result
+        running = self.running.id if self.running is not None else None
+        return running, (result.id if result is not None else None), (result is not None and result.acked)
 
     def ack(self, iteration: str) -> dict[str, Any]:
         """Record that the operator has the result of `iteration`: the idle clock starts."""
         with self._changed:
             result = self.result
-            if self.running is not None and self.running.id == iteration:
-                raise Refusal(409, f"iteration {iteration} is running: no result to acknowledge")
-            if result is not None and result.id == iteration and not result.acked:
+            if ack_takes(*self._ids(), self.acknowledged, iteration) and result is not None:
                 result.acked = True
                 self.acknowledged.add(iteration)
                 self.acked_at = time.monotonic()
                 self._changed_now()
                 log(f"iteration {iteration} acknowledged")
-            elif iteration not in self.acknowledged:
-                raise Refusal(404, f"no result of iteration {iteration} in this pod")
             return self._state()
 
     def stop(self, iteration: str) -> dict[str, Any]:
         """Acknowledge `iteration` and end `main`'s loop; the supervisor then ends too."""
         with self._handing:
             with self._changed:
-                if self.phase == "stopping":
+                if not stop_ends(self.phase, *self._ids(), self.acknowledged, iteration):
                     return self._state()
-                if self.running is not None:
-                    raise Refusal(409, f"iteration {self.running.id} is running: not stopping")
                 result = self.result
-                if (result is None or result.id != iteration) and iteration not in self.acknowledged:
-                    raise Refusal(404, f"no result of iteration {iteration} in this pod")
-                if result is not None and result.id != iteration and not result.acked:
-                    raise Refusal(409, f"iteration {result.id}'s result is not acknowledged: not stopping")
             if not write_fifo(self.fifo, STOP_WORD, _bounded(FIFO_WRITE_SECONDS)):
                 raise Refusal(503, f"main is not reading its FIFO {self.fifo}: not stopped")
             with self._changed:
