@@ -539,7 +539,15 @@ def test_a_secret_volume_whose_secret_is_missing_waits_with_a_failed_mount_event
 
     event = eventually(failed_mount, timeout=120, what="the FailedMount Event of the missing secret")
     assert event["type"] == "Warning" and event["source"]["component"] == "kubelet", event
-    pod = get_pod(env, "mounted-later") or {}
+
+    def creating() -> dict[str, Any] | None:
+        # The kubelet's status write is its own, and may land after its Event (its first one can be
+        # refused while the node authorizer has not yet learnt the pod is on the node).
+        pod = get_pod(env, "mounted-later") or {}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        return pod if statuses else None
+
+    pod = eventually(creating, timeout=120, what="the kubelet's status of the pod waiting for its secret")
     assert pod["status"]["phase"] == "Pending", pod["status"]
     assert (container(pod, "main").get("state") or {}).get("waiting", {}).get("reason") == "ContainerCreating"
     secret = {
