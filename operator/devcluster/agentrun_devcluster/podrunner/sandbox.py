@@ -18,8 +18,12 @@ that is not root joins the user namespace that owns the pod's PID namespace firs
 pidns.py). Where the pod has no shared namespace (`AGENTRUN_PODRUNNER_PIDNS=off`), bwrap's small
 init is PID 1 of a namespace of the container's own and the command PID 2, with the same signal
 semantics.
-`--die-with-parent` ties the sandbox to its parent, the shim that records its exit code in its own
-session (adopt.py), so the sandbox outlives a restart of the runner but not a kill of its shim.
+`--die-with-parent` ties a sandbox with a PID namespace of its own to its parent, the shim that
+records its exit code in its own session (adopt.py), so the sandbox outlives a restart of the runner
+but not a kill of its shim. A command joining the pod's shared namespace is never given it: to enter
+that namespace bwrap forks once more and its intermediate process exits at once, and a command that
+set its parent-death signal before that exit was done (a loaded machine) was SIGKILLed as it started
+(exit 137, nothing logged). Its leftovers go with its process group or with the pod's PID 1 instead.
 Mounts live only in the sandbox's mount namespace: nothing is left mounted on the host, ever.
 """
 
@@ -155,7 +159,10 @@ def bwrap_argv(
         out += ["--ro-bind" if file.read_only else "--bind", file.source, file.target]
     for directory, _entries in reversed(expand):
         out += ["--remount-ro", directory]
-    out += ["--remount-ro", "/", "--die-with-parent", "--chdir", workdir]
+    out += ["--remount-ro", "/"]
+    if pidns_fd is None:
+        out += ["--die-with-parent"]  # not with --pidns: see the module docstring
+    out += ["--chdir", workdir]
     if pidns_fd is not None:
         if userns_fd is not None:
             out += ["--userns", str(userns_fd)]

@@ -24,6 +24,9 @@ def test_a_shared_pid_namespace_is_joined_instead_of_made() -> None:
     alone = _argv(command_is_pid_1=True)
     assert "--unshare-pid" in alone and "--as-pid-1" in alone and "--pidns" not in alone
     assert "--userns" not in joined  # root: the host's user namespace owns the pod's
+    # bwrap enters a joined namespace through an intermediate process that exits at once: a command
+    # with a parent-death signal set before that exit is SIGKILLed as it starts (sandbox.py).
+    assert "--die-with-parent" not in joined and "--die-with-parent" in alone
     # Not root (docs/local-dev.md#non-root): the user namespace owning the pod's PID namespace first.
     unprivileged = _argv(pidns_fd=7, userns_fd=6, command_is_pid_1=False)
     assert unprivileged.index("--userns") < unprivileged.index("--pidns")
